@@ -1,0 +1,139 @@
+//! Backends: where an arena's one allocation comes from.
+//!
+//! | backend | allocation |
+//! | --- | --- |
+//! | [`HostBackend`] | aligned, zeroed host memory (`alloc::alloc`): runs anywhere, the reference for tests |
+//! | `CudaBackend` (feature `cuda`) | `cuMemAlloc`, `cuMemAllocAsync`, managed or pinned memory through cudarc |
+
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crate::error::Error;
+use crate::layout::ViewKind;
+
+mod host;
+pub use host::HostBackend;
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
+/// One allocation made by a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allocation {
+    /// Start address (host address or `CUdeviceptr`).
+    pub addr: u64,
+    /// Bytes requested.
+    pub bytes: usize,
+    /// Alignment requested.
+    pub align: usize,
+}
+
+/// A source of memory for arenas and pools.
+///
+/// A backend counts what it does ([`BackendStats`]), so a test can prove that a whole layout
+/// took exactly one allocation, and a pipeline can prove it allocates nothing after setup.
+///
+/// # Safety
+///
+/// `allocate` must return a region of at least `bytes` bytes aligned to `align` that stays valid
+/// until it is passed to `deallocate`, and no two live regions may overlap. `base_mut` and
+/// `base_ref` must address that region.
+pub unsafe trait Backend {
+    /// The views a mutable borrow of an arena hands out.
+    type Mut: ViewKind;
+    /// The views a shared borrow of an arena hands out.
+    type Ref: ViewKind;
+
+    /// A short name for messages and reports ("host", "cuda", ...).
+    fn name(&self) -> &'static str;
+
+    /// Allocates `bytes` bytes aligned to `align` (a power of two). `bytes` may be zero.
+    fn allocate(&self, bytes: usize, align: usize) -> Result<Allocation, Error>;
+
+    /// Frees an allocation made by this backend.
+    ///
+    /// # Safety
+    ///
+    /// `allocation` must come from `allocate` on this backend and not have been freed; no view
+    /// of it may be used afterwards.
+    unsafe fn deallocate(&self, allocation: &Allocation) -> Result<(), Error>;
+
+    /// The base of an allocation for mutable views.
+    ///
+    /// # Safety
+    ///
+    /// `allocation` must be live for `'a`, and the caller must hold it exclusively for `'a`.
+    unsafe fn base_mut<'a>(&'a self, allocation: &Allocation) -> <Self::Mut as ViewKind>::Base<'a>;
+
+    /// The base of an allocation for shared views.
+    ///
+    /// # Safety
+    ///
+    /// `allocation` must be live for `'a`, and nothing may write it during `'a`.
+    unsafe fn base_ref<'a>(&'a self, allocation: &Allocation) -> <Self::Ref as ViewKind>::Base<'a>;
+
+    /// What the backend has done so far.
+    fn stats(&self) -> BackendStats;
+}
+
+/// Counters every backend keeps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackendStats {
+    /// Successful allocations.
+    pub allocations: u64,
+    /// Frees.
+    pub frees: u64,
+    /// Failed allocations.
+    pub failures: u64,
+    /// Bytes currently allocated.
+    pub live_bytes: usize,
+    /// Most bytes allocated at once.
+    pub peak_bytes: usize,
+}
+
+impl BackendStats {
+    /// Allocations not yet freed.
+    pub fn live_allocations(&self) -> u64 {
+        self.allocations - self.frees
+    }
+}
+
+/// Lock-free counters a backend embeds (shared between clones of the backend).
+#[derive(Debug, Default)]
+pub struct Counters {
+    allocations: AtomicU64,
+    frees: AtomicU64,
+    failures: AtomicU64,
+    live_bytes: AtomicUsize,
+    peak_bytes: AtomicUsize,
+}
+
+impl Counters {
+    /// Records a successful allocation of `bytes`.
+    pub fn allocated(&self, bytes: usize) {
+        self.allocations.fetch_add(1, Ordering::Relaxed);
+        let live = self.live_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak_bytes.fetch_max(live, Ordering::Relaxed);
+    }
+
+    /// Records a free of `bytes`.
+    pub fn freed(&self, bytes: usize) {
+        self.frees.fetch_add(1, Ordering::Relaxed);
+        self.live_bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    /// Records a failed allocation.
+    pub fn failed(&self) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A snapshot.
+    pub fn snapshot(&self) -> BackendStats {
+        BackendStats {
+            allocations: self.allocations.load(Ordering::Relaxed),
+            frees: self.frees.load(Ordering::Relaxed),
+            failures: self.failures.load(Ordering::Relaxed),
+            live_bytes: self.live_bytes.load(Ordering::Relaxed),
+            peak_bytes: self.peak_bytes.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! # devarena
+//!
+//! GPU memory the way production pipelines hold it: **one allocation, sliced**.
+//! `#[derive(DeviceLayout)]` on a struct of fixed-size buffers makes the compiler compute every
+//! field's aligned offset, the total size and the alignment of the backing allocation; an
+//! [`Arena`] then makes exactly one allocation of that size and hands out typed, disjoint,
+//! borrow-checked views of every field. After setup a pipeline allocates nothing.
+//!
+//! ## Quick start
+//!
+//! ```
+//! use devarena::{Arena, DeviceLayout, HostBackend, LayoutReport};
+//!
+//! #[derive(DeviceLayout)]
+//! #[layout(max_bytes = 16 << 20)]          // a compile error if the layout outgrows 16 MiB
+//! struct Frame {
+//!     rgb: [u8; 640 * 480 * 3],
+//!     gray: [f32; 640 * 480],
+//!     #[layout(align = 4096)]
+//!     hist: [u32; 256],
+//! }
+//!
+//! // Every number is a compile-time constant.
+//! const _: () = assert!(Frame::SIZE % Frame::ALIGN == 0);
+//! assert_eq!(Frame::OFFSETS.gray, 640 * 480 * 3);
+//! assert_eq!(Frame::OFFSETS.hist % 4096, 0);
+//!
+//! // One allocation backs every buffer.
+//! let backend = HostBackend::new();
+//! let mut arena = Arena::<Frame>::new_in(backend.clone())?;
+//! let views = arena.views_mut();
+//! views.rgb.fill(255);
+//! for (g, px) in views.gray.iter_mut().zip(views.rgb.chunks(3)) {
+//!     *g = px.iter().map(|&c| c as f32).sum::<f32>() / 765.0;
+//! }
+//! views.hist[255] = views.gray.len() as u32;
+//! assert_eq!(backend.stats().allocations, 1);
+//!
+//! // The layout as a table (and `report.write_svg(path)` for a memory map).
+//! let report = LayoutReport::of::<Frame>();
+//! println!("{report}");
+//! # Ok::<(), devarena::Error>(())
+//! ```
+//!
+//! ## The placement rule
+//!
+//! Fields are placed in declaration order. A field's alignment is its own
+//! `#[layout(align = N)]`, else the struct's `#[layout(align = N)]`, else 256 bytes (what
+//! `cudaMalloc` guarantees). A struct-level default below an element's alignment is raised to
+//! it; a field-level alignment below its element's is a compile error. A nested layout is one
+//! block of its `SIZE` aligned to at least its `ALIGN`. `ALIGN` is the largest field alignment
+//! and `SIZE` is rounded up to it. Details in [`plan`].
+//!
+//! ## Compile-time checks
+//!
+//! An alignment that is not a power of two, a field alignment below its element's, a
+//! zero-length buffer, a size that overflows `usize`, a size over `max_bytes`, enums, unions,
+//! tuple structs and fields that are neither `[T; N]` nor a `DeviceLayout` are compile errors
+//! that name the struct, the field and the numbers.
+//!
+//! ## Features
+//!
+//! * `std` (default): `std::error::Error`, writing reports to files.
+//! * `cuda`: the CUDA backends through cudarc (device memory, stream-ordered, managed, pinned).
+//!
+//! Without `std` the crate is `#![no_std]` and needs only `alloc`.
+#![no_std]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+extern crate alloc;
+#[cfg(feature = "std")]
+extern crate std;
+
+// Lets the derive's `::devarena::` paths resolve inside this crate's own tests.
+#[allow(unused_extern_crates)]
+extern crate self as devarena;
+
+mod arena;
+pub mod backend;
+mod builder;
+mod error;
+mod layout;
+pub mod plan;
+pub mod report;
+
+pub use arena::{Arena, Disjoint};
+pub use backend::{Allocation, Backend, BackendStats, HostBackend};
+pub use builder::{LayoutBuilder, RuntimeField, RuntimeLayout};
+pub use error::Error;
+pub use layout::{DeviceLayout, Element, FieldPlacement, HostBase, HostMut, HostRef, ViewKind};
+pub use plan::{DEFAULT_ALIGN, LiveRange};
+pub use report::LayoutReport;
+
+/// `#[derive(DeviceLayout)]`: plans a struct of fixed-size buffers at compile time.
+///
+/// See the [crate docs](crate) for the attributes and the placement rule.
+pub use devarena_macros::DeviceLayout;
+
+#[doc(hidden)]
+pub mod __private {
+    //! Items the derive's generated code names. Not public API.
+    pub use core;
+    pub use core::marker::PhantomData;
+
+    use crate::{DeviceLayout, ViewKind};
+
+    /// Views of a nested layout; only layouts whose fields never share bytes can nest.
+    ///
+    /// # Safety
+    ///
+    /// As [`DeviceLayout::views`].
+    pub unsafe fn nested_views<'a, L: DeviceLayout, K: ViewKind>(
+        base: K::Base<'a>,
+    ) -> L::Views<'a, K> {
+        const {
+            assert!(
+                L::STAGES == 0,
+                "a layout with stages cannot be nested: its fields share bytes"
+            )
+        };
+        // SAFETY: forwarded from the caller; the layout has no stages, so no sharing.
+        unsafe { L::views::<K>(base) }
+    }
+}

@@ -1,0 +1,268 @@
+//! Emit: a checked [`Layout`] model → tokens. The emitted code only *calls* devarena's const
+//! fns; no layout arithmetic happens here.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{GenericParam, Ident, Lifetime};
+
+use crate::model::{FieldKind, Layout};
+
+pub fn emit(layout: &Layout) -> TokenStream {
+    let name = &layout.ident;
+    let name_str = name.to_string();
+    let vis = &layout.vis;
+    let n = layout.fields.len();
+    let (impl_g, ty_g, where_c) = layout.generics.split_for_impl();
+    let dl = quote!(::devarena::DeviceLayout);
+    let plan = quote!(::devarena::plan);
+
+    let views_ident = format_ident!("{}Views", name);
+    let offsets_ident = format_ident!("{}Offsets", name);
+
+    // Names for the views struct's extra parameters that cannot clash with the user's.
+    let taken: Vec<String> = layout
+        .generics
+        .params
+        .iter()
+        .map(|p| match p {
+            GenericParam::Type(t) => t.ident.to_string(),
+            GenericParam::Const(c) => c.ident.to_string(),
+            GenericParam::Lifetime(l) => l.lifetime.ident.to_string(),
+        })
+        .collect();
+    let k = if taken.iter().any(|t| t == "K") {
+        format_ident!("__DevarenaK")
+    } else {
+        format_ident!("K")
+    };
+    let lt = Lifetime::new("'a", Span::call_site());
+
+    // --- the layout spec -------------------------------------------------------------------
+    let mut layout_spec = quote!(#plan::LayoutSpec::DEFAULT);
+    if let Some(a) = &layout.align {
+        layout_spec = quote!(#layout_spec.with_align(#a));
+    }
+    if let Some(m) = &layout.max_bytes {
+        layout_spec = quote!(#layout_spec.with_max_bytes(#m));
+    }
+    if let Some(s) = &layout.stages {
+        let c = s.count;
+        layout_spec = quote!(#layout_spec.with_stages(#c));
+    }
+
+    // --- per field -------------------------------------------------------------------------
+    let mut specs = Vec::new();
+    let mut names = Vec::new();
+    let mut types = Vec::new();
+    let mut view_fields = Vec::new();
+    let mut view_inits = Vec::new();
+    let mut offset_fields = Vec::new();
+    let mut offset_inits = Vec::new();
+    let mut placements = Vec::new();
+    let mut lives = Vec::new();
+    let mut checks = Vec::new();
+    for (i, f) in layout.fields.iter().enumerate() {
+        let fid = &f.ident;
+        let fname = fid.to_string();
+        names.push(fname.clone());
+        types.push(f.kind.elem_name());
+        let mut spec = match &f.kind {
+            FieldKind::Array { elem, len } => {
+                quote_spanned!(len.span()=> #plan::FieldSpec::of::<#elem>(#len))
+            }
+            FieldKind::Nested(ty) => quote_spanned!(ty.span()=>
+                #plan::FieldSpec::nested(<#ty as #dl>::SIZE, <#ty as #dl>::ALIGN)
+            ),
+        };
+        if let Some(a) = &f.align {
+            spec = quote!(#spec.with_align(#a));
+        }
+        if let Some((a, b, _)) = &f.live {
+            spec = quote!(#spec.with_live(#a, #b));
+        }
+        specs.push(spec);
+
+        let doc = format!("View of `{name_str}::{fname}`.");
+        match &f.kind {
+            FieldKind::Array { elem, .. } => {
+                view_fields.push(quote_spanned!(elem.span()=>
+                    #[doc = #doc]
+                    pub #fid: <#k as ::devarena::ViewKind>::Slice<#lt, #elem>
+                ));
+                view_inits.push(quote!(
+                    #fid: <#k as ::devarena::ViewKind>::slice::<#elem>(
+                        base,
+                        Self::__DEVARENA_PLAN.slots[#i].offset,
+                        Self::__DEVARENA_SPECS[#i].len,
+                    )
+                ));
+            }
+            FieldKind::Nested(ty) => {
+                view_fields.push(quote_spanned!(ty.span()=>
+                    #[doc = #doc]
+                    pub #fid: <#ty as #dl>::Views<#lt, #k>
+                ));
+                view_inits.push(quote!(
+                    #fid: ::devarena::__private::nested_views::<#ty, #k>(
+                        <#k as ::devarena::ViewKind>::offset(
+                            base,
+                            Self::__DEVARENA_PLAN.slots[#i].offset,
+                        ),
+                    )
+                ));
+            }
+        }
+        let odoc = format!("Byte offset of `{name_str}::{fname}`.");
+        offset_fields.push(quote!(#[doc = #odoc] pub #fid: usize));
+        offset_inits.push(quote!(#fid: Self::__DEVARENA_PLAN.slots[#i].offset));
+        placements.push(quote!(
+            ::devarena::FieldPlacement::new(#fname, Self::__DEVARENA_PLAN.slots[#i])
+        ));
+        lives.push(quote!(Self::__DEVARENA_SPECS[#i].live));
+
+        // Free constants (non-generic layouts only): each check is spanned on its own tokens
+        // and evaluated on its own, so every field's error is reported, once.
+        if !layout.is_generic() {
+            let check = |what: &str, span: Span| derive_check(name, &name_str, what, i, span);
+            let align_span = f.align.as_ref().map_or(fid.span(), |a| a.span());
+            checks.push(check("Align", align_span));
+            let size_span = match &f.kind {
+                FieldKind::Array { len, .. } => len.span(),
+                FieldKind::Nested(ty) => ty.span(),
+            };
+            checks.push(check("Size", size_span));
+            if let Some((_, _, span)) = &f.live {
+                checks.push(check("Live", *span));
+            }
+            checks.push(check("Place", fid.span()));
+        }
+    }
+    if !layout.is_generic() {
+        let span = layout.max_bytes.as_ref().map_or(name.span(), |m| m.span());
+        checks.push(derive_check(name, &name_str, "Layout", 0, span));
+    }
+    let panic_on_error = layout.is_generic();
+
+    // --- the views struct ------------------------------------------------------------------
+    let mut vgenerics = layout.generics.clone();
+    vgenerics
+        .params
+        .insert(0, syn::parse_quote!(#k: ::devarena::ViewKind));
+    vgenerics.params.insert(0, syn::parse_quote!(#lt));
+    let (vimpl_g, vty_g, vwhere) = vgenerics.split_for_impl();
+    let _ = vimpl_g;
+    let marker = if layout.fields.is_empty() {
+        quote!(
+            #[doc(hidden)]
+            pub __devarena_marker: ::devarena::__private::PhantomData<(&#lt (), #k)>,
+        )
+    } else {
+        quote!()
+    };
+    let marker_init = if layout.fields.is_empty() {
+        quote!(__devarena_marker: ::devarena::__private::PhantomData,)
+    } else {
+        quote!()
+    };
+    let views_doc = format!(
+        "Views of every field of [`{name_str}`], one per field, of kind `K` (host slices, \
+         device views, ...). Made by an arena: `arena.views_mut()`."
+    );
+    let offsets_doc =
+        format!("Byte offset of every field of [`{name_str}`]: `{name_str}::OFFSETS`.");
+
+    let stages = layout.stages.as_ref().map_or(0, |s| s.count);
+    let disjoint = if layout.stages.is_none() {
+        quote!(impl #impl_g ::devarena::Disjoint for #name #ty_g #where_c {})
+    } else {
+        quote!()
+    };
+    let vstruct_params = &vgenerics.params;
+
+    quote! {
+        #[doc = #views_doc]
+        #[allow(dead_code)]
+        #vis struct #views_ident <#vstruct_params> #vwhere {
+            #(#view_fields,)*
+            #marker
+        }
+
+        #[doc = #offsets_doc]
+        #[derive(::core::fmt::Debug, ::core::clone::Clone, ::core::marker::Copy,
+                 ::core::cmp::PartialEq, ::core::cmp::Eq, ::core::hash::Hash)]
+        #[allow(dead_code)]
+        #vis struct #offsets_ident {
+            #(#offset_fields,)*
+        }
+
+        #[allow(dead_code)]
+        impl #impl_g #name #ty_g #where_c {
+            #[doc(hidden)]
+            const __DEVARENA_LAYOUT: #plan::LayoutSpec = #layout_spec;
+            #[doc(hidden)]
+            const __DEVARENA_SPECS: [#plan::FieldSpec; #n] = [#(#specs),*];
+            #[doc(hidden)]
+            const __DEVARENA_NAMES: [&'static str; #n] = [#(#names),*];
+            #[doc(hidden)]
+            const __DEVARENA_TYPES: [&'static str; #n] = [#(#types),*];
+            #[doc(hidden)]
+            const __DEVARENA_RESULT: ::core::result::Result<#plan::Plan<#n>, #plan::PlanError> =
+                #plan::plan(&Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS);
+            #[doc(hidden)]
+            const __DEVARENA_PLAN: #plan::Plan<#n> = #plan::derive_plan(
+                Self::__DEVARENA_RESULT, #panic_on_error, #name_str,
+                &Self::__DEVARENA_NAMES, &Self::__DEVARENA_TYPES,
+            );
+            /// Byte offset of every field, computed by the compiler.
+            pub const OFFSETS: #offsets_ident = #offsets_ident { #(#offset_inits,)* };
+        }
+
+        #(#checks)*
+
+        impl #impl_g #dl for #name #ty_g #where_c {
+            const NAME: &'static str = #name_str;
+            const SIZE: usize = Self::__DEVARENA_PLAN.totals.size;
+            const ALIGN: usize = Self::__DEVARENA_PLAN.totals.align;
+            const FIELDS: &'static [::devarena::FieldPlacement] = &[#(#placements),*];
+            const FIELD_TYPES: &'static [&'static str] = &Self::__DEVARENA_TYPES;
+            const LIVE: &'static [::devarena::LiveRange] = &[#(#lives),*];
+            const STAGES: usize = #stages;
+            const UNALIASED_SIZE: usize = Self::__DEVARENA_PLAN.totals.unaliased_size;
+            const PEAK_LIVE_BOUND: usize = Self::__DEVARENA_PLAN.totals.peak_live_bound;
+
+            type Views<#lt, #k: ::devarena::ViewKind> = #views_ident #vty_g;
+
+            unsafe fn views<#lt, #k: ::devarena::ViewKind>(
+                base: <#k as ::devarena::ViewKind>::Base<#lt>,
+            ) -> Self::Views<#lt, #k> {
+                // SAFETY: the caller hands a region of `SIZE` bytes at `ALIGN`, live and (for
+                // mutable kinds) unaliased for `'a`; the plan keeps every field inside it,
+                // aligned for its element, and apart from every other field.
+                unsafe {
+                    #views_ident {
+                        #(#view_inits,)*
+                        #marker_init
+                    }
+                }
+            }
+        }
+
+        #disjoint
+    }
+}
+
+/// A free constant that runs one of the planner's checks. Every token carries `span`, so the
+/// compiler points at the offending field or attribute.
+fn derive_check(name: &Ident, name_str: &str, what: &str, index: usize, span: Span) -> TokenStream {
+    let what = Ident::new(what, span);
+    let ty = Ident::new(&name.to_string(), span);
+    quote_spanned!(span=>
+        const _: () = ::devarena::plan::derive_check(
+            ::devarena::plan::Check::#what, #index,
+            &#ty::__DEVARENA_LAYOUT, &#ty::__DEVARENA_SPECS,
+            &#ty::__DEVARENA_RESULT, #name_str,
+            &#ty::__DEVARENA_NAMES, &#ty::__DEVARENA_TYPES,
+        );
+    )
+}

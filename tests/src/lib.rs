@@ -1,0 +1,1 @@
+//! Integration tests of devarena live in `tests/`.
