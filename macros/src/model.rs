@@ -359,7 +359,7 @@ fn parse_stages(
     }
     let v: Expr = meta.value()?.parse()?;
     match lit_int(&v) {
-        Some(Ok(n)) if n >= 1 && n <= 4096 => Ok(Some(Stages {
+        Some(Ok(n)) if (1..=4096).contains(&n) => Ok(Some(Stages {
             count: n as usize,
             names: None,
         })),

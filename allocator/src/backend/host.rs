@@ -70,6 +70,7 @@ unsafe impl Backend for HostBackend {
             self.counters.allocated(0);
             return Ok(Allocation {
                 addr: align as u64,
+                raw_addr: align as u64,
                 bytes,
                 align,
             });
@@ -88,6 +89,7 @@ unsafe impl Backend for HostBackend {
         self.counters.allocated(bytes);
         Ok(Allocation {
             addr: ptr as u64,
+            raw_addr: ptr as u64,
             bytes,
             align,
         })

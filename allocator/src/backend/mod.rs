@@ -19,8 +19,11 @@ pub mod cuda;
 /// One allocation made by a backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Allocation {
-    /// Start address (host address or `CUdeviceptr`).
+    /// Start address (host address or `CUdeviceptr`), aligned to `align`.
     pub addr: u64,
+    /// The address the underlying allocator returned (what is freed); below `addr` when the
+    /// backend over-allocated to reach an alignment its allocator does not guarantee.
+    pub raw_addr: u64,
     /// Bytes requested.
     pub bytes: usize,
     /// Alignment requested.
