@@ -182,7 +182,7 @@ pub fn emit(layout: &Layout) -> TokenStream {
 
     quote! {
         #[doc = #views_doc]
-        #[allow(dead_code)]
+        #[allow(dead_code, missing_debug_implementations)]
         #vis struct #views_ident <#vstruct_params> #vwhere {
             #(#view_fields,)*
             #marker

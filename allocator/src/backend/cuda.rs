@@ -668,9 +668,9 @@ unsafe impl Backend for CudaBackend {
                 // contract); the stream that used it is idle.
                 unsafe { result::free_sync(allocation.raw_addr) }.map_err(drv("cuMemFree"))
             }
-            // SAFETY: `raw_addr` came from `cuMemAllocAsync` on this stream and is freed once,
-            // after the work queued before it.
             DeviceAlloc::StreamOrdered => {
+                // SAFETY: `raw_addr` came from `cuMemAllocAsync` on this stream and is freed
+                // once, after the work queued before it.
                 unsafe { result::free_async(allocation.raw_addr, self.stream.cu_stream()) }
                     .map_err(drv("cuMemFreeAsync"))
             }

@@ -1,0 +1,502 @@
+//! The hardware verifier: PTX kernels that prove, on a real GPU, that every view of an arena
+//! keeps its alignment promise and that no two views overlap.
+//!
+//! ```no_run
+//! use devarena::backend::cuda::{cuda_stream, CudaBackend};
+//! use devarena::{Arena, DeviceLayout};
+//!
+//! #[derive(DeviceLayout)]
+//! struct Frame { rgb: [u8; 1920 * 1080 * 3], gray: [f32; 1920 * 1080], hist: [u32; 256] }
+//!
+//! let stream = cuda_stream(0)?;
+//! let mut arena = Arena::<Frame, _>::new_in(CudaBackend::new(stream))?;
+//! let report = devarena_kernels::verify(&mut arena)?; // overwrites the arena's contents
+//! println!("{report}");
+//! assert!(report.passed());
+//! # Ok::<(), devarena::Error>(())
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, sys,
+};
+use cudarc::nvrtc::Ptx;
+use devarena::backend::cuda::{CudaBackend, describe_device, driver_error};
+use devarena::{Arena, DeviceLayout, Disjoint, Error};
+
+/// PTX of the alignment and overlap kernels (`kernels/cuda/verify.cu`, compute_75).
+pub const VERIFY_PTX: &str = include_str!("../ptx/verify.ptx");
+/// PTX of the Hopper bulk-tensor round trip (`kernels/cuda/tma.cu`, sm_90).
+pub const TMA_PTX: &str = include_str!("../ptx/tma.ptx");
+
+/// Largest box the TMA kernel moves (its shared buffer).
+const TMA_BOX_MAX: usize = 256;
+
+/// One region to verify: where it is, how big, and the alignment it promises.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Region {
+    /// Name for the report.
+    pub name: String,
+    /// Offset from the arena's base.
+    pub offset: usize,
+    /// Device address.
+    pub addr: u64,
+    /// Bytes.
+    pub size: usize,
+    /// Promised alignment.
+    pub align: usize,
+}
+
+/// The hardware alignment check of one region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AlignmentCheck {
+    /// `addr % align`, computed on the device (0 when the promise holds).
+    pub residue: u64,
+    /// Width in bytes of the access the device performed (16 = `ld/st.global.v4.u32`).
+    pub access_bytes: u32,
+}
+
+/// The bulk-tensor (TMA) round trip of one region.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TmaCheck {
+    /// A tensor map was encoded over the region and a box went to shared memory and back.
+    Passed {
+        /// Bytes moved each way.
+        box_bytes: usize,
+    },
+    /// The round trip ran but the bytes that came back were wrong.
+    Failed {
+        /// Wrong bytes in the box.
+        wrong: usize,
+    },
+    /// Not run, and why (alignment below 16, region under 16 bytes, GPU below sm_90).
+    Skipped(&'static str),
+}
+
+/// Verification of one region.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldReport {
+    /// The region.
+    pub region: Region,
+    /// The hardware alignment check.
+    pub alignment: AlignmentCheck,
+    /// Bytes that did not hold the region's own tag after every region was filled at once.
+    pub mismatches: u64,
+    /// The bulk-tensor round trip.
+    pub tma: TmaCheck,
+}
+
+impl FieldReport {
+    /// Whether every check of this region passed (a skipped TMA check counts as passed).
+    pub fn passed(&self) -> bool {
+        self.alignment.residue == 0
+            && self.mismatches == 0
+            && !matches!(self.tma, TmaCheck::Failed { .. })
+    }
+}
+
+/// The verifier's report for a whole arena.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// The GPU the checks ran on.
+    pub device: String,
+    /// Base address of the arena.
+    pub base: u64,
+    /// One entry per region.
+    pub fields: Vec<FieldReport>,
+}
+
+impl Report {
+    /// Whether every region passed every check.
+    pub fn passed(&self) -> bool {
+        self.fields.iter().all(FieldReport::passed)
+    }
+
+    /// Number of regions whose TMA round trip ran and passed.
+    pub fn tma_passed(&self) -> usize {
+        self.fields
+            .iter()
+            .filter(|f| matches!(f.tma, TmaCheck::Passed { .. }))
+            .count()
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "verified on {} — base {:#x}", self.device, self.base)?;
+        let w = self
+            .fields
+            .iter()
+            .map(|r| r.region.name.len())
+            .chain([5])
+            .max()
+            .unwrap_or(5)
+            .min(32);
+        writeln!(
+            f,
+            "{:<w$}  {:>10}  {:>6}  {:>14}  {:>9}  {:>10}  tma",
+            "field", "offset", "align", "device ptr", "ptr%align", "overlap"
+        )?;
+        for r in &self.fields {
+            let tma = match &r.tma {
+                TmaCheck::Passed { box_bytes } => format!("ok ({box_bytes} B round trip)"),
+                TmaCheck::Failed { wrong } => format!("FAILED ({wrong} wrong bytes)"),
+                TmaCheck::Skipped(why) => format!("skipped: {why}"),
+            };
+            let name: String = r.region.name.chars().take(w).collect();
+            writeln!(
+                f,
+                "{:<w$}  {:>10}  {:>6}  {:>#14x}  {:>9}  {:>10}  {}",
+                name,
+                r.region.offset,
+                r.region.align,
+                r.region.addr,
+                format!("{} (v{})", r.alignment.residue, r.alignment.access_bytes),
+                if r.mismatches == 0 {
+                    "ok".to_string()
+                } else {
+                    format!("{} bad", r.mismatches)
+                },
+                tma
+            )?;
+        }
+        let failed = self.fields.iter().filter(|r| !r.passed()).count();
+        write!(
+            f,
+            "{} regions: {} passed, {} failed; {} TMA round trips",
+            self.fields.len(),
+            self.fields.len() - failed,
+            failed,
+            self.tma_passed()
+        )
+    }
+}
+
+/// A tensor map as a kernel parameter (`const __grid_constant__ CUtensorMap`).
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+struct TensorMapArg(sys::CUtensorMap);
+// SAFETY: `CUtensorMap` is 128 plain bytes that the kernel receives by value.
+unsafe impl DeviceRepr for TensorMapArg {}
+
+/// The loaded verification kernels.
+#[derive(Debug)]
+pub struct Verifier {
+    stream: Arc<CudaStream>,
+    alignment: CudaFunction,
+    fill: CudaFunction,
+    check: CudaFunction,
+    tma: Option<CudaFunction>,
+    device: String,
+}
+
+fn drv(call: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> Error {
+    move |e| driver_error(call, e)
+}
+
+/// The byte the fill kernel writes at offset `j` of region `i` (same arithmetic as
+/// `tag_byte` in `kernels/cuda/verify.cu`).
+pub fn tag_byte(i: u32, j: u64) -> u8 {
+    let mut h = i.wrapping_add(1).wrapping_mul(2_654_435_761);
+    h ^= (j as u32).wrapping_mul(0x9E37_79B1).wrapping_add(h >> 15);
+    (h ^ (h >> 8) ^ (h >> 16) ^ (h >> 24)) as u8
+}
+
+impl Verifier {
+    /// Loads the kernels on `stream`'s device (the TMA kernel only on sm_90 and newer).
+    pub fn new(stream: &Arc<CudaStream>) -> Result<Self, Error> {
+        let ctx = stream.context();
+        let module = ctx
+            .load_module(Ptx::from_src(VERIFY_PTX))
+            .map_err(drv("cuModuleLoadData"))?;
+        let load = |name: &str| module.load_function(name).map_err(drv("cuModuleGetFunction"));
+        let (major, _) = ctx
+            .compute_capability()
+            .map_err(drv("cuDeviceGetAttribute"))?;
+        let tma = if major >= 9 {
+            let m = ctx
+                .load_module(Ptx::from_src(TMA_PTX))
+                .map_err(drv("cuModuleLoadData"))?;
+            Some(
+                m.load_function("tma_roundtrip")
+                    .map_err(drv("cuModuleGetFunction"))?,
+            )
+        } else {
+            None
+        };
+        Ok(Verifier {
+            stream: stream.clone(),
+            alignment: load("verify_alignment")?,
+            fill: load("verify_fill")?,
+            check: load("verify_check")?,
+            tma,
+            device: describe_device(stream)?,
+        })
+    }
+
+    /// The device the kernels run on.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    fn upload(&self, v: &[u64]) -> Result<CudaSlice<u64>, Error> {
+        self.stream.clone_htod(v).map_err(drv("cuMemcpyHtoDAsync"))
+    }
+
+    /// Runs the alignment kernel. A region whose address breaks its promise makes the hardware
+    /// fail the launch: that comes back as `Err(Error::Driver { name:
+    /// "CUDA_ERROR_MISALIGNED_ADDRESS", .. })`, and the CUDA context is unusable afterwards.
+    pub fn alignment(&self, regions: &[Region]) -> Result<Vec<AlignmentCheck>, Error> {
+        let n = regions.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let ptrs = self.upload(&regions.iter().map(|r| r.addr).collect::<Vec<_>>())?;
+        let aligns = self.upload(&regions.iter().map(|r| r.align as u64).collect::<Vec<_>>())?;
+        let sizes = self.upload(&regions.iter().map(|r| r.size as u64).collect::<Vec<_>>())?;
+        let mut residues = self
+            .stream
+            .alloc_zeros::<u64>(n)
+            .map_err(drv("cuMemAlloc"))?;
+        let mut widths = self
+            .stream
+            .alloc_zeros::<u32>(n)
+            .map_err(drv("cuMemAlloc"))?;
+        let n32 = n as u32;
+        // SAFETY: the kernel reads n entries of the three input arrays and writes n entries of
+        // the two outputs; each region's access stays inside the region (width <= size).
+        unsafe {
+            self.stream
+                .launch_builder(&self.alignment)
+                .arg(&ptrs)
+                .arg(&aligns)
+                .arg(&sizes)
+                .arg(&mut residues)
+                .arg(&mut widths)
+                .arg(&n32)
+                .launch(LaunchConfig::for_num_elems(n32))
+        }
+        .map_err(drv("cuLaunchKernel(verify_alignment)"))?;
+        self.stream
+            .synchronize()
+            .map_err(drv("verify_alignment"))?;
+        let residues = self
+            .stream
+            .clone_dtoh(&residues)
+            .map_err(drv("cuMemcpyDtoH"))?;
+        let widths = self
+            .stream
+            .clone_dtoh(&widths)
+            .map_err(drv("cuMemcpyDtoH"))?;
+        Ok(residues
+            .into_iter()
+            .zip(widths)
+            .map(|(residue, access_bytes)| AlignmentCheck {
+                residue,
+                access_bytes,
+            })
+            .collect())
+    }
+
+    /// Fills every region entirely with its own tag, all at once, then counts per region the
+    /// bytes that do not hold its tag: an overlap (or a region reaching into another) shows up
+    /// as mismatches. Overwrites the regions.
+    pub fn disjoint(&self, regions: &[Region]) -> Result<Vec<u64>, Error> {
+        let n = regions.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let ptrs = self.upload(&regions.iter().map(|r| r.addr).collect::<Vec<_>>())?;
+        let sizes = self.upload(&regions.iter().map(|r| r.size as u64).collect::<Vec<_>>())?;
+        let mut mismatches = self
+            .stream
+            .alloc_zeros::<u64>(n)
+            .map_err(drv("cuMemAlloc"))?;
+        let largest = regions.iter().map(|r| r.size).max().unwrap_or(0);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (largest.div_ceil(256 * 16)).clamp(1, 1024) as u32,
+                n.min(65_535) as u32,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let n32 = n as u32;
+        // SAFETY: each kernel touches bytes [addr, addr + size) of every region, which the
+        // caller owns, and writes n counters.
+        unsafe {
+            self.stream
+                .launch_builder(&self.fill)
+                .arg(&ptrs)
+                .arg(&sizes)
+                .arg(&n32)
+                .launch(cfg)
+        }
+        .map_err(drv("cuLaunchKernel(verify_fill)"))?;
+        // SAFETY: as above.
+        unsafe {
+            self.stream
+                .launch_builder(&self.check)
+                .arg(&ptrs)
+                .arg(&sizes)
+                .arg(&mut mismatches)
+                .arg(&n32)
+                .launch(cfg)
+        }
+        .map_err(drv("cuLaunchKernel(verify_check)"))?;
+        self.stream
+            .clone_dtoh(&mismatches)
+            .map_err(drv("cuMemcpyDtoH"))
+    }
+
+    /// For every region aligned to 16 or more and at least 16 bytes long: encodes a 1-D TMA
+    /// tensor map over it and moves its first box to shared memory and back, adding 1 to each
+    /// byte; then checks on the host that exactly those bytes changed. Expects the regions to
+    /// hold the tags of [`disjoint`](Self::disjoint).
+    pub fn tma(&self, regions: &[Region]) -> Result<Vec<TmaCheck>, Error> {
+        let Some(func) = &self.tma else {
+            return Ok(vec![TmaCheck::Skipped("needs sm_90 or newer"); regions.len()]);
+        };
+        let mut out = Vec::with_capacity(regions.len());
+        for (i, r) in regions.iter().enumerate() {
+            if r.align < 16 {
+                out.push(TmaCheck::Skipped("alignment below 16"));
+                continue;
+            }
+            if r.size < 16 {
+                out.push(TmaCheck::Skipped("smaller than 16 bytes"));
+                continue;
+            }
+            if r.size as u64 > u32::MAX as u64 {
+                out.push(TmaCheck::Skipped("over 4 GiB"));
+                continue;
+            }
+            let box_bytes = (r.size.min(TMA_BOX_MAX)) / 16 * 16;
+            let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+            let dims = [r.size as u64];
+            let strides: [u64; 1] = [1];
+            let boxes = [box_bytes as u32];
+            let elem_strides = [1u32];
+            // SAFETY: every pointer addresses an array of `rank` (1) entries; the global
+            // address is the region's device address.
+            unsafe {
+                sys::cuTensorMapEncodeTiled(
+                    map.as_mut_ptr(),
+                    sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                    1,
+                    r.addr as usize as *mut std::ffi::c_void,
+                    dims.as_ptr(),
+                    strides.as_ptr(),
+                    boxes.as_ptr(),
+                    elem_strides.as_ptr(),
+                    sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                    sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+                    sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                    sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+                )
+            }
+            .result()
+            .map_err(drv("cuTensorMapEncodeTiled"))?;
+            // SAFETY: the driver initialised the map.
+            let map = TensorMapArg(unsafe { map.assume_init() });
+            let box32 = box_bytes as u32;
+            let x0 = 0u32;
+            // SAFETY: the kernel moves `box_bytes` bytes at the start of the region, which the
+            // caller owns, through its own shared memory.
+            unsafe {
+                self.stream
+                    .launch_builder(func)
+                    .arg(&map)
+                    .arg(&box32)
+                    .arg(&x0)
+                    .launch(LaunchConfig {
+                        grid_dim: (1, 1, 1),
+                        block_dim: (128, 1, 1),
+                        shared_mem_bytes: 0,
+                    })
+            }
+            .map_err(drv("cuLaunchKernel(tma_roundtrip)"))?;
+            let mut back = vec![0u8; box_bytes + 16.min(r.size - box_bytes)];
+            self.stream
+                .synchronize()
+                .map_err(drv("tma_roundtrip"))?;
+            // SAFETY: `back` is no longer than the region, which is live device memory.
+            unsafe {
+                cudarc::driver::result::memcpy_dtoh_async(
+                    &mut back,
+                    r.addr,
+                    self.stream.cu_stream(),
+                )
+            }
+            .map_err(drv("cuMemcpyDtoHAsync"))?;
+            self.stream
+                .synchronize()
+                .map_err(drv("cuStreamSynchronize"))?;
+            let wrong = back
+                .iter()
+                .enumerate()
+                .filter(|&(j, &b)| {
+                    let tag = tag_byte(i as u32, j as u64);
+                    let want = if j < box_bytes { tag.wrapping_add(1) } else { tag };
+                    b != want
+                })
+                .count();
+            out.push(if wrong == 0 {
+                TmaCheck::Passed { box_bytes }
+            } else {
+                TmaCheck::Failed { wrong }
+            });
+        }
+        Ok(out)
+    }
+
+    /// All three checks over `regions` (overwrites them).
+    pub fn run(&self, base: u64, regions: Vec<Region>) -> Result<Report, Error> {
+        let alignment = self.alignment(&regions)?;
+        let mismatches = self.disjoint(&regions)?;
+        let tma = self.tma(&regions)?;
+        Ok(Report {
+            device: self.device.clone(),
+            base,
+            fields: regions
+                .into_iter()
+                .zip(alignment)
+                .zip(mismatches)
+                .zip(tma)
+                .map(|(((region, alignment), mismatches), tma)| FieldReport {
+                    region,
+                    alignment,
+                    mismatches,
+                    tma,
+                })
+                .collect(),
+        })
+    }
+}
+
+/// The regions of every field of an arena, as its plan placed them.
+pub fn regions<L: DeviceLayout, B: devarena::Backend>(arena: &Arena<L, B>) -> Vec<Region> {
+    L::FIELDS
+        .iter()
+        .map(|f| Region {
+            name: f.name.to_string(),
+            offset: f.offset,
+            addr: arena.addr() + f.offset as u64,
+            size: f.size,
+            align: f.align,
+        })
+        .collect()
+}
+
+/// Runs every check on every field of a device arena: the hardware alignment check, the
+/// overlap check and (on sm_90) the bulk-tensor round trip. Overwrites the arena's contents,
+/// hence the `&mut`.
+pub fn verify<L: DeviceLayout + Disjoint>(
+    arena: &mut Arena<L, CudaBackend>,
+) -> Result<Report, Error> {
+    let verifier = Verifier::new(arena.backend().stream())?;
+    verifier.run(arena.addr(), regions(arena))
+}
