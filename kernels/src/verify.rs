@@ -211,7 +211,11 @@ impl Verifier {
         let module = ctx
             .load_module(Ptx::from_src(VERIFY_PTX))
             .map_err(drv("cuModuleLoadData"))?;
-        let load = |name: &str| module.load_function(name).map_err(drv("cuModuleGetFunction"));
+        let load = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(drv("cuModuleGetFunction"))
+        };
         let (major, _) = ctx
             .compute_capability()
             .map_err(drv("cuDeviceGetAttribute"))?;
@@ -279,9 +283,7 @@ impl Verifier {
                 .launch(LaunchConfig::for_num_elems(n32))
         }
         .map_err(drv("cuLaunchKernel(verify_alignment)"))?;
-        self.stream
-            .synchronize()
-            .map_err(drv("verify_alignment"))?;
+        self.stream.synchronize().map_err(drv("verify_alignment"))?;
         let residues = self
             .stream
             .clone_dtoh(&residues)
@@ -358,7 +360,10 @@ impl Verifier {
     /// hold the tags of [`disjoint`](Self::disjoint).
     pub fn tma(&self, regions: &[Region]) -> Result<Vec<TmaCheck>, Error> {
         let Some(func) = &self.tma else {
-            return Ok(vec![TmaCheck::Skipped("needs sm_90 or newer"); regions.len()]);
+            return Ok(vec![
+                TmaCheck::Skipped("needs sm_90 or newer");
+                regions.len()
+            ]);
         };
         let mut out = Vec::with_capacity(regions.len());
         for (i, r) in regions.iter().enumerate() {
@@ -420,9 +425,7 @@ impl Verifier {
             }
             .map_err(drv("cuLaunchKernel(tma_roundtrip)"))?;
             let mut back = vec![0u8; box_bytes + 16.min(r.size - box_bytes)];
-            self.stream
-                .synchronize()
-                .map_err(drv("tma_roundtrip"))?;
+            self.stream.synchronize().map_err(drv("tma_roundtrip"))?;
             // SAFETY: `back` is no longer than the region, which is live device memory.
             unsafe {
                 cudarc::driver::result::memcpy_dtoh_async(
@@ -440,7 +443,11 @@ impl Verifier {
                 .enumerate()
                 .filter(|&(j, &b)| {
                     let tag = tag_byte(i as u32, j as u64);
-                    let want = if j < box_bytes { tag.wrapping_add(1) } else { tag };
+                    let want = if j < box_bytes {
+                        tag.wrapping_add(1)
+                    } else {
+                        tag
+                    };
                     b != want
                 })
                 .count();

@@ -179,6 +179,7 @@ pub fn emit(layout: &Layout) -> TokenStream {
         quote!()
     };
     let vstruct_params = &vgenerics.params;
+    let field_idents: Vec<&Ident> = layout.fields.iter().map(|f| &f.ident).collect();
 
     quote! {
         #[doc = #views_doc]
@@ -216,6 +217,12 @@ pub fn emit(layout: &Layout) -> TokenStream {
             );
             /// Byte offset of every field, computed by the compiler.
             pub const OFFSETS: #offsets_ident = #offsets_ident { #(#offset_inits,)* };
+            // A layout struct is a description that is never built: this reads its fields so
+            // the compiler does not call them dead.
+            #[doc(hidden)]
+            fn __devarena_fields(&self) {
+                let _ = (#(&self.#field_idents,)*);
+            }
         }
 
         #(#checks)*
