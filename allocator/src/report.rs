@@ -188,9 +188,9 @@ impl LayoutReport {
         let h = rows_y + ROW_H * self.rows.len() as f64 + 30.0;
         let mut s = String::new();
         svg_head(&mut s, W, h);
-        let _ = write!(
+        let _ = writeln!(
             s,
-            "<text x=\"12\" y=\"24\" class=\"title\">{} — {} bytes, align {}, {} fields, padding {} bytes ({:.2}%)</text>\n",
+            "<text x=\"12\" y=\"24\" class=\"title\">{} — {} bytes, align {}, {} fields, padding {} bytes ({:.2}%)</text>",
             esc(&self.name),
             self.totals.size,
             self.totals.align,
@@ -199,16 +199,16 @@ impl LayoutReport {
             self.padding_percent()
         );
         // The whole allocation to scale: padding shaded underneath, fields on top.
-        let _ = write!(
+        let _ = writeln!(
             s,
-            "<text x=\"12\" y=\"{:.1}\">allocation</text><rect x=\"{LEFT}\" y=\"{strip_y}\" width=\"{BAR_W}\" height=\"28\" class=\"pad\"/>\n",
+            "<text x=\"12\" y=\"{:.1}\">allocation</text><rect x=\"{LEFT}\" y=\"{strip_y}\" width=\"{BAR_W}\" height=\"28\" class=\"pad\"/>",
             strip_y + 18.0
         );
         for (i, r) in self.rows.iter().enumerate() {
             let w = (r.size as f64 / size * BAR_W).max(0.5);
-            let _ = write!(
+            let _ = writeln!(
                 s,
-                "<rect x=\"{:.2}\" y=\"{strip_y}\" width=\"{w:.2}\" height=\"28\" fill=\"{}\"><title>{}: offset {}, {} bytes</title></rect>\n",
+                "<rect x=\"{:.2}\" y=\"{strip_y}\" width=\"{w:.2}\" height=\"28\" fill=\"{}\"><title>{}: offset {}, {} bytes</title></rect>",
                 x(r.offset),
                 color(i),
                 esc(&r.name),
@@ -216,9 +216,9 @@ impl LayoutReport {
                 r.size
             );
         }
-        let _ = write!(
+        let _ = writeln!(
             s,
-            "<text x=\"{LEFT}\" y=\"{:.1}\" class=\"small\">0</text><text x=\"{:.1}\" y=\"{:.1}\" class=\"small\" text-anchor=\"end\">{}</text>\n",
+            "<text x=\"{LEFT}\" y=\"{:.1}\" class=\"small\">0</text><text x=\"{:.1}\" y=\"{:.1}\" class=\"small\" text-anchor=\"end\">{}</text>",
             strip_y + 42.0,
             LEFT + BAR_W,
             strip_y + 42.0,
