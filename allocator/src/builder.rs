@@ -48,7 +48,7 @@ impl LayoutBuilder {
 
     /// Default alignment of every field (`#[layout(align = N)]`).
     pub fn align(mut self, align: usize) -> Self {
-        self.spec.align = align;
+        self.spec.align = Some(align);
         self
     }
 

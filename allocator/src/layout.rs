@@ -96,9 +96,9 @@ impl FieldPlacement {
 ///
 /// assert_eq!(Frame::OFFSETS.rgb, 0);
 /// assert_eq!(Frame::OFFSETS.gray, 921_600); // 640*480*3 is a multiple of 256
-/// assert_eq!(Frame::OFFSETS.hist, 2_150_400); // 921_600 + 1_228_800 = 525 * 4096
+/// assert_eq!(Frame::OFFSETS.hist, 2_150_400); // 921_600 + 1_228_800 = 525 * 4096 exactly
 /// assert_eq!(Frame::ALIGN, 4096);
-/// assert_eq!(Frame::SIZE, 2_154_496); // 2_150_400 + 1024, rounded up to 4096
+/// assert_eq!(Frame::SIZE, 2_154_496); // hist ends at 2_151_424, rounded up to 526 * 4096
 /// static SCRATCH: [u8; Frame::FIELDS.len()] = [0; 3];
 /// ```
 #[diagnostic::on_unimplemented(

@@ -100,8 +100,9 @@ pub struct FieldSpec {
     pub elem_align: usize,
     /// Number of elements (for a nested layout: 1).
     pub len: usize,
-    /// The field's own alignment request; 0 when it asked for none.
-    pub align: usize,
+    /// The field's own alignment request; `None` when it asked for none. (`Some(0)` is a
+    /// request too, and an invalid one: zero is not a power of two.)
+    pub align: Option<usize>,
     /// Stages in which the field is live.
     pub live: LiveRange,
     /// Whether the field is a nested layout (an empty nested layout is allowed).
@@ -115,7 +116,7 @@ impl FieldSpec {
             elem_size,
             elem_align,
             len,
-            align: 0,
+            align: None,
             live: LiveRange::ALL,
             nested: false,
         }
@@ -132,7 +133,7 @@ impl FieldSpec {
             elem_size: size,
             elem_align: align,
             len: 1,
-            align: 0,
+            align: None,
             live: LiveRange::ALL,
             nested: true,
         }
@@ -140,7 +141,7 @@ impl FieldSpec {
 
     /// Asks for an alignment of its own (a power of two, not below the element's alignment).
     pub const fn with_align(mut self, align: usize) -> Self {
-        self.align = align;
+        self.align = Some(align);
         self
     }
 
@@ -154,8 +155,8 @@ impl FieldSpec {
 /// Layout-wide settings: `#[layout(align = .., max_bytes = .., stages = ..)]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LayoutSpec {
-    /// Default alignment of every field; 0 for [`DEFAULT_ALIGN`].
-    pub align: usize,
+    /// Default alignment of every field; `None` for [`DEFAULT_ALIGN`].
+    pub align: Option<usize>,
     /// Largest `SIZE` allowed; `usize::MAX` for no limit.
     pub max_bytes: usize,
     /// Number of stages; 0 when the layout declares none (every field lives throughout).
@@ -165,14 +166,14 @@ pub struct LayoutSpec {
 impl LayoutSpec {
     /// Default settings: 256-byte alignment, no size limit, no stages.
     pub const DEFAULT: LayoutSpec = LayoutSpec {
-        align: 0,
+        align: None,
         max_bytes: usize::MAX,
         stages: 0,
     };
 
     /// Sets the default alignment of the fields.
     pub const fn with_align(mut self, align: usize) -> Self {
-        self.align = align;
+        self.align = Some(align);
         self
     }
 
@@ -272,12 +273,15 @@ pub enum PlanErrorKind {
         /// Number of elements.
         len: usize,
     },
-    /// The field's end (`offset + size`, or `SIZE` rounded up) does not fit in `usize`.
+    /// The field's end (its offset, aligned, plus its size), or `SIZE` rounded up to the
+    /// layout's alignment, does not fit in `usize`.
     OffsetOverflow {
-        /// Where the field would start.
+        /// Where the previous field ends (for the layout: where the last field ends).
         offset: usize,
-        /// Bytes of the field.
+        /// Bytes of the field (0 for the layout).
         size: usize,
+        /// The alignment the field (or the layout's `SIZE`) is rounded up to.
+        align: usize,
     },
     /// `SIZE` is over `max_bytes`.
     OverMaxBytes {
@@ -319,18 +323,17 @@ const fn valid_align(align: usize) -> bool {
 
 /// The default alignment of the layout's fields.
 pub const fn layout_default_align(layout: &LayoutSpec) -> Result<usize, PlanError> {
-    if layout.align == 0 {
-        return Ok(DEFAULT_ALIGN);
-    }
-    if !valid_align(layout.align) {
+    let align = match layout.align {
+        Some(a) => a,
+        None => return Ok(DEFAULT_ALIGN),
+    };
+    if !valid_align(align) {
         return Err(PlanError {
             field: None,
-            kind: PlanErrorKind::AlignNotPowerOfTwo {
-                align: layout.align,
-            },
+            kind: PlanErrorKind::AlignNotPowerOfTwo { align },
         });
     }
-    Ok(layout.align)
+    Ok(align)
 }
 
 /// The alignment a field is placed at, or why its alignment is wrong.
@@ -352,23 +355,23 @@ pub const fn check_align(
             },
         ));
     }
-    if spec.align != 0 {
-        if !valid_align(spec.align) {
+    if let Some(align) = spec.align {
+        if !valid_align(align) {
             return Err(field_err(
                 index,
-                PlanErrorKind::AlignNotPowerOfTwo { align: spec.align },
+                PlanErrorKind::AlignNotPowerOfTwo { align },
             ));
         }
-        if spec.align < spec.elem_align {
+        if align < spec.elem_align {
             return Err(field_err(
                 index,
                 PlanErrorKind::AlignBelowElement {
-                    align: spec.align,
+                    align,
                     elem_align: spec.elem_align,
                 },
             ));
         }
-        Ok(spec.align)
+        Ok(align)
     } else if default < spec.elem_align {
         Ok(spec.elem_align)
     } else {
@@ -477,6 +480,7 @@ pub const fn plan_into(
                     PlanErrorKind::OffsetOverflow {
                         offset: end,
                         size: slot.size,
+                        align: slot.align,
                     },
                 ));
             }
@@ -487,8 +491,9 @@ pub const fn plan_into(
                 return Err(field_err(
                     i,
                     PlanErrorKind::OffsetOverflow {
-                        offset,
+                        offset: end,
                         size: slot.size,
+                        align: slot.align,
                     },
                 ));
             }
@@ -513,6 +518,7 @@ pub const fn plan_into(
                 kind: PlanErrorKind::OffsetOverflow {
                     offset: end,
                     size: 0,
+                    align,
                 },
             });
         }
@@ -603,6 +609,7 @@ pub const fn alias_into(
             kind: PlanErrorKind::OffsetOverflow {
                 offset: end,
                 size: 0,
+                align,
             },
         }),
     }
@@ -761,18 +768,26 @@ impl PlanError {
                 .push_str(" bytes exceed ")
                 .push_usize(usize::MAX)
                 .push_str(" bytes"),
-            PlanErrorKind::OffsetOverflow { offset, size } => {
+            PlanErrorKind::OffsetOverflow {
+                offset,
+                size,
+                align,
+            } => {
                 if self.field.is_some() {
                     m.push_str("offset overflows usize: ")
                         .push_usize(size)
-                        .push_str(" bytes placed after byte ")
+                        .push_str(" bytes at alignment ")
+                        .push_usize(align)
+                        .push_str(", placed after the previous field's end at byte ")
                         .push_usize(offset)
-                        .push_str(" end beyond ")
+                        .push_str(", would end past byte ")
                         .push_usize(usize::MAX)
                 } else {
                     m.push_str("size overflows usize: the fields end at byte ")
                         .push_usize(offset)
-                        .push_str(", which cannot be rounded up to the layout's alignment")
+                        .push_str(", which cannot be rounded up to the layout's alignment of ")
+                        .push_usize(align)
+                        .push_str(" bytes")
                 }
             }
             PlanErrorKind::OverMaxBytes { size, max_bytes } => m

@@ -59,10 +59,12 @@ mod gpu {
 
     fn per_buffer_sync(sizes: &[usize]) -> Duration {
         let t = Instant::now();
-        // SAFETY: plain allocations, freed below; never read.
         let ptrs: Vec<u64> = sizes
             .iter()
-            .map(|&s| unsafe { result::malloc_sync(s) }.expect("cuMemAlloc"))
+            .map(|&s| {
+                // SAFETY: plain allocations, freed below; never read.
+                unsafe { result::malloc_sync(s) }.expect("cuMemAlloc")
+            })
             .collect();
         let d = t.elapsed();
         for p in ptrs {
@@ -74,10 +76,10 @@ mod gpu {
 
     fn per_buffer_async(stream: &CudaStream, sizes: &[usize]) -> Duration {
         let t = Instant::now();
-        // SAFETY: stream-ordered allocations on a live stream, freed below.
         let ptrs: Vec<u64> = sizes
             .iter()
             .map(|&s| {
+                // SAFETY: stream-ordered allocations on a live stream, freed below.
                 unsafe { result::malloc_async(stream.cu_stream(), s) }.expect("cuMemAllocAsync")
             })
             .collect();

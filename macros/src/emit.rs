@@ -2,7 +2,7 @@
 //! fns; no layout arithmetic happens here.
 
 use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{GenericParam, Ident, Lifetime};
 
@@ -20,8 +20,9 @@ pub fn emit(layout: &Layout) -> TokenStream {
     let views_ident = format_ident!("{}Views", name);
     let offsets_ident = format_ident!("{}Offsets", name);
 
-    // Names for the views struct's extra parameters that cannot clash with the user's.
-    let taken: Vec<String> = layout
+    // Names for the views struct's extra parameters that cannot clash with the user's: neither
+    // a generic parameter nor any name used in a field's type (a user type called `K`).
+    let mut taken: Vec<String> = layout
         .generics
         .params
         .iter()
@@ -31,6 +32,15 @@ pub fn emit(layout: &Layout) -> TokenStream {
             GenericParam::Lifetime(l) => l.lifetime.ident.to_string(),
         })
         .collect();
+    for f in &layout.fields {
+        match &f.kind {
+            FieldKind::Array { elem, len } => {
+                idents_in(elem.to_token_stream(), &mut taken);
+                idents_in(len.to_token_stream(), &mut taken);
+            }
+            FieldKind::Nested(ty) => idents_in(ty.to_token_stream(), &mut taken),
+        }
+    }
     let k = if taken.iter().any(|t| t == "K") {
         format_ident!("__DevarenaK")
     } else {
@@ -139,10 +149,18 @@ pub fn emit(layout: &Layout) -> TokenStream {
         }
     }
     if !layout.is_generic() {
+        if let Some(a) = &layout.align {
+            checks.push(derive_check(name, &name_str, "LayoutAlign", 0, a.span()));
+        }
         let span = layout.max_bytes.as_ref().map_or(name.span(), |m| m.span());
         checks.push(derive_check(name, &name_str, "Layout", 0, span));
     }
     let panic_on_error = layout.is_generic();
+    // A generic layout's error surfaces when an instance is used; point at the struct's name.
+    let derive_plan = quote_spanned!(name.span()=> ::devarena::plan::derive_plan(
+        Self::__DEVARENA_RESULT, #panic_on_error, #name_str,
+        &Self::__DEVARENA_NAMES, &Self::__DEVARENA_TYPES,
+    ));
 
     // --- the views struct ------------------------------------------------------------------
     let mut vgenerics = layout.generics.clone();
@@ -183,7 +201,8 @@ pub fn emit(layout: &Layout) -> TokenStream {
 
     quote! {
         #[doc = #views_doc]
-        #[allow(dead_code, missing_debug_implementations)]
+        // A view field is public even where its element type is private to the module.
+        #[allow(dead_code, missing_debug_implementations, private_interfaces)]
         #vis struct #views_ident <#vstruct_params> #vwhere {
             #(#view_fields,)*
             #marker
@@ -211,18 +230,9 @@ pub fn emit(layout: &Layout) -> TokenStream {
             const __DEVARENA_RESULT: ::core::result::Result<#plan::Plan<#n>, #plan::PlanError> =
                 #plan::plan(&Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS);
             #[doc(hidden)]
-            const __DEVARENA_PLAN: #plan::Plan<#n> = #plan::derive_plan(
-                Self::__DEVARENA_RESULT, #panic_on_error, #name_str,
-                &Self::__DEVARENA_NAMES, &Self::__DEVARENA_TYPES,
-            );
+            const __DEVARENA_PLAN: #plan::Plan<#n> = #derive_plan;
             /// Byte offset of every field, computed by the compiler.
             pub const OFFSETS: #offsets_ident = #offsets_ident { #(#offset_inits,)* };
-            // A layout struct is a description that is never built: this reads its fields so
-            // the compiler does not call them dead.
-            #[doc(hidden)]
-            fn __devarena_fields(&self) {
-                let _ = (#(&self.#field_idents,)*);
-            }
         }
 
         #(#checks)*
@@ -243,6 +253,11 @@ pub fn emit(layout: &Layout) -> TokenStream {
             unsafe fn views<#lt, #k: ::devarena::ViewKind>(
                 base: <#k as ::devarena::ViewKind>::Base<#lt>,
             ) -> Self::Views<#lt, #k> {
+                // A layout struct is a description, never a value: its fields are read only
+                // here, in a closure that never runs, so they raise no `dead_code` warnings.
+                let _ = |__devarena_this: &Self| {
+                    #( let _ = &__devarena_this.#field_idents; )*
+                };
                 // SAFETY: the caller hands a region of `SIZE` bytes at `ALIGN`, live and (for
                 // mutable kinds) unaliased for `'a`; the plan keeps every field inside it,
                 // aligned for its element, and apart from every other field.
@@ -272,4 +287,15 @@ fn derive_check(name: &Ident, name_str: &str, what: &str, index: usize, span: Sp
             &#ty::__DEVARENA_NAMES, &#ty::__DEVARENA_TYPES,
         );
     )
+}
+
+/// Every identifier in `tokens`, however deeply grouped.
+fn idents_in(tokens: TokenStream, out: &mut Vec<String>) {
+    for tt in tokens {
+        match tt {
+            proc_macro2::TokenTree::Ident(i) => out.push(i.to_string()),
+            proc_macro2::TokenTree::Group(g) => idents_in(g.stream(), out),
+            _ => {}
+        }
+    }
 }

@@ -84,6 +84,9 @@ fn tidy(s: &str) -> String {
         .replace(" ,", ",")
         .replace(" :: ", "::")
         .replace(":: ", "::")
+        .replace("& ", "&")
+        .replace("* const ", "*const ")
+        .replace("* mut ", "*mut ")
 }
 
 const ALIGN_LIMIT: u128 = 1 << 30;
@@ -134,11 +137,17 @@ fn key_name(meta: &ParseNestedMeta<'_>) -> String {
 }
 
 /// Notes a key; if it was already given, reports the duplicate and returns false.
-fn first_time(seen: &mut Vec<String>, key: &str, span: Span, errors: &mut Errors) -> bool {
+fn first_time(
+    seen: &mut Vec<String>,
+    key: &str,
+    span: Span,
+    ctx: &str,
+    errors: &mut Errors,
+) -> bool {
     if seen.iter().any(|k| k == key) {
         errors.push(
             span,
-            format_args!("duplicate key `{key}` in #[layout(..)]: give it once"),
+            format_args!("{ctx}: duplicate key `{key}` in #[layout(..)]: give it once"),
         );
         return false;
     }
@@ -205,6 +214,7 @@ pub fn parse(input: DeriveInput) -> syn::Result<Layout> {
     let mut max_bytes = None;
     let mut stages: Option<Stages> = None;
     let mut seen = Vec::new();
+    let ctx = format!("layout `{name}`");
     for attr in input.attrs.iter().filter(|a| a.path().is_ident("layout")) {
         let r = attr.parse_nested_meta(|meta| {
             let key = key_name(&meta);
@@ -212,14 +222,14 @@ pub fn parse(input: DeriveInput) -> syn::Result<Layout> {
             match key.as_str() {
                 "align" => {
                     let v: Expr = meta.value()?.parse()?;
-                    if first_time(&mut seen, &key, span, &mut errors) {
-                        check_align_lit(&v, &format!("`{name}`"), &mut errors);
+                    if first_time(&mut seen, &key, span, &ctx, &mut errors) {
+                        check_align_lit(&v, &ctx, &mut errors);
                         align = Some(v);
                     }
                 }
                 "max_bytes" => {
                     let v: Expr = meta.value()?.parse()?;
-                    if first_time(&mut seen, &key, span, &mut errors) {
+                    if first_time(&mut seen, &key, span, &ctx, &mut errors) {
                         if let Some(Err(e)) = lit_int(&v) {
                             errors.add(e);
                         }
@@ -228,7 +238,7 @@ pub fn parse(input: DeriveInput) -> syn::Result<Layout> {
                 }
                 "stages" => {
                     let parsed = parse_stages(&meta, &name, &mut errors)?;
-                    if first_time(&mut seen, &key, span, &mut errors) {
+                    if first_time(&mut seen, &key, span, &ctx, &mut errors) {
                         stages = parsed;
                     }
                 }
@@ -237,7 +247,7 @@ pub fn parse(input: DeriveInput) -> syn::Result<Layout> {
                     errors.push(
                         span,
                         format_args!(
-                            "unknown key `{key}` in #[layout(..)] on a struct; expected `align`, \
+                            "{ctx}: unknown key `{key}` in #[layout(..)]; expected `align`, \
                              `max_bytes` or `stages`"
                         ),
                     );
@@ -257,10 +267,12 @@ pub fn parse(input: DeriveInput) -> syn::Result<Layout> {
             continue;
         };
         let fname = fident.to_string();
+        let fctx = format!("layout `{name}`, field `{fname}`");
         let kind = match field_kind(&f.ty) {
             Ok(k) => Some(k),
             Err(e) => {
-                errors.push(e.0, format_args!("field `{fname}`: {}", e.1));
+                // Spanned on the whole type, not only its first token.
+                errors.add(syn::Error::new_spanned(&f.ty, format_args!("{fctx}: {e}")));
                 None
             }
         };
@@ -274,15 +286,15 @@ pub fn parse(input: DeriveInput) -> syn::Result<Layout> {
                 match key.as_str() {
                     "align" => {
                         let v: Expr = meta.value()?.parse()?;
-                        if first_time(&mut seen, &key, span, &mut errors) {
-                            check_align_lit(&v, &format!("field `{fname}`"), &mut errors);
+                        if first_time(&mut seen, &key, span, &fctx, &mut errors) {
+                            check_align_lit(&v, &fctx, &mut errors);
                             falign = Some(v);
                         }
                     }
                     "live" => {
                         let v: Expr = meta.value()?.parse()?;
-                        if first_time(&mut seen, &key, span, &mut errors) {
-                            live = parse_live(&v, span, stages.as_ref(), &fname, &mut errors);
+                        if first_time(&mut seen, &key, span, &fctx, &mut errors) {
+                            live = parse_live(&v, span, stages.as_ref(), &fctx, &mut errors);
                         }
                     }
                     _ => {
@@ -290,8 +302,8 @@ pub fn parse(input: DeriveInput) -> syn::Result<Layout> {
                         errors.push(
                             span,
                             format_args!(
-                                "unknown key `{key}` in #[layout(..)] on field `{fname}`; \
-                                 expected `align` or `live`"
+                                "{fctx}: unknown key `{key}` in #[layout(..)]; expected \
+                                 `align` or `live`"
                             ),
                         );
                     }
@@ -386,14 +398,14 @@ fn parse_live(
     v: &Expr,
     key_span: Span,
     stages: Option<&Stages>,
-    fname: &str,
+    ctx: &str,
     errors: &mut Errors,
 ) -> Option<(usize, usize, Span)> {
     let Some(stages) = stages else {
         errors.push(
             key_span,
             format_args!(
-                "field `{fname}`: `live` needs stages on the struct: add \
+                "{ctx}: `live` needs stages on the struct: add \
                  `#[layout(stages = N)]` or `#[layout(stages(a, b, ..))]`"
             ),
         );
@@ -410,7 +422,7 @@ fn parse_live(
             errors.push(
                 r.span(),
                 format_args!(
-                    "field `{fname}`: a live range is inclusive with both ends given: \
+                    "{ctx}: a live range is inclusive with both ends given: \
                      `live = A..=B`"
                 ),
             );
@@ -418,14 +430,12 @@ fn parse_live(
         }
         single => (single, single),
     };
-    let a = stage_index(first, stages, fname, errors)?;
-    let b = stage_index(last, stages, fname, errors)?;
+    let a = stage_index(first, stages, ctx, errors)?;
+    let b = stage_index(last, stages, ctx, errors)?;
     if a > b {
         errors.push(
             v.span(),
-            format_args!(
-                "field `{fname}`: live range {a}..={b} is empty: its first stage is after its last"
-            ),
+            format_args!("{ctx}: live range {a}..={b} is empty: its first stage is after its last"),
         );
         return None;
     }
@@ -433,7 +443,7 @@ fn parse_live(
         errors.push(
             v.span(),
             format_args!(
-                "field `{fname}`: live range {a}..={b} is outside the stages 0..{}",
+                "{ctx}: live range {a}..={b} is outside the stages 0..{}",
                 stages.count
             ),
         );
@@ -442,7 +452,7 @@ fn parse_live(
     Some((a, b, v.span()))
 }
 
-fn stage_index(e: &Expr, stages: &Stages, fname: &str, errors: &mut Errors) -> Option<usize> {
+fn stage_index(e: &Expr, stages: &Stages, ctx: &str, errors: &mut Errors) -> Option<usize> {
     if let Some(v) = lit_int(e) {
         return match v {
             Ok(v) => Some(v.min(usize::MAX as u128) as usize),
@@ -464,7 +474,7 @@ fn stage_index(e: &Expr, stages: &Stages, fname: &str, errors: &mut Errors) -> O
                 errors.push(
                     id.span(),
                     format_args!(
-                        "field `{fname}`: unknown stage `{id}`; the stages are {}",
+                        "{ctx}: unknown stage `{id}`; the stages are {}",
                         list.join(", ")
                     ),
                 );
@@ -475,7 +485,7 @@ fn stage_index(e: &Expr, stages: &Stages, fname: &str, errors: &mut Errors) -> O
             errors.push(
                 id.span(),
                 format_args!(
-                    "field `{fname}`: unknown stage `{id}`; the stages are numbered 0..{} \
+                    "{ctx}: unknown stage `{id}`; the stages are numbered 0..{} \
                      (name them with `#[layout(stages({id}, ..))]`)",
                     stages.count
                 ),
@@ -485,7 +495,7 @@ fn stage_index(e: &Expr, stages: &Stages, fname: &str, errors: &mut Errors) -> O
         (None, _) => {
             errors.push(
                 e.span(),
-                format_args!("field `{fname}`: a stage is an integer literal or a stage name"),
+                format_args!("{ctx}: a stage is an integer literal or a stage name"),
             );
             None
         }
@@ -497,15 +507,12 @@ const SCALARS: &[&str] = &[
     "f64", "bool", "char",
 ];
 
-fn field_kind(ty: &Type) -> Result<FieldKind, (Span, String)> {
+fn field_kind(ty: &Type) -> Result<FieldKind, String> {
     let shown = tidy(&quote::ToTokens::to_token_stream(ty).to_string());
     let neither = |what: &str| {
-        (
-            ty.span(),
-            format!(
-                "`{shown}` is {what}; a layout field is a fixed-size buffer `[T; N]` or a \
-                 nested `#[derive(DeviceLayout)]` struct"
-            ),
+        format!(
+            "`{shown}` is {what}; a layout field is a fixed-size buffer `[T; N]` or a \
+             nested `#[derive(DeviceLayout)]` struct"
         )
     };
     match ty {
@@ -522,12 +529,9 @@ fn field_kind(ty: &Type) -> Result<FieldKind, (Span, String)> {
                 .map(|i| i.to_string())
                 .unwrap_or_default();
             if SCALARS.contains(&id.as_str()) {
-                Err((
-                    ty.span(),
-                    format!(
-                        "`{id}` is a single scalar; a layout field is a buffer such as \
-                         `[{id}; 1]`, or a nested `#[derive(DeviceLayout)]` struct"
-                    ),
+                Err(format!(
+                    "`{id}` is a single scalar; a layout field is a buffer such as \
+                     `[{id}; 1]`, or a nested `#[derive(DeviceLayout)]` struct"
                 ))
             } else {
                 Ok(FieldKind::Nested(ty.clone()))
