@@ -375,13 +375,11 @@ impl Verifier {
                 out.push(TmaCheck::Skipped("smaller than 16 bytes"));
                 continue;
             }
-            if r.size as u64 > u32::MAX as u64 {
-                out.push(TmaCheck::Skipped("over 4 GiB"));
-                continue;
-            }
             let box_bytes = (r.size.min(TMA_BOX_MAX)) / 16 * 16;
             let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
-            let dims = [r.size as u64];
+            // A tensor dimension holds at most 2^32 elements: a larger region is mapped over its
+            // first 4 GiB, which still starts at the region's address.
+            let dims = [(r.size as u64).min(u32::MAX as u64 + 1 - 16)];
             let strides: [u64; 1] = [1];
             let boxes = [box_bytes as u32];
             let elem_strides = [1u32];
