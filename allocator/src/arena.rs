@@ -5,7 +5,7 @@ use core::marker::PhantomData;
 
 use crate::backend::{Allocation, Backend, HostBackend};
 use crate::error::Error;
-use crate::layout::{DeviceLayout, FieldPlacement};
+use crate::layout::{DeviceLayout, FieldPlacement, ViewKind};
 
 /// Marks layouts in which every field has bytes of its own (no stages, so no sharing): only
 /// these hand out all their views at once. The derive implements it for layouts without
@@ -16,6 +16,26 @@ use crate::layout::{DeviceLayout, FieldPlacement};
     note = "use the arena's stage views (`stage_mut::<K>()`) for a layout with stages"
 )]
 pub trait Disjoint: DeviceLayout {}
+
+/// The fields of a layout live in stage `S`: what `#[derive(DeviceLayout)]` generates for each
+/// stage of a `#[layout(stages = N)]` layout. Fields live in the same stage all meet, so the
+/// planner kept them apart: their views are disjoint.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` has no stage {S}",
+    label = "stages are numbered from 0 to `#[layout(stages = N)]` minus one",
+    note = "a layout without `#[layout(stages = ..)]` has no stages: use `views_mut()`"
+)]
+pub trait Stage<const S: usize>: DeviceLayout {
+    /// The generated views struct of the fields live in stage `S`.
+    type StageViews<'a, K: ViewKind>;
+
+    /// Slices the region at `base` into the views of the fields live in stage `S`.
+    ///
+    /// # Safety
+    ///
+    /// As [`DeviceLayout::views`].
+    unsafe fn stage_views<'a, K: ViewKind>(base: K::Base<'a>) -> Self::StageViews<'a, K>;
+}
 
 /// Exactly one backing allocation of `L::SIZE` bytes at `L::ALIGN`, handing out disjoint,
 /// borrow-checked views of every field. Freed once, on drop.
@@ -79,6 +99,64 @@ impl<L: DeviceLayout, B: Backend> Arena<L, B> {
         // SAFETY: the allocation is live while `self` is borrowed and nothing can write it
         // through the arena during a shared borrow.
         unsafe { L::views::<B::Ref>(self.backend.base_ref(&self.allocation)) }
+    }
+
+    /// Mutable views of the fields live in stage `S` of a layout with stages.
+    ///
+    /// The views borrow the arena mutably, so no two stages' views exist at once and no code
+    /// can touch a buffer outside its live range: bytes a later stage reuses are never reached
+    /// through an earlier stage's view. A buffer that becomes live holds whatever bytes were
+    /// there (every bit pattern is a valid element) until written.
+    ///
+    /// On a GPU this is sound for work queued on the arena's stream: the kernels of stage
+    /// `S + 1` run after those of stage `S`, in stream order, so a buffer's bytes are not
+    /// reused while an earlier kernel still reads them. Work spread over several streams must
+    /// order them between stages (record an event on every stream that used stage `S` and make
+    /// the streams of stage `S + 1` wait for it, or synchronize).
+    ///
+    /// ```
+    /// use devarena::{Arena, DeviceLayout};
+    ///
+    /// #[derive(DeviceLayout)]
+    /// #[layout(stages = 3)]
+    /// struct Steps {
+    ///     #[layout(live = 0..=1)]
+    ///     input: [f32; 1024],
+    ///     #[layout(live = 1..=2)]
+    ///     output: [f32; 1024],
+    ///     #[layout(live = 0..=0)]
+    ///     scratch: [f32; 1024], // shares bytes with `output`
+    /// }
+    /// assert!(Steps::SIZE < Steps::UNALIASED_SIZE);
+    ///
+    /// let mut arena = Arena::<Steps>::new()?;
+    /// let s0 = arena.stage_mut::<0>();
+    /// s0.input.fill(1.0);
+    /// s0.scratch.fill(2.0);
+    /// let s1 = arena.stage_mut::<1>();
+    /// for (o, i) in s1.output.iter_mut().zip(s1.input.iter()) {
+    ///     *o = *i * 3.0;
+    /// }
+    /// assert_eq!(arena.stage::<2>().output[0], 3.0);
+    /// # Ok::<(), devarena::Error>(())
+    /// ```
+    pub fn stage_mut<const S: usize>(&mut self) -> <L as Stage<S>>::StageViews<'_, B::Mut>
+    where
+        L: Stage<S>,
+    {
+        // SAFETY: the allocation is live and exclusively borrowed; the fields of one stage are
+        // disjoint (`Stage`'s contract).
+        unsafe { L::stage_views::<B::Mut>(self.backend.base_mut(&self.allocation)) }
+    }
+
+    /// Shared views of the fields live in stage `S`.
+    pub fn stage<const S: usize>(&self) -> <L as Stage<S>>::StageViews<'_, B::Ref>
+    where
+        L: Stage<S>,
+    {
+        // SAFETY: the allocation is live; a shared borrow lets nothing write it through the
+        // arena.
+        unsafe { L::stage_views::<B::Ref>(self.backend.base_ref(&self.allocation)) }
     }
 
     /// The backend the allocation came from.

@@ -112,7 +112,9 @@ impl LayoutBuilder {
     /// Plans the layout, or reports the first problem with the layout, field and numbers.
     pub fn build(self) -> Result<RuntimeLayout, Error> {
         let mut slots = alloc::vec![Slot::EMPTY; self.specs.len()];
-        match plan::plan_into(&self.spec, &self.specs, &mut slots) {
+        let n = self.specs.len();
+        let (mut best, mut current) = (alloc::vec![0; n], alloc::vec![0; n]);
+        match plan::plan_into(&self.spec, &self.specs, &mut slots, &mut best, &mut current) {
             Ok(totals) => Ok(RuntimeLayout {
                 name: self.name,
                 spec: self.spec,

@@ -123,8 +123,9 @@ pub trait DeviceLayout {
     const STAGES: usize;
     /// What `SIZE` would be if no two fields shared bytes; equal to `SIZE` without stages.
     const UNALIASED_SIZE: usize;
-    /// A lower bound on `SIZE`: the largest, over stages, sum of the live fields' sizes, each
-    /// rounded up to its alignment.
+    /// A lower bound on `SIZE`: over stages, the bytes the live fields need side by side (see
+    /// [`Totals::peak_live_bound`](crate::plan::Totals::peak_live_bound)); with one alignment
+    /// for every field, the largest sum of the live fields' sizes each rounded up to it.
     const PEAK_LIVE_BOUND: usize;
 
     /// The generated struct of views, one per field, of the given kind (host slices, device

@@ -83,7 +83,7 @@ mod layout;
 pub mod plan;
 pub mod report;
 
-pub use arena::{Arena, Disjoint};
+pub use arena::{Arena, Disjoint, Stage};
 pub use backend::{Allocation, Backend, BackendStats, HostBackend};
 pub use builder::{LayoutBuilder, RuntimeField, RuntimeLayout};
 pub use error::Error;

@@ -234,9 +234,10 @@ pub struct Totals {
     pub requested: usize,
     /// What `size` would be if no two fields shared bytes (declaration order).
     pub unaliased_size: usize,
-    /// A lower bound on any plan's size: over all stages, the largest sum of the live fields'
-    /// sizes, each rounded up to its alignment. Equals `requested` rounded per field when the
-    /// layout has no stages.
+    /// A lower bound on any plan's size: over all stages, the bytes the live fields need side
+    /// by side (each rounded up to the smallest alignment among them, the last one unrounded),
+    /// rounded up to `align`. With one alignment for every field (256 by default) it is the
+    /// largest sum of the live fields' sizes, each rounded up to its alignment.
     pub peak_live_bound: usize,
 }
 
@@ -443,19 +444,21 @@ pub const fn check_field(
     })
 }
 
-/// Plans `specs` into `out` (which must have the same length) and returns the totals.
+/// Plans `specs` into `out` and returns the totals; `best` and `current` are scratch space.
+/// All four slices hold one entry per field.
 ///
 /// Without stages, fields are placed in declaration order. With stages, fields whose live
-/// ranges never meet may share bytes (see [`crate::plan`]'s module docs and the aliasing
-/// planner in [`alias`](crate::plan::alias_into)).
+/// ranges never meet may share bytes: see [`alias_into`].
 pub const fn plan_into(
     layout: &LayoutSpec,
     specs: &[FieldSpec],
     out: &mut [Slot],
+    best: &mut [usize],
+    current: &mut [usize],
 ) -> Result<Totals, PlanError> {
     assert!(
-        specs.len() == out.len(),
-        "plan_into: specs and out differ in length"
+        specs.len() == out.len() && best.len() == out.len() && current.len() == out.len(),
+        "plan_into: specs, out and the two scratch slices must have one entry per field"
     );
     let mut align = match layout_default_align(layout) {
         Ok(a) => a,
@@ -530,12 +533,9 @@ pub const fn plan_into(
         unaliased_size,
         peak_live_bound: 0,
     };
-    totals.peak_live_bound = match peak_live_bound(layout, specs, out) {
-        Ok(b) => b,
-        Err(e) => return Err(e),
-    };
+    totals.peak_live_bound = peak_live_bound(layout, specs, out, align);
     if layout.stages > 0 {
-        totals.size = match alias_into(layout, specs, out, align) {
+        totals.size = match alias_into(layout, specs, out, align, best, current) {
             Ok(s) => s,
             Err(e) => return Err(e),
         };
@@ -552,58 +552,294 @@ pub const fn plan_into(
     Ok(totals)
 }
 
-/// Over all stages, the largest sum of the live fields' sizes, each rounded up to its
-/// alignment (`slots` gives the alignments). Without stages: the sum over all fields.
+/// A lower bound on the size of any plan: over all stages, the bytes the fields live in that
+/// stage need side by side, rounded up to the layout's alignment.
+///
+/// In one stage, every live field starts at a multiple of the smallest alignment `m` among
+/// them (alignments are powers of two), so each occupies its size rounded up to `m`, except
+/// that the field placed last needs no rounding: the stage needs at least
+/// `Σ align_up(size, m) − max(align_up(size, m) − size)` bytes, and `SIZE`, a multiple of
+/// `ALIGN`, at least that rounded up to `ALIGN`. When every field has the same alignment
+/// (256 by default) this is the sum of the live sizes, each rounded up to its alignment.
 const fn peak_live_bound(
     layout: &LayoutSpec,
     specs: &[FieldSpec],
     slots: &[Slot],
-) -> Result<usize, PlanError> {
+    align: usize,
+) -> usize {
     let stages = if layout.stages == 0 { 1 } else { layout.stages };
     let mut best = 0;
     let mut stage = 0;
     while stage < stages {
-        let mut sum: usize = 0;
+        let mut m = usize::MAX;
         let mut i = 0;
         while i < specs.len() {
-            if layout.stages == 0 || specs[i].live.contains(stage) {
-                // Each term is at most the field's unaliased end, which did not overflow.
-                let rounded = match align_up(slots[i].size, slots[i].align) {
+            if (layout.stages == 0 || specs[i].live.contains(stage))
+                && slots[i].size > 0
+                && slots[i].align < m
+            {
+                m = slots[i].align;
+            }
+            i += 1;
+        }
+        let mut sum: usize = 0;
+        let mut slack = 0;
+        let mut i = 0;
+        while i < specs.len() {
+            if (layout.stages == 0 || specs[i].live.contains(stage)) && slots[i].size > 0 {
+                // Each term is at most the field's unaliased footprint, which did not overflow.
+                let rounded = match align_up(slots[i].size, m) {
                     Some(r) => r,
                     None => slots[i].size,
                 };
                 sum = sum.saturating_add(rounded);
+                if rounded - slots[i].size > slack {
+                    slack = rounded - slots[i].size;
+                }
             }
             i += 1;
         }
-        if sum > best {
-            best = sum;
+        let need = match align_up(sum - slack, align) {
+            Some(n) => n,
+            None => sum - slack,
+        };
+        if need > best {
+            best = need;
         }
         stage += 1;
     }
-    Ok(best)
+    best
+}
+
+/// How the aliasing planner orders buffers before placing each at the lowest offset that keeps
+/// it apart from the conflicting buffers already placed. The planner runs every strategy and
+/// keeps the smallest plan (as XLA's heap simulator does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Strategy {
+    /// Declaration order. Never worse than placing every field apart, so with it among the
+    /// strategies `SIZE <= UNALIASED_SIZE` always holds.
+    Declaration,
+    /// Largest first (TensorFlow Lite Micro's greedy planner); ties by earlier first stage.
+    BySize,
+    /// Earliest first stage first; ties by larger size.
+    ByStart,
+    /// Longest live range first; ties by larger size.
+    ByDuration,
+}
+
+impl Strategy {
+    /// Every strategy, in the order the planner tries them (the first smallest wins).
+    pub const ALL: [Strategy; 4] = [
+        Strategy::BySize,
+        Strategy::ByStart,
+        Strategy::ByDuration,
+        Strategy::Declaration,
+    ];
+}
+
+/// Marks a buffer the current strategy has not placed yet.
+const UNPLACED: usize = usize::MAX;
+
+/// Whether buffer `a` goes before buffer `b` under `strategy` (a strict total order).
+const fn before(
+    strategy: Strategy,
+    specs: &[FieldSpec],
+    slots: &[Slot],
+    a: usize,
+    b: usize,
+) -> bool {
+    let (la, lb) = (specs[a].live, specs[b].live);
+    let (sa, sb) = (slots[a].size, slots[b].size);
+    let (da, db) = (la.last - la.first, lb.last - lb.first);
+    let primary = match strategy {
+        Strategy::Declaration => return a < b,
+        Strategy::BySize => {
+            if sa != sb {
+                return sa > sb;
+            }
+            (la.first, lb.first)
+        }
+        Strategy::ByStart => {
+            if la.first != lb.first {
+                return la.first < lb.first;
+            }
+            (sb, sa)
+        }
+        Strategy::ByDuration => {
+            if da != db {
+                return da > db;
+            }
+            (sb, sa)
+        }
+    };
+    if primary.0 != primary.1 {
+        return primary.0 < primary.1;
+    }
+    a < b
+}
+
+/// Whether `size` bytes at `offset` keep apart from every placed buffer whose live range meets
+/// buffer `b`'s.
+const fn fits(
+    specs: &[FieldSpec],
+    slots: &[Slot],
+    placed: &[usize],
+    b: usize,
+    offset: usize,
+) -> bool {
+    let size = slots[b].size;
+    if size == 0 {
+        return true;
+    }
+    let mut c = 0;
+    while c < specs.len() {
+        let at = placed[c];
+        if c != b && at != UNPLACED && slots[c].size != 0 && specs[c].live.meets(&specs[b].live) {
+            // Both ends fit in usize: they were placed (or are candidates) without overflow.
+            if offset < at + slots[c].size && at < offset + size {
+                return false;
+            }
+        }
+        c += 1;
+    }
+    true
+}
+
+/// Places every buffer in `strategy`'s order at the lowest aligned offset that keeps it apart
+/// from the conflicting buffers already placed; writes the offsets to `placed` and returns the
+/// end of the highest buffer. `slots` gives the sizes and alignments (offsets are ignored).
+///
+/// [`alias_into`] runs every strategy and keeps the smallest; this runs one, to compare.
+pub const fn place_with(
+    strategy: Strategy,
+    specs: &[FieldSpec],
+    slots: &[Slot],
+    placed: &mut [usize],
+) -> Result<usize, PlanError> {
+    let n = specs.len();
+    let mut i = 0;
+    while i < n {
+        placed[i] = UNPLACED;
+        i += 1;
+    }
+    let mut end = 0usize;
+    let mut step = 0;
+    while step < n {
+        // The next buffer in the strategy's order.
+        let mut b = UNPLACED;
+        let mut k = 0;
+        while k < n {
+            if placed[k] == UNPLACED && (b == UNPLACED || before(strategy, specs, slots, k, b)) {
+                b = k;
+            }
+            k += 1;
+        }
+        // The lowest feasible offset is 0 or just past a conflicting placed buffer.
+        let mut best = if fits(specs, slots, placed, b, 0) {
+            0
+        } else {
+            UNPLACED
+        };
+        let mut c = 0;
+        while c < n {
+            let at = placed[c];
+            if c != b && at != UNPLACED && specs[c].live.meets(&specs[b].live) {
+                if let Some(candidate) = align_up(at + slots[c].size, slots[b].align) {
+                    if candidate < best
+                        && candidate.checked_add(slots[b].size).is_some()
+                        && fits(specs, slots, placed, b, candidate)
+                    {
+                        best = candidate;
+                    }
+                }
+            }
+            c += 1;
+        }
+        if best == UNPLACED {
+            // Past every conflicting buffer would overflow usize.
+            return Err(field_err(
+                b,
+                PlanErrorKind::OffsetOverflow {
+                    offset: end,
+                    size: slots[b].size,
+                    align: slots[b].align,
+                },
+            ));
+        }
+        placed[b] = best;
+        if best + slots[b].size > end {
+            end = best + slots[b].size;
+        }
+        step += 1;
+    }
+    Ok(end)
 }
 
 /// The aliasing planner (stages): places fields so that only fields whose live ranges meet are
-/// kept apart, and returns the planned size. `slots` holds the sizes and alignments on entry
-/// (from the declaration-order pass) and the aliased offsets on return.
+/// kept apart, and returns the planned size (rounded up to `align`). `slots` holds the sizes
+/// and alignments on entry and the aliased offsets on return; `best` and `current` are scratch
+/// space of one offset per field each.
+///
+/// Every [`Strategy`] is tried and the smallest plan is kept. On the classic five-buffer case
+/// (sizes 10, 20, 30, 40, 50; live 0–1, 1–2, 2–3, 3–4, 0–1) greedy-by-size alone needs 90
+/// bytes; the planner reaches the lower bound of 80:
+///
+/// ```
+/// use devarena::plan::{alias_into, FieldSpec, LayoutSpec, Slot};
+///
+/// let layout = LayoutSpec::DEFAULT.with_align(1).with_stages(5);
+/// let live = [(0, 1), (1, 2), (2, 3), (3, 4), (0, 1)];
+/// let specs: Vec<FieldSpec> = [10, 20, 30, 40, 50]
+///     .iter()
+///     .zip(live)
+///     .map(|(&n, (a, b))| FieldSpec::of::<u8>(n).with_live(a, b))
+///     .collect();
+/// let mut slots: Vec<Slot> = [10, 20, 30, 40, 50]
+///     .iter()
+///     .map(|&size| Slot { offset: 0, size, align: 1 })
+///     .collect();
+/// let (mut best, mut current) = ([0; 5], [0; 5]);
+/// assert_eq!(alias_into(&layout, &specs, &mut slots, 1, &mut best, &mut current), Ok(80));
+/// ```
 pub const fn alias_into(
-    _layout: &LayoutSpec,
-    _specs: &[FieldSpec],
-    _slots: &mut [Slot],
+    layout: &LayoutSpec,
+    specs: &[FieldSpec],
+    slots: &mut [Slot],
     align: usize,
+    best: &mut [usize],
+    current: &mut [usize],
 ) -> Result<usize, PlanError> {
-    // Declaration-order placement already keeps every field apart; sharing comes later.
-    let mut end = 0;
-    let mut i = 0;
-    while i < _slots.len() {
-        if _slots[i].end() > end {
-            end = _slots[i].end();
+    let _ = layout;
+    let n = specs.len();
+    assert!(
+        slots.len() == n && best.len() == n && current.len() == n,
+        "alias_into: slots, best and current must have one entry per field"
+    );
+    let mut best_end = UNPLACED;
+    let mut s = 0;
+    while s < Strategy::ALL.len() {
+        let end = match place_with(Strategy::ALL[s], specs, slots, current) {
+            Ok(e) => e,
+            Err(e) => return Err(e),
+        };
+        if end < best_end {
+            best_end = end;
+            let mut i = 0;
+            while i < n {
+                best[i] = current[i];
+                i += 1;
+            }
         }
+        s += 1;
+    }
+    let mut i = 0;
+    while i < n {
+        slots[i].offset = best[i];
         i += 1;
     }
+    let end = if n == 0 { 0 } else { best_end };
     match align_up(end, align) {
-        Some(s) => Ok(s),
+        Some(size) => Ok(size),
         None => Err(PlanError {
             field: None,
             kind: PlanErrorKind::OffsetOverflow {
@@ -621,7 +857,8 @@ pub const fn plan<const N: usize>(
     specs: &[FieldSpec; N],
 ) -> Result<Plan<N>, PlanError> {
     let mut slots = [Slot::EMPTY; N];
-    match plan_into(layout, specs, &mut slots) {
+    let (mut best, mut current) = ([0usize; N], [0usize; N]);
+    match plan_into(layout, specs, &mut slots, &mut best, &mut current) {
         Ok(totals) => Ok(Plan { slots, totals }),
         Err(e) => Err(e),
     }

@@ -199,6 +199,125 @@ pub fn emit(layout: &Layout) -> TokenStream {
     let vstruct_params = &vgenerics.params;
     let field_idents: Vec<&Ident> = layout.fields.iter().map(|f| &f.ident).collect();
 
+    // --- stage views: per stage, only the fields live in it --------------------------------
+    let ty_arg_list: Vec<TokenStream> = layout
+        .generics
+        .params
+        .iter()
+        .map(|p| match p {
+            GenericParam::Type(t) => t.ident.to_token_stream(),
+            GenericParam::Const(c) => c.ident.to_token_stream(),
+            GenericParam::Lifetime(l) => l.lifetime.to_token_stream(),
+        })
+        .collect();
+    let ty_args = quote!(#(#ty_arg_list,)*);
+    let mut stage_items = Vec::new();
+    if let Some(st) = &layout.stages {
+        let mut methods_decl = Vec::new();
+        let mut methods_impl = Vec::new();
+        for stage in 0..st.count {
+            let live: Vec<usize> = layout
+                .fields
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| {
+                    f.live
+                        .as_ref()
+                        .is_none_or(|(a, b, _)| *a <= stage && stage <= *b)
+                })
+                .map(|(i, _)| i)
+                .collect();
+            let sident = format_ident!("{}Stage{}Views", name, stage);
+            let stage_name = st.names.as_ref().map(|ns| ns[stage].to_string());
+            let label = match &stage_name {
+                Some(sn) => format!("stage {stage} (`{sn}`)"),
+                None => format!("stage {stage}"),
+            };
+            let sdoc = format!(
+                "Views of the fields of [`{name_str}`] live in {label}: made by \
+                 `arena.stage_mut::<{stage}>()`. Fields live together never share bytes."
+            );
+            let sfields: Vec<&TokenStream> = live.iter().map(|&i| &view_fields[i]).collect();
+            let sinits: Vec<&TokenStream> = live.iter().map(|&i| &view_inits[i]).collect();
+            let (smarker, smarker_init) = if live.is_empty() {
+                (
+                    quote!(#[doc(hidden)] pub __devarena_marker: ::devarena::__private::PhantomData<(&#lt (), #k)>,),
+                    quote!(__devarena_marker: ::devarena::__private::PhantomData,),
+                )
+            } else {
+                (quote!(), quote!())
+            };
+            stage_items.push(quote! {
+                #[doc = #sdoc]
+                #[allow(dead_code, missing_debug_implementations, private_interfaces)]
+                #vis struct #sident <#vstruct_params> #vwhere {
+                    #(#sfields,)*
+                    #smarker
+                }
+
+                impl #impl_g ::devarena::Stage<#stage> for #name #ty_g #where_c {
+                    type StageViews<#lt, #k: ::devarena::ViewKind> = #sident #vty_g;
+
+                    unsafe fn stage_views<#lt, #k: ::devarena::ViewKind>(
+                        base: <#k as ::devarena::ViewKind>::Base<#lt>,
+                    ) -> Self::StageViews<#lt, #k> {
+                        // SAFETY: the fields live in this stage all meet each other, so the
+                        // planner kept them apart; the caller hands the whole region.
+                        unsafe {
+                            #sident {
+                                #(#sinits,)*
+                                #smarker_init
+                            }
+                        }
+                    }
+                }
+            });
+            if let Some(sn) = &stage_name {
+                let m_mut = format_ident!("{}_mut", sn);
+                let m_ref = format_ident!("{}", sn);
+                let doc_mut = format!("Mutable views of the fields live in {label}.");
+                let doc_ref = format!("Shared views of the fields live in {label}.");
+                methods_decl.push(quote! {
+                    #[doc = #doc_mut]
+                    fn #m_mut(&mut self) -> #sident <'_, <__DevarenaB as ::devarena::Backend>::Mut, #ty_args>;
+                    #[doc = #doc_ref]
+                    fn #m_ref(&self) -> #sident <'_, <__DevarenaB as ::devarena::Backend>::Ref, #ty_args>;
+                });
+                methods_impl.push(quote! {
+                    fn #m_mut(&mut self) -> #sident <'_, <__DevarenaB as ::devarena::Backend>::Mut, #ty_args> {
+                        self.stage_mut::<#stage>()
+                    }
+                    fn #m_ref(&self) -> #sident <'_, <__DevarenaB as ::devarena::Backend>::Ref, #ty_args> {
+                        self.stage::<#stage>()
+                    }
+                });
+            }
+        }
+        if !methods_decl.is_empty() {
+            let tident = format_ident!("{}Stages", name);
+            let tdoc = format!(
+                "Stage views of an arena of [`{name_str}`] by stage name: `use` this trait, \
+                 then `arena.<stage>_mut()`."
+            );
+            let mut tgenerics = layout.generics.clone();
+            tgenerics
+                .params
+                .push(syn::parse_quote!(__DevarenaB: ::devarena::Backend));
+            let (timpl_g, tty_g, _) = tgenerics.split_for_impl();
+            let twhere = where_c;
+            stage_items.push(quote! {
+                #[doc = #tdoc]
+                #vis trait #tident #timpl_g #twhere {
+                    #(#methods_decl)*
+                }
+
+                impl #timpl_g #tident #tty_g for ::devarena::Arena<#name #ty_g, __DevarenaB> #twhere {
+                    #(#methods_impl)*
+                }
+            });
+        }
+    }
+
     quote! {
         #[doc = #views_doc]
         // A view field is public even where its element type is private to the module.
@@ -271,6 +390,8 @@ pub fn emit(layout: &Layout) -> TokenStream {
         }
 
         #disjoint
+
+        #(#stage_items)*
     }
 }
 
