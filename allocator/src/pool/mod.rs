@@ -23,7 +23,7 @@
 //!   already allocated is disturbed.
 //! * All metadata lives on the host, never inside the region (which may be device memory).
 //! * Allocation and free are O(1): a two-level segregated fit (TLSF) index with bitmaps,
-//!   coalescing free neighbours on free, behind one uncontended `Mutex`.
+//!   coalescing free neighbours on free, behind one lock (a compare-and-swap to take it, a store to release it).
 //!
 //! Observability: [`Pool::stats`] (current, peak, counts, requested vs reserved, largest free
 //! block, fragmentation), a tracking mode ([`Tracking`]) that records each live allocation's tag
@@ -84,17 +84,16 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::any::TypeId;
 use core::fmt;
-use core::hash::{BuildHasherDefault, Hasher};
 use std::backtrace::Backtrace;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
 
 use crate::backend::{Allocation, Backend, HostBackend};
 use crate::error::Error;
 
+mod addr_map;
 mod events;
+mod lock;
 mod slice;
 mod stats;
 pub mod stream;
@@ -107,6 +106,8 @@ pub use slice::PoolSlice;
 pub use stats::{ClientStats, Leak, LeakReport, PoolStats, Tracking};
 pub use stream::{ManualStreams, StreamEvent, StreamId, StreamSync};
 
+use addr_map::AddrMap;
+use lock::{Lock, LockGuard};
 use tlsf::{GRANULE, Tlsf};
 
 /// The largest alignment a pool hands out.
@@ -115,6 +116,8 @@ pub const MAX_ALIGN: usize = 4096;
 pub const DEFAULT_POOL_ALIGN: usize = 256;
 /// Every block is a multiple of this many bytes (and starts at a multiple of it).
 pub const BLOCK_GRANULE: usize = GRANULE as usize;
+/// The alignment the pool asks its backend for (it aligns the region itself).
+const REGION_ALIGN: usize = 16;
 
 /// The smallest free block that guarantees an allocation of `size` bytes at `align` succeeds
 /// (when the client's quota allows it): the size rounded up to 256 bytes, plus the worst
@@ -246,9 +249,9 @@ struct LiveInfo {
     backtrace: Option<Backtrace>,
 }
 
-/// One live allocation.
+/// One live allocation, kept at its block's index.
+#[derive(Default)]
 struct Live {
-    block: u32,
     client: u32,
     size: usize,
     align: usize,
@@ -308,31 +311,14 @@ impl ClientState {
     }
 }
 
-/// Hashes addresses: they are multiples of 256, so drop those bits and multiply (the low bits
-/// pick the bucket, the high bits the tag).
-#[derive(Default, Clone, Copy)]
-struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-
-    fn write_u64(&mut self, addr: u64) {
-        self.0 = (addr >> tlsf::GRANULE_SHIFT).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
 /// Everything behind the pool's lock.
 struct State {
     tlsf: Tlsf,
-    live: HashMap<u64, Live, BuildHasherDefault<AddrHasher>>,
+    /// Address of every live allocation → its block.
+    live: AddrMap,
+    /// What is known about the live allocation in each block (indexed like the TLSF blocks;
+    /// entries of free blocks are stale).
+    meta: Vec<Live>,
     clients: Vec<ClientState>,
     in_use: usize,
     requested: usize,
@@ -352,7 +338,7 @@ struct State {
 
 /// What never changes after creation, beside the lock.
 struct Shared {
-    state: Mutex<State>,
+    state: Lock<State>,
     name: String,
     capacity: usize,
     base: u64,
@@ -375,10 +361,11 @@ struct Ask {
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> LockGuard<'_, State> {
         // Every user callback (event sinks, stream runtimes) runs when the state is
-        // consistent, so a panic in one leaves nothing half-done: recover the guard.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        // consistent, so a panic in one unwinds through the guard and leaves nothing
+        // half-done.
+        self.state.lock()
     }
 
     fn tracking(&self) -> Tracking {
@@ -462,19 +449,23 @@ impl Shared {
         };
         state.allocations += 1;
         let serial = state.allocations;
-        state.live.insert(
-            addr,
-            Live {
-                block,
-                client: ask.client,
-                size: ask.size,
-                align,
-                stream: ask.stream,
-                serial,
-                owned,
-                info,
-            },
-        );
+        state.live.insert_new(addr, block);
+        let live = Live {
+            client: ask.client,
+            size: ask.size,
+            align,
+            stream: ask.stream,
+            serial,
+            owned,
+            info,
+        };
+        let slot = block as usize;
+        if slot < state.meta.len() {
+            state.meta[slot] = live;
+        } else {
+            state.meta.resize_with(slot, Live::default);
+            state.meta.push(live);
+        }
         state.in_use += reserved;
         state.requested += ask.size;
         state.peak = state.peak.max(state.in_use);
@@ -485,7 +476,7 @@ impl Shared {
         c.allocations += 1;
         c.live += 1;
         if state.sink.is_some() {
-            let tag = state.live[&addr]
+            let tag = state.meta[slot]
                 .info
                 .as_ref()
                 .and_then(|i| i.tag.as_deref());
@@ -575,12 +566,13 @@ impl Shared {
         let mut state = self.lock();
         let caller_name =
             |state: &State| String::from(&*state.clients[caller.unwrap_or(0) as usize].name);
-        let Some(live) = state.live.get(&addr) else {
+        let Some(block) = state.live.get(addr) else {
             return Err(Error::UnknownAddress {
                 addr,
                 client: caller_name(&state),
             });
         };
+        let live = &state.meta[block as usize];
         if live.owned && !from_slice {
             return Err(Error::invalid(format!(
                 "pool `{}`: address {addr:#x} belongs to a PoolSlice of client `{}`; drop the \
@@ -604,8 +596,9 @@ impl Shared {
             Some(streams) if stream != self.home => Some(streams.record(stream)?),
             _ => None,
         };
-        let live = state.live.remove(&addr).expect("looked up above");
-        let reserved = state.tlsf.block_size(live.block) as usize;
+        state.live.remove(addr);
+        let live = core::mem::take(&mut state.meta[block as usize]);
+        let reserved = state.tlsf.block_size(block) as usize;
         state.in_use -= reserved;
         state.requested -= live.size;
         state.frees += 1;
@@ -617,7 +610,7 @@ impl Shared {
         match event {
             Some(event) => {
                 let parked = Parked {
-                    block: live.block,
+                    block,
                     bytes: reserved,
                     event,
                 };
@@ -628,7 +621,7 @@ impl Shared {
                 }
             }
             None => {
-                state.tlsf.free(live.block);
+                state.tlsf.free(block);
                 if self.streams.is_some() {
                     state.home_epoch += 1;
                 }
@@ -702,10 +695,11 @@ impl Shared {
         let mut leaks: Vec<Leak> = state
             .live
             .iter()
-            .map(|(&addr, live)| Leak {
+            .map(|(addr, block)| (addr, block, &state.meta[block as usize]))
+            .map(|(addr, block, live)| Leak {
                 addr,
                 size: live.size,
-                reserved: state.tlsf.block_size(live.block) as usize,
+                reserved: state.tlsf.block_size(block) as usize,
                 client: String::from(&*state.clients[live.client as usize].name),
                 serial: live.serial,
                 stream: live.stream,
@@ -844,23 +838,34 @@ impl PoolBuilder {
             )));
         }
         let name = backend.name();
-        let allocation = backend.allocate(capacity, DEFAULT_POOL_ALIGN)?;
+        // One granule more than the capacity at a small alignment, and the pool uses the
+        // 256-aligned `capacity` bytes inside: a host backend then gets the memory from
+        // `calloc`, whose large blocks are untouched zero pages until used, instead of an
+        // aligned allocation that is zeroed byte by byte up front.
+        let bytes = capacity.checked_add(BLOCK_GRANULE).ok_or_else(|| {
+            Error::invalid(format!(
+                "pool `{}`: a capacity of {capacity} bytes overflows usize",
+                self.name
+            ))
+        })?;
+        let allocation = backend.allocate(bytes, REGION_ALIGN)?;
         let region = OwnedRegion {
             backend,
             allocation,
         };
-        let base = allocation.addr;
-        if base % GRANULE != 0 || base.checked_add(capacity as u64).is_none() {
+        let base = allocation.addr.next_multiple_of(GRANULE);
+        if base.checked_add(capacity as u64).is_none() {
             return Err(Error::invalid(format!(
-                "pool `{}`: backend `{name}` returned a region at {base:#x} that is not \
-                 {DEFAULT_POOL_ALIGN}-byte aligned",
-                self.name
+                "pool `{}`: backend `{name}` returned a region at {:#x} whose {bytes} bytes \
+                 overflow the address space",
+                self.name, allocation.addr
             )));
         }
         let host = TypeId::of::<B>() == TypeId::of::<HostBackend>();
         let state = State {
             tlsf: Tlsf::new(base, capacity as u64),
-            live: HashMap::with_capacity_and_hasher(64, Default::default()),
+            live: AddrMap::with_capacity(64),
+            meta: Vec::with_capacity(128),
             clients: alloc::vec![ClientState::new(&self.name, capacity)],
             in_use: 0,
             requested: 0,
@@ -875,7 +880,7 @@ impl PoolBuilder {
             sink: self.sink,
         };
         let shared = Arc::new(Shared {
-            state: Mutex::new(state),
+            state: Lock::new(state),
             name: self.name,
             capacity,
             base,

@@ -229,7 +229,7 @@ impl Tlsf {
     }
 
     /// Whether `block` can hold `size` bytes at `align`.
-    #[inline]
+    #[inline(always)]
     fn fits(&self, block: u32, size: u64, align: u64) -> bool {
         let b = &self.blocks[block as usize];
         let start = align_up(b.addr, align);
@@ -252,7 +252,7 @@ impl Tlsf {
     }
 
     /// Head of the smallest non-empty class whose blocks all hold `units` granules.
-    #[inline]
+    #[inline(always)]
     fn find_suitable(&self, units: u64) -> Option<u32> {
         let (mut fl, mut sl) = mapping_search(units);
         if fl >= FL_COUNT {
@@ -277,7 +277,7 @@ impl Tlsf {
 
     /// Takes a free block for `size` bytes at `align`: free space in front (alignment) and
     /// behind goes back to the free lists as blocks of their own.
-    #[inline]
+    #[inline(always)]
     fn take(&mut self, block: u32, size: u64, align: u64) -> (u32, u64) {
         self.remove_free(block);
         let mut block = block;
@@ -299,7 +299,7 @@ impl Tlsf {
     }
 
     /// Splits `block` after `at` bytes; returns the new right-hand block (not in any list).
-    #[inline]
+    #[inline(always)]
     fn split(&mut self, block: u32, at: u64) -> u32 {
         let b = self.blocks[block as usize];
         debug_assert!(at > 0 && at < b.size);
@@ -322,7 +322,7 @@ impl Tlsf {
     }
 
     /// Merges `block`'s physical successor (already out of the free lists) into `block`.
-    #[inline]
+    #[inline(always)]
     fn absorb_next(&mut self, block: u32) {
         let next = self.blocks[block as usize].next_phys;
         let n = self.blocks[next as usize];
@@ -335,7 +335,7 @@ impl Tlsf {
         self.spare.push(next);
     }
 
-    #[inline]
+    #[inline(always)]
     fn new_block(&mut self, block: Block) -> u32 {
         if let Some(slot) = self.spare.pop() {
             self.blocks[slot as usize] = block;
@@ -346,7 +346,7 @@ impl Tlsf {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn insert_free(&mut self, block: u32) {
         let size = self.blocks[block as usize].size;
         let (fl, sl) = mapping_insert(size >> GRANULE_SHIFT);
@@ -367,7 +367,7 @@ impl Tlsf {
         self.free_blocks += 1;
     }
 
-    #[inline]
+    #[inline(always)]
     fn remove_free(&mut self, block: u32) {
         let b = self.blocks[block as usize];
         debug_assert!(b.free);

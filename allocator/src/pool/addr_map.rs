@@ -1,0 +1,184 @@
+//! Address → block map: open addressing with linear probing and backward-shift deletion.
+//!
+//! Keys are block addresses (multiples of 256, never `u64::MAX`), values block indices. A
+//! general-purpose hash map spends most of its time on what this one does not need (generic
+//! hashing, SIMD group probing, checking for an existing key on insert); this one is a
+//! multiply, a shift and a short probe, which is a large part of the pool's budget of
+//! 50 ns per alloc+free pair.
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+const EMPTY: u64 = u64::MAX;
+/// 2^64 / φ: Fibonacci hashing spreads consecutive multiples well.
+const FIB: u64 = 0x9E37_79B9_7F4A_7C15;
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    key: u64,
+    value: u32,
+}
+
+/// The map; at most half full.
+#[derive(Debug)]
+pub(crate) struct AddrMap {
+    entries: Vec<Entry>,
+    len: usize,
+    shift: u32,
+}
+
+impl AddrMap {
+    /// Room for `capacity` keys before the first growth.
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        let slots = (capacity.max(8) * 2).next_power_of_two();
+        AddrMap {
+            entries: vec![
+                Entry {
+                    key: EMPTY,
+                    value: 0
+                };
+                slots
+            ],
+            len: 0,
+            shift: 64 - slots.trailing_zeros(),
+        }
+    }
+
+    #[inline]
+    fn mask(&self) -> usize {
+        self.entries.len() - 1
+    }
+
+    #[inline]
+    fn home(&self, key: u64) -> usize {
+        ((key >> 8).wrapping_mul(FIB) >> self.shift) as usize
+    }
+
+    /// Number of keys.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The value of `key`.
+    #[inline]
+    pub(crate) fn get(&self, key: u64) -> Option<u32> {
+        let mask = self.mask();
+        let mut i = self.home(key);
+        loop {
+            let e = self.entries[i];
+            if e.key == key {
+                return Some(e.value);
+            }
+            if e.key == EMPTY {
+                return None;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// Inserts `key`, which must not be in the map.
+    #[inline]
+    pub(crate) fn insert_new(&mut self, key: u64, value: u32) {
+        debug_assert!(key != EMPTY && self.get(key).is_none());
+        if (self.len + 1) * 2 > self.entries.len() {
+            self.grow();
+        }
+        let mask = self.mask();
+        let mut i = self.home(key);
+        while self.entries[i].key != EMPTY {
+            i = (i + 1) & mask;
+        }
+        self.entries[i] = Entry { key, value };
+        self.len += 1;
+    }
+
+    /// Removes `key`; returns its value.
+    #[inline]
+    pub(crate) fn remove(&mut self, key: u64) -> Option<u32> {
+        let mask = self.mask();
+        let mut i = self.home(key);
+        loop {
+            let e = self.entries[i];
+            if e.key == key {
+                break;
+            }
+            if e.key == EMPTY {
+                return None;
+            }
+            i = (i + 1) & mask;
+        }
+        let value = self.entries[i].value;
+        // Backward shift: pull later entries of the probe run into the hole when their home
+        // slot does not lie (cyclically) after the hole.
+        let mut hole = i;
+        let mut j = i;
+        loop {
+            j = (j + 1) & mask;
+            let e = self.entries[j];
+            if e.key == EMPTY {
+                break;
+            }
+            let home = self.home(e.key);
+            // Distance from home to j versus from hole to j, both cyclic.
+            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
+                self.entries[hole] = e;
+                hole = j;
+            }
+        }
+        self.entries[hole].key = EMPTY;
+        self.len -= 1;
+        Some(value)
+    }
+
+    /// Every `(key, value)`, in no particular order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.entries
+            .iter()
+            .filter(|e| e.key != EMPTY)
+            .map(|e| (e.key, e.value))
+    }
+
+    #[cold]
+    fn grow(&mut self) {
+        let old = core::mem::take(&mut self.entries);
+        *self = AddrMap::with_capacity(old.len());
+        for e in old.into_iter().filter(|e| e.key != EMPTY) {
+            self.insert_new(e.key, e.value);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn agrees_with_a_hash_map() {
+        let mut map = AddrMap::with_capacity(4);
+        let mut reference = HashMap::new();
+        let mut x = 0x1234_5678_9abc_def1_u64;
+        for step in 0..200_000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Few distinct keys, so inserts and removes collide and runs wrap around.
+            let key = (x % 3000) * 256 + 0x7f00_0000_0000;
+            if reference.contains_key(&key) {
+                assert_eq!(map.remove(key), reference.remove(&key));
+            } else if x % 5 != 0 {
+                map.insert_new(key, step);
+                reference.insert(key, step);
+            } else {
+                assert_eq!(map.remove(key), None);
+            }
+            if step % 997 == 0 {
+                for (k, v) in &reference {
+                    assert_eq!(map.get(*k), Some(*v));
+                }
+                assert_eq!(map.len(), reference.len());
+                assert_eq!(map.iter().count(), reference.len());
+            }
+        }
+    }
+}
