@@ -61,7 +61,7 @@
 //! ## Features
 //!
 //! * `std` (default): `std::error::Error`, writing reports to files, and the runtime
-//!   [`Pool`](pool::Pool) (sub-allocation of one reserved region under the TensorRT
+//!   [`Pool`] (sub-allocation of one reserved region under the TensorRT
 //!   `IGpuAllocator` contract, with caps, statistics, leak reports and an event log).
 //! * `cuda`: the CUDA backends through cudarc (device memory, stream-ordered, managed, pinned).
 //!

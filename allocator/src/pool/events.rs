@@ -43,6 +43,8 @@ impl fmt::Display for PoolAction {
 /// One entry of the event log.
 #[derive(Debug, Clone, Copy)]
 pub struct PoolEvent<'a> {
+    /// The pool's name.
+    pub pool: &'a str,
     /// What happened.
     pub action: PoolAction,
     /// The address handed out or freed; `0` for a failure.
@@ -108,13 +110,13 @@ impl EventSink for LogEvents {
         match e.error {
             Some(error) => log::warn!(
                 target: "devarena::pool",
-                "{} client={} size={} align={} stream={}: {error}",
-                e.action, e.client, e.size, e.align, e.stream
+                "pool `{}`: {} client={} size={} align={} stream={}: {error}",
+                e.pool, e.action, e.client, e.size, e.align, e.stream
             ),
             None => log::debug!(
                 target: "devarena::pool",
-                "{} client={} addr={:#x} size={} reserved={} align={} stream={}{}{}",
-                e.action, e.client, e.addr, e.size, e.reserved, e.align, e.stream,
+                "pool `{}`: {} client={} addr={:#x} size={} reserved={} align={} stream={}{}{}",
+                e.pool, e.action, e.client, e.addr, e.size, e.reserved, e.align, e.stream,
                 if e.tag.is_some() { " tag=" } else { "" },
                 e.tag.unwrap_or("")
             ),

@@ -656,6 +656,7 @@ impl Shared {
     ) {
         if let Some(sink) = &state.sink {
             sink.event(&PoolEvent {
+                pool: &self.name,
                 action,
                 addr,
                 size: ask.size,
@@ -866,7 +867,7 @@ impl PoolBuilder {
             tlsf: Tlsf::new(base, capacity as u64),
             live: AddrMap::with_capacity(64),
             meta: Vec::with_capacity(128),
-            clients: alloc::vec![ClientState::new(&self.name, capacity)],
+            clients: alloc::vec![ClientState::new(&self.name, usize::MAX)],
             in_use: 0,
             requested: 0,
             peak: 0,
@@ -952,8 +953,8 @@ impl Pool {
         }
     }
 
-    /// The pool's own client (named after the pool, quota = capacity): what the pool's
-    /// `allocate` uses.
+    /// The pool's own client (named after the pool, no quota: only the capacity limits it):
+    /// what the pool's `allocate` uses.
     pub fn own_client(&self) -> &PoolClient {
         &self.own
     }
@@ -1157,6 +1158,11 @@ impl PoolClient {
     /// Whether the pool's region is host memory.
     pub fn is_host(&self) -> bool {
         self.shared.host
+    }
+
+    /// The pool's backend ("host", "cuda", ...).
+    pub fn backend_name(&self) -> &'static str {
+        self.shared.backend
     }
 
     pub(crate) fn allocate_owned(

@@ -105,8 +105,9 @@ impl<T: Element> PoolSlice<T> {
             Ok(self.addr as usize as *mut T)
         } else {
             Err(Error::invalid(format!(
-                "pool slice at {:#x} is device memory, not host memory: use a device view",
-                self.addr
+                "pool slice at {:#x} is `{}` memory, not host memory: use a device view",
+                self.addr,
+                self.client.backend_name()
             )))
         }
     }
