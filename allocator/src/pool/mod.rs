@@ -566,12 +566,13 @@ impl Shared {
         let mut state = self.lock();
         let caller_name =
             |state: &State| String::from(&*state.clients[caller.unwrap_or(0) as usize].name);
-        let Some(block) = state.live.get(addr) else {
+        let Some(slot) = state.live.find(addr) else {
             return Err(Error::UnknownAddress {
                 addr,
                 client: caller_name(&state),
             });
         };
+        let block = state.live.value_at(slot);
         let live = &state.meta[block as usize];
         if live.owned && !from_slice {
             return Err(Error::invalid(format!(
@@ -596,7 +597,7 @@ impl Shared {
             Some(streams) if stream != self.home => Some(streams.record(stream)?),
             _ => None,
         };
-        state.live.remove(addr);
+        state.live.remove_at(slot);
         let live = core::mem::take(&mut state.meta[block as usize]);
         let reserved = state.tlsf.block_size(block) as usize;
         state.in_use -= reserved;

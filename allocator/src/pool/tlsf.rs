@@ -53,29 +53,23 @@ pub(crate) struct Tlsf {
     free_blocks: usize,
 }
 
-/// The class that holds blocks of `units` granules (rounds down).
-#[inline]
+/// The class that holds blocks of `units` granules (rounds down). Branch-free: sizes are
+/// random, and a mispredicted branch costs more than this whole function.
+#[inline(always)]
 fn mapping_insert(units: u64) -> (usize, usize) {
-    if units < SL_COUNT as u64 {
-        (0, units as usize)
-    } else {
-        let log2 = 63 - units.leading_zeros();
-        let fl = (log2 - SL_SHIFT + 1) as usize;
-        let sl = ((units >> (log2 - SL_SHIFT)) as usize) - SL_COUNT;
-        (fl, sl)
-    }
+    // Below 2 * SL_COUNT granules every size has a class of its own (first levels 0 and 1).
+    let big = (units >= SL_COUNT as u64) as u64;
+    let log2 = 63 - (units | SL_COUNT as u64).leading_zeros();
+    let fl = (log2 - SL_SHIFT) as u64 + big;
+    let sl = (units >> (log2 - SL_SHIFT)) - (big << SL_SHIFT);
+    (fl as usize, sl as usize)
 }
 
 /// The first class whose every block holds `units` granules (rounds up).
-#[inline]
+#[inline(always)]
 fn mapping_search(units: u64) -> (usize, usize) {
-    if units < SL_COUNT as u64 {
-        (0, units as usize)
-    } else {
-        let log2 = 63 - units.leading_zeros();
-        let rounded = units + (1u64 << (log2 - SL_SHIFT)) - 1;
-        mapping_insert(rounded)
-    }
+    let log2 = 63 - (units | SL_COUNT as u64).leading_zeros();
+    mapping_insert(units + (1u64 << (log2 - SL_SHIFT)) - 1)
 }
 
 /// The smallest free block size (bytes) that [`Tlsf::allocate`] always finds for a request of
@@ -376,12 +370,11 @@ impl Tlsf {
             self.blocks[b.prev_free as usize].next_free = b.next_free;
         } else {
             self.heads[fl][sl] = b.next_free;
-            if b.next_free == NIL {
-                self.sl_bitmap[fl] &= !(1 << sl);
-                if self.sl_bitmap[fl] == 0 {
-                    self.fl_bitmap &= !(1 << fl);
-                }
-            }
+            // Clear the class's bit when the list became empty, and the first level's bit when
+            // its last class did: without branches, as emptiness is random.
+            let emptied = (b.next_free == NIL) as u32;
+            self.sl_bitmap[fl] &= !(emptied << sl);
+            self.fl_bitmap &= !(((self.sl_bitmap[fl] == 0) as u64) << fl);
         }
         if b.next_free != NIL {
             self.blocks[b.next_free as usize].prev_free = b.prev_free;
