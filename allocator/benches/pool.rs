@@ -14,9 +14,9 @@
 //! contains NAME; ratios need the baseline, "std::alloc")
 //! ```
 //!
-//! Every allocator is an [`AllocatorUnderTest`]; a device column (e.g. `cuMemAllocAsync` /
-//! `cuMemFreeAsync` on a stream with its pool's release threshold raised) is one more
-//! implementation pushed in [`allocators`].
+//! Every allocator is an [`AllocatorUnderTest`] measured by [`measure`]; a device column (e.g.
+//! `cuMemAllocAsync` / `cuMemFreeAsync` on a stream with its pool's release threshold raised) is
+//! one more implementation pushed in [`allocators`].
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
@@ -48,7 +48,8 @@ trait Worker {
 // ---------------------------------------------------------------------------------------------
 // The allocators.
 
-/// `devarena::Pool` on host memory: one shared pool, each thread its own client.
+/// A `devarena::Pool` (host, or device when built on a device backend): one shared pool, each
+/// thread its own client.
 struct DevarenaPool {
     pool: Pool,
 }
@@ -59,7 +60,7 @@ struct PoolWorker {
 
 impl AllocatorUnderTest for DevarenaPool {
     fn name(&self) -> String {
-        "devarena Pool".into()
+        format!("devarena Pool ({})", self.pool.backend_name())
     }
     fn worker(&self, thread: usize) -> Box<dyn Worker + '_> {
         Box::new(PoolWorker {
@@ -159,7 +160,14 @@ impl Worker for OffsetWorker<'_> {
     }
 }
 
-/// Every column, the baseline first. Device allocators (feature `cuda`) go here too.
+/// Every column, the baseline first.
+///
+/// Device columns (feature `cuda`, on a machine with a GPU) are pushed here as well: a
+/// `DevarenaPool` whose pool was built on the CUDA backend, and an allocator under test whose
+/// workers call `cuMemAllocAsync` / `cuMemFreeAsync` on their own stream (its memory pool's
+/// release threshold raised to `u64::MAX` so that memory stays pooled) and synchronize the
+/// stream in `finish`. Only `backend/cuda.rs` calls the driver, so those workers wrap a type
+/// it exports.
 fn allocators(capacity: usize) -> Vec<Box<dyn AllocatorUnderTest>> {
     vec![
         Box::new(SystemAlloc),

@@ -23,14 +23,28 @@
 //!   already allocated is disturbed.
 //! * All metadata lives on the host, never inside the region (which may be device memory).
 //! * Allocation and free are O(1): a two-level segregated fit (TLSF) index with bitmaps,
-//!   coalescing free neighbours on free, behind one lock (a compare-and-swap to take it, a store to release it).
+//!   coalescing free neighbours on free, behind one lock (a compare-and-swap to take it, a
+//!   store to release it). A free block of [`guaranteed_fit`] bytes always satisfies a request.
 //!
 //! Observability: [`Pool::stats`] (current, peak, counts, requested vs reserved, largest free
 //! block, fragmentation), a tracking mode ([`Tracking`]) that records each live allocation's tag
 //! and optionally a backtrace, [`Pool::leak_report`] on demand and logged on drop, and an event
 //! log of allocations, frees and failures to the `log` facade ([`LogEvents`]), a callback, or a
-//! CSV file in RMM's replay-log format ([`CsvEventLog`]). Stream ordering for device pools is
-//! described in [`stream`](self::StreamSync).
+//! CSV file in RMM's replay-log format ([`CsvEventLog`]). Stream ordering for device pools (when
+//! a freed block may be reused, and on which stream) is described in the [`stream`] module.
+//!
+//! # Backends and devices
+//!
+//! [`Pool::host`] reserves host memory; [`Pool::new_in`] (or [`PoolBuilder::build_in`]) takes
+//! any [`Backend`] that is `Send + Sync`, which is how a device pool is made. A device pool
+//! that serves several streams also gets a [`StreamSync`] ([`PoolBuilder::streams`]); its
+//! [`PoolSlice`]s are not host memory and convert to device views instead.
+//!
+//! # Performance
+//!
+//! `cargo bench -p devarena --bench pool` runs alloc+free pairs (64 live, sizes log-uniform in
+//! 256 B … 4 MiB) against the system allocator and prints the median ns per pair for 1 and 4
+//! threads (`-- --json` for a machine-readable form).
 //!
 //! # Example
 //!
