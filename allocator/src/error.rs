@@ -70,6 +70,9 @@ pub enum Error {
         free: usize,
         /// The largest free block of the pool.
         largest_free: usize,
+        /// Bytes freed on other streams that are not reusable yet (their events have not
+        /// completed).
+        pending: usize,
     },
     /// An address that the pool did not hand out, or already freed.
     UnknownAddress {
@@ -125,12 +128,24 @@ impl fmt::Display for Error {
                 in_use,
                 free,
                 largest_free,
-            } => write!(
-                f,
-                "client `{client}`: {requested} bytes (align {align}) would exceed its {limit} of \
-                 {limit_bytes} bytes ({in_use} in use); the pool has {free} bytes free, largest \
-                 free block {largest_free} bytes"
-            ),
+                pending,
+            } => {
+                let whose = if *limit == "quota" {
+                    "its"
+                } else {
+                    "the pool's"
+                };
+                write!(
+                    f,
+                    "client `{client}`: {requested} bytes (align {align}) would exceed {whose} \
+                     {limit} of {limit_bytes} bytes ({in_use} in use); the pool has {free} bytes \
+                     free, largest free block {largest_free} bytes"
+                )?;
+                if *pending > 0 {
+                    write!(f, ", {pending} bytes waiting for events on other streams")?;
+                }
+                Ok(())
+            }
             Error::UnknownAddress { addr, client } => write!(
                 f,
                 "client `{client}`: address {addr:#x} is not a live allocation of this pool \

@@ -60,7 +60,9 @@
 //!
 //! ## Features
 //!
-//! * `std` (default): `std::error::Error`, writing reports to files.
+//! * `std` (default): `std::error::Error`, writing reports to files, and the runtime
+//!   [`Pool`] (sub-allocation of one reserved region under the TensorRT
+//!   `IGpuAllocator` contract, with caps, statistics, leak reports and an event log).
 //! * `cuda`: the CUDA backends through cudarc (device memory, stream-ordered, managed, pinned).
 //!
 //! Without `std` the crate is `#![no_std]` and needs only `alloc`.
@@ -81,6 +83,8 @@ mod builder;
 mod error;
 mod layout;
 pub mod plan;
+#[cfg(feature = "std")]
+pub mod pool;
 pub mod report;
 
 pub use arena::{Arena, Disjoint, Stage};
@@ -89,6 +93,8 @@ pub use builder::{LayoutBuilder, RuntimeField, RuntimeLayout};
 pub use error::Error;
 pub use layout::{DeviceLayout, Element, FieldPlacement, HostBase, HostMut, HostRef, ViewKind};
 pub use plan::{DEFAULT_ALIGN, LiveRange};
+#[cfg(feature = "std")]
+pub use pool::{Pool, PoolClient, PoolSlice};
 pub use report::LayoutReport;
 
 /// `#[derive(DeviceLayout)]`: plans a struct of fixed-size buffers at compile time.

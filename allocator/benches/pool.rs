@@ -1,0 +1,489 @@
+//! Pool benchmark: alloc+free pairs against the system allocator.
+//!
+//! Workload (per thread): 64 live allocations; each operation frees a random one of them and
+//! allocates a new one in its place (one alloc+free pair), sizes log-uniform in
+//! [256 B, 4 MiB], alignment 256; 20,000 operations per round. The sizes and victims are drawn
+//! before timing from a fixed seed, so every allocator sees the same sequence. Reported: the
+//! median over rounds of ns per pair (one thread's elapsed time / its operations) and the
+//! aggregate pairs per second, for 1 and 4 threads.
+//!
+//! ```text
+//! cargo bench -p devarena --bench pool              # table
+//! cargo bench -p devarena --bench pool -- --json    # one JSON document
+//! options: --rounds N  --ops N  --live N  --threads 1,4  --only NAME (columns whose name
+//! contains NAME; ratios need the baseline, "std::alloc")
+//! ```
+//!
+//! Every allocator is an [`AllocatorUnderTest`] measured by [`measure`]; a device column (e.g.
+//! `cuMemAllocAsync` / `cuMemFreeAsync` on a stream with its pool's release threshold raised) is
+//! one more implementation pushed in [`allocators`].
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use devarena::Pool;
+use devarena::pool::PoolClient;
+
+/// An allocator the benchmark can drive.
+trait AllocatorUnderTest: Sync {
+    /// The column name.
+    fn name(&self) -> String;
+    /// One thread's handle (a pool client, a stream, ...), made before timing starts.
+    fn worker(&self, thread: usize) -> Box<dyn Worker + '_>;
+}
+
+/// One thread's view of an allocator under test.
+trait Worker {
+    /// Allocates `size` bytes at 256-byte alignment; `None` on failure (which aborts the run).
+    fn alloc(&mut self, size: usize) -> Option<u64>;
+    /// Frees an address `alloc` returned for `size` bytes.
+    fn free(&mut self, addr: u64, size: usize);
+    /// Waits for outstanding work (a stream synchronize on a device); inside the timed region.
+    fn finish(&mut self) {}
+}
+
+// ---------------------------------------------------------------------------------------------
+// The allocators.
+
+/// A `devarena::Pool` (host, or device when built on a device backend): one shared pool, each
+/// thread its own client.
+struct DevarenaPool {
+    pool: Pool,
+}
+
+struct PoolWorker {
+    client: PoolClient,
+}
+
+impl AllocatorUnderTest for DevarenaPool {
+    fn name(&self) -> String {
+        format!("devarena Pool ({})", self.pool.backend_name())
+    }
+    fn worker(&self, thread: usize) -> Box<dyn Worker + '_> {
+        Box::new(PoolWorker {
+            client: self.pool.client(&format!("thread-{thread}"), usize::MAX),
+        })
+    }
+}
+
+impl Worker for PoolWorker {
+    fn alloc(&mut self, size: usize) -> Option<u64> {
+        self.client.allocate(size, 256).ok()
+    }
+    fn free(&mut self, addr: u64, _size: usize) {
+        self.client
+            .deallocate(addr)
+            .expect("free a live allocation");
+    }
+}
+
+/// The system allocator (`std::alloc::System`, glibc malloc here): the host baseline.
+struct SystemAlloc;
+
+struct SystemWorker;
+
+impl AllocatorUnderTest for SystemAlloc {
+    fn name(&self) -> String {
+        "std::alloc (System)".into()
+    }
+    fn worker(&self, _thread: usize) -> Box<dyn Worker + '_> {
+        Box::new(SystemWorker)
+    }
+}
+
+impl Worker for SystemWorker {
+    fn alloc(&mut self, size: usize) -> Option<u64> {
+        let layout = Layout::from_size_align(size, 256).ok()?;
+        // SAFETY: the layout has a non-zero size (the workload's sizes are at least 256).
+        let ptr = unsafe { System.alloc(layout) };
+        (!ptr.is_null()).then_some(ptr as u64)
+    }
+    fn free(&mut self, addr: u64, size: usize) {
+        let layout = Layout::from_size_align(size, 256).expect("valid layout");
+        // SAFETY: `addr` came from `alloc` with this same layout and is freed once.
+        unsafe { System.dealloc(addr as usize as *mut u8, layout) }
+    }
+}
+
+/// The `offset-allocator` crate (a port of Sebastian Aaltonen's OffsetAllocator) under the same
+/// contract as the pool: a `Mutex`, an address map (its free needs its own handle), 256-byte
+/// units (its sizes are `u32`, so units are how it reaches past 4 GiB). It has no alignment
+/// parameter: 256 comes from the unit.
+struct OffsetAllocator {
+    inner: Mutex<(
+        offset_allocator::Allocator,
+        HashMap<u64, offset_allocator::Allocation>,
+    )>,
+}
+
+struct OffsetWorker<'a> {
+    of: &'a OffsetAllocator,
+}
+
+impl OffsetAllocator {
+    fn new(capacity: usize) -> Self {
+        OffsetAllocator {
+            inner: Mutex::new((
+                offset_allocator::Allocator::new((capacity / 256) as u32),
+                HashMap::with_capacity(1024),
+            )),
+        }
+    }
+}
+
+impl AllocatorUnderTest for OffsetAllocator {
+    fn name(&self) -> String {
+        "offset-allocator 0.2".into()
+    }
+    fn worker(&self, _thread: usize) -> Box<dyn Worker + '_> {
+        Box::new(OffsetWorker { of: self })
+    }
+}
+
+impl Worker for OffsetWorker<'_> {
+    fn alloc(&mut self, size: usize) -> Option<u64> {
+        let mut guard = self.of.inner.lock().unwrap();
+        let (allocator, map) = &mut *guard;
+        let a = allocator.allocate(size.div_ceil(256) as u32)?;
+        let addr = a.offset as u64 * 256;
+        map.insert(addr, a);
+        Some(addr)
+    }
+    fn free(&mut self, addr: u64, _size: usize) {
+        let mut guard = self.of.inner.lock().unwrap();
+        let (allocator, map) = &mut *guard;
+        let a = map.remove(&addr).expect("free a live allocation");
+        allocator.free(a);
+    }
+}
+
+/// Every column, the baseline first.
+///
+/// Device columns (feature `cuda`, on a machine with a GPU) are pushed here as well: a
+/// `DevarenaPool` whose pool was built on the CUDA backend, and an allocator under test whose
+/// workers call `cuMemAllocAsync` / `cuMemFreeAsync` on their own stream (its memory pool's
+/// release threshold raised to `u64::MAX` so that memory stays pooled) and synchronize the
+/// stream in `finish`. Only `backend/cuda.rs` calls the driver, so those workers wrap a type
+/// it exports.
+fn allocators(capacity: usize) -> Vec<Box<dyn AllocatorUnderTest>> {
+    vec![
+        Box::new(SystemAlloc),
+        Box::new(DevarenaPool {
+            pool: Pool::builder(capacity)
+                .name("bench")
+                .build_host()
+                .expect("reserve the pool's region"),
+        }),
+        Box::new(OffsetAllocator::new(capacity)),
+    ]
+}
+
+// ---------------------------------------------------------------------------------------------
+// The workload.
+
+#[derive(Clone, Copy)]
+struct Config {
+    rounds: usize,
+    ops: usize,
+    live: usize,
+}
+
+/// SplitMix64: a fixed, dependency-free random sequence.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Log-uniform in [lo, hi].
+    fn log_uniform(&mut self, lo: usize, hi: usize) -> usize {
+        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        let (l, h) = ((lo as f64).ln(), (hi as f64).ln());
+        ((l + u * (h - l)).exp() as usize).clamp(lo, hi)
+    }
+}
+
+/// One thread's pre-drawn sequence: the initial sizes, then (victim, new size) per operation.
+struct Script {
+    initial: Vec<usize>,
+    ops: Vec<(usize, usize)>,
+}
+
+fn script(cfg: Config, seed: u64) -> Script {
+    let mut rng = Rng(seed);
+    let initial = (0..cfg.live)
+        .map(|_| rng.log_uniform(256, 4 << 20))
+        .collect();
+    let ops = (0..cfg.ops)
+        .map(|_| {
+            let victim = (rng.next() % cfg.live as u64) as usize;
+            (victim, rng.log_uniform(256, 4 << 20))
+        })
+        .collect();
+    Script { initial, ops }
+}
+
+/// The calling thread's on-CPU time (`CLOCK_THREAD_CPUTIME_ID`), on Linux: on a machine shared
+/// with other work, wall time also counts the time the thread waited for a CPU.
+#[cfg(target_os = "linux")]
+fn thread_cpu_time() -> Option<Duration> {
+    #[repr(C)]
+    struct Timespec {
+        tv_sec: i64,
+        tv_nsec: i64,
+    }
+    unsafe extern "C" {
+        fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+    }
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut ts = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `clock_gettime` from the C library writes one `struct timespec` (two 64-bit
+    // fields on x86-64 and aarch64 Linux) through the valid pointer it is given.
+    let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn thread_cpu_time() -> Option<Duration> {
+    None
+}
+
+/// Wall and on-CPU time of one thread's timed part.
+#[derive(Clone, Copy)]
+struct Timing {
+    wall: Duration,
+    cpu: Option<Duration>,
+}
+
+/// Runs one thread's script on `worker`; returns the time of the timed part.
+fn run_script(worker: &mut dyn Worker, script: &Script, start: &Barrier) -> Timing {
+    let mut live: Vec<(u64, usize)> = script
+        .initial
+        .iter()
+        .map(|&size| (worker.alloc(size).expect("initial allocation"), size))
+        .collect();
+    start.wait();
+    let cpu0 = thread_cpu_time();
+    let t0 = Instant::now();
+    for &(victim, size) in &script.ops {
+        let (addr, old) = live[victim];
+        worker.free(addr, old);
+        let addr = worker.alloc(size).unwrap_or_else(|| {
+            panic!("allocation of {size} bytes failed: the benchmark's capacity is too small")
+        });
+        live[victim] = (black_box(addr), size);
+    }
+    worker.finish();
+    let wall = t0.elapsed();
+    let cpu = thread_cpu_time()
+        .zip(cpu0)
+        .map(|(b, a)| b.saturating_sub(a));
+    for (addr, size) in live {
+        worker.free(addr, size);
+    }
+    Timing { wall, cpu }
+}
+
+/// One measurement, per round: ns per pair (mean over threads) by wall clock and by on-CPU
+/// time, and aggregate pairs per second.
+struct Measured {
+    ns_per_pair: Vec<f64>,
+    cpu_ns_per_pair: Vec<f64>,
+    pairs_per_sec: Vec<f64>,
+}
+
+fn measure(alloc: &dyn AllocatorUnderTest, threads: usize, cfg: Config) -> Measured {
+    let scripts: Vec<Script> = (0..threads)
+        .map(|t| script(cfg, 0xDE7A_4E4A + t as u64))
+        .collect();
+    let mut measured = Measured {
+        ns_per_pair: Vec::new(),
+        cpu_ns_per_pair: Vec::new(),
+        pairs_per_sec: Vec::new(),
+    };
+    // Round 0 warms up (page faults, allocator caches) and is not reported.
+    for round in 0..=cfg.rounds {
+        let start = Barrier::new(threads);
+        let timings: Vec<Timing> = std::thread::scope(|s| {
+            let handles: Vec<_> = scripts
+                .iter()
+                .enumerate()
+                .map(|(t, script)| {
+                    let start = &start;
+                    s.spawn(move || {
+                        let mut worker = alloc.worker(t);
+                        run_script(&mut *worker, script, start)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        if round == 0 {
+            continue;
+        }
+        let slowest = timings.iter().map(|t| t.wall).max().unwrap_or_default();
+        let per_pair = |d: Duration| d.as_nanos() as f64 / cfg.ops as f64;
+        let mean = |f: &dyn Fn(&Timing) -> Option<f64>| {
+            timings
+                .iter()
+                .map(f)
+                .sum::<Option<f64>>()
+                .map(|s| s / threads as f64)
+        };
+        measured
+            .ns_per_pair
+            .extend(mean(&|t| Some(per_pair(t.wall))));
+        measured
+            .cpu_ns_per_pair
+            .extend(mean(&|t| t.cpu.map(per_pair)));
+        measured
+            .pairs_per_sec
+            .push((threads * cfg.ops) as f64 / slowest.as_secs_f64());
+    }
+    measured
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn main() {
+    let mut cfg = Config {
+        rounds: 11,
+        ops: 20_000,
+        live: 64,
+    };
+    let mut threads = vec![1usize, 4];
+    let mut json = false;
+    let mut only: Option<String> = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| {
+            args.next()
+                .unwrap_or_else(|| panic!("{name} needs a value"))
+        };
+        match arg.as_str() {
+            "--json" => json = true,
+            "--only" => only = Some(value("--only")),
+            "--rounds" => cfg.rounds = value("--rounds").parse().expect("--rounds N"),
+            "--ops" => cfg.ops = value("--ops").parse().expect("--ops N"),
+            "--live" => cfg.live = value("--live").parse().expect("--live N"),
+            "--threads" => {
+                threads = value("--threads")
+                    .split(',')
+                    .map(|t| t.parse().expect("--threads 1,4"))
+                    .collect()
+            }
+            // `cargo bench` passes `--bench`; filters are not used.
+            _ => {}
+        }
+    }
+    assert!(
+        cfg.rounds > 0 && cfg.ops > 0 && cfg.live > 0,
+        "rounds, ops and live must be > 0"
+    );
+    let max_threads = threads.iter().copied().max().unwrap_or(1);
+    // Room for every thread's live set at the largest size, twice over (fragmentation).
+    let capacity = (2 * max_threads * cfg.live * (4 << 20)).next_power_of_two();
+    let allocators = allocators(capacity);
+
+    let mut rows: Vec<Row> = Vec::new();
+    for &t in &threads {
+        for alloc in &allocators {
+            let name = alloc.name();
+            if only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
+                continue;
+            }
+            let m = measure(&**alloc, t, cfg);
+            rows.push(Row {
+                name,
+                threads: t,
+                ns: median(&m.ns_per_pair),
+                cpu_ns: (!m.cpu_ns_per_pair.is_empty()).then(|| median(&m.cpu_ns_per_pair)),
+                pairs_per_sec: median(&m.pairs_per_sec),
+            });
+        }
+    }
+    let baseline_name = allocators[0].name();
+    let baseline = |threads: usize| {
+        rows.iter()
+            .find(|r| r.threads == threads && r.name == baseline_name)
+            .map(|r| r.ns)
+            .unwrap_or(f64::NAN)
+    };
+
+    if json {
+        let entries: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{{\"allocator\":\"{}\",\"threads\":{},\"median_ns_per_pair\":{:.2},\
+                     \"median_cpu_ns_per_pair\":{},\"median_pairs_per_sec\":{:.0},\
+                     \"speedup_vs_system\":{:.3}}}",
+                    r.name,
+                    r.threads,
+                    r.ns,
+                    r.cpu_ns.map_or("null".to_string(), |c| format!("{c:.2}")),
+                    r.pairs_per_sec,
+                    baseline(r.threads) / r.ns
+                )
+            })
+            .collect();
+        println!(
+            "{{\"workload\":{{\"live\":{},\"ops\":{},\"rounds\":{},\"sizes\":\"log-uniform [256 B, 4 MiB]\",\"align\":256}},\"results\":[{}]}}",
+            cfg.live,
+            cfg.ops,
+            cfg.rounds,
+            entries.join(",")
+        );
+        return;
+    }
+    println!(
+        "alloc+free pairs: {} live, {} ops/round, sizes log-uniform [256 B, 4 MiB], align 256, \
+         median of {} rounds (ns/pair: wall clock per thread; cpu: the thread's on-CPU time)\n",
+        cfg.live, cfg.ops, cfg.rounds
+    );
+    println!(
+        "{:<24} {:>7} {:>10} {:>10} {:>15} {:>11}",
+        "allocator", "threads", "ns/pair", "cpu ns", "Mpairs/s (all)", "vs system"
+    );
+    for r in &rows {
+        let cpu = r.cpu_ns.map_or("-".to_string(), |c| format!("{c:.1}"));
+        println!(
+            "{:<24} {:>7} {:>10.1} {:>10} {:>15.2} {:>10.2}x",
+            r.name,
+            r.threads,
+            r.ns,
+            cpu,
+            r.pairs_per_sec / 1e6,
+            baseline(r.threads) / r.ns
+        );
+    }
+}
+
+/// One line of the table.
+struct Row {
+    name: String,
+    threads: usize,
+    ns: f64,
+    cpu_ns: Option<f64>,
+    pairs_per_sec: f64,
+}

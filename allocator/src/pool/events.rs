@@ -1,0 +1,247 @@
+//! The event log: every allocation, free and failed allocation, to the `log` facade, a
+//! callback, or a CSV file in RMM's replay-log format.
+
+use alloc::string::String;
+use core::fmt;
+use std::cell::Cell;
+use std::io::{self, Write};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::stream::StreamId;
+use crate::error::Error;
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PoolAction {
+    /// An allocation succeeded.
+    Allocate,
+    /// An allocation was freed.
+    Free,
+    /// An allocation failed (over quota or capacity, or bad arguments).
+    AllocateFailure,
+}
+
+impl PoolAction {
+    /// The action as RMM's replay log spells it: `allocate`, `free`, `allocate failure`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolAction::Allocate => "allocate",
+            PoolAction::Free => "free",
+            PoolAction::AllocateFailure => "allocate failure",
+        }
+    }
+}
+
+impl fmt::Display for PoolAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One entry of the event log.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolEvent<'a> {
+    /// The pool's name.
+    pub pool: &'a str,
+    /// What happened.
+    pub action: PoolAction,
+    /// The address handed out or freed; `0` for a failure.
+    pub addr: u64,
+    /// Bytes requested.
+    pub size: usize,
+    /// Bytes the allocation takes from the pool (rounded up); `0` for a failure.
+    pub reserved: usize,
+    /// The alignment in effect (`0` asked for is reported as 256).
+    pub align: usize,
+    /// The client that asked.
+    pub client: &'a str,
+    /// The allocation's tag, when tracking recorded one.
+    pub tag: Option<&'a str>,
+    /// The stream of the call.
+    pub stream: StreamId,
+    /// When it happened (wall clock).
+    pub time: SystemTime,
+    /// A small number naming the calling thread (1 for the first thread that used any pool,
+    /// 2 for the next, ...).
+    pub thread: u64,
+    /// Why an allocation failed.
+    pub error: Option<&'a Error>,
+}
+
+/// The calling thread's number in the event log.
+pub(crate) fn thread_number() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    std::thread_local! {
+        static NUMBER: Cell<u64> = const { Cell::new(0) };
+    }
+    NUMBER.with(|n| {
+        if n.get() == 0 {
+            n.set(NEXT.fetch_add(1, Ordering::Relaxed));
+        }
+        n.get()
+    })
+}
+
+/// Receives the event log. Any `Fn(&PoolEvent<'_>) + Send + Sync` is a sink.
+///
+/// The pool calls the sink while it holds its lock, so that the log's order is the order in
+/// which the pool did things (a free is always logged before the allocation that reuses its
+/// address). A sink therefore must not call back into the pool, and should be quick.
+pub trait EventSink: Send + Sync {
+    /// Takes one event.
+    fn event(&self, event: &PoolEvent<'_>);
+}
+
+impl<F: Fn(&PoolEvent<'_>) + Send + Sync> EventSink for F {
+    fn event(&self, event: &PoolEvent<'_>) {
+        self(event)
+    }
+}
+
+/// Writes every event to the `log` facade (target `devarena::pool`): allocations and frees at
+/// `debug`, failures at `warn`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LogEvents;
+
+impl EventSink for LogEvents {
+    fn event(&self, e: &PoolEvent<'_>) {
+        match e.error {
+            Some(error) => log::warn!(
+                target: "devarena::pool",
+                "pool `{}`: {} client={} size={} align={} stream={}: {error}",
+                e.pool, e.action, e.client, e.size, e.align, e.stream
+            ),
+            None => log::debug!(
+                target: "devarena::pool",
+                "pool `{}`: {} client={} addr={:#x} size={} reserved={} align={} stream={}{}{}",
+                e.pool, e.action, e.client, e.addr, e.size, e.reserved, e.align, e.stream,
+                if e.tag.is_some() { " tag=" } else { "" },
+                e.tag.unwrap_or("")
+            ),
+        }
+    }
+}
+
+/// The event log as CSV with RMM's replay-log columns, `Thread,Time,Action,Pointer,Size,Stream`,
+/// so RMM's replay tools and scripts written for them read it:
+///
+/// ```text
+/// Thread,Time,Action,Pointer,Size,Stream
+/// 1,14:03:07.512304,allocate,0x7f3a2c000000,1024,0x0
+/// 1,14:03:07.512391,free,0x7f3a2c000000,1024,0x0
+/// ```
+///
+/// `Thread` is the pool's thread number ([`PoolEvent::thread`]), `Time` the wall clock as
+/// `HH:MM:SS.microseconds` (UTC), `Action` one of `allocate`, `free`, `allocate failure`,
+/// `Pointer` and `Stream` hexadecimal, `Size` the bytes requested.
+///
+/// ```
+/// use std::sync::Arc;
+/// use devarena::pool::{CsvEventLog, Pool};
+///
+/// let csv = Arc::new(CsvEventLog::new(Vec::new())?);
+/// let pool = Pool::builder(1 << 20).events(csv.clone()).build_host()?;
+/// let a = pool.allocate(1000, 0)?;
+/// pool.deallocate(a)?;
+/// let text = csv.with_writer(|w| String::from_utf8(w.clone()).unwrap());
+/// let lines: Vec<&str> = text.lines().collect();
+/// assert_eq!(lines[0], "Thread,Time,Action,Pointer,Size,Stream");
+/// assert!(lines[1].ends_with(&format!(",allocate,{a:#x},1000,0x0")));
+/// assert!(lines[2].ends_with(&format!(",free,{a:#x},1000,0x0")));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct CsvEventLog<W: Write + Send> {
+    inner: Mutex<CsvInner<W>>,
+}
+
+#[derive(Debug)]
+struct CsvInner<W> {
+    writer: W,
+    error: Option<io::Error>,
+}
+
+/// RMM's replay-log header.
+pub const CSV_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
+
+impl<W: Write + Send> CsvEventLog<W> {
+    /// Writes the header to `writer` and logs to it from then on.
+    pub fn new(mut writer: W) -> io::Result<Self> {
+        writeln!(writer, "{CSV_HEADER}")?;
+        Ok(CsvEventLog {
+            inner: Mutex::new(CsvInner {
+                writer,
+                error: None,
+            }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CsvInner<W>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the writer (to read a `Vec<u8>` back, for example).
+    pub fn with_writer<R>(&self, f: impl FnOnce(&mut W) -> R) -> R {
+        f(&mut self.lock().writer)
+    }
+
+    /// Flushes the writer and reports the first write error since the last call, if any.
+    pub fn flush(&self) -> io::Result<()> {
+        let mut inner = self.lock();
+        if let Some(error) = inner.error.take() {
+            return Err(error);
+        }
+        inner.writer.flush()
+    }
+
+    /// The writer back, flushed; the first write error, if any.
+    pub fn into_inner(self) -> io::Result<W> {
+        let mut inner = self.inner.into_inner().unwrap_or_else(|e| e.into_inner());
+        if let Some(error) = inner.error.take() {
+            return Err(error);
+        }
+        inner.writer.flush()?;
+        Ok(inner.writer)
+    }
+}
+
+impl CsvEventLog<io::BufWriter<std::fs::File>> {
+    /// Creates (truncates) the file at `path` and writes the header.
+    pub fn create(path: impl AsRef<std::path::Path>) -> io::Result<Self> {
+        Self::new(io::BufWriter::new(std::fs::File::create(path)?))
+    }
+}
+
+/// `HH:MM:SS.ffffff` (UTC) of a wall-clock time.
+pub fn format_time(time: SystemTime) -> String {
+    let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs() % 86_400;
+    alloc::format!(
+        "{:02}:{:02}:{:02}.{:06}",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60,
+        since.subsec_micros()
+    )
+}
+
+impl<W: Write + Send> EventSink for CsvEventLog<W> {
+    fn event(&self, e: &PoolEvent<'_>) {
+        let mut inner = self.lock();
+        let result = writeln!(
+            inner.writer,
+            "{},{},{},{:#x},{},{:#x}",
+            e.thread,
+            format_time(e.time),
+            e.action,
+            e.addr,
+            e.size,
+            e.stream.0
+        );
+        if let Err(error) = result {
+            inner.error.get_or_insert(error);
+        }
+    }
+}

@@ -1,0 +1,1206 @@
+//! A runtime pool: one region reserved at creation, sub-allocated under the TensorRT
+//! `IGpuAllocator` contract.
+//!
+//! Compile-time layouts ([`Arena`](crate::Arena)) serve buffers whose sizes are known ahead.
+//! Memory whose size is known only at run time (weights loaded at start, workspaces that depend
+//! on input shapes) comes from a [`Pool`]: it reserves **one** region on a
+//! [`Backend`] when it is made and hands out pieces of it. It is what a TensorRT
+//! `IGpuAllocator` or a PyTorch pluggable allocator needs:
+//!
+//! * `allocate(size, align)` returns an address; `deallocate(addr)` needs no size (the pool
+//!   keeps its own map). Every call is thread-safe ([`Pool`] and [`PoolClient`] are `Send +
+//!   Sync`).
+//! * Alignment: any power of two up to [`MAX_ALIGN`] (4096); `0` means "any", which is 256
+//!   ([`DEFAULT_POOL_ALIGN`]); anything else is an [`Error::InvalidArgument`] naming the number.
+//!   Every block starts on a 256-byte boundary and spans a multiple of 256 bytes, like
+//!   `cudaMalloc`'s.
+//! * **Size 0** is a valid request: it takes one 256-byte block and returns a unique, aligned
+//!   address inside the region that must be freed like any other (so a caller that treats a
+//!   null pointer as out of memory, as TensorRT does, never sees one).
+//! * The capacity is a **hard cap**, and [`Pool::client`] shares one pool between several users
+//!   under per-client **quotas**. A request over either fails with
+//!   [`Error::PoolExhausted`] naming the client, the request, the limit and what is free; nothing
+//!   already allocated is disturbed.
+//! * All metadata lives on the host, never inside the region (which may be device memory).
+//! * Allocation and free are O(1): a two-level segregated fit (TLSF) index with bitmaps,
+//!   coalescing free neighbours on free, behind one lock (a compare-and-swap to take it, a
+//!   store to release it). A free block of [`guaranteed_fit`] bytes always satisfies a request.
+//!
+//! Observability: [`Pool::stats`] (current, peak, counts, requested vs reserved, largest free
+//! block, fragmentation), a tracking mode ([`Tracking`]) that records each live allocation's tag
+//! and optionally a backtrace, [`Pool::leak_report`] on demand and logged on drop, and an event
+//! log of allocations, frees and failures to the `log` facade ([`LogEvents`]), a callback, or a
+//! CSV file in RMM's replay-log format ([`CsvEventLog`]). Stream ordering for device pools (when
+//! a freed block may be reused, and on which stream) is described in the [`stream`] module.
+//!
+//! # Backends and devices
+//!
+//! [`Pool::host`] reserves host memory; [`Pool::new_in`] (or [`PoolBuilder::build_in`]) takes
+//! any [`Backend`] that is `Send + Sync`, which is how a device pool is made. A device pool
+//! that serves several streams also gets a [`StreamSync`] ([`PoolBuilder::streams`]); its
+//! [`PoolSlice`]s are not host memory and convert to device views instead.
+//!
+//! # Performance
+//!
+//! `cargo bench -p devarena --bench pool` runs alloc+free pairs (64 live, sizes log-uniform in
+//! 256 B … 4 MiB) against the system allocator and prints the median ns per pair for 1 and 4
+//! threads (`-- --json` for a machine-readable form).
+//!
+//! # Example
+//!
+//! ```
+//! use devarena::{Error, Pool};
+//! use devarena::pool::Tracking;
+//!
+//! // One 64 MiB region; two models share it, each under a quota.
+//! let pool = Pool::builder(64 << 20).name("engines").tracking(Tracking::Tags).build_host()?;
+//! let detector = pool.client("detector", 48 << 20);
+//! let classifier = pool.client("classifier", 32 << 20);
+//!
+//! // The IGpuAllocator face: addresses in, addresses out.
+//! let weights = detector.allocate(40 << 20, 0)?;
+//! assert_eq!(weights % 256, 0);
+//! let workspace = classifier.allocate(1000, 4096)?;
+//! assert_eq!(workspace % 4096, 0);
+//!
+//! // Over a quota: an error that names the client and the numbers; nothing else changes.
+//! let err = detector.allocate(16 << 20, 0).unwrap_err();
+//! assert!(matches!(err, Error::PoolExhausted { limit: "quota", .. }));
+//! assert!(err.to_string().contains("detector"));
+//!
+//! // Typed, freed on drop; host pools give `&mut [T]`.
+//! {
+//!     let mut scores = classifier.alloc_slice::<f32>(1024)?;
+//!     scores.as_mut_slice()?.fill(0.5);
+//!     assert_eq!(pool.stats().live, 3);
+//! }
+//!
+//! let stats = pool.stats();
+//! assert_eq!((stats.live, stats.in_use), (2, (40 << 20) + 1024));
+//! assert_eq!(stats.requested, (40 << 20) + 1000);
+//!
+//! // What is still live, by client (and tag, and backtrace when tracking asks for it).
+//! let report = pool.leak_report();
+//! assert_eq!(report.leaks.len(), 2);
+//! println!("{report}");
+//!
+//! detector.deallocate(weights)?;
+//! classifier.deallocate(workspace)?;
+//! assert_eq!(pool.stats().largest_free, 64 << 20);
+//! # Ok::<(), Error>(())
+//! ```
+
+use alloc::boxed::Box;
+use alloc::collections::VecDeque;
+use alloc::format;
+use alloc::string::String;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::any::TypeId;
+use core::fmt;
+use std::backtrace::Backtrace;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Instant, SystemTime};
+
+use crate::backend::{Allocation, Backend, HostBackend};
+use crate::error::Error;
+
+mod addr_map;
+mod events;
+mod lock;
+mod slice;
+mod stats;
+pub mod stream;
+mod tlsf;
+
+pub use events::{
+    CSV_HEADER, CsvEventLog, EventSink, LogEvents, PoolAction, PoolEvent, format_time,
+};
+pub use slice::PoolSlice;
+pub use stats::{ClientStats, Leak, LeakReport, PoolStats, Tracking};
+pub use stream::{ManualStreams, StreamEvent, StreamId, StreamSync};
+
+use addr_map::AddrMap;
+use lock::{Lock, LockGuard};
+use tlsf::{GRANULE, Tlsf};
+
+/// The largest alignment a pool hands out.
+pub const MAX_ALIGN: usize = 4096;
+/// The alignment of a request that asks for `0` ("any"), and the smallest any block has.
+pub const DEFAULT_POOL_ALIGN: usize = 256;
+/// Every block is a multiple of this many bytes (and starts at a multiple of it).
+pub const BLOCK_GRANULE: usize = GRANULE as usize;
+/// The alignment the pool asks its backend for (it aligns the region itself).
+const REGION_ALIGN: usize = 16;
+
+/// The smallest free block that guarantees an allocation of `size` bytes at `align` succeeds
+/// (when the client's quota allows it): the size rounded up to 256 bytes, plus the worst
+/// alignment padding, rounded up to the start of the next TLSF size class (at most 1/32
+/// more). `None` when the numbers overflow or `align` is not valid.
+///
+/// A request can also succeed with less (a block that happens to be aligned, or an exact fit);
+/// it is this bound that the pool promises.
+///
+/// ```
+/// use devarena::pool::guaranteed_fit;
+/// assert_eq!(guaranteed_fit(1, 0), Some(256));
+/// assert_eq!(guaranteed_fit(1000, 4096), Some(1024 + 4096 - 256));
+/// assert_eq!(guaranteed_fit(1 << 20, 0), Some(1 << 20));
+/// assert_eq!(guaranteed_fit((1 << 20) + 1, 0), Some((1 << 20) + (1 << 15)));
+/// ```
+pub fn guaranteed_fit(size: usize, align: usize) -> Option<usize> {
+    let align = effective_align(align)?;
+    let reserved = reserved_bytes(size)?;
+    tlsf::guaranteed_fit(reserved as u64, align as u64).and_then(|b| usize::try_from(b).ok())
+}
+
+/// The bytes a request of `size` takes from a pool: `size` rounded up to 256 (256 for `0`).
+/// `None` on overflow.
+///
+/// ```
+/// use devarena::pool::reserved_bytes;
+/// assert_eq!(reserved_bytes(0), Some(256));
+/// assert_eq!(reserved_bytes(257), Some(512));
+/// assert_eq!(reserved_bytes(usize::MAX), None);
+/// ```
+pub fn reserved_bytes(size: usize) -> Option<usize> {
+    let granule = BLOCK_GRANULE;
+    Some(size.max(1).checked_add(granule - 1)? & !(granule - 1))
+}
+
+/// The alignment a request gets: `0` → 256, a power of two up to 4096 → itself (at least 256);
+/// anything else → `None`.
+fn effective_align(align: usize) -> Option<usize> {
+    match align {
+        0 => Some(DEFAULT_POOL_ALIGN),
+        a if a.is_power_of_two() && a <= MAX_ALIGN => Some(a),
+        _ => None,
+    }
+}
+
+/// One allocation request, for [`PoolClient::allocate_with`]: size, alignment, stream and tag.
+///
+/// ```
+/// use devarena::pool::{AllocRequest, Pool, StreamId, Tracking};
+///
+/// let pool = Pool::builder(1 << 20).tracking(Tracking::Tags).build_host()?;
+/// let addr = pool.allocate_with(AllocRequest::new(4000, 512).tag("kv-cache"))?;
+/// assert_eq!(pool.leak_report().leaks[0].tag.as_deref(), Some("kv-cache"));
+/// pool.deallocate(addr)?;
+/// # Ok::<(), devarena::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocRequest<'a> {
+    /// Bytes (0 is allowed: see the [module docs](self)).
+    pub size: usize,
+    /// Alignment: 0 ("any", i.e. 256) or a power of two up to 4096.
+    pub align: usize,
+    /// The stream the memory will be used on; `None` for the pool's home stream.
+    pub stream: Option<StreamId>,
+    /// A label kept with the allocation while tracking is on (shows in the leak report).
+    pub tag: Option<&'a str>,
+}
+
+impl<'a> AllocRequest<'a> {
+    /// `size` bytes at `align`, on the home stream, untagged.
+    pub fn new(size: usize, align: usize) -> Self {
+        AllocRequest {
+            size,
+            align,
+            stream: None,
+            tag: None,
+        }
+    }
+
+    /// For use on `stream`.
+    pub fn on(self, stream: StreamId) -> Self {
+        AllocRequest {
+            stream: Some(stream),
+            ..self
+        }
+    }
+
+    /// With a tag (kept only while tracking is on).
+    pub fn tag(self, tag: &'a str) -> Self {
+        AllocRequest {
+            tag: Some(tag),
+            ..self
+        }
+    }
+}
+
+/// Owns the region a pool reserved; frees it on drop. Erases the backend's type so that
+/// [`Pool`] is not generic.
+trait RegionOwner: Send + Sync {}
+
+struct OwnedRegion<B: Backend> {
+    backend: B,
+    allocation: Allocation,
+}
+
+impl<B: Backend + Send + Sync> RegionOwner for OwnedRegion<B> {}
+
+impl<B: Backend> Drop for OwnedRegion<B> {
+    fn drop(&mut self) {
+        // SAFETY: the allocation came from this backend's `allocate` and is freed once, here:
+        // the owner is dropped only when the last handle to the pool goes, so no address the
+        // pool handed out can be used through the pool afterwards.
+        if let Err(error) = unsafe { self.backend.deallocate(&self.allocation) } {
+            log::error!(
+                target: "devarena::pool",
+                "freeing a pool's region of {} bytes at {:#x} failed: {error}",
+                self.allocation.bytes,
+                self.allocation.addr
+            );
+        }
+    }
+}
+
+/// What tracking keeps for one allocation.
+struct LiveInfo {
+    tag: Option<String>,
+    at: Instant,
+    backtrace: Option<Backtrace>,
+}
+
+/// One live allocation, kept at its block's index.
+#[derive(Default)]
+struct Live {
+    client: u32,
+    size: usize,
+    align: usize,
+    stream: StreamId,
+    serial: u64,
+    /// Owned by a [`PoolSlice`]: only the slice frees it.
+    owned: bool,
+    info: Option<Box<LiveInfo>>,
+}
+
+/// A block freed on a stream other than the home stream, waiting for its event.
+struct Parked {
+    block: u32,
+    bytes: usize,
+    event: Box<dyn StreamEvent>,
+}
+
+struct ClientState {
+    name: Arc<str>,
+    quota: usize,
+    in_use: usize,
+    requested: usize,
+    peak: usize,
+    allocations: u64,
+    frees: u64,
+    failures: u64,
+    live: u64,
+}
+
+impl ClientState {
+    fn new(name: &str, quota: usize) -> Self {
+        ClientState {
+            name: Arc::from(name),
+            quota,
+            in_use: 0,
+            requested: 0,
+            peak: 0,
+            allocations: 0,
+            frees: 0,
+            failures: 0,
+            live: 0,
+        }
+    }
+
+    fn stats(&self) -> ClientStats {
+        ClientStats {
+            name: String::from(&*self.name),
+            quota: self.quota,
+            in_use: self.in_use,
+            requested: self.requested,
+            peak: self.peak,
+            allocations: self.allocations,
+            frees: self.frees,
+            failures: self.failures,
+            live: self.live,
+        }
+    }
+}
+
+/// Everything behind the pool's lock.
+struct State {
+    tlsf: Tlsf,
+    /// Address of every live allocation → its block.
+    live: AddrMap,
+    /// What is known about the live allocation in each block (indexed like the TLSF blocks;
+    /// entries of free blocks are stale).
+    meta: Vec<Live>,
+    clients: Vec<ClientState>,
+    in_use: usize,
+    requested: usize,
+    peak: usize,
+    allocations: u64,
+    frees: u64,
+    failures: u64,
+    /// Parked blocks, one FIFO per stream (events on one stream complete in order).
+    parked: Vec<(StreamId, VecDeque<Parked>)>,
+    pending: usize,
+    /// Bumped by every free on the home stream with a stream runtime present.
+    home_epoch: u64,
+    /// For each other stream: the `home_epoch` at its last wait on the home stream.
+    waited: Vec<(StreamId, u64)>,
+    sink: Option<Arc<dyn EventSink>>,
+}
+
+/// What never changes after creation, beside the lock.
+struct Shared {
+    state: Lock<State>,
+    name: String,
+    capacity: usize,
+    base: u64,
+    host: bool,
+    backend: &'static str,
+    tracking: AtomicU8,
+    streams: Option<Arc<dyn StreamSync>>,
+    home: StreamId,
+    log_leaks_on_drop: bool,
+    // Dropped last: the region outlives every other field.
+    _region: Box<dyn RegionOwner>,
+}
+
+/// The parts of a request that an event and an error report.
+struct Ask {
+    client: u32,
+    size: usize,
+    align: usize,
+    stream: StreamId,
+}
+
+impl Shared {
+    fn lock(&self) -> LockGuard<'_, State> {
+        // Every user callback (event sinks, stream runtimes) runs when the state is
+        // consistent, so a panic in one unwinds through the guard and leaves nothing
+        // half-done.
+        self.state.lock()
+    }
+
+    fn tracking(&self) -> Tracking {
+        match self.tracking.load(Ordering::Relaxed) {
+            0 => Tracking::Off,
+            1 => Tracking::Tags,
+            _ => Tracking::Backtraces,
+        }
+    }
+
+    fn allocate(&self, client: u32, req: &AllocRequest<'_>, owned: bool) -> Result<u64, Error> {
+        let stream = req.stream.unwrap_or(self.home);
+        let info = match self.tracking() {
+            Tracking::Off => None,
+            tracking => Some(Box::new(LiveInfo {
+                tag: req.tag.map(String::from),
+                at: Instant::now(),
+                backtrace: (tracking == Tracking::Backtraces).then(Backtrace::force_capture),
+            })),
+        };
+        let mut state = self.lock();
+        let ask = Ask {
+            client,
+            size: req.size,
+            align: effective_align(req.align).unwrap_or(req.align),
+            stream,
+        };
+        match self.try_allocate(&mut state, &ask, req.align, owned, info) {
+            Ok(addr) => Ok(addr),
+            Err(error) => {
+                state.failures += 1;
+                state.clients[client as usize].failures += 1;
+                self.emit(
+                    &state,
+                    PoolAction::AllocateFailure,
+                    &ask,
+                    0,
+                    0,
+                    req.tag,
+                    Some(&error),
+                );
+                Err(error)
+            }
+        }
+    }
+
+    fn try_allocate(
+        &self,
+        state: &mut State,
+        ask: &Ask,
+        asked_align: usize,
+        owned: bool,
+        info: Option<Box<LiveInfo>>,
+    ) -> Result<u64, Error> {
+        let client = ask.client as usize;
+        let Some(align) = effective_align(asked_align) else {
+            return Err(Error::invalid(format!(
+                "pool `{}`, client `{}`: alignment {asked_align} is not supported (a power of \
+                 two up to {MAX_ALIGN}, or 0 for {DEFAULT_POOL_ALIGN})",
+                self.name, state.clients[client].name
+            )));
+        };
+        if !state.parked.is_empty() {
+            Self::reclaim_parked(state)?;
+        }
+        let reserved = match reserved_bytes(ask.size) {
+            Some(r) if r <= self.capacity => r,
+            _ => return Err(self.exhausted(state, ask, "capacity")),
+        };
+        let c = &state.clients[client];
+        if reserved > c.quota - c.in_use.min(c.quota) {
+            return Err(self.exhausted(state, ask, "quota"));
+        }
+        if let Some(streams) = &self.streams {
+            if ask.stream != self.home {
+                Self::order_after_home(state, &**streams, ask.stream, self.home)?;
+            }
+        }
+        let Some((block, addr)) = state.tlsf.allocate(reserved as u64, align as u64) else {
+            return Err(self.exhausted(state, ask, "capacity"));
+        };
+        state.allocations += 1;
+        let serial = state.allocations;
+        state.live.insert_new(addr, block);
+        let live = Live {
+            client: ask.client,
+            size: ask.size,
+            align,
+            stream: ask.stream,
+            serial,
+            owned,
+            info,
+        };
+        let slot = block as usize;
+        if slot < state.meta.len() {
+            state.meta[slot] = live;
+        } else {
+            state.meta.resize_with(slot, Live::default);
+            state.meta.push(live);
+        }
+        state.in_use += reserved;
+        state.requested += ask.size;
+        state.peak = state.peak.max(state.in_use);
+        let c = &mut state.clients[client];
+        c.in_use += reserved;
+        c.requested += ask.size;
+        c.peak = c.peak.max(c.in_use);
+        c.allocations += 1;
+        c.live += 1;
+        if state.sink.is_some() {
+            let tag = state.meta[slot]
+                .info
+                .as_ref()
+                .and_then(|i| i.tag.as_deref());
+            self.emit(state, PoolAction::Allocate, ask, addr, reserved, tag, None);
+        }
+        Ok(addr)
+    }
+
+    /// Makes `stream` wait for the home stream if the home stream freed anything since its
+    /// last wait.
+    fn order_after_home(
+        state: &mut State,
+        streams: &dyn StreamSync,
+        stream: StreamId,
+        home: StreamId,
+    ) -> Result<(), Error> {
+        let epoch = state.home_epoch;
+        let slot = state.waited.iter().position(|(s, _)| *s == stream);
+        let last = slot.map_or(0, |i| state.waited[i].1);
+        if last < epoch {
+            streams.order_after(stream, home)?;
+            match slot {
+                Some(i) => state.waited[i].1 = epoch,
+                None => state.waited.push((stream, epoch)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns parked blocks whose events completed to the free lists; the bytes reclaimed.
+    fn reclaim_parked(state: &mut State) -> Result<usize, Error> {
+        let mut reclaimed = 0;
+        let mut result = Ok(());
+        for (_, queue) in state.parked.iter_mut() {
+            while let Some(front) = queue.front() {
+                match front.event.is_complete() {
+                    Ok(true) => {
+                        let parked = queue.pop_front().expect("front exists");
+                        state.tlsf.free(parked.block);
+                        state.pending -= parked.bytes;
+                        reclaimed += parked.bytes;
+                    }
+                    Ok(false) => break,
+                    Err(error) => {
+                        result = Err(error);
+                        break;
+                    }
+                }
+            }
+            if result.is_err() {
+                break;
+            }
+        }
+        state.parked.retain(|(_, queue)| !queue.is_empty());
+        result.map(|()| reclaimed)
+    }
+
+    fn exhausted(&self, state: &State, ask: &Ask, limit: &'static str) -> Error {
+        let c = &state.clients[ask.client as usize];
+        let (limit_bytes, in_use) = match limit {
+            "quota" => (c.quota, c.in_use),
+            _ => (self.capacity, state.in_use),
+        };
+        Error::PoolExhausted {
+            client: String::from(&*c.name),
+            requested: ask.size,
+            align: ask.align,
+            limit,
+            limit_bytes,
+            in_use,
+            free: state.tlsf.free_bytes() as usize,
+            largest_free: state.tlsf.largest_free() as usize,
+            pending: state.pending,
+        }
+    }
+
+    /// Frees `addr`. `caller`: the client asking (`None`: the pool itself, which may free any
+    /// allocation). `from_slice`: the call comes from the [`PoolSlice`] that owns it.
+    fn deallocate(
+        &self,
+        caller: Option<u32>,
+        addr: u64,
+        stream: Option<StreamId>,
+        from_slice: bool,
+    ) -> Result<(), Error> {
+        let stream = stream.unwrap_or(self.home);
+        let mut state = self.lock();
+        let caller_name =
+            |state: &State| String::from(&*state.clients[caller.unwrap_or(0) as usize].name);
+        let Some(slot) = state.live.find(addr) else {
+            return Err(Error::UnknownAddress {
+                addr,
+                client: caller_name(&state),
+            });
+        };
+        let block = state.live.value_at(slot);
+        let live = &state.meta[block as usize];
+        if live.owned && !from_slice {
+            return Err(Error::invalid(format!(
+                "pool `{}`: address {addr:#x} belongs to a PoolSlice of client `{}`; drop the \
+                 slice to free it",
+                self.name, state.clients[live.client as usize].name
+            )));
+        }
+        if let Some(caller) = caller {
+            if live.client != caller {
+                return Err(Error::invalid(format!(
+                    "pool `{}`: client `{}` cannot free {addr:#x}: it belongs to client `{}`",
+                    self.name,
+                    state.clients[caller as usize].name,
+                    state.clients[live.client as usize].name
+                )));
+            }
+        }
+        // Record the event before changing anything, so a failing stream runtime leaves the
+        // allocation live and the pool as it was.
+        let event = match &self.streams {
+            Some(streams) if stream != self.home => Some(streams.record(stream)?),
+            _ => None,
+        };
+        state.live.remove_at(slot);
+        let live = core::mem::take(&mut state.meta[block as usize]);
+        let reserved = state.tlsf.block_size(block) as usize;
+        state.in_use -= reserved;
+        state.requested -= live.size;
+        state.frees += 1;
+        let c = &mut state.clients[live.client as usize];
+        c.in_use -= reserved;
+        c.requested -= live.size;
+        c.frees += 1;
+        c.live -= 1;
+        match event {
+            Some(event) => {
+                let parked = Parked {
+                    block,
+                    bytes: reserved,
+                    event,
+                };
+                state.pending += reserved;
+                match state.parked.iter_mut().find(|(s, _)| *s == stream) {
+                    Some((_, queue)) => queue.push_back(parked),
+                    None => state.parked.push((stream, VecDeque::from([parked]))),
+                }
+            }
+            None => {
+                state.tlsf.free(block);
+                if self.streams.is_some() {
+                    state.home_epoch += 1;
+                }
+            }
+        }
+        if state.sink.is_some() {
+            let ask = Ask {
+                client: live.client,
+                size: live.size,
+                align: live.align,
+                stream,
+            };
+            let tag = live.info.as_ref().and_then(|i| i.tag.as_deref());
+            self.emit(&state, PoolAction::Free, &ask, addr, reserved, tag, None);
+        }
+        drop(state);
+        // The backtrace (if any) is freed outside the lock.
+        drop(live);
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn emit(
+        &self,
+        state: &State,
+        action: PoolAction,
+        ask: &Ask,
+        addr: u64,
+        reserved: usize,
+        tag: Option<&str>,
+        error: Option<&Error>,
+    ) {
+        if let Some(sink) = &state.sink {
+            sink.event(&PoolEvent {
+                pool: &self.name,
+                action,
+                addr,
+                size: ask.size,
+                reserved,
+                align: ask.align,
+                client: &state.clients[ask.client as usize].name,
+                tag,
+                stream: ask.stream,
+                time: SystemTime::now(),
+                thread: events::thread_number(),
+                error,
+            });
+        }
+    }
+
+    fn stats(&self) -> PoolStats {
+        let state = self.lock();
+        PoolStats {
+            capacity: self.capacity,
+            in_use: state.in_use,
+            requested: state.requested,
+            peak: state.peak,
+            allocations: state.allocations,
+            frees: state.frees,
+            failures: state.failures,
+            live: state.live.len() as u64,
+            free: state.tlsf.free_bytes() as usize,
+            pending: state.pending,
+            largest_free: state.tlsf.largest_free() as usize,
+            free_blocks: state.tlsf.free_blocks(),
+        }
+    }
+
+    fn leak_report(&self) -> LeakReport {
+        let state = self.lock();
+        let now = Instant::now();
+        let mut leaks: Vec<Leak> = state
+            .live
+            .iter()
+            .map(|(addr, block)| (addr, block, &state.meta[block as usize]))
+            .map(|(addr, block, live)| Leak {
+                addr,
+                size: live.size,
+                reserved: state.tlsf.block_size(block) as usize,
+                client: String::from(&*state.clients[live.client as usize].name),
+                serial: live.serial,
+                stream: live.stream,
+                tag: live.info.as_ref().and_then(|i| i.tag.clone()),
+                age: live.info.as_ref().map(|i| now.duration_since(i.at)),
+                backtrace: live
+                    .info
+                    .as_ref()
+                    .and_then(|i| i.backtrace.as_ref())
+                    .map(|b| format!("{b}")),
+            })
+            .collect();
+        leaks.sort_by_key(|l| l.addr);
+        LeakReport {
+            pool: self.name.clone(),
+            capacity: self.capacity,
+            leaks,
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if self.log_leaks_on_drop {
+            let live = self.lock().live.len();
+            if live > 0 {
+                log::warn!(target: "devarena::pool", "{}", self.leak_report());
+            }
+        }
+    }
+}
+
+/// Builds a [`Pool`]: capacity, name, tracking, event log, stream runtime.
+///
+/// ```
+/// use std::sync::Arc;
+/// use devarena::pool::{LogEvents, Pool, Tracking};
+///
+/// let pool = Pool::builder(256 << 20)
+///     .name("trt-engine")
+///     .tracking(Tracking::Backtraces)
+///     .events(Arc::new(LogEvents))
+///     .build_host()?;
+/// assert_eq!(pool.name(), "trt-engine");
+/// assert_eq!(pool.capacity(), 256 << 20);
+/// # Ok::<(), devarena::Error>(())
+/// ```
+pub struct PoolBuilder {
+    capacity: usize,
+    name: String,
+    tracking: Tracking,
+    sink: Option<Arc<dyn EventSink>>,
+    streams: Option<Arc<dyn StreamSync>>,
+    home: StreamId,
+    log_leaks_on_drop: bool,
+}
+
+impl fmt::Debug for PoolBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PoolBuilder")
+            .field("capacity", &self.capacity)
+            .field("name", &self.name)
+            .field("tracking", &self.tracking)
+            .field("events", &self.sink.is_some())
+            .field("streams", &self.streams)
+            .field("home", &self.home)
+            .field("log_leaks_on_drop", &self.log_leaks_on_drop)
+            .finish()
+    }
+}
+
+impl PoolBuilder {
+    /// A pool of `capacity` bytes (rounded down to a multiple of 256), named `"pool"`, no
+    /// tracking, no event log, no stream runtime, leaks logged on drop.
+    pub fn new(capacity: usize) -> Self {
+        PoolBuilder {
+            capacity,
+            name: String::from("pool"),
+            tracking: Tracking::Off,
+            sink: None,
+            streams: None,
+            home: StreamId::DEFAULT,
+            log_leaks_on_drop: true,
+        }
+    }
+
+    /// The pool's name: in errors, reports and the event log. Also the name of the pool's own
+    /// client (what [`Pool::allocate`] allocates as).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// What to record about each live allocation.
+    pub fn tracking(mut self, tracking: Tracking) -> Self {
+        self.tracking = tracking;
+        self
+    }
+
+    /// Sends every allocation, free and failure to `sink` ([`LogEvents`], a [`CsvEventLog`], or
+    /// a closure).
+    pub fn events(mut self, sink: Arc<dyn EventSink>) -> Self {
+        self.sink = Some(sink);
+        self
+    }
+
+    /// Makes the pool stream-aware: `home` is the stream the pool belongs to, `sync` records
+    /// and queries events (see [`StreamSync`]).
+    pub fn streams(mut self, sync: Arc<dyn StreamSync>, home: StreamId) -> Self {
+        self.streams = Some(sync);
+        self.home = home;
+        self
+    }
+
+    /// Whether dropping the pool with live allocations logs the leak report at `warn` (on by
+    /// default).
+    pub fn log_leaks_on_drop(mut self, on: bool) -> Self {
+        self.log_leaks_on_drop = on;
+        self
+    }
+
+    /// Reserves the region on a fresh [`HostBackend`].
+    pub fn build_host(self) -> Result<Pool, Error> {
+        self.build_in(HostBackend::new())
+    }
+
+    /// Reserves the region on `backend`: one allocation of the capacity, freed when the last
+    /// handle to the pool (the pool, a client, a slice) goes.
+    pub fn build_in<B: Backend + Send + Sync + 'static>(self, backend: B) -> Result<Pool, Error> {
+        let capacity = self.capacity & !(BLOCK_GRANULE - 1);
+        if capacity == 0 {
+            return Err(Error::invalid(format!(
+                "pool `{}`: a capacity of {} bytes is below the smallest block, {BLOCK_GRANULE} \
+                 bytes",
+                self.name, self.capacity
+            )));
+        }
+        let name = backend.name();
+        // One granule more than the capacity at a small alignment, and the pool uses the
+        // 256-aligned `capacity` bytes inside: a host backend then gets the memory from
+        // `calloc`, whose large blocks are untouched zero pages until used, instead of an
+        // aligned allocation that is zeroed byte by byte up front.
+        let bytes = capacity.checked_add(BLOCK_GRANULE).ok_or_else(|| {
+            Error::invalid(format!(
+                "pool `{}`: a capacity of {capacity} bytes overflows usize",
+                self.name
+            ))
+        })?;
+        let allocation = backend.allocate(bytes, REGION_ALIGN)?;
+        let region = OwnedRegion {
+            backend,
+            allocation,
+        };
+        let base = allocation.addr.next_multiple_of(GRANULE);
+        if base.checked_add(capacity as u64).is_none() {
+            return Err(Error::invalid(format!(
+                "pool `{}`: backend `{name}` returned a region at {:#x} whose {bytes} bytes \
+                 overflow the address space",
+                self.name, allocation.addr
+            )));
+        }
+        let host = TypeId::of::<B>() == TypeId::of::<HostBackend>();
+        let state = State {
+            tlsf: Tlsf::new(base, capacity as u64),
+            live: AddrMap::with_capacity(64),
+            meta: Vec::with_capacity(128),
+            clients: alloc::vec![ClientState::new(&self.name, usize::MAX)],
+            in_use: 0,
+            requested: 0,
+            peak: 0,
+            allocations: 0,
+            frees: 0,
+            failures: 0,
+            parked: Vec::new(),
+            pending: 0,
+            home_epoch: 0,
+            waited: Vec::new(),
+            sink: self.sink,
+        };
+        let shared = Arc::new(Shared {
+            state: Lock::new(state),
+            name: self.name,
+            capacity,
+            base,
+            host,
+            backend: name,
+            tracking: AtomicU8::new(self.tracking as u8),
+            streams: self.streams,
+            home: self.home,
+            log_leaks_on_drop: self.log_leaks_on_drop,
+            _region: Box::new(region),
+        });
+        Ok(Pool {
+            own: PoolClient { shared, id: 0 },
+        })
+    }
+}
+
+/// One region, sub-allocated: see the [module docs](self).
+///
+/// `Pool` is `Send + Sync`; [`Pool::client`] hands out cloneable handles that share it. The
+/// region is freed when the pool and every client and slice made from it are gone; live
+/// allocations at that point are logged as leaks.
+pub struct Pool {
+    own: PoolClient,
+}
+
+impl fmt::Debug for Pool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.own.shared;
+        f.debug_struct("Pool")
+            .field("name", &s.name)
+            .field("backend", &s.backend)
+            .field("base", &format_args!("{:#x}", s.base))
+            .field("capacity", &s.capacity)
+            .field("home", &s.home)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pool {
+    /// A pool of `capacity` bytes of host memory (rounded down to a multiple of 256).
+    pub fn host(capacity: usize) -> Result<Pool, Error> {
+        PoolBuilder::new(capacity).build_host()
+    }
+
+    /// A pool of `capacity` bytes reserved on `backend` with default settings.
+    pub fn new_in<B: Backend + Send + Sync + 'static>(
+        backend: B,
+        capacity: usize,
+    ) -> Result<Pool, Error> {
+        PoolBuilder::new(capacity).build_in(backend)
+    }
+
+    /// A builder for the other settings.
+    pub fn builder(capacity: usize) -> PoolBuilder {
+        PoolBuilder::new(capacity)
+    }
+
+    /// A handle that allocates from this pool as client `name`, under `quota` bytes (counted
+    /// as reserved bytes, like [`PoolStats::in_use`]; `usize::MAX` for none). Clones share the
+    /// client. Quotas may add up to more than the capacity; the capacity stays the hard cap.
+    pub fn client(&self, name: &str, quota: usize) -> PoolClient {
+        let mut state = self.own.shared.lock();
+        state.clients.push(ClientState::new(name, quota));
+        let id = (state.clients.len() - 1) as u32;
+        PoolClient {
+            shared: self.own.shared.clone(),
+            id,
+        }
+    }
+
+    /// The pool's own client (named after the pool, no quota: only the capacity limits it):
+    /// what the pool's `allocate` uses.
+    pub fn own_client(&self) -> &PoolClient {
+        &self.own
+    }
+
+    /// Allocates `size` bytes at `align` (0 = 256) for the home stream; returns the address.
+    pub fn allocate(&self, size: usize, align: usize) -> Result<u64, Error> {
+        self.own.allocate(size, align)
+    }
+
+    /// Allocates for use on `stream`.
+    pub fn allocate_on(&self, size: usize, align: usize, stream: StreamId) -> Result<u64, Error> {
+        self.own.allocate_on(size, align, stream)
+    }
+
+    /// Allocates with every option ([`AllocRequest`]).
+    pub fn allocate_with(&self, request: AllocRequest<'_>) -> Result<u64, Error> {
+        self.own.allocate_with(request)
+    }
+
+    /// Frees any client's allocation at `addr`, on the home stream. An address the pool did not
+    /// hand out, or already freed, is an [`Error::UnknownAddress`] and changes nothing.
+    pub fn deallocate(&self, addr: u64) -> Result<(), Error> {
+        self.own.shared.deallocate(None, addr, None, false)
+    }
+
+    /// Frees any client's allocation at `addr` on `stream` (see [`StreamSync`] for when the
+    /// block is reused).
+    pub fn deallocate_on(&self, addr: u64, stream: StreamId) -> Result<(), Error> {
+        self.own.shared.deallocate(None, addr, Some(stream), false)
+    }
+
+    /// A typed slice of `len` elements from the pool's own client, freed on drop.
+    pub fn alloc_slice<T: crate::Element>(&self, len: usize) -> Result<PoolSlice<T>, Error> {
+        self.own.alloc_slice(len)
+    }
+
+    /// Returns blocks freed on other streams whose events have completed to the free lists
+    /// now (allocation does this too); the bytes reclaimed.
+    pub fn reclaim(&self) -> Result<usize, Error> {
+        Shared::reclaim_parked(&mut self.own.shared.lock())
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> PoolStats {
+        self.own.shared.stats()
+    }
+
+    /// Every client's counters, the pool's own client first.
+    pub fn client_stats(&self) -> Vec<ClientStats> {
+        self.own
+            .shared
+            .lock()
+            .clients
+            .iter()
+            .map(ClientState::stats)
+            .collect()
+    }
+
+    /// Every live allocation, by address.
+    pub fn leak_report(&self) -> LeakReport {
+        self.own.shared.leak_report()
+    }
+
+    /// Changes what is recorded for allocations made from now on.
+    pub fn set_tracking(&self, tracking: Tracking) {
+        self.own
+            .shared
+            .tracking
+            .store(tracking as u8, Ordering::Relaxed);
+    }
+
+    /// What is recorded for new allocations.
+    pub fn tracking(&self) -> Tracking {
+        self.own.shared.tracking()
+    }
+
+    /// Replaces the event sink (`None` stops the event log).
+    pub fn set_events(&self, sink: Option<Arc<dyn EventSink>>) {
+        self.own.shared.lock().sink = sink;
+    }
+
+    /// The pool's name.
+    pub fn name(&self) -> &str {
+        &self.own.shared.name
+    }
+
+    /// Bytes the pool manages (its hard cap).
+    pub fn capacity(&self) -> usize {
+        self.own.shared.capacity
+    }
+
+    /// Start address of the region (host address or `CUdeviceptr`).
+    pub fn base(&self) -> u64 {
+        self.own.shared.base
+    }
+
+    /// Whether `addr` lies inside the region (not whether it is live).
+    pub fn contains(&self, addr: u64) -> bool {
+        let s = &self.own.shared;
+        addr >= s.base && addr - s.base < s.capacity as u64
+    }
+
+    /// The backend's name ("host", "cuda", ...).
+    pub fn backend_name(&self) -> &'static str {
+        self.own.shared.backend
+    }
+
+    /// Whether the region is host memory that [`PoolSlice`] may hand out as `&mut [T]`.
+    pub fn is_host(&self) -> bool {
+        self.own.shared.host
+    }
+
+    /// The stream the pool belongs to ([`StreamId::DEFAULT`] without a stream runtime).
+    pub fn home_stream(&self) -> StreamId {
+        self.own.shared.home
+    }
+}
+
+/// A handle on a [`Pool`] for one client: a name and a quota. Cloneable, `Send + Sync`; keeps
+/// the pool's region alive.
+#[derive(Clone)]
+pub struct PoolClient {
+    shared: Arc<Shared>,
+    id: u32,
+}
+
+impl fmt::Debug for PoolClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.shared.lock();
+        let c = &state.clients[self.id as usize];
+        f.debug_struct("PoolClient")
+            .field("pool", &self.shared.name)
+            .field("name", &c.name)
+            .field("quota", &c.quota)
+            .field("in_use", &c.in_use)
+            .finish()
+    }
+}
+
+impl PoolClient {
+    /// Allocates `size` bytes at `align` (0 = 256) for the home stream; returns the address.
+    pub fn allocate(&self, size: usize, align: usize) -> Result<u64, Error> {
+        self.shared
+            .allocate(self.id, &AllocRequest::new(size, align), false)
+    }
+
+    /// Allocates for use on `stream`.
+    pub fn allocate_on(&self, size: usize, align: usize, stream: StreamId) -> Result<u64, Error> {
+        self.shared
+            .allocate(self.id, &AllocRequest::new(size, align).on(stream), false)
+    }
+
+    /// Allocates with every option ([`AllocRequest`]).
+    pub fn allocate_with(&self, request: AllocRequest<'_>) -> Result<u64, Error> {
+        self.shared.allocate(self.id, &request, false)
+    }
+
+    /// Frees this client's allocation at `addr` on the home stream. An address that is not a
+    /// live allocation is an [`Error::UnknownAddress`]; another client's allocation is an
+    /// [`Error::InvalidArgument`]; either changes nothing.
+    pub fn deallocate(&self, addr: u64) -> Result<(), Error> {
+        self.shared.deallocate(Some(self.id), addr, None, false)
+    }
+
+    /// Frees this client's allocation at `addr` on `stream`.
+    pub fn deallocate_on(&self, addr: u64, stream: StreamId) -> Result<(), Error> {
+        self.shared
+            .deallocate(Some(self.id), addr, Some(stream), false)
+    }
+
+    /// A typed slice of `len` elements for the home stream, aligned to at least 256 bytes and
+    /// to `T`, freed on drop.
+    pub fn alloc_slice<T: crate::Element>(&self, len: usize) -> Result<PoolSlice<T>, Error> {
+        PoolSlice::new_in(self, len, None)
+    }
+
+    /// A typed slice of `len` elements for use on `stream`, freed on `stream` on drop.
+    pub fn alloc_slice_on<T: crate::Element>(
+        &self,
+        len: usize,
+        stream: StreamId,
+    ) -> Result<PoolSlice<T>, Error> {
+        PoolSlice::new_in(self, len, Some(stream))
+    }
+
+    /// The client's name.
+    pub fn name(&self) -> String {
+        String::from(&*self.shared.lock().clients[self.id as usize].name)
+    }
+
+    /// The client's counters.
+    pub fn stats(&self) -> ClientStats {
+        self.shared.lock().clients[self.id as usize].stats()
+    }
+
+    /// The whole pool's counters.
+    pub fn pool_stats(&self) -> PoolStats {
+        self.shared.stats()
+    }
+
+    /// Whether the pool's region is host memory.
+    pub fn is_host(&self) -> bool {
+        self.shared.host
+    }
+
+    /// The pool's backend ("host", "cuda", ...).
+    pub fn backend_name(&self) -> &'static str {
+        self.shared.backend
+    }
+
+    pub(crate) fn allocate_owned(
+        &self,
+        size: usize,
+        align: usize,
+        stream: Option<StreamId>,
+    ) -> Result<u64, Error> {
+        let request = AllocRequest {
+            size,
+            align,
+            stream,
+            tag: None,
+        };
+        self.shared.allocate(self.id, &request, true)
+    }
+
+    pub(crate) fn free_owned(&self, addr: u64, stream: StreamId) -> Result<(), Error> {
+        self.shared
+            .deallocate(Some(self.id), addr, Some(stream), true)
+    }
+
+    pub(crate) fn home_stream(&self) -> StreamId {
+        self.shared.home
+    }
+}

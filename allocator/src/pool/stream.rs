@@ -1,0 +1,202 @@
+//! Stream ordering: when a freed block may be handed out again.
+//!
+//! A pool made with [`PoolBuilder::streams`](super::PoolBuilder::streams) has a *home stream*
+//! and a [`StreamSync`] that records and queries events on streams:
+//!
+//! * A block freed **on the home stream** is reusable at once: work queued later on the home
+//!   stream runs after the work that used it (stream order).
+//! * A block freed **on another stream** is parked with an event recorded on that stream at
+//!   the free; it goes back to the free lists once the event has completed. Parked blocks are
+//!   retried lazily, at the start of every allocation (and by
+//!   [`Pool::reclaim`](super::Pool::reclaim)).
+//! * A block handed out **for another stream** may have been freed on the home stream with
+//!   work still queued there; before the first such allocation after a home-stream free, the
+//!   pool makes that stream wait for the home stream ([`StreamSync::order_after`], an event
+//!   recorded on the home stream and waited on by the other stream). One wait covers every
+//!   home-stream free before it, so a stream that allocates again with no home-stream free in
+//!   between pays nothing.
+//!
+//! A pool without a [`StreamSync`] (every host pool by default) treats all streams as one: host
+//! memory has no queued work, so every free is reusable at once.
+//!
+//! The CUDA backend implements [`StreamSync`] with `cuEventRecord` / `cuEventQuery` /
+//! `cuStreamWaitEvent`; [`ManualStreams`] is a host stand-in whose events complete only when a
+//! test says so.
+
+use alloc::boxed::Box;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::fmt;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::error::Error;
+
+/// A stream, by its raw handle: a `CUstream` (`cudaStream_t`) as an integer, `0` for the legacy
+/// default stream. The pool only compares stream ids and hands them to its [`StreamSync`].
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct StreamId(pub u64);
+
+impl StreamId {
+    /// The legacy default stream (`0`): what plain [`Pool::allocate`](super::Pool::allocate)
+    /// and [`Pool::deallocate`](super::Pool::deallocate) use on a pool without a home stream.
+    pub const DEFAULT: StreamId = StreamId(0);
+
+    /// The raw handle.
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Debug for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StreamId({:#x})", self.0)
+    }
+}
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// An event recorded on a stream: complete once every piece of work queued on the stream
+/// before the record has finished. Dropping it releases it (`cuEventDestroy`, or back to an
+/// event cache).
+pub trait StreamEvent: Send + fmt::Debug {
+    /// Whether the event has completed (`cuEventQuery`: `CUDA_SUCCESS` → `true`,
+    /// `CUDA_ERROR_NOT_READY` → `false`, anything else → `Err`). Must not block.
+    fn is_complete(&self) -> Result<bool, Error>;
+}
+
+/// What the pool needs from a stream runtime: record an event, and order one stream after
+/// another. Implemented by the CUDA backend; [`ManualStreams`] is a host stand-in for tests.
+///
+/// The pool calls these methods while it holds its lock, so they must not call back into the
+/// pool, and they should not block.
+pub trait StreamSync: Send + Sync + fmt::Debug {
+    /// Records an event on `stream` that completes when all work queued on it so far has
+    /// finished (`cuEventRecord`).
+    fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error>;
+
+    /// Makes work queued on `waiter` from now on wait for all work queued on `producer` so far
+    /// (`cuEventRecord` on `producer`, then `cuStreamWaitEvent` on `waiter`). Must not block
+    /// the host.
+    fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error>;
+}
+
+/// A host stand-in for a stream runtime: events complete only when the test calls
+/// [`complete`](Self::complete); every [`order_after`](StreamSync::order_after) is recorded.
+///
+/// ```
+/// use std::sync::Arc;
+/// use devarena::pool::{ManualStreams, Pool, StreamId};
+///
+/// let home = StreamId(1);
+/// let other = StreamId(2);
+/// let streams = Arc::new(ManualStreams::new());
+/// let pool = Pool::builder(4096).streams(streams.clone(), home).build_host()?;
+///
+/// let a = pool.allocate_on(4096, 0, other)?;
+/// pool.deallocate_on(a, other)?; // parked until the event on `other` completes
+/// assert!(pool.allocate(4096, 0).is_err());
+/// streams.complete(other);
+/// assert_eq!(pool.allocate(4096, 0)?, a);
+/// # Ok::<(), devarena::Error>(())
+/// ```
+#[derive(Debug, Default)]
+pub struct ManualStreams {
+    inner: Mutex<ManualInner>,
+}
+
+#[derive(Debug, Default)]
+struct ManualInner {
+    events: Vec<(StreamId, Arc<AtomicBool>)>,
+    waits: Vec<(StreamId, StreamId)>,
+    fail_with: Option<Error>,
+}
+
+#[derive(Debug)]
+struct ManualEvent {
+    done: Arc<AtomicBool>,
+}
+
+impl StreamEvent for ManualEvent {
+    fn is_complete(&self) -> Result<bool, Error> {
+        Ok(self.done.load(Ordering::Acquire))
+    }
+}
+
+impl ManualStreams {
+    /// No events yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ManualInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Completes every event recorded on `stream` so far.
+    pub fn complete(&self, stream: StreamId) {
+        let mut inner = self.lock();
+        inner.events.retain(|(s, done)| {
+            if *s == stream {
+                done.store(true, Ordering::Release);
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    /// Completes every event recorded so far, on every stream.
+    pub fn complete_all(&self) {
+        let mut inner = self.lock();
+        for (_, done) in inner.events.drain(..) {
+            done.store(true, Ordering::Release);
+        }
+    }
+
+    /// Events recorded on `stream` that have not completed.
+    pub fn pending(&self, stream: StreamId) -> usize {
+        self.lock()
+            .events
+            .iter()
+            .filter(|(s, _)| *s == stream)
+            .count()
+    }
+
+    /// Every `(waiter, producer)` pair passed to [`order_after`](StreamSync::order_after), in
+    /// order.
+    pub fn waits(&self) -> Vec<(StreamId, StreamId)> {
+        self.lock().waits.clone()
+    }
+
+    /// Makes every later `record` and `order_after` fail with `error` (until called with
+    /// `None`): for testing that a failing stream runtime disturbs nothing.
+    pub fn fail_with(&self, error: Option<Error>) {
+        self.lock().fail_with = error;
+    }
+}
+
+impl StreamSync for ManualStreams {
+    fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
+        let mut inner = self.lock();
+        if let Some(error) = &inner.fail_with {
+            return Err(error.clone());
+        }
+        let done = Arc::new(AtomicBool::new(false));
+        inner.events.push((stream, done.clone()));
+        Ok(Box::new(ManualEvent { done }))
+    }
+
+    fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
+        let mut inner = self.lock();
+        if let Some(error) = &inner.fail_with {
+            return Err(error.clone());
+        }
+        inner.waits.push((waiter, producer));
+        Ok(())
+    }
+}
