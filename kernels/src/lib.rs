@@ -1,1 +1,9 @@
-//! PTX kernels for devarena, embedded as text so building needs no CUDA toolkit.
+//! PTX kernels for devarena, embedded as text so building needs no CUDA toolkit, and their host
+//! reference implementations.
+//!
+//! * [`pipeline`]: a 1080p image pipeline (grayscale, Gaussian blur, Sobel, histogram, Otsu,
+//!   edge mask) whose every buffer lives in one [`pipeline::Frame`] arena. [`pipeline::host`]
+//!   runs it anywhere; with feature `cuda`, `pipeline::cuda` runs the same stages as PTX kernels
+//!   that compute the same bits.
+
+pub mod pipeline;
