@@ -472,7 +472,7 @@ impl PipelineKernels {
         let px = size.pixels() as u32;
         let mark = |i: usize| events.map_or(Ok(()), |e| e.record(i, stream));
         mark(0)?;
-        // SAFETY (for every call below): the caller's contract covers each buffer.
+        // SAFETY: the caller's contract covers every buffer of every call below.
         unsafe {
             self.rgb_to_gray_raw(stream, size, p.rgb, p.gray)?;
             mark(1)?;
