@@ -52,11 +52,16 @@ pub fn blur_horizontal(size: ImageSize, src: &[f32], dst: &mut [f32]) -> Result<
     check_len(STAGE, "src", src.len(), size.pixels(), Some(size))?;
     check_len(STAGE, "dst", dst.len(), size.pixels(), Some(size))?;
     let w = size.width;
-    let last = w - 1;
+    let last = w as isize - 1;
+    // Pixels whose five taps all lie inside the row take the fast path; the others clamp.
+    let interior = if w >= 5 { 2..w - 2 } else { 0..0 };
     for (row, out) in src.chunks_exact(w).zip(dst.chunks_exact_mut(w)) {
-        for (x, o) in out.iter_mut().enumerate() {
-            let at = |dx: isize| row[(x as isize + dx).clamp(0, last as isize) as usize];
-            *o = taps(at(-2), at(-1), at(0), at(1), at(2));
+        for (o, t) in out[interior.clone()].iter_mut().zip(row.windows(5)) {
+            *o = taps(t[0], t[1], t[2], t[3], t[4]);
+        }
+        for x in (0..interior.start).chain(interior.end..w) {
+            let at = |dx: isize| row[(x as isize + dx).clamp(0, last) as usize];
+            out[x] = taps(at(-2), at(-1), at(0), at(1), at(2));
         }
     }
     Ok(())
@@ -123,18 +128,33 @@ pub fn sobel_magnitude(size: ImageSize, src: &[f32], magnitude: &mut [f32]) -> R
     for (y, out) in magnitude.chunks_exact_mut(w).enumerate() {
         let y = y as isize;
         let (top, mid, bot) = (row(y - 1), row(y), row(y + 1));
-        for (x, m) in out.iter_mut().enumerate() {
+        // Columns 1..w-1 read three whole columns; the first and last clamp.
+        if w >= 3 {
+            let windows = top.windows(3).zip(mid.windows(3)).zip(bot.windows(3));
+            for (m, ((t, c), b)) in out[1..w - 1].iter_mut().zip(windows) {
+                *m = sobel_pixel([t[0], t[1], t[2]], [c[0], c[2]], [b[0], b[1], b[2]]);
+            }
+        }
+        for x in [0, w - 1] {
             let l = x.saturating_sub(1);
             let r = (x + 1).min(w - 1);
-            let (tl, tc, tr) = (top[l], top[x], top[r]);
-            let (ml, mr) = (mid[l], mid[r]);
-            let (bl, bc, br) = (bot[l], bot[x], bot[r]);
-            let gx = ((tr + 2.0 * mr) + br) - ((tl + 2.0 * ml) + bl);
-            let gy = ((bl + 2.0 * bc) + br) - ((tl + 2.0 * tc) + tr);
-            *m = (gx * gx + gy * gy).sqrt();
+            out[x] = sobel_pixel(
+                [top[l], top[x], top[r]],
+                [mid[l], mid[r]],
+                [bot[l], bot[x], bot[r]],
+            );
         }
     }
     Ok(())
+}
+
+/// The Sobel magnitude of one pixel from its neighbours: the row above (left, centre, right),
+/// its own row (left, right) and the row below.
+#[inline(always)]
+fn sobel_pixel([tl, tc, tr]: [f32; 3], [ml, mr]: [f32; 2], [bl, bc, br]: [f32; 3]) -> f32 {
+    let gx = ((tr + 2.0 * mr) + br) - ((tl + 2.0 * ml) + bl);
+    let gy = ((bl + 2.0 * bc) + br) - ((tl + 2.0 * tc) + tr);
+    (gx * gx + gy * gy).sqrt()
 }
 
 /// Counts the magnitudes per bin ([`magnitude_bin`]) into `hist` (256 counters, overwritten).
@@ -147,9 +167,20 @@ pub fn histogram(magnitude: &[f32], hist: &mut [u32]) -> Result<(), Error> {
             magnitude.len()
         )));
     }
-    hist.fill(0);
-    for &m in magnitude {
-        hist[magnitude_bin(m) as usize] += 1;
+    // Four interleaved partial histograms break the dependency between consecutive pixels
+    // that land in the same bin (most of them do).
+    let mut partial = [[0u32; HIST_BINS]; 4];
+    let mut quads = magnitude.chunks_exact(4);
+    for q in &mut quads {
+        for (p, &m) in partial.iter_mut().zip(q) {
+            p[magnitude_bin(m) as usize] += 1;
+        }
+    }
+    for (p, &m) in partial.iter_mut().zip(quads.remainder()) {
+        p[magnitude_bin(m) as usize] += 1;
+    }
+    for (b, h) in hist.iter_mut().enumerate() {
+        *h = partial.iter().map(|p| p[b]).sum();
     }
     Ok(())
 }

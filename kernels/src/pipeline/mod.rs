@@ -245,6 +245,22 @@ pub struct FrameBuffers<'f, B8: ?Sized, BF: ?Sized, BU: ?Sized> {
     pub mask: &'f mut B8,
 }
 
+impl<B8: ?Sized, BF: ?Sized, BU: ?Sized> FrameBuffers<'_, B8, BF, BU> {
+    /// The same buffers, borrowed for a shorter time: run one frame after another on them.
+    pub fn reborrow(&mut self) -> FrameBuffers<'_, B8, BF, BU> {
+        FrameBuffers {
+            rgb: self.rgb,
+            gray: self.gray,
+            scratch: self.scratch,
+            blurred: self.blurred,
+            magnitude: self.magnitude,
+            hist: self.hist,
+            threshold: self.threshold,
+            mask: self.mask,
+        }
+    }
+}
+
 impl<'f, 'v, K: ViewKind> From<&'f mut FrameViews<'v, K>>
     for FrameBuffers<'f, K::Slice<'v, u8>, K::Slice<'v, f32>, K::Slice<'v, u32>>
 {
