@@ -7,3 +7,8 @@
 //!   that compute the same bits.
 
 pub mod pipeline;
+
+/// The cudarc this crate's launch wrappers are written against (0.19), for naming its traits
+/// (`DevicePtr`, `DevicePtrMut`) and types without a separate dependency.
+#[cfg(feature = "cuda")]
+pub use cudarc;
