@@ -98,7 +98,10 @@ fn host_pipeline_finds_the_shapes() {
             }
         }
     }
-    assert!(far > PIXELS * 9 / 10, "only {far} pixels are away from borders");
+    assert!(
+        far > PIXELS * 9 / 10,
+        "only {far} pixels are away from borders"
+    );
     assert!(
         false_edges.is_empty(),
         "{} edges away from any border, e.g. {:?}",
