@@ -509,18 +509,49 @@ mod gpu {
         };
 
         // The floor: eight buffers allocated once, raw pointers, no checks.
-        let floor_buffers =
-            RawBuffers::alloc(&Frame::FIELDS.iter().map(|f| f.size).collect::<Vec<_>>())?;
-        let f = &floor_buffers.0;
+        let names = [
+            "rgb",
+            "gray",
+            "scratch",
+            "blurred",
+            "magnitude",
+            "hist",
+            "threshold",
+            "mask",
+        ];
+        let sizes: Vec<usize> = names
+            .iter()
+            .map(|&n| {
+                Frame::FIELDS
+                    .iter()
+                    .find(|f| f.name == n)
+                    .map_or(0, |f| f.size)
+            })
+            .collect();
+        let floor_buffers = RawBuffers::alloc(&sizes)?;
+        let [
+            rgb_p,
+            gray,
+            scratch,
+            blurred,
+            magnitude,
+            hist,
+            threshold,
+            mask,
+        ] = <[sys::CUdeviceptr; 8]>::try_from(floor_buffers.0.as_slice()).map_err(|_| {
+            Error::InvalidArgument {
+                what: "the floor needs eight buffers".into(),
+            }
+        })?;
         let raw = RawFrame {
-            rgb: f[0],
-            gray: f[1],
-            scratch: f[2],
-            blurred: f[3],
-            magnitude: f[4],
-            hist: f[5],
-            threshold: f[6],
-            mask: f[7],
+            rgb: rgb_p,
+            gray,
+            scratch,
+            blurred,
+            magnitude,
+            hist,
+            threshold,
+            mask,
         };
         upload(raw.rgb)?;
         // Input of the allocate-around-each-kernel methods: resident, allocated once.

@@ -178,7 +178,7 @@ fn run(args: Args) -> Result<()> {
         args.frames
     );
     println!(
-        "Otsu threshold: bin {} (gradient magnitude > {:.4})",
+        "Otsu threshold: bin {} (edges: gradient magnitude >= {:.4})",
         run.threshold,
         (run.threshold + 1) as f32 / HIST_SCALE
     );

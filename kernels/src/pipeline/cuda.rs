@@ -234,6 +234,15 @@ impl PipelineKernels {
         size: Option<ImageSize>,
     ) -> Result<(), Error> {
         check_len(stage, name, buffer.len(), expected, size)?;
+        self.check_context(stage, name, buffer)
+    }
+
+    fn check_context<T>(
+        &self,
+        stage: &str,
+        name: &str,
+        buffer: &impl DeviceSlice<T>,
+    ) -> Result<(), Error> {
         if buffer.stream().context() != &self.ctx {
             return Err(invalid(format!(
                 "{stage}: `{name}` lives in device {}'s context, the kernels run in device {}'s",
@@ -347,7 +356,7 @@ impl PipelineKernels {
     ) -> Result<(), Error> {
         const STAGE: &str = "histogram";
         self.check_stream(STAGE, stream)?;
-        self.check_buffer(STAGE, "magnitude", magnitude, magnitude.len(), None)?;
+        self.check_context(STAGE, "magnitude", magnitude)?;
         self.check_buffer(STAGE, "hist", hist, HIST_BINS, None)?;
         let pixels = check_pixels(STAGE, magnitude.len())?;
         let (m, _read) = magnitude.device_ptr(stream);
@@ -386,8 +395,8 @@ impl PipelineKernels {
         const STAGE: &str = "mask";
         self.check_stream(STAGE, stream)?;
         self.check_buffer(STAGE, "threshold", threshold, 1, None)?;
+        self.check_context(STAGE, "magnitude", magnitude)?;
         self.check_buffer(STAGE, "mask", mask, magnitude.len(), None)?;
-        self.check_buffer(STAGE, "magnitude", magnitude, magnitude.len(), None)?;
         let pixels = check_pixels(STAGE, magnitude.len())?;
         let (m, _r1) = magnitude.device_ptr(stream);
         let (t, _r2) = threshold.device_ptr(stream);
