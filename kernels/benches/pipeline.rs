@@ -210,8 +210,10 @@ mod gpu {
             });
         }
 
-        let steady = steady_state(&kernels, &stream, args.frames)?;
-
+        // Footprint before the steady state, on an idle device: a context synchronize lets the
+        // stream-ordered pool give back what the async rounds freed (release threshold 0).
+        ctx.synchronize()
+            .map_err(|e| driver_error("cuCtxSynchronize", e))?;
         let mut footprint = Vec::new();
         let tiny_sizes = vec![100usize; 10_000];
         let tiny = LayoutBuilder::new("TenThousand");
@@ -246,6 +248,8 @@ mod gpu {
                 consumed: arena_footprint(&stream, size, align).transpose()?,
             });
         }
+
+        let steady = steady_state(&kernels, &stream, args.frames)?;
 
         if args.json {
             println!("{}", json(&device, args, &setup, &steady, &footprint));
