@@ -198,14 +198,10 @@ impl Stage {
 /// ```
 #[inline]
 pub fn magnitude_bin(magnitude: f32) -> u32 {
-    let scaled = magnitude * HIST_SCALE;
-    if scaled >= 255.0 {
-        255
-    } else {
-        // `as` truncates toward zero and maps NaN and negatives to 0, as the device's
-        // `__float2uint_rz` does.
-        scaled as u32
-    }
+    // `clamp` keeps NaN, which the saturating `as` then maps to 0 (as the device's
+    // `__float2uint_rz` does); `as` truncates toward zero. Going through `i32` lets the
+    // compiler vectorize the conversion.
+    (magnitude * HIST_SCALE).clamp(0.0, 255.0) as i32 as u32
 }
 
 /// Every buffer of one frame, borrowed: what the host and device pipelines run on.
