@@ -100,7 +100,7 @@ fn named_stages_plan_and_share() {
     assert_eq!(Pipe::LIVE[6], LiveRange::ALL);
     conflicting_pairs_apart::<Pipe>();
     conflicting_pairs_apart::<Five>();
-    assert!(Pipe::PEAK_LIVE_BOUND <= Pipe::SIZE && Pipe::SIZE < Pipe::UNALIASED_SIZE);
+    const { assert!(Pipe::PEAK_LIVE_BOUND <= Pipe::SIZE && Pipe::SIZE < Pipe::UNALIASED_SIZE) };
     // Stage `blur` holds rgb, gray, scratch, blurred and hist: the bound.
     let blur = 64 * 64 * 3 + 3 * 64 * 64 * 4 + 1024;
     assert_eq!(Pipe::PEAK_LIVE_BOUND, blur);

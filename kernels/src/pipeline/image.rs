@@ -1,0 +1,326 @@
+//! A deterministic synthetic test frame (gradients, shapes, noise) whose shape borders are
+//! known, so a test can check that edges appear where they should.
+
+use devarena::Error;
+
+use super::{ImageSize, check_len};
+
+/// The seed of the example's default frame.
+pub const DEFAULT_SEED: u64 = 0x5eed_f00d_dec0_de01;
+
+/// Noise amplitude: every channel gets a uniform integer offset in `[-NOISE, NOISE]`.
+pub const NOISE: i32 = 10;
+
+/// SplitMix64: a tiny, well-mixed, fixed-seed generator (Steele, Lea and Flood, 2014).
+#[derive(Debug, Clone)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    /// A generator starting at `seed`.
+    pub const fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A uniform integer in `[-amplitude, amplitude]` (`amplitude` ≥ 0).
+    pub fn symmetric(&mut self, amplitude: i32) -> i32 {
+        let span = (2 * amplitude + 1) as u64;
+        // Multiply-shift: unbiased enough for test noise, and no division.
+        (((self.next_u64() >> 32) * span) >> 32) as i32 - amplitude
+    }
+}
+
+/// A flat-coloured shape of the synthetic frame, in pixel coordinates.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Shape {
+    /// Pixels with `x0 ≤ x < x1` and `y0 ≤ y < y1`.
+    Rect {
+        /// Left edge (inclusive).
+        x0: usize,
+        /// Top edge (inclusive).
+        y0: usize,
+        /// Right edge (exclusive).
+        x1: usize,
+        /// Bottom edge (exclusive).
+        y1: usize,
+        /// Fill colour.
+        rgb: [u8; 3],
+    },
+    /// Pixels whose centre lies within `inner ≤ distance < outer` of `(cx, cy)`; a disc when
+    /// `inner` is 0.
+    Ring {
+        /// Centre x.
+        cx: f32,
+        /// Centre y.
+        cy: f32,
+        /// Inner radius (0 for a disc).
+        inner: f32,
+        /// Outer radius.
+        outer: f32,
+        /// Fill colour.
+        rgb: [u8; 3],
+    },
+}
+
+impl Shape {
+    /// Whether the pixel `(x, y)` belongs to the shape.
+    pub fn contains(&self, x: usize, y: usize) -> bool {
+        match *self {
+            Shape::Rect { x0, y0, x1, y1, .. } => (x0..x1).contains(&x) && (y0..y1).contains(&y),
+            Shape::Ring {
+                cx,
+                cy,
+                inner,
+                outer,
+                ..
+            } => {
+                let d = ((x as f32 - cx).powi(2) + (y as f32 - cy).powi(2)).sqrt();
+                d >= inner && d < outer
+            }
+        }
+    }
+
+    /// The fill colour.
+    pub fn rgb(&self) -> [u8; 3] {
+        match *self {
+            Shape::Rect { rgb, .. } | Shape::Ring { rgb, .. } => rgb,
+        }
+    }
+
+    /// Distance from the pixel centre `(x, y)` to the nearest border of the shape, in pixels
+    /// (0 on the border).
+    pub fn border_distance(&self, x: usize, y: usize) -> f32 {
+        let (px, py) = (x as f32 + 0.5, y as f32 + 0.5);
+        match *self {
+            Shape::Rect { x0, y0, x1, y1, .. } => {
+                let (x0, y0, x1, y1) = (x0 as f32, y0 as f32, x1 as f32, y1 as f32);
+                let dx = (px - x0).abs().min((px - x1).abs());
+                let dy = (py - y0).abs().min((py - y1).abs());
+                let in_x = (x0..=x1).contains(&px);
+                let in_y = (y0..=y1).contains(&py);
+                match (in_x, in_y) {
+                    (true, true) => dx.min(dy),
+                    (true, false) => dy,
+                    (false, true) => dx,
+                    (false, false) => (dx * dx + dy * dy).sqrt(),
+                }
+            }
+            Shape::Ring {
+                cx,
+                cy,
+                inner,
+                outer,
+                ..
+            } => {
+                // `contains` tests integer pixel coordinates against the centre.
+                let d = ((x as f32 - cx).powi(2) + (y as f32 - cy).powi(2)).sqrt();
+                let to_outer = (d - outer).abs();
+                if inner > 0.0 {
+                    to_outer.min((d - inner).abs())
+                } else {
+                    to_outer
+                }
+            }
+        }
+    }
+
+    /// Points on the border, `n` of them, spread evenly (pixel coordinates).
+    pub fn border_points(&self, n: usize) -> Vec<(usize, usize)> {
+        let mut points = Vec::with_capacity(n);
+        match *self {
+            Shape::Rect { x0, y0, x1, y1, .. } => {
+                let (w, h) = (x1 - x0, y1 - y0);
+                let perimeter = 2 * (w + h);
+                for i in 0..n {
+                    let p = i * perimeter / n;
+                    points.push(if p < w {
+                        (x0 + p, y0)
+                    } else if p < w + h {
+                        (x1 - 1, y0 + p - w)
+                    } else if p < 2 * w + h {
+                        (x1 - 1 - (p - w - h), y1 - 1)
+                    } else {
+                        (x0, y1 - 1 - (p - 2 * w - h))
+                    });
+                }
+            }
+            Shape::Ring {
+                cx,
+                cy,
+                inner,
+                outer,
+                ..
+            } => {
+                let radii: &[f32] = if inner > 0.0 {
+                    &[inner, outer]
+                } else {
+                    &[outer]
+                };
+                for i in 0..n {
+                    let r = radii[i % radii.len()];
+                    let a = i as f32 * core::f32::consts::TAU / n as f32;
+                    points.push((
+                        (cx + r * a.cos()).round() as usize,
+                        (cy + r * a.sin()).round() as usize,
+                    ));
+                }
+            }
+        }
+        points
+    }
+}
+
+/// The shapes of the synthetic frame of `size`, placed in proportion to it, painted in this
+/// order (later shapes cover earlier ones; they do not overlap at any size).
+pub fn shapes(size: ImageSize) -> [Shape; 4] {
+    let (w, h) = (size.width as f32, size.height as f32);
+    let px = |f: f32, total: f32| (f * total).round() as usize;
+    [
+        // A near-white rectangle.
+        Shape::Rect {
+            x0: px(0.08, w),
+            y0: px(0.12, h),
+            x1: px(0.30, w),
+            y1: px(0.46, h),
+            rgb: [245, 240, 228],
+        },
+        // A near-black disc.
+        Shape::Ring {
+            cx: 0.52 * w,
+            cy: 0.33 * h,
+            inner: 0.0,
+            outer: 0.18 * h,
+            rgb: [18, 22, 34],
+        },
+        // A yellow rectangle.
+        Shape::Rect {
+            x0: px(0.70, w),
+            y0: px(0.55, h),
+            x1: px(0.93, w),
+            y1: px(0.88, h),
+            rgb: [250, 214, 40],
+        },
+        // A dark red ring.
+        Shape::Ring {
+            cx: 0.30 * w,
+            cy: 0.74 * h,
+            inner: 0.08 * h,
+            outer: 0.17 * h,
+            rgb: [120, 12, 20],
+        },
+    ]
+}
+
+/// The background colour at `(x, y)`: red rises left to right, green top to bottom.
+fn background(size: ImageSize, x: usize, y: usize) -> [u8; 3] {
+    let fx = x as u32 * 80 / (size.width.max(2) as u32 - 1);
+    let fy = y as u32 * 60 / (size.height.max(2) as u32 - 1);
+    [(70 + fx) as u8, (80 + fy) as u8, 120]
+}
+
+/// Writes the synthetic frame into `rgb` (8-bit RGB, interleaved): a smooth two-axis gradient,
+/// the [`shapes`], and uniform noise of ±[`NOISE`] per channel from [`SplitMix64`] seeded with
+/// `seed`. The same size and seed give the same bytes on every machine.
+pub fn synthetic_frame(size: ImageSize, seed: u64, rgb: &mut [u8]) -> Result<(), Error> {
+    size.check("synthetic frame")?;
+    check_len(
+        "synthetic frame",
+        "rgb",
+        rgb.len(),
+        size.pixels() * 3,
+        Some(size),
+    )?;
+    let shapes = shapes(size);
+    let mut rng = SplitMix64::new(seed);
+    for (i, px) in rgb.chunks_exact_mut(3).enumerate() {
+        let (x, y) = (i % size.width, i / size.width);
+        let base = shapes
+            .iter()
+            .rev()
+            .find(|s| s.contains(x, y))
+            .map_or_else(|| background(size, x, y), Shape::rgb);
+        for (out, c) in px.iter_mut().zip(base) {
+            *out = (c as i32 + rng.symmetric(NOISE)).clamp(0, 255) as u8;
+        }
+    }
+    Ok(())
+}
+
+/// FNV-1a over bytes: a stable fingerprint for comparing outputs across runs.
+pub fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    bytes.into_iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splitmix_matches_the_reference_sequence() {
+        // First outputs of SplitMix64 seeded with 0 (the published reference values).
+        let mut r = SplitMix64::new(0);
+        assert_eq!(r.next_u64(), 0xe220_a839_7b1d_cdaf);
+        assert_eq!(r.next_u64(), 0x6e78_9e6a_a1b9_65f4);
+    }
+
+    #[test]
+    fn noise_is_symmetric_and_bounded() {
+        let mut r = SplitMix64::new(1);
+        let mut counts = [0u32; 21];
+        for _ in 0..21_000 {
+            let v = r.symmetric(10);
+            assert!((-10..=10).contains(&v));
+            counts[(v + 10) as usize] += 1;
+        }
+        assert!(
+            counts.iter().all(|&c| (800..1200).contains(&c)),
+            "{counts:?}"
+        );
+    }
+
+    #[test]
+    fn frame_is_deterministic_and_shows_the_shapes() {
+        let size = ImageSize::new(192, 108);
+        let mut a = vec![0u8; size.pixels() * 3];
+        let mut b = vec![1u8; size.pixels() * 3];
+        synthetic_frame(size, 7, &mut a).unwrap();
+        synthetic_frame(size, 7, &mut b).unwrap();
+        assert_eq!(a, b);
+        synthetic_frame(size, 8, &mut b).unwrap();
+        assert_ne!(a, b);
+        for s in shapes(size) {
+            let i = (0..size.pixels())
+                .find(|&i| {
+                    let (x, y) = (i % size.width, i / size.width);
+                    s.contains(x, y) && s.border_distance(x, y) >= 2.0
+                })
+                .expect("every shape has an interior")
+                * 3;
+            for (c, want) in a[i..i + 3].iter().zip(s.rgb()) {
+                assert!(
+                    (*c as i32 - want as i32).abs() <= NOISE,
+                    "{s:?} at pixel {i}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn border_points_lie_on_the_border() {
+        for s in shapes(ImageSize::new(1920, 1080)) {
+            for (x, y) in s.border_points(64) {
+                assert!(s.border_distance(x, y) <= 1.5, "{s:?} ({x}, {y})");
+            }
+        }
+    }
+}

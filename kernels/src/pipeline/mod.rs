@@ -1,0 +1,353 @@
+//! A 1080p image pipeline whose every buffer lives in one [`Frame`] arena.
+//!
+//! Stages, in order (each one reads the previous one's output):
+//!
+//! | stage | reads | writes | definition |
+//! | --- | --- | --- | --- |
+//! | [`Stage::Grayscale`] | `rgb` | `gray` | `y = 77 r + 150 g + 29 b` (integer BT.601 luma, weights /256), `gray = y / 65280` in `[0, 1]` |
+//! | [`Stage::BlurHorizontal`] | `gray` | `scratch` | 5-tap binomial `[1 4 6 4 1] / 16` (the discrete Gaussian with σ = 1) along rows, clamp-to-edge |
+//! | [`Stage::BlurVertical`] | `scratch` | `blurred` | the same taps along columns |
+//! | [`Stage::Sobel`] | `blurred` | `magnitude` | 3×3 Sobel `gx`, `gy`, clamp-to-edge, `sqrt(gx² + gy²)` |
+//! | [`Stage::Histogram`] | `magnitude` | `hist` | 256 bins of [`magnitude_bin`]: `min(255, trunc(64 · m))` |
+//! | [`Stage::Otsu`] | `hist` | `threshold` | Otsu's threshold over the bins, see [`host::otsu_threshold`] |
+//! | [`Stage::Mask`] | `magnitude`, `threshold` | `mask` | `255` where `magnitude_bin(m) > threshold`, else `0` |
+//!
+//! [`host`] is the reference implementation (plain Rust, always compiled); `cuda` (feature
+//! `cuda`) runs the same stages as PTX kernels. The floating-point stages are written so the
+//! two agree bit for bit: the same operations in the same order, every one of them a single
+//! IEEE-754 round-to-nearest operation (no fused multiply-add, no approximate division or square
+//! root, no flush-to-zero). The integer stages are exact by construction.
+
+pub mod host;
+pub mod image;
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
+use devarena::{DeviceLayout, Error, ViewKind};
+
+/// Frame width in pixels.
+pub const WIDTH: usize = 1920;
+/// Frame height in pixels.
+pub const HEIGHT: usize = 1080;
+/// Pixels per frame.
+pub const PIXELS: usize = WIDTH * HEIGHT;
+/// Histogram bins.
+pub const HIST_BINS: usize = 256;
+/// Histogram bins per unit of gradient magnitude: bin `b` holds magnitudes in
+/// `[b / 64, (b + 1) / 64)`, the last bin everything from `255 / 64` up. A power of two, so
+/// scaling a magnitude is exact.
+pub const HIST_SCALE: f32 = 64.0;
+/// The blur's taps, `[1 4 6 4 1] / 16`: exact in binary floating point.
+pub const BLUR_TAPS: [f32; 5] = [0.0625, 0.25, 0.375, 0.25, 0.0625];
+/// The Gaussian σ the blur approximates (a binomial kernel of `n + 1` taps has variance `n / 4`).
+pub const BLUR_SIGMA: f32 = 1.0;
+/// Integer luma weights for red, green and blue, out of 256 (ITU-R BT.601: 0.299, 0.587, 0.114).
+pub const LUMA_WEIGHTS: [u32; 3] = [77, 150, 29];
+/// `255 · 256`: the largest weighted luma sum, which grayscale maps to `1.0`.
+pub const LUMA_DIVISOR: f32 = 65280.0;
+
+/// The size of the frame [`Frame`] is planned for.
+pub const FRAME_SIZE: ImageSize = ImageSize {
+    width: WIDTH,
+    height: HEIGHT,
+};
+
+/// Every buffer of the pipeline, for one 1920×1080 frame, in one allocation.
+///
+/// The stage buffers, the blur's scratch buffer, the histogram and the threshold all live here:
+/// after the arena is made, running a frame allocates nothing.
+///
+/// The struct is a plan, never a value: its fields are only ever reached through an arena's
+/// views.
+#[derive(Debug, DeviceLayout)]
+#[layout(max_bytes = 64 << 20)]
+#[allow(dead_code)]
+pub struct Frame {
+    /// Input, 8-bit RGB interleaved.
+    rgb: [u8; PIXELS * 3],
+    /// Luma in `[0, 1]`.
+    gray: [f32; PIXELS],
+    /// The blur's intermediate (horizontal pass).
+    scratch: [f32; PIXELS],
+    /// The blurred luma.
+    blurred: [f32; PIXELS],
+    /// Sobel gradient magnitude.
+    magnitude: [f32; PIXELS],
+    /// Histogram of the magnitude's bins.
+    hist: [u32; HIST_BINS],
+    /// Otsu's threshold (a bin index), written by the device so the mask stage needs no host
+    /// round trip.
+    threshold: [u32; 1],
+    /// Binary edge mask: 0 or 255.
+    mask: [u8; PIXELS],
+}
+
+/// The width and height of an image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ImageSize {
+    /// Pixels per row.
+    pub width: usize,
+    /// Rows.
+    pub height: usize,
+}
+
+impl ImageSize {
+    /// A size; see [`check`](Self::check) for the limits.
+    pub const fn new(width: usize, height: usize) -> Self {
+        ImageSize { width, height }
+    }
+
+    /// `width · height` (saturating; [`check`](Self::check) rejects sizes where it saturates).
+    pub const fn pixels(&self) -> usize {
+        self.width.saturating_mul(self.height)
+    }
+
+    /// Rejects empty images and images whose byte sizes or pixel counts do not fit the `u32`
+    /// counters and indices the stages use.
+    pub fn check(&self, stage: &str) -> Result<(), Error> {
+        let bytes = self
+            .width
+            .checked_mul(self.height)
+            .and_then(|p| p.checked_mul(3));
+        if self.width == 0 || self.height == 0 {
+            return Err(invalid(format!(
+                "{stage}: image of {}×{} pixels is empty",
+                self.width, self.height
+            )));
+        }
+        match bytes {
+            Some(b) if b <= u32::MAX as usize => Ok(()),
+            _ => Err(invalid(format!(
+                "{stage}: image of {}×{} pixels is too large: at most {} RGB bytes are supported",
+                self.width,
+                self.height,
+                u32::MAX
+            ))),
+        }
+    }
+}
+
+impl core::fmt::Display for ImageSize {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}×{}", self.width, self.height)
+    }
+}
+
+/// A pipeline stage, in execution order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stage {
+    /// RGB to luma.
+    Grayscale,
+    /// The blur's pass along rows.
+    BlurHorizontal,
+    /// The blur's pass along columns.
+    BlurVertical,
+    /// Sobel gradient magnitude.
+    Sobel,
+    /// 256-bin histogram of the magnitude's bins.
+    Histogram,
+    /// Otsu's threshold from the histogram.
+    Otsu,
+    /// Binary edge mask.
+    Mask,
+}
+
+impl Stage {
+    /// Every stage, in execution order.
+    pub const ALL: [Stage; 7] = [
+        Stage::Grayscale,
+        Stage::BlurHorizontal,
+        Stage::BlurVertical,
+        Stage::Sobel,
+        Stage::Histogram,
+        Stage::Otsu,
+        Stage::Mask,
+    ];
+
+    /// A short name for tables.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Stage::Grayscale => "grayscale",
+            Stage::BlurHorizontal => "blur (rows)",
+            Stage::BlurVertical => "blur (columns)",
+            Stage::Sobel => "sobel",
+            Stage::Histogram => "histogram",
+            Stage::Otsu => "otsu",
+            Stage::Mask => "mask",
+        }
+    }
+
+    /// Position in [`Stage::ALL`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The histogram bin of a gradient magnitude: `min(255, trunc(64 · m))`.
+///
+/// The scale is a power of two, so `64 · m` is exact; the host and the device compute the same
+/// bin for the same magnitude. Negative values and NaN fall in bin 0, `+∞` in bin 255.
+///
+/// ```
+/// use devarena_kernels::pipeline::magnitude_bin;
+/// assert_eq!(magnitude_bin(0.0), 0);
+/// assert_eq!(magnitude_bin(1.0 / 64.0), 1);
+/// assert_eq!(magnitude_bin(0.999 / 64.0), 0);
+/// assert_eq!(magnitude_bin(4.0), 255);
+/// ```
+#[inline]
+pub fn magnitude_bin(magnitude: f32) -> u32 {
+    // `clamp` keeps NaN, which the saturating `as` then maps to 0 (as the device's
+    // `__float2uint_rz` does); `as` truncates toward zero. Going through `i32` lets the
+    // compiler vectorize the conversion.
+    (magnitude * HIST_SCALE).clamp(0.0, 255.0) as i32 as u32
+}
+
+/// Every buffer of one frame, borrowed: what the host and device pipelines run on.
+///
+/// The type parameters are the buffer types per element type: `Vec<u8>` or `&mut [u8]` on the
+/// host, device slices or views with `cuda`. Make one from an arena's views with `From`:
+///
+/// ```
+/// use devarena::Arena;
+/// use devarena_kernels::pipeline::{Frame, FrameBuffers, FRAME_SIZE, host};
+///
+/// let mut arena = Arena::<Frame>::new()?;
+/// let mut views = arena.views_mut();
+/// views.rgb.fill(128);
+/// let threshold = host::run_frame(FRAME_SIZE, FrameBuffers::from(&mut views))?;
+/// assert_eq!(threshold, 255); // a flat image has no edges
+/// assert!(views.mask.iter().all(|&m| m == 0));
+/// # Ok::<(), devarena::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct FrameBuffers<'f, B8: ?Sized, BF: ?Sized, BU: ?Sized> {
+    /// Input RGB, `3 · pixels` bytes.
+    pub rgb: &'f mut B8,
+    /// Luma, `pixels` floats.
+    pub gray: &'f mut BF,
+    /// The blur's intermediate, `pixels` floats.
+    pub scratch: &'f mut BF,
+    /// Blurred luma, `pixels` floats.
+    pub blurred: &'f mut BF,
+    /// Gradient magnitude, `pixels` floats.
+    pub magnitude: &'f mut BF,
+    /// Histogram, 256 counters.
+    pub hist: &'f mut BU,
+    /// Otsu's threshold, one counter.
+    pub threshold: &'f mut BU,
+    /// Edge mask, `pixels` bytes.
+    pub mask: &'f mut B8,
+}
+
+impl<B8: ?Sized, BF: ?Sized, BU: ?Sized> FrameBuffers<'_, B8, BF, BU> {
+    /// The same buffers, borrowed for a shorter time: run one frame after another on them.
+    pub fn reborrow(&mut self) -> FrameBuffers<'_, B8, BF, BU> {
+        FrameBuffers {
+            rgb: self.rgb,
+            gray: self.gray,
+            scratch: self.scratch,
+            blurred: self.blurred,
+            magnitude: self.magnitude,
+            hist: self.hist,
+            threshold: self.threshold,
+            mask: self.mask,
+        }
+    }
+}
+
+impl<'f, 'v, K: ViewKind> From<&'f mut FrameViews<'v, K>>
+    for FrameBuffers<'f, K::Slice<'v, u8>, K::Slice<'v, f32>, K::Slice<'v, u32>>
+{
+    fn from(v: &'f mut FrameViews<'v, K>) -> Self {
+        FrameBuffers {
+            rgb: &mut v.rgb,
+            gray: &mut v.gray,
+            scratch: &mut v.scratch,
+            blurred: &mut v.blurred,
+            magnitude: &mut v.magnitude,
+            hist: &mut v.hist,
+            threshold: &mut v.threshold,
+            mask: &mut v.mask,
+        }
+    }
+}
+
+pub(crate) fn invalid(what: String) -> Error {
+    Error::InvalidArgument { what }
+}
+
+/// Checks that a buffer holds exactly `expected` elements.
+pub(crate) fn check_len(
+    stage: &str,
+    buffer: &str,
+    len: usize,
+    expected: usize,
+    size: Option<ImageSize>,
+) -> Result<(), Error> {
+    if len == expected {
+        return Ok(());
+    }
+    let of = match size {
+        Some(s) => format!("a {s} image needs {expected}"),
+        None => format!("it must hold {expected}"),
+    };
+    Err(invalid(format!(
+        "{stage}: `{buffer}` holds {len} elements, {of}"
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_layout_holds_every_stage_buffer() {
+        let names: Vec<_> = Frame::FIELDS.iter().map(|f| f.name).collect();
+        assert_eq!(
+            names,
+            [
+                "rgb",
+                "gray",
+                "scratch",
+                "blurred",
+                "magnitude",
+                "hist",
+                "threshold",
+                "mask"
+            ]
+        );
+        assert_eq!(Frame::OFFSETS.gray, PIXELS * 3);
+        assert_eq!(Frame::FIELDS[1].size, PIXELS * 4);
+        // Every buffer is a multiple of 256 bytes except `threshold`: the only padding is
+        // threshold's rounding up to the next 256-byte boundary.
+        let requested: usize = Frame::FIELDS.iter().map(|f| f.size).sum();
+        assert_eq!(Frame::SIZE, requested + 252);
+        for f in Frame::FIELDS {
+            assert_eq!(f.offset % 256, 0, "{} is not 256-byte aligned", f.name);
+        }
+    }
+
+    #[test]
+    fn magnitude_bins_cover_the_range() {
+        assert_eq!(magnitude_bin(-1.0), 0);
+        assert_eq!(magnitude_bin(f32::NAN), 0);
+        assert_eq!(magnitude_bin(f32::INFINITY), 255);
+        assert_eq!(magnitude_bin(254.999 / 64.0), 254);
+        assert_eq!(magnitude_bin(255.0 / 64.0), 255);
+        assert_eq!(magnitude_bin(4.0 * 2f32.sqrt()), 255);
+        for b in 0..255u32 {
+            assert_eq!(magnitude_bin(b as f32 / 64.0), b);
+        }
+    }
+
+    #[test]
+    fn image_size_limits() {
+        assert!(FRAME_SIZE.check("t").is_ok());
+        let e = ImageSize::new(0, 5).check("grayscale").unwrap_err();
+        assert!(e.to_string().contains("0×5"), "{e}");
+        let e = ImageSize::new(1 << 20, 1 << 20).check("sobel").unwrap_err();
+        assert!(e.to_string().contains("too large"), "{e}");
+    }
+}

@@ -1,0 +1,395 @@
+//! The pipeline's PTX kernels against the host reference (`devarena_kernels::pipeline::host`).
+//!
+//! Every device stage is compared with the host stage run on the device's own input for that
+//! stage, so a difference cannot hide behind (or be blamed on) an earlier one:
+//!
+//! * float stages (grayscale, both blur passes, Sobel): `|device − host| ≤ FLOAT_TOLERANCE`.
+//!   The kernels perform the same IEEE-754 round-to-nearest operations in the same order (no
+//!   FMA contraction, IEEE division and square root), so the expected difference is 0; each
+//!   test prints how many values were bit-identical;
+//! * integer stages (histogram, Otsu threshold, mask given the same magnitude): exactly equal.
+//!
+//! Then the whole frame end to end: the same threshold, and masks that differ at most where the
+//! host magnitude sits within the tolerance of a bin boundary.
+//!
+//! Without a CUDA driver or device every test prints `skipped: no CUDA device` and passes; with
+//! `DEVARENA_REQUIRE_GPU=1` it fails instead.
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn gpu_pipeline_matches_host() {
+    assert!(
+        std::env::var("DEVARENA_REQUIRE_GPU").as_deref() != Ok("1"),
+        "DEVARENA_REQUIRE_GPU=1, but this test was built without the `cuda` feature"
+    );
+    println!("skipped: no CUDA device (built without the `cuda` feature)");
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use std::sync::Arc;
+
+    use devarena::Error;
+    use devarena_kernels::cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+    use devarena_kernels::pipeline::cuda::{FrameSlices, PipelineKernels, open_stream};
+    use devarena_kernels::pipeline::image::{DEFAULT_SEED, SplitMix64, synthetic_frame};
+    use devarena_kernels::pipeline::{
+        FRAME_SIZE, FrameBuffers, HIST_BINS, HIST_SCALE, ImageSize, host, magnitude_bin,
+    };
+
+    /// Largest accepted `|device − host|` of a float stage given the same input. The expected
+    /// difference is 0; 2e-6 is about 16 ulp at 1.0 (grayscale and blur lie in `[0, 1]`) and
+    /// 4 ulp at 4.0 (Sobel magnitudes reach 4√2), room for one operation rounded differently
+    /// by some driver's JIT, far below anything visible or any bin width (1/64).
+    const FLOAT_TOLERANCE: f32 = 2e-6;
+
+    /// The device, or `None` after printing `skipped: no CUDA device`; panics instead when
+    /// `DEVARENA_REQUIRE_GPU=1`.
+    fn stream() -> Option<Arc<CudaStream>> {
+        let require = std::env::var("DEVARENA_REQUIRE_GPU").as_deref() == Ok("1");
+        // ARENA GLUE: `devarena::backend::cuda::cuda_stream(0)`.
+        match open_stream(0) {
+            Ok(s) => Some(s),
+            Err(Error::NoDevice { reason }) if !require => {
+                println!("skipped: no CUDA device ({reason})");
+                None
+            }
+            Err(e) => panic!("DEVARENA_REQUIRE_GPU=1 and no usable CUDA device: {e}"),
+        }
+    }
+
+    /// Every buffer of a frame, read back.
+    #[derive(Debug)]
+    struct Downloaded {
+        gray: Vec<f32>,
+        scratch: Vec<f32>,
+        blurred: Vec<f32>,
+        magnitude: Vec<f32>,
+        hist: Vec<u32>,
+        threshold: u32,
+        mask: Vec<u8>,
+    }
+
+    /// Uploads `input`, runs one frame on `b`, reads every buffer back. Generic over the
+    /// buffer types: cudarc slices here, an arena's views as well.
+    fn run_on_device<B8, BF, BU>(
+        kernels: &PipelineKernels,
+        stream: &Arc<CudaStream>,
+        size: ImageSize,
+        mut b: FrameBuffers<'_, B8, BF, BU>,
+        input: &[u8],
+    ) -> Downloaded
+    where
+        B8: DevicePtr<u8> + DevicePtrMut<u8>,
+        BF: DevicePtr<f32> + DevicePtrMut<f32>,
+        BU: DevicePtr<u32> + DevicePtrMut<u32>,
+    {
+        stream.memcpy_htod(input, b.rgb).unwrap();
+        kernels.run_frame(stream, size, b.reborrow(), None).unwrap();
+        let n = size.pixels();
+        let mut d = Downloaded {
+            gray: vec![0.0; n],
+            scratch: vec![0.0; n],
+            blurred: vec![0.0; n],
+            magnitude: vec![0.0; n],
+            hist: vec![0; HIST_BINS],
+            threshold: 0,
+            mask: vec![0; n],
+        };
+        let mut threshold = [0u32];
+        stream.memcpy_dtoh(&*b.gray, &mut d.gray).unwrap();
+        stream.memcpy_dtoh(&*b.scratch, &mut d.scratch).unwrap();
+        stream.memcpy_dtoh(&*b.blurred, &mut d.blurred).unwrap();
+        stream.memcpy_dtoh(&*b.magnitude, &mut d.magnitude).unwrap();
+        stream.memcpy_dtoh(&*b.hist, &mut d.hist).unwrap();
+        stream.memcpy_dtoh(&*b.threshold, &mut threshold).unwrap();
+        stream.memcpy_dtoh(&*b.mask, &mut d.mask).unwrap();
+        stream.synchronize().unwrap();
+        d.threshold = threshold[0];
+        d
+    }
+
+    /// Asserts `|device − host| ≤ FLOAT_TOLERANCE` everywhere; prints how many values were
+    /// bit-identical.
+    fn compare_floats(what: &str, device: &[f32], host: &[f32]) {
+        assert_eq!(device.len(), host.len(), "{what}: lengths");
+        let mut identical = 0usize;
+        let mut worst = (0.0f32, 0usize);
+        for (i, (d, h)) in device.iter().zip(host).enumerate() {
+            if d.to_bits() == h.to_bits() {
+                identical += 1;
+                continue;
+            }
+            let diff = (d - h).abs();
+            assert!(
+                diff <= FLOAT_TOLERANCE,
+                "{what}: element {i} is {d:e} on the device, {h:e} on the host (|Δ| {diff:e} > \
+                 {FLOAT_TOLERANCE:e})"
+            );
+            if diff > worst.0 {
+                worst = (diff, i);
+            }
+        }
+        println!(
+            "{what}: {identical} of {} bit-identical, max |Δ| {:e}",
+            host.len(),
+            worst.0
+        );
+    }
+
+    /// Checks every stage of `d` against the host stage run on the device's input for it, and
+    /// the frame end to end against the host pipeline.
+    fn check_against_host(size: ImageSize, input: &[u8], d: &Downloaded) {
+        let n = size.pixels();
+        let mut buf = vec![0.0f32; n];
+        host::rgb_to_gray(size, input, &mut buf).unwrap();
+        compare_floats(&format!("{size} grayscale"), &d.gray, &buf);
+        host::blur_horizontal(size, &d.gray, &mut buf).unwrap();
+        compare_floats(&format!("{size} blur (rows)"), &d.scratch, &buf);
+        host::blur_vertical(size, &d.scratch, &mut buf).unwrap();
+        compare_floats(&format!("{size} blur (columns)"), &d.blurred, &buf);
+        host::sobel_magnitude(size, &d.blurred, &mut buf).unwrap();
+        compare_floats(&format!("{size} sobel"), &d.magnitude, &buf);
+
+        // Integer stages, given the device's magnitude: exact.
+        let mut hist = vec![0u32; HIST_BINS];
+        host::histogram(&d.magnitude, &mut hist).unwrap();
+        assert_eq!(d.hist, hist, "{size}: histogram");
+        assert_eq!(
+            d.threshold,
+            host::otsu_threshold(&d.hist).unwrap(),
+            "{size}: Otsu threshold"
+        );
+        let mut mask = vec![0u8; n];
+        host::edge_mask(&d.magnitude, d.threshold, &mut mask).unwrap();
+        assert!(
+            d.mask == mask,
+            "{size}: mask differs from the host's for the same magnitude"
+        );
+
+        // End to end.
+        let (mut rgb, mut gray, mut scratch, mut blurred, mut magnitude) = (
+            input.to_vec(),
+            vec![0.0f32; n],
+            vec![0.0f32; n],
+            vec![0.0f32; n],
+            vec![0.0f32; n],
+        );
+        let (mut hist, mut threshold) = (vec![0u32; HIST_BINS], vec![0u32; 1]);
+        let threshold = host::run_frame(
+            size,
+            FrameBuffers {
+                rgb: &mut rgb,
+                gray: &mut gray,
+                scratch: &mut scratch,
+                blurred: &mut blurred,
+                magnitude: &mut magnitude,
+                hist: &mut hist,
+                threshold: &mut threshold,
+                mask: &mut mask,
+            },
+        )
+        .unwrap();
+        assert_eq!(d.threshold, threshold, "{size}: end-to-end threshold");
+        let near_boundary = |m: f32| {
+            let scaled = m * HIST_SCALE;
+            (scaled - scaled.round()).abs() <= FLOAT_TOLERANCE * HIST_SCALE
+        };
+        let differing: Vec<usize> = (0..n).filter(|&i| d.mask[i] != mask[i]).collect();
+        for &i in &differing {
+            assert!(
+                near_boundary(magnitude[i]),
+                "{size}: mask differs at pixel {i} (host magnitude {:e}, bin {}) that is not \
+                 within the tolerance of a bin boundary",
+                magnitude[i],
+                magnitude_bin(magnitude[i])
+            );
+        }
+        println!(
+            "{size} end to end: threshold {threshold}, {} of {n} mask pixels differ",
+            differing.len()
+        );
+    }
+
+    #[test]
+    fn synthetic_frame_matches_host() {
+        let Some(stream) = stream() else { return };
+        let kernels = PipelineKernels::load(stream.context()).unwrap();
+        let mut input = vec![0u8; FRAME_SIZE.pixels() * 3];
+        synthetic_frame(FRAME_SIZE, DEFAULT_SEED, &mut input).unwrap();
+        let mut slices = FrameSlices::alloc(&stream, FRAME_SIZE).unwrap();
+        let d = run_on_device(&kernels, &stream, FRAME_SIZE, slices.buffers(), &input);
+        check_against_host(FRAME_SIZE, &input, &d);
+        // A real edge map, not an empty or full one.
+        let edges = d.mask.iter().filter(|&&m| m == 255).count();
+        assert!(
+            edges > 1000 && edges < FRAME_SIZE.pixels() / 20,
+            "{edges} edges"
+        );
+    }
+
+    // ARENA GLUE: with `devarena::backend::cuda`, the same check on a `Frame` arena:
+    //
+    // #[test]
+    // fn arena_frame_matches_host() {
+    //     use devarena::Arena;
+    //     use devarena::backend::cuda::CudaBackend;
+    //     use devarena_kernels::pipeline::Frame;
+    //     let Some(stream) = stream() else { return };
+    //     let kernels = PipelineKernels::load(stream.context()).unwrap();
+    //     let mut input = vec![0u8; FRAME_SIZE.pixels() * 3];
+    //     synthetic_frame(FRAME_SIZE, DEFAULT_SEED, &mut input).unwrap();
+    //     let mut arena = Arena::<Frame, CudaBackend>::new_in(CudaBackend::new(stream.clone())).unwrap();
+    //     let setup = arena.backend().stats();
+    //     let mut views = arena.views_mut();
+    //     let d = run_on_device(&kernels, &stream, FRAME_SIZE, FrameBuffers::from(&mut views), &input);
+    //     check_against_host(FRAME_SIZE, &input, &d);
+    //     assert_eq!(arena.backend().stats().allocations, setup.allocations);
+    // }
+
+    #[test]
+    fn odd_sizes_match_host() {
+        let Some(stream) = stream() else { return };
+        let kernels = PipelineKernels::load(stream.context()).unwrap();
+        // Sizes that leave partial blocks in both directions, and images narrower or shorter
+        // than the filters, where every pixel clamps.
+        for (w, h) in [
+            (1, 1),
+            (2, 3),
+            (4, 1),
+            (37, 23),
+            (5, 300),
+            (300, 5),
+            (33, 9),
+        ] {
+            let size = ImageSize::new(w, h);
+            let mut input = vec![0u8; size.pixels() * 3];
+            synthetic_frame(size, DEFAULT_SEED ^ (w * 1000 + h) as u64, &mut input).unwrap();
+            let mut slices = FrameSlices::alloc(&stream, size).unwrap();
+            let d = run_on_device(&kernels, &stream, size, slices.buffers(), &input);
+            check_against_host(size, &input, &d);
+        }
+    }
+
+    #[test]
+    fn histogram_and_mask_on_special_values() {
+        let Some(stream) = stream() else { return };
+        let kernels = PipelineKernels::load(stream.context()).unwrap();
+        let below = |x: f32| f32::from_bits(x.to_bits() - 1);
+        let mut values = vec![
+            0.0,
+            -0.0,
+            -1.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MIN_POSITIVE / 2.0,
+            255.0 / 64.0,
+            below(255.0 / 64.0),
+            1e30,
+        ];
+        for b in 0..=256u32 {
+            let edge = b as f32 / HIST_SCALE;
+            values.extend([edge, below(edge.max(f32::MIN_POSITIVE)), edge + 1e-3]);
+        }
+        let mut rng = SplitMix64::new(3);
+        values.extend((0..5000).map(|_| (rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 5.0));
+        let magnitude = stream.clone_htod(&values).unwrap();
+        let mut hist = stream.alloc_zeros::<u32>(HIST_BINS).unwrap();
+        let mut threshold = stream.alloc_zeros::<u32>(1).unwrap();
+        let mut mask = stream.alloc_zeros::<u8>(values.len()).unwrap();
+        kernels.histogram(&stream, &magnitude, &mut hist).unwrap();
+        kernels
+            .otsu_threshold(&stream, &hist, &mut threshold)
+            .unwrap();
+        kernels
+            .edge_mask(&stream, &magnitude, &threshold, &mut mask)
+            .unwrap();
+        let device_hist = stream.clone_dtoh(&hist).unwrap();
+        let device_threshold = stream.clone_dtoh(&threshold).unwrap()[0];
+        let device_mask = stream.clone_dtoh(&mask).unwrap();
+
+        let mut host_hist = vec![0u32; HIST_BINS];
+        host::histogram(&values, &mut host_hist).unwrap();
+        assert_eq!(device_hist, host_hist);
+        let t = host::otsu_threshold(&host_hist).unwrap();
+        assert_eq!(device_threshold, t);
+        let mut host_mask = vec![0u8; values.len()];
+        host::edge_mask(&values, t, &mut host_mask).unwrap();
+        assert_eq!(device_mask, host_mask);
+    }
+
+    #[test]
+    fn otsu_kernel_matches_host_on_crafted_histograms() {
+        let Some(stream) = stream() else { return };
+        let kernels = PipelineKernels::load(stream.context()).unwrap();
+        let mut cases: Vec<Vec<u32>> = Vec::new();
+        cases.push(vec![0; 256]);
+        let mut one = vec![0; 256];
+        one[17] = 99;
+        cases.push(one);
+        let mut two = vec![0; 256];
+        two[3] = 10;
+        two[250] = 10;
+        cases.push(two);
+        cases.push(vec![1; 256]);
+        let mut edges = vec![0; 256];
+        edges[0] = u32::MAX / 2;
+        edges[255] = u32::MAX / 2;
+        cases.push(edges);
+        let mut rng = SplitMix64::new(11);
+        for shift in [40, 48, 56, 60] {
+            cases.push((0..256).map(|_| (rng.next_u64() >> shift) as u32).collect());
+        }
+        // A frame-like histogram: most pixels near 0, a long tail.
+        cases.push(
+            (0..256u32)
+                .map(|b| (2_000_000 >> b.min(20)) + (b % 7) * 300)
+                .collect(),
+        );
+        let mut threshold = stream.alloc_zeros::<u32>(1).unwrap();
+        for (i, case) in cases.iter().enumerate() {
+            let hist = stream.clone_htod(case).unwrap();
+            kernels
+                .otsu_threshold(&stream, &hist, &mut threshold)
+                .unwrap();
+            let device = stream.clone_dtoh(&threshold).unwrap()[0];
+            assert_eq!(
+                device,
+                host::otsu_threshold(case).unwrap(),
+                "case {i}: {case:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn wrong_buffers_are_errors_before_any_launch() {
+        let Some(stream) = stream() else { return };
+        let kernels = PipelineKernels::load(stream.context()).unwrap();
+        let small = ImageSize::new(64, 64);
+        let mut slices = FrameSlices::alloc(&stream, small).unwrap();
+        let e = kernels
+            .run_frame(&stream, FRAME_SIZE, slices.buffers(), None)
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidArgument { .. })
+                && e.to_string()
+                    .contains("`rgb` holds 12288 elements, a 1920×1080 image needs"),
+            "{e}"
+        );
+        let mut hist = stream.alloc_zeros::<u32>(255).unwrap();
+        let e = kernels
+            .histogram(&stream, &slices.magnitude, &mut hist)
+            .unwrap_err();
+        assert!(e.to_string().contains("`hist` holds 255 elements"), "{e}");
+        let e = kernels
+            .rgb_to_gray(
+                &stream,
+                ImageSize::new(0, 64),
+                &slices.rgb,
+                &mut slices.gray,
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("empty"), "{e}");
+    }
+}
