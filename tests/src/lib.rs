@@ -6,6 +6,11 @@
 //! `skipped: no CUDA device` and the test passes; with `DEVARENA_REQUIRE_GPU=1` set (the GPU
 //! runner sets it) it fails instead.
 
+/// The README's code blocks, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
 mod many_fields;
 pub use many_fields::Many;
 
