@@ -121,6 +121,8 @@ pub trait DeviceLayout {
     const LIVE: &'static [LiveRange];
     /// Number of stages (`#[layout(stages = N)]`), 0 when the layout declares none.
     const STAGES: usize;
+    /// Names of the stages when declared as `#[layout(stages(a, b, ..))]`; empty otherwise.
+    const STAGE_NAMES: &'static [&'static str] = &[];
     /// What `SIZE` would be if no two fields shared bytes; equal to `SIZE` without stages.
     const UNALIASED_SIZE: usize;
     /// A lower bound on `SIZE`: over stages, the bytes the live fields need side by side (see

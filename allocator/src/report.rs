@@ -59,6 +59,8 @@ pub struct LayoutReport {
     pub totals: Totals,
     /// Number of stages (0 without stages).
     pub stages: usize,
+    /// Stage names, when the layout named its stages.
+    pub stage_names: Vec<String>,
 }
 
 impl LayoutReport {
@@ -71,7 +73,7 @@ impl LayoutReport {
             unaliased_size: L::UNALIASED_SIZE,
             peak_live_bound: L::PEAK_LIVE_BOUND,
         };
-        Self::from_parts(
+        let mut report = Self::from_parts(
             L::NAME,
             L::STAGES,
             totals,
@@ -87,7 +89,28 @@ impl LayoutReport {
                     L::LIVE.get(i).copied().unwrap_or(LiveRange::ALL),
                 )
             }),
-        )
+        );
+        report.stage_names = L::STAGE_NAMES.iter().map(|s| s.to_string()).collect();
+        report
+    }
+
+    /// How a stage is shown: its name, or its number.
+    fn stage_label(&self, k: usize) -> String {
+        match self.stage_names.get(k) {
+            Some(name) => name.clone(),
+            None => alloc::format!("stage {k}"),
+        }
+    }
+
+    fn live_label(&self, live: LiveRange) -> String {
+        match (
+            self.stage_names.get(live.first),
+            self.stage_names.get(live.last),
+        ) {
+            (Some(a), Some(_)) if live.first == live.last => a.clone(),
+            (Some(a), Some(b)) => alloc::format!("{a}..={b}"),
+            _ => alloc::format!("{}..={}", live.first, live.last),
+        }
     }
 
     /// Builds a report from planned fields (declaration order).
@@ -127,6 +150,7 @@ impl LayoutReport {
             rows,
             totals,
             stages,
+            stage_names: Vec::new(),
         }
     }
 
@@ -310,9 +334,10 @@ impl LayoutReport {
             let cx = LEFT + COL_W * k as f64;
             let _ = writeln!(
                 s,
-                "<text x=\"{:.1}\" y=\"{:.1}\" class=\"small\" text-anchor=\"middle\">stage {k}</text><line x1=\"{cx:.1}\" y1=\"{top}\" x2=\"{cx:.1}\" y2=\"{:.1}\" class=\"grid\"/>",
+                "<text x=\"{:.1}\" y=\"{:.1}\" class=\"small\" text-anchor=\"middle\">{}</text><line x1=\"{cx:.1}\" y1=\"{top}\" x2=\"{cx:.1}\" y2=\"{:.1}\" class=\"grid\"/>",
                 cx + COL_W / 2.0,
                 top - 6.0,
+                esc(&self.stage_label(k)),
                 top + MAP_H
             );
         }
@@ -404,8 +429,15 @@ impl fmt::Display for LayoutReport {
             "{:<name_w$}  {:<ty_w$}  {:>12}  {:>12}  {:>6}  {:>10}  {:>12}",
             "field", "type", "offset", "size", "align", "pad before", "end"
         )?;
+        let lw = self
+            .rows
+            .iter()
+            .map(|r| self.live_label(r.live).chars().count())
+            .chain([4])
+            .max()
+            .unwrap_or(4);
         if self.stages > 0 {
-            write!(f, "  {:>7}  shares bytes with", "live")?;
+            write!(f, "  {:>lw$}  shares bytes with", "live")?;
         }
         writeln!(f)?;
         for r in &self.rows {
@@ -422,8 +454,8 @@ impl fmt::Display for LayoutReport {
                 r.end()
             )?;
             if self.stages > 0 {
-                let live = alloc::format!("{}..={}", r.live.first, r.live.last);
-                write!(f, "  {live:>7}  {}", r.shares_with.join(", "))?;
+                let live = self.live_label(r.live);
+                write!(f, "  {live:>lw$}  {}", r.shares_with.join(", "))?;
             }
             writeln!(f)?;
         }

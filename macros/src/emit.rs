@@ -191,6 +191,12 @@ pub fn emit(layout: &Layout) -> TokenStream {
         format!("Byte offset of every field of [`{name_str}`]: `{name_str}::OFFSETS`.");
 
     let stages = layout.stages.as_ref().map_or(0, |s| s.count);
+    let stage_names: Vec<String> = layout
+        .stages
+        .as_ref()
+        .and_then(|s| s.names.as_ref())
+        .map(|ns| ns.iter().map(|n| n.to_string()).collect())
+        .unwrap_or_default();
     let disjoint = if layout.stages.is_none() {
         quote!(impl #impl_g ::devarena::Disjoint for #name #ty_g #where_c {})
     } else {
@@ -364,6 +370,7 @@ pub fn emit(layout: &Layout) -> TokenStream {
             const FIELD_TYPES: &'static [&'static str] = &Self::__DEVARENA_TYPES;
             const LIVE: &'static [::devarena::LiveRange] = &[#(#lives),*];
             const STAGES: usize = #stages;
+            const STAGE_NAMES: &'static [&'static str] = &[#(#stage_names),*];
             const UNALIASED_SIZE: usize = Self::__DEVARENA_PLAN.totals.unaliased_size;
             const PEAK_LIVE_BOUND: usize = Self::__DEVARENA_PLAN.totals.peak_live_bound;
 

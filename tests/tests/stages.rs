@@ -119,8 +119,14 @@ fn named_stages_plan_and_share() {
         !mask.shares_with.is_empty(),
         "mask reuses bytes of an earlier buffer"
     );
+    // Named stages show by name, in the table and in the stage × address picture.
+    assert_eq!(Pipe::STAGE_NAMES, ["decode", "blur", "edges", "output"]);
+    assert!(table.contains("decode..=edges") && table.contains(" output "));
     let svg = report.to_svg();
-    assert!(svg.contains("stage 3") && svg.contains(&format!("SIZE {}", Pipe::SIZE)));
+    assert!(svg.contains(">edges<") && svg.contains(&format!("SIZE {}", Pipe::SIZE)));
+    // Numbered stages show by number.
+    let five = LayoutReport::of::<Five>().to_svg();
+    assert!(five.contains(">stage 4<"));
 }
 
 #[test]
