@@ -5,8 +5,9 @@ use crate::plan::{LiveRange, Slot};
 /// A plain element type that may live in a device buffer: `Copy`, no padding bytes, every bit
 /// pattern a valid value, no pointers into host memory.
 ///
-/// Implemented for the numeric primitives and for arrays of elements. Implement it for your own
-/// `#[repr(C)]` plain types:
+/// Implemented for the numeric primitives and for arrays of elements. For your own plain
+/// types, `#[derive(Element)]` checks `#[repr(C)]`, that every field is an `Element` and that
+/// there is no padding; or implement it by hand:
 ///
 /// ```
 /// #[derive(Clone, Copy)]

@@ -104,13 +104,31 @@ pub use report::LayoutReport;
 /// See the [crate docs](crate) for the attributes and the placement rule.
 pub use devarena_macros::DeviceLayout;
 
+/// `#[derive(Element)]`: declares a plain `#[repr(C)]` struct a device element, checking that
+/// every field is an [`Element`] and that the struct has no padding.
+///
+/// ```
+/// #[derive(Clone, Copy, devarena::Element)]
+/// #[repr(C)]
+/// struct Rgba { r: u8, g: u8, b: u8, a: u8 }
+///
+/// #[derive(devarena::DeviceLayout)]
+/// struct Image { pixels: [Rgba; 64 * 64] }
+/// # use devarena::DeviceLayout;
+/// assert_eq!(Image::SIZE, 64 * 64 * 4);
+/// ```
+pub use devarena_macros::Element;
+
 #[doc(hidden)]
 pub mod __private {
     //! Items the derive's generated code names. Not public API.
     pub use core;
     pub use core::marker::PhantomData;
 
-    use crate::{DeviceLayout, ViewKind};
+    use crate::{DeviceLayout, Element, ViewKind};
+
+    /// Compiles only for element types (`#[derive(Element)]`'s field check).
+    pub const fn assert_element<T: Element>() {}
 
     /// Views of a nested layout; only layouts whose fields never share bytes can nest.
     ///

@@ -24,7 +24,7 @@ pub const DEFAULT_ALIGN: usize = 256;
 
 mod derive;
 #[doc(hidden)]
-pub use derive::{Check, derive_check, derive_plan};
+pub use derive::{Check, derive_check, derive_plan, element_padding_check};
 
 /// The largest alignment the planner accepts (1 GiB); larger requests are almost always a typo.
 pub const MAX_ALIGN: usize = 1 << 30;

@@ -6,6 +6,7 @@
 //! run-time `LayoutBuilder`. Everything the compiler must evaluate (element sizes, overflow,
 //! `max_bytes`) is checked by constants spanned on the offending tokens.
 
+mod element;
 mod emit;
 mod model;
 
@@ -17,6 +18,18 @@ pub fn derive_device_layout(input: TokenStream) -> TokenStream {
     let input = syn::parse_macro_input!(input as syn::DeriveInput);
     match model::parse(input) {
         Ok(layout) => emit::emit(&layout).into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
+/// Declares a plain `#[repr(C)]` struct a device element, safely: the derive checks the
+/// `repr`, that every field is an `Element`, and that the struct has no padding.
+/// See `devarena::Element`.
+#[proc_macro_derive(Element)]
+pub fn derive_element(input: TokenStream) -> TokenStream {
+    let input = syn::parse_macro_input!(input as syn::DeriveInput);
+    match element::derive(input) {
+        Ok(tokens) => tokens.into(),
         Err(e) => e.to_compile_error().into(),
     }
 }

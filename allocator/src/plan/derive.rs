@@ -103,3 +103,22 @@ pub const fn derive_plan<const N: usize>(
         }
     }
 }
+
+/// `#[derive(Element)]`'s padding check: a compile error naming the type and the numbers when
+/// the struct is larger than the sum of its fields.
+#[doc(hidden)]
+pub const fn element_padding_check(name: &str, size: usize, fields: usize) {
+    if size != fields {
+        let msg = super::Message::new()
+            .push_str("Element: `")
+            .push_str(name)
+            .push_str("` is ")
+            .push_usize(size)
+            .push_str(" bytes but its fields add up to ")
+            .push_usize(fields)
+            .push_str(": ")
+            .push_usize(size.saturating_sub(fields))
+            .push_str(" padding bytes; add explicit padding fields or reorder the fields");
+        panic!("{}", msg.as_str())
+    }
+}
