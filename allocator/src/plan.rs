@@ -678,33 +678,6 @@ const fn before(
     a < b
 }
 
-/// Whether `size` bytes at `offset` keep apart from every placed buffer whose live range meets
-/// buffer `b`'s.
-const fn fits(
-    specs: &[FieldSpec],
-    slots: &[Slot],
-    placed: &[usize],
-    b: usize,
-    offset: usize,
-) -> bool {
-    let size = slots[b].size;
-    if size == 0 {
-        return true;
-    }
-    let mut c = 0;
-    while c < specs.len() {
-        let at = placed[c];
-        if c != b && at != UNPLACED && slots[c].size != 0 && specs[c].live.meets(&specs[b].live) {
-            // Both ends fit in usize: they were placed (or are candidates) without overflow.
-            if offset < at + slots[c].size && at < offset + size {
-                return false;
-            }
-        }
-        c += 1;
-    }
-    true
-}
-
 /// Places every buffer in `strategy`'s order at the lowest aligned offset that keeps it apart
 /// from the conflicting buffers already placed; writes the offsets to `placed` and returns the
 /// end of the highest buffer. `slots` gives the sizes and alignments (offsets are ignored).
@@ -734,26 +707,43 @@ pub const fn place_with(
             }
             k += 1;
         }
-        // The lowest feasible offset is 0 or just past a conflicting placed buffer.
-        let mut best = if fits(specs, slots, placed, b, 0) {
-            0
-        } else {
-            UNPLACED
-        };
-        let mut c = 0;
-        while c < n {
-            let at = placed[c];
-            if c != b && at != UNPLACED && specs[c].live.meets(&specs[b].live) {
-                if let Some(candidate) = align_up(at + slots[c].size, slots[b].align) {
-                    if candidate < best
-                        && candidate.checked_add(slots[b].size).is_some()
-                        && fits(specs, slots, placed, b, candidate)
-                    {
-                        best = candidate;
+        // The lowest feasible offset: start at 0 and, while the span overlaps conflicting
+        // placed buffers, jump past the furthest of them (aligned). The offset only grows, and
+        // every offset jumped over overlaps one of them, so the first that fits is the lowest;
+        // it takes as many passes as jumps, usually one or two.
+        let size = slots[b].size;
+        let mut best: usize = 0;
+        loop {
+            let mut past = 0;
+            let mut blocked = false;
+            let mut c = 0;
+            while c < n {
+                let at = placed[c];
+                if c != b
+                    && at != UNPLACED
+                    && size != 0
+                    && slots[c].size != 0
+                    && specs[c].live.meets(&specs[b].live)
+                    && at < best.saturating_add(size)
+                    && best < at + slots[c].size
+                {
+                    blocked = true;
+                    if at + slots[c].size > past {
+                        past = at + slots[c].size;
                     }
                 }
+                c += 1;
             }
-            c += 1;
+            if !blocked {
+                break;
+            }
+            best = match align_up(past, slots[b].align) {
+                Some(next) if next.checked_add(size).is_some() => next,
+                _ => UNPLACED,
+            };
+            if best == UNPLACED {
+                break;
+            }
         }
         if best == UNPLACED {
             // Past every conflicting buffer would overflow usize.
