@@ -32,7 +32,10 @@
 //! The last table checks the targets: arena setup ≤ 1.1 × one `cuMemAlloc` of the same size,
 //! arena frame time within 1% of the floor, arena footprint within one 2 MiB page of `SIZE`.
 //!
-//! Without a CUDA device it prints `skipped: no CUDA device` and exits 0.
+//! Without a CUDA device it prints `skipped: no CUDA device` and exits 0. Run by a test
+//! runner (`--test-threads=N`, `--nocapture`, as `cargo test --benches` and the GPU runner
+//! pass), it makes a quick run of 20 rounds and 20 frames per method: every method runs on the
+//! device, the medians are rough.
 
 use std::process::ExitCode;
 
@@ -41,6 +44,8 @@ struct Args {
     json: bool,
     rounds: usize,
     frames: usize,
+    /// Run by a test runner: fewer rounds and frames.
+    quick: bool,
 }
 
 const USAGE: &str = "usage: pipeline [--json] [--rounds N (>= 20)] [--frames N (>= 20)]";
@@ -50,7 +55,10 @@ fn parse_args() -> Result<Args, String> {
         json: false,
         rounds: 51,
         frames: 500,
+        quick: false,
     };
+    let mut quick = false;
+    let (mut rounds, mut frames) = (None, None);
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut number = |name: &str| -> Result<usize, String> {
@@ -67,10 +75,18 @@ fn parse_args() -> Result<Args, String> {
         };
         match a.as_str() {
             "--json" => args.json = true,
-            "--rounds" => args.rounds = number("--rounds")?,
-            "--frames" => args.frames = number("--frames")?,
+            "--rounds" => rounds = Some(number("--rounds")?),
+            "--frames" => frames = Some(number("--frames")?),
             // `cargo bench` passes `--bench` to every bench binary.
             "--bench" => {}
+            // A test runner: a quick run, unless the counts were given.
+            "--test-threads" => {
+                it.next();
+                quick = true;
+            }
+            s if s.starts_with("--test-threads=") || s == "--nocapture" || s == "--quiet" => {
+                quick = true;
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -78,6 +94,10 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown argument `{other}`\n{USAGE}")),
         }
     }
+    let (full_rounds, full_frames) = (args.rounds, args.frames);
+    args.quick = quick;
+    args.rounds = rounds.unwrap_or(if quick { 20 } else { full_rounds });
+    args.frames = frames.unwrap_or(if quick { 20 } else { full_frames });
     Ok(args)
 }
 
@@ -956,8 +976,14 @@ mod gpu {
         println!("devarena pipeline benchmark");
         println!("device: {device}");
         println!(
-            "medians of {} interleaved rounds (setup) and {} frames per method (steady state)",
-            args.rounds, args.frames
+            "medians of {} interleaved rounds (setup) and {} frames per method (steady state){}",
+            args.rounds,
+            args.frames,
+            if args.quick {
+                " — a quick run under a test runner; run the bench itself for the figures"
+            } else {
+                ""
+            }
         );
         println!();
         println!("setup: making every buffer of a layout (teardown: freeing them)");
@@ -1054,10 +1080,11 @@ mod gpu {
         let mut s = String::new();
         let _ = write!(
             s,
-            "{{\"device\":\"{}\",\"rounds\":{},\"frames\":{},\"setup\":[",
+            "{{\"device\":\"{}\",\"rounds\":{},\"frames\":{},\"quick\":{},\"setup\":[",
             esc(device),
             args.rounds,
-            args.frames
+            args.frames,
+            args.quick
         );
         for (i, r) in setup.iter().enumerate() {
             let _ = write!(

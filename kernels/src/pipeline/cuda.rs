@@ -23,7 +23,7 @@
 //! ```
 //!
 //! [`PipelineKernels::run_frame_staged`] runs the same kernels on an aliased
-//! [`FrameStaged`](super::FrameStaged) arena, each stage on its own stage views.
+//! [`FrameStaged`] arena, each stage on its own stage views.
 //!
 //! The kernels compute the same bits as [`super::host`] (see `kernels/cuda/pipeline.cu`).
 //! Every wrapper checks buffer lengths and contexts first and returns

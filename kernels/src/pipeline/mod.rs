@@ -12,6 +12,12 @@
 //! | [`Stage::Otsu`] | `hist` | `threshold` | Otsu's threshold over the bins, see [`host::otsu_threshold`] |
 //! | [`Stage::Mask`] | `magnitude`, `threshold` | `mask` | `255` where `magnitude_bin(m) > threshold`, else `0` |
 //!
+//! Two layouts hold the buffers: [`Frame`], where every buffer has bytes of its own, and
+//! [`FrameStaged`], planned with stages so that buffers whose live ranges never meet share
+//! bytes (60% less memory); on it each stage reaches its buffers only through its own stage
+//! views ([`host::run_frame_staged`], and `cuda::PipelineKernels::run_frame_staged`), and the
+//! results are bit-identical to [`Frame`]'s.
+//!
 //! [`host`] is the reference implementation (plain Rust, always compiled); `cuda` (feature
 //! `cuda`) runs the same stages as PTX kernels. The floating-point stages are written so the
 //! two agree bit for bit: the same operations in the same order, every one of them a single
