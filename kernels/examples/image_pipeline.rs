@@ -3,20 +3,29 @@
 //!
 //! ```text
 //! cargo run --release --example image_pipeline [-- INPUT.png] [--frames N] [--out DIR] [--host]
+//!                                                 [--unaliased | --compare]
 //! cargo run --release --example image_pipeline --features cuda      # on a machine with a GPU
 //! ```
 //!
-//! RGB → grayscale → Gaussian blur (two passes through a scratch buffer) → Sobel magnitude →
-//! 256-bin histogram → Otsu threshold → binary edge mask, every frame. With no input it
-//! generates a deterministic 1920×1080 test frame (gradients, shapes, noise). The `Frame`
-//! layout is planned at compile time for 1920×1080: an input of another size is resampled
-//! (bilinear) to 1920×1080, and the program says so.
+//! Every frame: decode (the input lands in the `rgb` buffer) → grayscale → Gaussian blur (two
+//! passes through a scratch buffer) → Sobel magnitude → 256-bin histogram → Otsu threshold →
+//! binary edge mask. With no input it generates a deterministic 1920×1080 test frame
+//! (gradients, shapes, noise). The layouts are planned at compile time for 1920×1080: an input
+//! of another size is resampled (bilinear) to 1920×1080, and the program says so.
+//!
+//! By default the buffers live in `FrameStaged`, a layout with stages whose buffers share
+//! bytes when their live ranges never meet; every stage reaches its buffers only through its
+//! own stage views, so the borrow checker proves no buffer is touched outside its live range.
+//! `--unaliased` runs the plain `Frame` layout (every buffer its own bytes) instead;
+//! `--compare` runs both and checks that every output is bit-identical.
 //!
 //! Without a GPU (or with `--host`) the stages run on the host backend; built with
 //! `--features cuda` and given a device, they run as PTX kernels. It prints per-stage times
-//! (medians over the frames), frames/s, the layout table, `allocations after setup: 0` from
-//! the backend's own counter, and writes gray, blurred, magnitude and mask PNGs, the layout
-//! table and the SVG memory map to `--out` (default `out/`).
+//! (medians over the frames), frames/s, the layout table, the bytes aliasing saves,
+//! `allocations after setup: 0` from the backend's own counter and, on the GPU, the device's
+//! free memory (`cuMemGetInfo`) before and after the frame loop; it writes gray, blurred,
+//! magnitude and mask PNGs, the layout table and the SVG memory map (a stage × address
+//! picture for the aliased layout) to `--out` (default `out/`).
 
 use std::error::Error as StdError;
 use std::fs::{self, File};
@@ -25,15 +34,25 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use devarena::{Arena, HostBackend, LayoutReport};
-use devarena_kernels::pipeline::image::{DEFAULT_SEED, synthetic_frame};
+use devarena::{Arena, DeviceLayout, HostBackend, LayoutReport};
+use devarena_kernels::pipeline::image::{DEFAULT_SEED, output_images, synthetic_frame};
 use devarena_kernels::pipeline::{
-    FRAME_SIZE, Frame, FrameBuffers, HEIGHT, HIST_SCALE, PIXELS, Stage, WIDTH, host, magnitude_bin,
+    FRAME_SIZE, Frame, FrameBuffers, FrameOutputs, FrameStaged, HEIGHT, HIST_SCALE, PIXELS, Stage,
+    WIDTH, host,
 };
 
 type Result<T> = std::result::Result<T, Box<dyn StdError>>;
 
-const USAGE: &str = "usage: image_pipeline [INPUT.png] [--frames N] [--out DIR] [--host]";
+const USAGE: &str = "usage: image_pipeline [INPUT.png] [--frames N] [--out DIR] [--host] \
+                     [--unaliased | --compare]";
+
+/// Which layouts to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Aliased,
+    Unaliased,
+    Compare,
+}
 
 #[derive(Debug)]
 struct Args {
@@ -41,6 +60,7 @@ struct Args {
     frames: usize,
     out: PathBuf,
     host: bool,
+    mode: Mode,
 }
 
 fn parse_args() -> Result<Args> {
@@ -49,6 +69,7 @@ fn parse_args() -> Result<Args> {
         frames: 20,
         out: PathBuf::from("out"),
         host: false,
+        mode: Mode::Aliased,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -64,6 +85,19 @@ fn parse_args() -> Result<Args> {
             }
             "--out" => args.out = it.next().ok_or("--out needs a directory")?.into(),
             "--host" => args.host = true,
+            "--unaliased" | "--compare" => {
+                let mode = if a == "--compare" {
+                    Mode::Compare
+                } else {
+                    Mode::Unaliased
+                };
+                if args.mode != Mode::Aliased && args.mode != mode {
+                    return Err(
+                        format!("--unaliased and --compare exclude each other\n{USAGE}").into(),
+                    );
+                }
+                args.mode = mode;
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -90,15 +124,56 @@ fn main() -> ExitCode {
     }
 }
 
-/// What a run produced, whichever backend ran it.
+/// The layout a run used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// `FrameStaged`: buffers share bytes across stages.
+    Aliased,
+    /// `Frame`: every buffer has bytes of its own.
+    Unaliased,
+}
+
+impl Layout {
+    fn label(self) -> &'static str {
+        match self {
+            Layout::Aliased => "FrameStaged (aliased)",
+            Layout::Unaliased => "Frame (unaliased)",
+        }
+    }
+
+    fn report(self) -> LayoutReport {
+        match self {
+            Layout::Aliased => LayoutReport::of::<FrameStaged>(),
+            Layout::Unaliased => LayoutReport::of::<Frame>(),
+        }
+    }
+
+    /// `layout.txt` / `layout.svg` for the first run, `layout-unaliased.*` for the second.
+    fn file_stem(self, first: bool) -> &'static str {
+        match (first, self) {
+            (true, _) => "layout",
+            (false, Layout::Unaliased) => "layout-unaliased",
+            (false, Layout::Aliased) => "layout-aliased",
+        }
+    }
+}
+
+/// What a run produced, whichever backend and layout ran it.
 struct Run {
+    layout: Layout,
     backend: String,
+    /// Writing the input into the arena (host copy or upload), per frame.
+    decode_times: Vec<Duration>,
+    /// Per stage of [`Stage::ALL`], per frame.
     stage_times: Vec<Vec<Duration>>,
+    /// Decode and every stage, per frame, up to the results being complete.
     frame_times: Vec<Duration>,
-    threshold: u32,
-    allocations_after_setup: Option<u64>,
-    setup_note: String,
-    written: Vec<PathBuf>,
+    outputs: FrameOutputs,
+    arena_bytes: usize,
+    setup_allocations: u64,
+    allocations_after_setup: u64,
+    /// Device free memory before and after the frame loop (`cuMemGetInfo`), on the GPU.
+    free_memory: Option<(usize, usize)>,
 }
 
 fn run(args: Args) -> Result<()> {
@@ -124,68 +199,117 @@ fn run(args: Args) -> Result<()> {
             png::ColorType::Rgb,
         )?);
     }
+    let layouts: &[Layout] = match args.mode {
+        Mode::Aliased => &[Layout::Aliased],
+        Mode::Unaliased => &[Layout::Unaliased],
+        Mode::Compare => &[Layout::Aliased, Layout::Unaliased],
+    };
 
     #[cfg(feature = "cuda")]
-    let result = if args.host {
+    let gpu = if args.host {
         None
     } else {
-        match device::run(&input, args.frames, &args.out) {
-            Ok(r) => Some(r),
-            Err(e) => match e.downcast_ref::<devarena::Error>() {
-                Some(devarena::Error::NoDevice { reason }) => {
-                    println!("no CUDA device ({reason}): running on the host backend");
-                    None
-                }
-                _ => return Err(e),
-            },
+        match device::Gpu::open() {
+            Ok(g) => Some(g),
+            Err(devarena::Error::NoDevice { reason }) => {
+                println!("no CUDA device ({reason}): running on the host backend");
+                None
+            }
+            Err(e) => return Err(e.into()),
         }
     };
-    #[cfg(not(feature = "cuda"))]
-    let result: Option<Run> = None;
-    let mut run = match result {
-        Some(r) => r,
-        None => run_host(&input, args.frames, &args.out)?,
-    };
-    written.append(&mut run.written);
+    let mut runs = Vec::new();
+    for &layout in layouts {
+        #[cfg(feature = "cuda")]
+        if let Some(gpu) = &gpu {
+            runs.push(gpu.run(layout, &input, args.frames)?);
+            continue;
+        }
+        runs.push(run_host(layout, &input, args.frames)?);
+    }
 
-    let report = LayoutReport::of::<Frame>();
-    let table = args.out.join("layout.txt");
-    fs::write(&table, format!("{report}\n"))?;
-    let svg = args.out.join("layout.svg");
-    report.write_svg(&svg)?;
-    written.extend([table, svg]);
+    for (image, data) in output_images(&runs[0].outputs) {
+        written.push(write_png(
+            &args.out,
+            image,
+            &data,
+            png::ColorType::Grayscale,
+        )?);
+    }
+    for (i, r) in runs.iter().enumerate() {
+        let report = r.layout.report();
+        let stem = r.layout.file_stem(i == 0);
+        let table = args.out.join(format!("{stem}.txt"));
+        fs::write(&table, format!("{report}\n"))?;
+        let svg = args.out.join(format!("{stem}.svg"));
+        report.write_svg(&svg)?;
+        written.extend([table, svg]);
+    }
 
     println!("devarena image pipeline");
     println!("  input:    {source}");
-    println!("  backend:  {}", run.backend);
-    println!("  frames:   {}", args.frames);
-    println!();
-    println!("{report}");
-    println!();
-    println!("{:<16} {:>12}", "stage", "median ms");
-    for stage in Stage::ALL {
-        println!(
-            "{:<16} {:>12.3}",
-            stage.name(),
-            ms(median(&run.stage_times[stage.index()]))
-        );
+    println!("  backend:  {}", runs[0].backend);
+    println!(
+        "  frames:   {} per layout (each: decode + {} stages)",
+        args.frames,
+        Stage::ALL.len()
+    );
+    for r in &runs {
+        println!();
+        println!("{}", r.layout.report());
+        if r.layout == Layout::Aliased {
+            print_savings();
+        }
     }
-    let frame = median(&run.frame_times);
-    println!("{:<16} {:>12.3}", "frame", ms(frame));
+    println!();
+    print_times(&runs);
+    let t = runs[0].outputs.threshold;
     println!(
-        "frames/s: {:.1} (median frame time over {} frames)",
-        1.0 / frame.as_secs_f64(),
-        args.frames
+        "Otsu threshold: bin {t} (edges: gradient magnitude >= {:.4})",
+        (t + 1) as f32 / HIST_SCALE
     );
-    println!(
-        "Otsu threshold: bin {} (edges: gradient magnitude >= {:.4})",
-        run.threshold,
-        (run.threshold + 1) as f32 / HIST_SCALE
-    );
-    println!("{}", run.setup_note);
-    match run.allocations_after_setup {
-        Some(n) => println!("allocations after setup: {n}"),
-        None => println!("allocations after setup: not counted (no arena backend counter)"),
+    for r in &runs {
+        println!(
+            "{}: setup: {} backend allocation of {} bytes (the whole layout)",
+            r.layout.label(),
+            r.setup_allocations,
+            r.arena_bytes
+        );
+        if let Some((before, after)) = r.free_memory {
+            println!(
+                "{}: device free memory before / after the frame loop (cuMemGetInfo): {before} / \
+                 {after} bytes ({})",
+                r.layout.label(),
+                if before == after {
+                    "unchanged"
+                } else {
+                    "CHANGED"
+                }
+            );
+        }
+        println!("allocations after setup: {}", r.allocations_after_setup);
+    }
+    if let [aliased, unaliased] = &runs[..] {
+        match aliased.outputs.first_difference(&unaliased.outputs) {
+            None => {
+                let images_equal = output_images(&aliased.outputs)
+                    .iter()
+                    .zip(output_images(&unaliased.outputs).iter())
+                    .all(|(a, b)| a.1 == b.1);
+                println!(
+                    "aliased vs unaliased: every stage output bit-identical (gray, scratch, \
+                     blurred, magnitude, hist, threshold, mask){}",
+                    if images_equal {
+                        "; the PNG images too"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            Some(d) => {
+                return Err(format!("the aliased run differs from the unaliased one: {d}").into());
+            }
+        }
     }
     println!("wrote:");
     for path in &written {
@@ -194,196 +318,278 @@ fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-fn run_host(input: &[u8], frames: usize, out: &Path) -> Result<Run> {
+/// What aliasing saves, from the planner's constants.
+fn print_savings() {
+    let (size, unaliased, bound) = (
+        FrameStaged::SIZE,
+        FrameStaged::UNALIASED_SIZE,
+        FrameStaged::PEAK_LIVE_BOUND,
+    );
+    let saved = unaliased - size;
+    println!(
+        "bytes saved by aliasing: UNALIASED_SIZE − SIZE = {unaliased} − {size} = {saved} bytes \
+         ({:.1}% of {unaliased}); PEAK_LIVE_BOUND {bound} (SIZE / bound = {:.3})",
+        saved as f64 * 100.0 / unaliased as f64,
+        size as f64 / bound as f64
+    );
+}
+
+fn print_times(runs: &[Run]) {
+    print!("{:<22}", "median ms");
+    for r in runs {
+        print!(" {:>22}", r.layout.label());
+    }
+    println!();
+    print!("{:<22}", "decode (input)");
+    for r in runs {
+        print!(" {:>22.3}", ms(median(&r.decode_times)));
+    }
+    println!();
+    for stage in Stage::ALL {
+        print!("{:<22}", stage.name());
+        for r in runs {
+            print!(" {:>22.3}", ms(median(&r.stage_times[stage.index()])));
+        }
+        println!();
+    }
+    print!("{:<22}", "frame");
+    for r in runs {
+        print!(" {:>22.3}", ms(median(&r.frame_times)));
+    }
+    println!();
+    print!("{:<22}", "frames/s");
+    for r in runs {
+        print!(" {:>22.1}", 1.0 / median(&r.frame_times).as_secs_f64());
+    }
+    println!();
+    println!(
+        "(medians over {} frames; a frame is decode plus every stage, up to the results being \
+         complete)",
+        runs[0].frame_times.len()
+    );
+}
+
+fn run_host(layout: Layout, input: &[u8], frames: usize) -> Result<Run> {
     let backend = HostBackend::new();
-    let mut arena = Arena::<Frame>::new_in(backend.clone())?;
-    let setup = backend.stats();
     let mut stage_times = vec![Vec::with_capacity(frames); Stage::ALL.len()];
     let mut frame_times = Vec::with_capacity(frames);
-    let mut views = arena.views_mut();
-    views.rgb.copy_from_slice(input);
-    let mut threshold = 0;
-    // The frame loop: nothing below allocates on the backend (checked after the loop).
-    for _ in 0..frames {
-        let start = Instant::now();
-        threshold = host::run_frame_timed(FRAME_SIZE, FrameBuffers::from(&mut views), |s, d| {
-            stage_times[s.index()].push(d)
-        })?;
-        frame_times.push(start.elapsed());
-    }
-    let written = write_outputs(out, views.gray, views.blurred, views.magnitude, views.mask)?;
+    let mut decode_times = Vec::with_capacity(frames);
+    let mut outputs = FrameOutputs::new(FRAME_SIZE);
+    let (setup, arena_bytes) = match layout {
+        Layout::Unaliased => {
+            let mut arena = Arena::<Frame>::new_in(backend.clone())?;
+            let setup = backend.stats();
+            let mut views = arena.views_mut();
+            // The frame loop: nothing below allocates on the backend (checked after the loop).
+            for _ in 0..frames {
+                let start = Instant::now();
+                views.rgb.copy_from_slice(input);
+                decode_times.push(start.elapsed());
+                host::run_frame_timed(FRAME_SIZE, FrameBuffers::from(&mut views), |s, d| {
+                    stage_times[s.index()].push(d)
+                })?;
+                frame_times.push(start.elapsed());
+            }
+            outputs.copy_from(&FrameBuffers::from(&mut views))?;
+            (setup, arena.size())
+        }
+        Layout::Aliased => {
+            let mut arena = Arena::<FrameStaged>::new_in(backend.clone())?;
+            let setup = backend.stats();
+            for _ in 0..frames {
+                let start = Instant::now();
+                let mut decode_time = Duration::ZERO;
+                let decode = |rgb: &mut [u8]| {
+                    rgb.copy_from_slice(input);
+                    decode_time = start.elapsed();
+                    Ok(())
+                };
+                host::run_frame_staged(&mut arena, decode, None, |s, d| {
+                    stage_times[s.index()].push(d)
+                })?;
+                frame_times.push(start.elapsed());
+                decode_times.push(decode_time);
+            }
+            // One more frame, untimed, that copies each output out in the last stage it is
+            // live in (its bytes are reused afterwards).
+            let decode = |rgb: &mut [u8]| {
+                rgb.copy_from_slice(input);
+                Ok(())
+            };
+            host::run_frame_staged(&mut arena, decode, Some(&mut outputs), |_, _| {})?;
+            (setup, arena.size())
+        }
+    };
     let after = backend.stats();
     Ok(Run {
+        layout,
         backend: "host (HostBackend, one thread)".into(),
+        decode_times,
         stage_times,
         frame_times,
-        threshold,
-        allocations_after_setup: Some(after.allocations - setup.allocations),
-        setup_note: format!(
-            "setup: {} backend allocation of {} bytes (the whole Frame layout)",
-            setup.allocations,
-            arena.size()
-        ),
-        written,
+        outputs,
+        arena_bytes,
+        setup_allocations: setup.allocations,
+        allocations_after_setup: after.allocations - setup.allocations,
+        free_memory: None,
     })
 }
 
 #[cfg(feature = "cuda")]
 mod device {
-    //! The GPU path: the same stages as PTX kernels.
+    //! The GPU path: the same stages as PTX kernels, on a `CudaBackend` arena.
 
-    use std::path::Path;
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
-    use devarena::Error;
-    use devarena_kernels::pipeline::cuda::{
-        FrameSlices, PipelineKernels, StageEvents, driver_error, open_stream,
+    use devarena::backend::cuda::{
+        CudaBackend, CudaStream, DeviceViewMut, cuda_stream, describe_device, mem_info,
     };
-    use devarena_kernels::pipeline::{FRAME_SIZE, FrameBuffers, PIXELS, Stage};
+    use devarena::{Arena, Error};
+    use devarena_kernels::pipeline::cuda::{
+        PipelineKernels, StageEvents, download_outputs, driver_error,
+    };
+    use devarena_kernels::pipeline::{
+        FRAME_SIZE, Frame, FrameBuffers, FrameOutputs, FrameStaged, Stage,
+    };
 
-    use super::{Run, write_outputs};
+    use super::{Layout, Run};
 
-    pub fn run(input: &[u8], frames: usize, out: &Path) -> super::Result<Run> {
-        // ARENA GLUE: `devarena::backend::cuda::cuda_stream(0)`.
-        let stream = open_stream(0)?;
-        let ctx = stream.context().clone();
-        let name = ctx.name().map_err(|e| driver_error("cuDeviceGetName", e))?;
-        let kernels = PipelineKernels::load(&ctx)?;
-        let events = StageEvents::new(&ctx)?;
-
-        // ARENA GLUE: with `devarena::backend::cuda`, replace from here to "end of glue" by
-        //     let mut arena = Arena::<Frame, CudaBackend>::new_in(CudaBackend::new(stream.clone()))?;
-        //     let setup = arena.backend().stats();
-        //     let mut views = arena.views_mut();
-        //     let d = drive(&kernels, &stream, &events, FrameBuffers::from(&mut views), input, frames)?;
-        //     let allocations_after_setup = Some(arena.backend().stats().allocations - setup.allocations);
-        //     let setup_note = format!(
-        //         "setup: {} device allocation of {} bytes (the whole Frame layout)",
-        //         setup.allocations, arena.size());
-        //     let storage = "CudaBackend arena";
-        let mut slices = FrameSlices::alloc(&stream, FRAME_SIZE)?;
-        let d = drive(&kernels, &stream, &events, slices.buffers(), input, frames)?;
-        let allocations_after_setup = None;
-        let setup_note = String::from(
-            "setup: 8 device allocations, one per buffer (cudarc CudaSlice; the Frame arena \
-             makes one instead once the CUDA backend is in)",
-        );
-        let storage = "one CudaSlice per buffer";
-        // end of glue
-
-        let written = write_outputs(out, &d.gray, &d.blurred, &d.magnitude, &d.mask)?;
-        Ok(Run {
-            backend: format!("cuda: {name}, PTX kernels, {storage}"),
-            stage_times: d.stage_times,
-            frame_times: d.frame_times,
-            threshold: d.threshold,
-            allocations_after_setup,
-            setup_note: format!(
-                "{setup_note}\ndevice free memory before / after the frame loop (cuMemGetInfo): \
-                 {} / {} bytes ({})",
-                d.free_before,
-                d.free_after,
-                if d.free_before == d.free_after {
-                    "unchanged"
-                } else {
-                    "CHANGED"
-                }
-            ),
-            written,
-        })
+    /// A device with the kernels loaded.
+    pub struct Gpu {
+        stream: Arc<CudaStream>,
+        kernels: PipelineKernels,
+        events: StageEvents,
+        device: String,
     }
 
-    /// What the device frames produced.
-    pub struct DeviceRun {
-        pub stage_times: Vec<Vec<Duration>>,
-        pub frame_times: Vec<Duration>,
-        pub threshold: u32,
-        pub gray: Vec<f32>,
-        pub blurred: Vec<f32>,
-        pub magnitude: Vec<f32>,
-        pub mask: Vec<u8>,
-        pub free_before: usize,
-        pub free_after: usize,
-    }
+    impl Gpu {
+        /// GPU 0, or `Err(Error::NoDevice { .. })`.
+        pub fn open() -> Result<Gpu, Error> {
+            let stream = cuda_stream(0)?;
+            let kernels = PipelineKernels::load(stream.context())?;
+            let events = StageEvents::new(stream.context())?;
+            let device = describe_device(&stream)?;
+            Ok(Gpu {
+                stream,
+                kernels,
+                events,
+                device,
+            })
+        }
 
-    /// Uploads the input, runs one warm-up frame and then the timed frames (each stage timed by
-    /// events, each frame on the wall clock up to the stream's completion), downloads the
-    /// results.
-    pub fn drive<B8, BF, BU>(
-        kernels: &PipelineKernels,
-        stream: &Arc<CudaStream>,
-        events: &StageEvents,
-        mut b: FrameBuffers<'_, B8, BF, BU>,
-        input: &[u8],
-        frames: usize,
-    ) -> Result<DeviceRun, Error>
-    where
-        B8: DevicePtr<u8> + DevicePtrMut<u8>,
-        BF: DevicePtr<f32> + DevicePtrMut<f32>,
-        BU: DevicePtr<u32> + DevicePtrMut<u32>,
-    {
-        let sync = || {
-            stream
+        fn sync(&self) -> Result<(), Error> {
+            self.stream
                 .synchronize()
                 .map_err(|e| driver_error("cuStreamSynchronize", e))
-        };
-        let free_memory = || {
-            stream
-                .context()
-                .mem_get_info()
-                .map(|(free, _)| free)
-                .map_err(|e| driver_error("cuMemGetInfo", e))
-        };
-        stream
-            .memcpy_htod(input, b.rgb)
-            .map_err(|e| driver_error("cuMemcpyHtoDAsync", e))?;
-        let mut stage_times = vec![Vec::with_capacity(frames); Stage::ALL.len()];
-        let mut frame_times = Vec::with_capacity(frames);
-        kernels.run_frame(stream, FRAME_SIZE, b.reborrow(), None)?;
-        sync()?;
-        let free_before = free_memory()?;
-        // The frame loop: launches, event records and a synchronize; no allocation.
-        for _ in 0..frames {
-            let start = Instant::now();
-            kernels.run_frame(stream, FRAME_SIZE, b.reborrow(), Some(events))?;
-            sync()?;
-            frame_times.push(start.elapsed());
-            for (t, ms) in stage_times.iter_mut().zip(events.elapsed_ms()?) {
-                t.push(Duration::from_secs_f64(ms as f64 / 1e3));
-            }
         }
-        let free_after = free_memory()?;
-        let mut threshold = [0u32];
-        let mut gray = vec![0f32; PIXELS];
-        let mut blurred = vec![0f32; PIXELS];
-        let mut magnitude = vec![0f32; PIXELS];
-        let mut mask = vec![0u8; PIXELS];
-        let dtoh = |e| driver_error("cuMemcpyDtoHAsync", e);
-        stream
-            .memcpy_dtoh(&*b.threshold, &mut threshold)
-            .map_err(dtoh)?;
-        stream.memcpy_dtoh(&*b.gray, &mut gray).map_err(dtoh)?;
-        stream
-            .memcpy_dtoh(&*b.blurred, &mut blurred)
-            .map_err(dtoh)?;
-        stream
-            .memcpy_dtoh(&*b.magnitude, &mut magnitude)
-            .map_err(dtoh)?;
-        stream.memcpy_dtoh(&*b.mask, &mut mask).map_err(dtoh)?;
-        sync()?;
-        Ok(DeviceRun {
-            stage_times,
-            frame_times,
-            threshold: threshold[0],
-            gray,
-            blurred,
-            magnitude,
-            mask,
-            free_before,
-            free_after,
-        })
+
+        fn free_memory(&self) -> Result<usize, Error> {
+            mem_info(&self.stream).map(|(free, _)| free)
+        }
+
+        /// Runs one warm-up frame and `frames` timed frames of `layout` on a fresh arena (each
+        /// stage timed by events, each frame on the wall clock up to the stream's completion),
+        /// then reads every output back.
+        pub fn run(&self, layout: Layout, input: &[u8], frames: usize) -> super::Result<Run> {
+            let backend = CudaBackend::new(self.stream.clone());
+            let mut stage_times = vec![Vec::with_capacity(frames); Stage::ALL.len()];
+            let mut frame_times = Vec::with_capacity(frames);
+            let mut decode_times = Vec::with_capacity(frames);
+            let mut outputs = FrameOutputs::new(FRAME_SIZE);
+            let record_stages = |times: &mut Vec<Vec<Duration>>| -> Result<(), Error> {
+                for (t, ms) in times.iter_mut().zip(self.events.elapsed_ms()?) {
+                    t.push(Duration::from_secs_f64(ms as f64 / 1e3));
+                }
+                Ok(())
+            };
+            let (setup, free_before, free_after, arena_bytes) = match layout {
+                Layout::Unaliased => {
+                    let mut arena = Arena::<Frame, _>::new_in(backend.clone())?;
+                    let setup = backend.stats();
+                    let mut views = arena.views_mut();
+                    views.rgb.upload(input)?;
+                    self.kernels.run_frame(
+                        &self.stream,
+                        FRAME_SIZE,
+                        FrameBuffers::from(&mut views),
+                        None,
+                    )?;
+                    self.sync()?;
+                    let free_before = self.free_memory()?;
+                    // The frame loop: an upload, launches, event records and a synchronize;
+                    // no allocation.
+                    for _ in 0..frames {
+                        let start = Instant::now();
+                        views.rgb.upload(input)?;
+                        decode_times.push(start.elapsed());
+                        self.kernels.run_frame(
+                            &self.stream,
+                            FRAME_SIZE,
+                            FrameBuffers::from(&mut views),
+                            Some(&self.events),
+                        )?;
+                        self.sync()?;
+                        frame_times.push(start.elapsed());
+                        record_stages(&mut stage_times)?;
+                    }
+                    let free_after = self.free_memory()?;
+                    download_outputs(&self.stream, &FrameBuffers::from(&mut views), &mut outputs)?;
+                    (setup, free_before, free_after, arena.size())
+                }
+                Layout::Aliased => {
+                    let mut arena = Arena::<FrameStaged, _>::new_in(backend.clone())?;
+                    let setup = backend.stats();
+                    let upload =
+                        |_: &Arc<CudaStream>, rgb: &mut DeviceViewMut<'_, u8>| rgb.upload(input);
+                    self.kernels
+                        .run_frame_staged(&mut arena, upload, None, None)?;
+                    self.sync()?;
+                    let free_before = self.free_memory()?;
+                    for _ in 0..frames {
+                        let start = Instant::now();
+                        let mut decode_time = Duration::ZERO;
+                        let decode = |_: &Arc<CudaStream>, rgb: &mut DeviceViewMut<'_, u8>| {
+                            rgb.upload(input)?;
+                            decode_time = start.elapsed();
+                            Ok(())
+                        };
+                        self.kernels.run_frame_staged(
+                            &mut arena,
+                            decode,
+                            Some(&self.events),
+                            None,
+                        )?;
+                        self.sync()?;
+                        frame_times.push(start.elapsed());
+                        decode_times.push(decode_time);
+                        record_stages(&mut stage_times)?;
+                    }
+                    let free_after = self.free_memory()?;
+                    // One more frame, untimed, that downloads each output in the last stage it
+                    // is live in (its bytes are reused afterwards).
+                    self.kernels
+                        .run_frame_staged(&mut arena, upload, None, Some(&mut outputs))?;
+                    (setup, free_before, free_after, arena.size())
+                }
+            };
+            let after = backend.stats();
+            Ok(Run {
+                layout,
+                backend: format!(
+                    "cuda: {}, PTX kernels, CudaBackend arena (one cuMemAlloc)",
+                    self.device
+                ),
+                decode_times,
+                stage_times,
+                frame_times,
+                outputs,
+                arena_bytes,
+                setup_allocations: setup.allocations,
+                allocations_after_setup: after.allocations - setup.allocations,
+                free_memory: Some((free_before, free_after)),
+            })
+        }
     }
 }
 
@@ -395,30 +601,6 @@ fn median(xs: &[Duration]) -> Duration {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
-}
-
-/// Writes the gray, blurred, magnitude and mask images.
-fn write_outputs(
-    out: &Path,
-    gray: &[f32],
-    blurred: &[f32],
-    magnitude: &[f32],
-    mask: &[u8],
-) -> Result<Vec<PathBuf>> {
-    let unit = |v: &[f32]| -> Vec<u8> {
-        v.iter()
-            .map(|&x| (x.clamp(0.0, 1.0) * 255.0).round() as u8)
-            .collect()
-    };
-    // The magnitude as its histogram bin: 64 levels per unit of gradient, saturating at 255.
-    let bins: Vec<u8> = magnitude.iter().map(|&m| magnitude_bin(m) as u8).collect();
-    let gray_png = png::ColorType::Grayscale;
-    Ok(vec![
-        write_png(out, "gray.png", &unit(gray), gray_png)?,
-        write_png(out, "blurred.png", &unit(blurred), gray_png)?,
-        write_png(out, "magnitude.png", &bins, gray_png)?,
-        write_png(out, "mask.png", mask, gray_png)?,
-    ])
 }
 
 fn write_png(dir: &Path, name: &str, data: &[u8], color: png::ColorType) -> Result<PathBuf> {
@@ -469,7 +651,7 @@ fn load_png(path: &Path) -> Result<(Vec<u8>, String)> {
     if (w, h) != (WIDTH, HEIGHT) {
         rgb = resample(&rgb, w, h, WIDTH, HEIGHT);
         source.push_str(&format!(
-            ", resampled (bilinear) to {WIDTH}×{HEIGHT}: the Frame layout is planned for that size \
+            ", resampled (bilinear) to {WIDTH}×{HEIGHT}: the layouts are planned for that size \
              at compile time"
         ));
     }

@@ -15,6 +15,11 @@
 //! assert!(report.passed());
 //! # Ok::<(), devarena::Error>(())
 //! ```
+//!
+//! A layout with stages shares bytes between fields whose live ranges never meet, so the
+//! overlap check runs per stage instead: [`verify_stages`] checks, for every stage, that the
+//! fields live in it are aligned and overlap none of each other, and shows on the device that
+//! the fields the plan lets share bytes do share them.
 
 use std::fmt;
 use std::sync::Arc;
@@ -24,7 +29,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 use devarena::backend::cuda::{CudaBackend, describe_device, driver_error};
-use devarena::{Arena, DeviceLayout, Disjoint, Error};
+use devarena::{Arena, DeviceLayout, Disjoint, Error, LiveRange};
 
 /// PTX of the alignment and overlap kernels (`kernels/cuda/verify.cu`, compute_75).
 pub const VERIFY_PTX: &str = include_str!("../ptx/verify.ptx");
@@ -170,6 +175,113 @@ impl fmt::Display for Report {
             self.fields.len() - failed,
             failed,
             self.tma_passed()
+        )
+    }
+}
+
+/// Two fields of a layout with stages whose live ranges never meet and whose bytes the plan
+/// shares, as seen on the device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedBytes {
+    /// The field placed lower (or first declared, at equal offsets).
+    pub first: String,
+    /// The other field.
+    pub second: String,
+    /// Bytes the two share in the plan.
+    pub overlap: usize,
+    /// Bytes of the two regions that did not keep their own tag when both were filled at once.
+    /// Non-zero shows on the device that the regions share bytes (tags of the two regions
+    /// differ on all but about 1 in 256 of the shared bytes).
+    pub mismatches: u64,
+}
+
+impl SharedBytes {
+    /// Whether the device saw the sharing the plan promised.
+    pub fn confirmed(&self) -> bool {
+        self.mismatches > 0
+    }
+}
+
+/// The per-stage verification of an arena whose layout has stages ([`verify_stages`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StagesReport {
+    /// The GPU the checks ran on.
+    pub device: String,
+    /// The layout's name.
+    pub layout: &'static str,
+    /// Base address of the arena.
+    pub base: u64,
+    /// Per stage, in order: the fields live in it, each with its hardware alignment check and
+    /// the bytes that did not keep its tag when every field of the stage was filled at once
+    /// (the bulk-tensor check is not run per stage).
+    pub stages: Vec<Vec<FieldReport>>,
+    /// Every pair of fields that the plan lets share bytes, with what the device saw.
+    pub shared: Vec<SharedBytes>,
+}
+
+impl StagesReport {
+    /// Whether, in every stage, every live field is aligned and overlaps no other live field,
+    /// and every pair the plan lets share bytes does share them on the device.
+    pub fn passed(&self) -> bool {
+        self.stages.iter().flatten().all(FieldReport::passed)
+            && self.shared.iter().all(SharedBytes::confirmed)
+    }
+}
+
+impl fmt::Display for StagesReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{} verified per stage on {} — base {:#x}",
+            self.layout, self.device, self.base
+        )?;
+        for (s, fields) in self.stages.iter().enumerate() {
+            let failed: Vec<&FieldReport> = fields.iter().filter(|r| !r.passed()).collect();
+            let names: Vec<&str> = fields.iter().map(|r| r.region.name.as_str()).collect();
+            write!(
+                f,
+                "stage {s}: {} live ({}): ",
+                fields.len(),
+                names.join(", ")
+            )?;
+            if failed.is_empty() {
+                writeln!(f, "aligned, pairwise disjoint")?;
+            } else {
+                let what: Vec<String> = failed
+                    .iter()
+                    .map(|r| {
+                        format!(
+                            "{} (ptr%align {}, {} bytes overwritten)",
+                            r.region.name, r.alignment.residue, r.mismatches
+                        )
+                    })
+                    .collect();
+                writeln!(f, "FAILED: {}", what.join("; "))?;
+            }
+        }
+        for p in &self.shared {
+            writeln!(
+                f,
+                "shared: {} and {} ({} bytes): {}",
+                p.first,
+                p.second,
+                p.overlap,
+                if p.confirmed() {
+                    format!(
+                        "the device sees the sharing ({} bytes retagged)",
+                        p.mismatches
+                    )
+                } else {
+                    "NOT seen on the device".to_string()
+                }
+            )?;
+        }
+        write!(
+            f,
+            "{} stages, {} shared pairs: {}",
+            self.stages.len(),
+            self.shared.len(),
+            if self.passed() { "passed" } else { "FAILED" }
         )
     }
 }
@@ -480,6 +592,129 @@ impl Verifier {
                 .collect(),
         })
     }
+}
+
+impl Verifier {
+    /// The per-stage checks over `regions` (one per field, in declaration order, with the
+    /// fields' live ranges): per stage, the alignment and overlap checks over the fields live
+    /// in it; then, for every pair of fields whose live ranges never meet and whose regions
+    /// overlap, the overlap check over the two, which must see the shared bytes. Overwrites
+    /// the regions.
+    pub fn run_stages(
+        &self,
+        layout: &'static str,
+        base: u64,
+        regions: &[Region],
+        live: &[LiveRange],
+        stages: usize,
+    ) -> Result<StagesReport, Error> {
+        if live.len() != regions.len() {
+            return Err(Error::InvalidArgument {
+                what: format!(
+                    "verify stages of `{layout}`: {} live ranges for {} regions",
+                    live.len(),
+                    regions.len()
+                ),
+            });
+        }
+        let mut per_stage = Vec::with_capacity(stages);
+        for s in 0..stages {
+            let here: Vec<Region> = regions
+                .iter()
+                .zip(live)
+                .filter(|(_, l)| l.contains(s))
+                .map(|(r, _)| r.clone())
+                .collect();
+            let alignment = self.alignment(&here)?;
+            let mismatches = self.disjoint(&here)?;
+            per_stage.push(
+                here.into_iter()
+                    .zip(alignment)
+                    .zip(mismatches)
+                    .map(|((region, alignment), mismatches)| FieldReport {
+                        region,
+                        alignment,
+                        mismatches,
+                        tma: TmaCheck::Skipped("not run per stage"),
+                    })
+                    .collect(),
+            );
+        }
+        let mut shared = Vec::new();
+        for (i, a) in regions.iter().enumerate() {
+            for (j, b) in regions.iter().enumerate().skip(i + 1) {
+                let (start, end) = (
+                    a.offset.max(b.offset),
+                    (a.offset + a.size).min(b.offset + b.size),
+                );
+                if live[i].meets(&live[j]) || start >= end {
+                    continue;
+                }
+                let pair = [a.clone(), b.clone()];
+                let mismatches = self.disjoint(&pair)?.iter().sum();
+                let (first, second) = if (b.offset, j) < (a.offset, i) {
+                    (b, a)
+                } else {
+                    (a, b)
+                };
+                shared.push(SharedBytes {
+                    first: first.name.clone(),
+                    second: second.name.clone(),
+                    overlap: end - start,
+                    mismatches,
+                });
+            }
+        }
+        Ok(StagesReport {
+            device: self.device.clone(),
+            layout,
+            base,
+            stages: per_stage,
+            shared,
+        })
+    }
+}
+
+/// Verifies a device arena whose layout has stages, stage by stage: in every stage, each field
+/// live in it passes the hardware alignment check and overlaps none of the other fields live
+/// in it; and every pair of fields the plan lets share bytes (live ranges that never meet) is
+/// shown to share them on the device. Overwrites the arena's contents, hence the `&mut`.
+///
+/// A layout without stages is an [`Error::InvalidArgument`]: [`verify`] checks it whole.
+///
+/// ```no_run
+/// use devarena::backend::cuda::{cuda_stream, CudaBackend};
+/// use devarena::{Arena, DeviceLayout};
+///
+/// #[derive(DeviceLayout)]
+/// #[layout(stages = 2)]
+/// struct Steps {
+///     #[layout(live = 0..=0)]
+///     input: [f32; 1 << 20],
+///     #[layout(live = 1..=1)]
+///     output: [f32; 1 << 20], // shares bytes with `input`
+///     hist: [u32; 256],       // live in both stages
+/// }
+///
+/// let mut arena = Arena::<Steps, _>::new_in(CudaBackend::new(cuda_stream(0)?))?;
+/// let report = devarena_kernels::verify_stages(&mut arena)?;
+/// println!("{report}");
+/// assert!(report.passed() && report.shared.len() == 1);
+/// # Ok::<(), devarena::Error>(())
+/// ```
+pub fn verify_stages<L: DeviceLayout>(
+    arena: &mut Arena<L, CudaBackend>,
+) -> Result<StagesReport, Error> {
+    if L::STAGES == 0 {
+        return Err(Error::InvalidArgument {
+            what: format!(
+                "verify stages: `{}` has no stages (no field shares bytes); verify it with `verify`",
+                L::NAME
+            ),
+        });
+    }
+    let verifier = Verifier::new(arena.backend().stream())?;
+    verifier.run_stages(L::NAME, arena.addr(), &regions(arena), L::LIVE, L::STAGES)
 }
 
 /// The regions of every field of an arena, as its plan placed them.

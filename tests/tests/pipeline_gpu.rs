@@ -10,7 +10,9 @@
 //! * integer stages (histogram, Otsu threshold, mask given the same magnitude): exactly equal.
 //!
 //! Then the whole frame end to end: the same threshold, and masks that differ at most where the
-//! host magnitude sits within the tolerance of a bin boundary.
+//! host magnitude sits within the tolerance of a bin boundary. On a `Frame` arena
+//! (`arena_frame_matches_host`) and on the aliased `FrameStaged` arena, whose output must equal
+//! the unaliased GPU run's bit for bit and which must pass the verifier stage by stage.
 //!
 //! Without a CUDA driver or device every test prints `skipped: no CUDA device` and passes; with
 //! `DEVARENA_REQUIRE_GPU=1` it fails instead.
@@ -29,13 +31,16 @@ fn gpu_pipeline_matches_host() {
 mod gpu {
     use std::sync::Arc;
 
-    use devarena::Error;
-    use devarena_kernels::cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
-    use devarena_kernels::pipeline::cuda::{FrameSlices, PipelineKernels, open_stream};
+    use devarena::backend::cuda::{CudaBackend, CudaStream, DeviceViewMut};
+    use devarena::{Arena, DeviceLayout, Error};
+    use devarena_kernels::cudarc::driver::{DevicePtr, DevicePtrMut};
+    use devarena_kernels::pipeline::cuda::{FrameSlices, PipelineKernels, download_outputs};
     use devarena_kernels::pipeline::image::{DEFAULT_SEED, SplitMix64, synthetic_frame};
     use devarena_kernels::pipeline::{
-        FRAME_SIZE, FrameBuffers, HIST_BINS, HIST_SCALE, ImageSize, host, magnitude_bin,
+        FRAME_SIZE, FRAME_STAGED_STAGES, Frame, FrameBuffers, FrameOutputs, FrameStaged, HIST_BINS,
+        HIST_SCALE, ImageSize, host, magnitude_bin,
     };
+    use devarena_kernels::verify_stages;
 
     /// Largest accepted `|device − host|` of a float stage given the same input. The expected
     /// difference is 0; 2e-6 is about 16 ulp at 1.0 (grayscale and blur lie in `[0, 1]`) and
@@ -43,42 +48,21 @@ mod gpu {
     /// by some driver's JIT, far below anything visible or any bin width (1/64).
     const FLOAT_TOLERANCE: f32 = 2e-6;
 
-    /// The device, or `None` after printing `skipped: no CUDA device`; panics instead when
+    /// The device, or `None` after printing `skipped: no CUDA device`; fails instead when
     /// `DEVARENA_REQUIRE_GPU=1`.
     fn stream() -> Option<Arc<CudaStream>> {
-        let require = std::env::var("DEVARENA_REQUIRE_GPU").as_deref() == Ok("1");
-        // ARENA GLUE: `devarena::backend::cuda::cuda_stream(0)`.
-        match open_stream(0) {
-            Ok(s) => Some(s),
-            Err(Error::NoDevice { reason }) if !require => {
-                println!("skipped: no CUDA device ({reason})");
-                None
-            }
-            Err(e) => panic!("DEVARENA_REQUIRE_GPU=1 and no usable CUDA device: {e}"),
-        }
-    }
-
-    /// Every buffer of a frame, read back.
-    #[derive(Debug)]
-    struct Downloaded {
-        gray: Vec<f32>,
-        scratch: Vec<f32>,
-        blurred: Vec<f32>,
-        magnitude: Vec<f32>,
-        hist: Vec<u32>,
-        threshold: u32,
-        mask: Vec<u8>,
+        devarena_tests::gpu_stream()
     }
 
     /// Uploads `input`, runs one frame on `b`, reads every buffer back. Generic over the
-    /// buffer types: cudarc slices here, an arena's views as well.
+    /// buffer types: cudarc slices and an arena's views.
     fn run_on_device<B8, BF, BU>(
         kernels: &PipelineKernels,
         stream: &Arc<CudaStream>,
         size: ImageSize,
         mut b: FrameBuffers<'_, B8, BF, BU>,
         input: &[u8],
-    ) -> Downloaded
+    ) -> FrameOutputs
     where
         B8: DevicePtr<u8> + DevicePtrMut<u8>,
         BF: DevicePtr<f32> + DevicePtrMut<f32>,
@@ -86,27 +70,16 @@ mod gpu {
     {
         stream.memcpy_htod(input, b.rgb).unwrap();
         kernels.run_frame(stream, size, b.reborrow(), None).unwrap();
-        let n = size.pixels();
-        let mut d = Downloaded {
-            gray: vec![0.0; n],
-            scratch: vec![0.0; n],
-            blurred: vec![0.0; n],
-            magnitude: vec![0.0; n],
-            hist: vec![0; HIST_BINS],
-            threshold: 0,
-            mask: vec![0; n],
-        };
-        let mut threshold = [0u32];
-        stream.memcpy_dtoh(&*b.gray, &mut d.gray).unwrap();
-        stream.memcpy_dtoh(&*b.scratch, &mut d.scratch).unwrap();
-        stream.memcpy_dtoh(&*b.blurred, &mut d.blurred).unwrap();
-        stream.memcpy_dtoh(&*b.magnitude, &mut d.magnitude).unwrap();
-        stream.memcpy_dtoh(&*b.hist, &mut d.hist).unwrap();
-        stream.memcpy_dtoh(&*b.threshold, &mut threshold).unwrap();
-        stream.memcpy_dtoh(&*b.mask, &mut d.mask).unwrap();
-        stream.synchronize().unwrap();
-        d.threshold = threshold[0];
+        let mut d = FrameOutputs::new(size);
+        download_outputs(stream, &b, &mut d).unwrap();
         d
+    }
+
+    /// The synthetic 1080p input.
+    fn input() -> Vec<u8> {
+        let mut input = vec![0u8; FRAME_SIZE.pixels() * 3];
+        synthetic_frame(FRAME_SIZE, DEFAULT_SEED, &mut input).unwrap();
+        input
     }
 
     /// Asserts `|device − host| ≤ FLOAT_TOLERANCE` everywhere; prints how many values were
@@ -139,7 +112,7 @@ mod gpu {
 
     /// Checks every stage of `d` against the host stage run on the device's input for it, and
     /// the frame end to end against the host pipeline.
-    fn check_against_host(size: ImageSize, input: &[u8], d: &Downloaded) {
+    fn check_against_host(size: ImageSize, input: &[u8], d: &FrameOutputs) {
         let n = size.pixels();
         let mut buf = vec![0.0f32; n];
         host::rgb_to_gray(size, input, &mut buf).unwrap();
@@ -215,8 +188,7 @@ mod gpu {
     fn synthetic_frame_matches_host() {
         let Some(stream) = stream() else { return };
         let kernels = PipelineKernels::load(stream.context()).unwrap();
-        let mut input = vec![0u8; FRAME_SIZE.pixels() * 3];
-        synthetic_frame(FRAME_SIZE, DEFAULT_SEED, &mut input).unwrap();
+        let input = input();
         let mut slices = FrameSlices::alloc(&stream, FRAME_SIZE).unwrap();
         let d = run_on_device(&kernels, &stream, FRAME_SIZE, slices.buffers(), &input);
         check_against_host(FRAME_SIZE, &input, &d);
@@ -228,24 +200,143 @@ mod gpu {
         );
     }
 
-    // ARENA GLUE: with `devarena::backend::cuda`, the same check on a `Frame` arena:
-    //
-    // #[test]
-    // fn arena_frame_matches_host() {
-    //     use devarena::Arena;
-    //     use devarena::backend::cuda::CudaBackend;
-    //     use devarena_kernels::pipeline::Frame;
-    //     let Some(stream) = stream() else { return };
-    //     let kernels = PipelineKernels::load(stream.context()).unwrap();
-    //     let mut input = vec![0u8; FRAME_SIZE.pixels() * 3];
-    //     synthetic_frame(FRAME_SIZE, DEFAULT_SEED, &mut input).unwrap();
-    //     let mut arena = Arena::<Frame, CudaBackend>::new_in(CudaBackend::new(stream.clone())).unwrap();
-    //     let setup = arena.backend().stats();
-    //     let mut views = arena.views_mut();
-    //     let d = run_on_device(&kernels, &stream, FRAME_SIZE, FrameBuffers::from(&mut views), &input);
-    //     check_against_host(FRAME_SIZE, &input, &d);
-    //     assert_eq!(arena.backend().stats().allocations, setup.allocations);
-    // }
+    #[test]
+    fn arena_frame_matches_host() {
+        let Some(stream) = stream() else { return };
+        let kernels = PipelineKernels::load(stream.context()).unwrap();
+        let input = input();
+        let backend = CudaBackend::new(stream.clone());
+        let mut arena = Arena::<Frame, _>::new_in(backend.clone()).unwrap();
+        let setup = backend.stats();
+        assert_eq!((setup.allocations, setup.live_bytes), (1, Frame::SIZE));
+        let mut views = arena.views_mut();
+        let d = run_on_device(
+            &kernels,
+            &stream,
+            FRAME_SIZE,
+            FrameBuffers::from(&mut views),
+            &input,
+        );
+        check_against_host(FRAME_SIZE, &input, &d);
+        // The same frame on one cudarc allocation per buffer: the same bits.
+        let mut slices = FrameSlices::alloc(&stream, FRAME_SIZE).unwrap();
+        let s = run_on_device(&kernels, &stream, FRAME_SIZE, slices.buffers(), &input);
+        assert_eq!(d.first_difference(&s), None);
+        assert_eq!(backend.stats().allocations, setup.allocations);
+    }
+
+    /// Runs `frames` frames of `input` on an aliased arena; returns the outputs of the last.
+    fn run_staged(
+        kernels: &PipelineKernels,
+        arena: &mut Arena<FrameStaged, CudaBackend>,
+        input: &[u8],
+        frames: usize,
+    ) -> FrameOutputs {
+        let mut out = FrameOutputs::new(FRAME_SIZE);
+        for i in 0..frames {
+            let upload = |_: &Arc<CudaStream>, rgb: &mut DeviceViewMut<'_, u8>| rgb.upload(input);
+            let outputs = (i + 1 == frames).then_some(&mut out);
+            kernels
+                .run_frame_staged(arena, upload, None, outputs)
+                .unwrap();
+        }
+        out
+    }
+
+    #[test]
+    fn aliased_arena_matches_unaliased_and_host() {
+        let Some(stream) = stream() else { return };
+        let kernels = PipelineKernels::load(stream.context()).unwrap();
+        let input = input();
+
+        let mut plain = Arena::<Frame, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        let mut views = plain.views_mut();
+        let unaliased = run_on_device(
+            &kernels,
+            &stream,
+            FRAME_SIZE,
+            FrameBuffers::from(&mut views),
+            &input,
+        );
+
+        let backend = CudaBackend::new(stream.clone());
+        let mut arena = Arena::<FrameStaged, _>::new_in(backend.clone()).unwrap();
+        assert_eq!(arena.size(), FrameStaged::SIZE);
+        const { assert!(FrameStaged::SIZE < FrameStaged::UNALIASED_SIZE) };
+        let aliased = run_staged(&kernels, &mut arena, &input, 1);
+        if let Some(d) = aliased.first_difference(&unaliased) {
+            panic!("the aliased GPU run differs from the unaliased GPU run: {d}");
+        }
+        check_against_host(FRAME_SIZE, &input, &aliased);
+
+        // And against the aliased host run: the same bits as well.
+        let mut host_arena = Arena::<FrameStaged>::new().unwrap();
+        let mut host_out = FrameOutputs::new(FRAME_SIZE);
+        let decode = |rgb: &mut [u8]| {
+            rgb.copy_from_slice(&input);
+            Ok(())
+        };
+        host::run_frame_staged(&mut host_arena, decode, Some(&mut host_out), |_, _| {}).unwrap();
+        println!(
+            "aliased GPU vs aliased host: {}",
+            aliased
+                .first_difference(&host_out)
+                .unwrap_or_else(|| "bit-identical".into())
+        );
+
+        // Frames after the first reuse bytes the previous frame wrote: still the same bits,
+        // and no allocation.
+        let again = run_staged(&kernels, &mut arena, &input, 3);
+        assert_eq!(again.first_difference(&unaliased), None);
+        let stats = backend.stats();
+        assert_eq!((stats.allocations, stats.frees), (1, 0));
+    }
+
+    #[test]
+    fn aliased_arena_passes_the_verifier_per_stage() {
+        let Some(stream) = stream() else { return };
+        let mut arena = Arena::<FrameStaged, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        let report = verify_stages(&mut arena).unwrap();
+        println!("{report}");
+        assert!(report.passed(), "{report}");
+        assert_eq!(report.stages.len(), FRAME_STAGED_STAGES.len());
+        for (s, fields) in report.stages.iter().enumerate() {
+            let live: Vec<&str> = FrameStaged::FIELDS
+                .iter()
+                .zip(FrameStaged::LIVE)
+                .filter(|(_, l)| l.contains(s))
+                .map(|(f, _)| f.name)
+                .collect();
+            let checked: Vec<&str> = fields.iter().map(|r| r.region.name.as_str()).collect();
+            assert_eq!(checked, live, "stage {s} ({})", FRAME_STAGED_STAGES[s]);
+            for r in fields {
+                assert_eq!(r.alignment.residue, 0, "{}", r.region.name);
+                assert_eq!(
+                    r.mismatches, 0,
+                    "{} overlaps a field live with it",
+                    r.region.name
+                );
+            }
+        }
+        // Fields of stages that never meet do share bytes, and the device sees it.
+        assert!(!report.shared.is_empty(), "no field shares bytes");
+        for p in &report.shared {
+            assert!(
+                p.confirmed(),
+                "{} and {}: sharing not seen",
+                p.first,
+                p.second
+            );
+        }
+
+        // A layout without stages is checked whole, by `verify`.
+        let mut plain = Arena::<Frame, _>::new_in(CudaBackend::new(stream)).unwrap();
+        let e = verify_stages(&mut plain).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidArgument { .. }) && e.to_string().contains("no stages"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn odd_sizes_match_host() {

@@ -1,10 +1,15 @@
 //! The host pipeline on the synthetic 1080p frame, in a `Frame` arena on the host backend:
-//! what comes out must be a real edge map of the shapes that went in.
+//! what comes out must be a real edge map of the shapes that went in. And the same pipeline on
+//! the aliased `FrameStaged` arena, whose later stages reuse the bytes of dead buffers: its
+//! outputs must be bit-identical to the unaliased run's.
 
-use devarena::{Arena, HostBackend};
-use devarena_kernels::pipeline::image::{DEFAULT_SEED, fnv1a, shapes, synthetic_frame};
+use devarena::{Arena, DeviceLayout, HostBackend, LayoutReport};
+use devarena_kernels::pipeline::image::{
+    DEFAULT_SEED, fnv1a, output_images, shapes, synthetic_frame,
+};
 use devarena_kernels::pipeline::{
-    FRAME_SIZE, Frame, FrameBuffers, HEIGHT, HIST_BINS, PIXELS, WIDTH, host, magnitude_bin,
+    FRAME_SIZE, FRAME_STAGED_STAGES, Frame, FrameBuffers, FrameOutputs, FrameStaged, HEIGHT,
+    HIST_BINS, PIXELS, Stage, WIDTH, host, magnitude_bin,
 };
 
 /// Runs `frames` frames of the synthetic input on a fresh arena; returns the arena, its
@@ -123,4 +128,167 @@ fn host_pipeline_is_deterministic() {
     let (c, _, tc) = run(2);
     assert_eq!(tc, ta);
     assert_eq!(fingerprint(&c), fingerprint(&a));
+}
+
+/// The synthetic input.
+fn input() -> Vec<u8> {
+    let mut rgb = vec![0u8; PIXELS * 3];
+    synthetic_frame(FRAME_SIZE, DEFAULT_SEED, &mut rgb).unwrap();
+    rgb
+}
+
+/// The outputs of one frame on the unaliased `Frame` arena.
+fn unaliased_outputs(input: &[u8]) -> FrameOutputs {
+    let mut arena = Arena::<Frame>::new().unwrap();
+    let mut views = arena.views_mut();
+    views.rgb.copy_from_slice(input);
+    let t = host::run_frame(FRAME_SIZE, FrameBuffers::from(&mut views)).unwrap();
+    let mut out = FrameOutputs::new(FRAME_SIZE);
+    out.copy_from(&FrameBuffers::from(&mut views)).unwrap();
+    assert_eq!(out.threshold, t);
+    out
+}
+
+#[test]
+fn the_staged_layout_aliases_along_the_data_flow() {
+    let size = FrameStaged::SIZE;
+    let unaliased = FrameStaged::UNALIASED_SIZE;
+    let bound = FrameStaged::PEAK_LIVE_BOUND;
+    // The same buffers as `Frame`, which is what the unaliased size must come to.
+    assert_eq!(unaliased, Frame::SIZE);
+    assert_eq!(
+        FrameStaged::FIELDS
+            .iter()
+            .map(|f| f.size)
+            .collect::<Vec<_>>(),
+        Frame::FIELDS.iter().map(|f| f.size).collect::<Vec<_>>()
+    );
+    // At most two full-frame float buffers are ever live together: the bound is two of them,
+    // and the plan reaches it.
+    assert_eq!(bound, 2 * PIXELS * 4);
+    assert_eq!(size, bound);
+    assert!(
+        unaliased - size > unaliased / 2,
+        "saves {} bytes",
+        unaliased - size
+    );
+    assert_eq!(FrameStaged::STAGES, FRAME_STAGED_STAGES.len());
+
+    // Fields live together never overlap; some fields of different stages do share bytes.
+    let f = FrameStaged::FIELDS;
+    let live = FrameStaged::LIVE;
+    let mut shared = Vec::new();
+    for i in 0..f.len() {
+        assert_eq!(f[i].offset % 256, 0, "{} aligned", f[i].name);
+        assert!(f[i].end() <= size);
+        for j in i + 1..f.len() {
+            let overlap = f[i].offset < f[j].end() && f[j].offset < f[i].end();
+            if live[i].meets(&live[j]) {
+                assert!(
+                    !overlap,
+                    "{} and {} are live together",
+                    f[i].name, f[j].name
+                );
+            } else if overlap {
+                shared.push((f[i].name, f[j].name));
+            }
+        }
+    }
+    assert!(shared.len() >= 3, "shared pairs: {shared:?}");
+
+    // The report tells the same story.
+    let report = LayoutReport::of::<FrameStaged>();
+    let table = report.to_string();
+    assert!(table.contains("shares bytes with"), "{table}");
+    assert!(
+        table.contains(&format!("PEAK_LIVE_BOUND {bound}")),
+        "{table}"
+    );
+    let svg = report.to_svg();
+    assert!(svg.contains("stage 6") && svg.contains(&format!("UNALIASED_SIZE {unaliased}")));
+}
+
+#[test]
+fn aliased_pipeline_is_bit_identical_to_the_unaliased_one() {
+    let input = input();
+    let reference = unaliased_outputs(&input);
+
+    let backend = HostBackend::new();
+    let mut arena = Arena::<FrameStaged>::new_in(backend.clone()).unwrap();
+    let mut out = FrameOutputs::new(FRAME_SIZE);
+    let mut timed = Vec::new();
+    let decode = |rgb: &mut [u8]| {
+        rgb.copy_from_slice(&input);
+        Ok(())
+    };
+    let t =
+        host::run_frame_staged(&mut arena, decode, Some(&mut out), |s, _| timed.push(s)).unwrap();
+    assert_eq!(timed, Stage::ALL, "every stage ran once, in order");
+    assert_eq!(t, reference.threshold);
+    if let Some(d) = out.first_difference(&reference) {
+        panic!("aliased output differs from the unaliased run: {d}");
+    }
+    // Every PNG the example writes, byte for byte.
+    for ((name, a), (_, b)) in output_images(&out)
+        .iter()
+        .zip(output_images(&reference).iter())
+    {
+        assert!(a == b, "{name} differs");
+    }
+    // The result is a real edge map, not an empty one.
+    let edges = out.mask.iter().filter(|&&m| m == 255).count();
+    assert!(edges > 1000 && edges < PIXELS / 20, "{edges} edges");
+
+    // Bytes really are reused: a buffer of a later stage sits on `gray`'s bytes.
+    let gray_at = FrameStaged::FIELDS
+        .iter()
+        .find(|f| f.name == "gray")
+        .unwrap();
+    let reuser = FrameStaged::FIELDS
+        .iter()
+        .zip(FrameStaged::LIVE)
+        .find(|(f, l)| {
+            f.name != "gray" && l.first > 2 && f.offset < gray_at.end() && gray_at.offset < f.end()
+        })
+        .map(|(f, _)| f.name);
+    assert!(reuser.is_some(), "a later buffer takes over gray's bytes");
+
+    // More frames on the same arena: the same bits (no state survives from one frame to the
+    // next, although every frame reuses the bytes of the one before), and no allocation.
+    for _ in 0..2 {
+        let mut again = FrameOutputs::new(FRAME_SIZE);
+        let decode = |rgb: &mut [u8]| {
+            rgb.copy_from_slice(&input);
+            Ok(())
+        };
+        host::run_frame_staged(&mut arena, decode, Some(&mut again), |_, _| {}).unwrap();
+        assert_eq!(again.first_difference(&reference), None);
+    }
+    let stats = backend.stats();
+    assert_eq!((stats.allocations, stats.frees), (1, 0));
+    assert_eq!(stats.live_bytes, FrameStaged::SIZE);
+}
+
+#[test]
+fn aliased_pipeline_reports_errors_without_running() {
+    let mut arena = Arena::<FrameStaged>::new().unwrap();
+    let mut small = FrameOutputs::new(devarena_kernels::pipeline::ImageSize::new(64, 64));
+    let e =
+        host::run_frame_staged(&mut arena, |_| Ok(()), Some(&mut small), |_, _| {}).unwrap_err();
+    assert!(e.to_string().contains("64×64"), "{e}");
+    // A failing decode stops the frame before any stage.
+    let mut ran = 0;
+    let e = host::run_frame_staged(
+        &mut arena,
+        |_| {
+            Err(devarena::Error::InvalidArgument {
+                what: "corrupt input".into(),
+            })
+        },
+        None,
+        |_, _| ran += 1,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("corrupt input"), "{e}");
+    assert_eq!(ran, 0);
 }

@@ -6,14 +6,24 @@
 //! devarena arena on the CUDA backend). [`PipelineKernels::run_frame`] runs every stage on a
 //! [`FrameBuffers`], which an arena's views convert into:
 //!
-//! ```ignore
-//! let stream = devarena::backend::cuda::cuda_stream(0)?;
+//! ```no_run
+//! use devarena::Arena;
+//! use devarena::backend::cuda::{CudaBackend, cuda_stream};
+//! use devarena_kernels::pipeline::cuda::PipelineKernels;
+//! use devarena_kernels::pipeline::{FRAME_SIZE, Frame, FrameBuffers, PIXELS};
+//!
+//! let rgb = vec![128u8; PIXELS * 3];
+//! let stream = cuda_stream(0)?;
 //! let kernels = PipelineKernels::load(stream.context())?;
-//! let mut arena = Arena::<Frame, CudaBackend>::new_in(CudaBackend::new(stream.clone()))?;
+//! let mut arena = Arena::<Frame, _>::new_in(CudaBackend::new(stream.clone()))?;
 //! let mut views = arena.views_mut();
-//! stream.memcpy_htod(&rgb, &mut views.rgb)?;
+//! views.rgb.upload(&rgb)?;
 //! kernels.run_frame(&stream, FRAME_SIZE, FrameBuffers::from(&mut views), None)?;
+//! # Ok::<(), devarena::Error>(())
 //! ```
+//!
+//! [`PipelineKernels::run_frame_staged`] runs the same kernels on an aliased
+//! [`FrameStaged`] arena, each stage on its own stage views.
 //!
 //! The kernels compute the same bits as [`super::host`] (see `kernels/cuda/pipeline.cu`).
 //! Every wrapper checks buffer lengths and contexts first and returns
@@ -23,12 +33,16 @@ use std::sync::Arc;
 
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
-    DeviceSlice, DriverError, LaunchConfig, PushKernelArg, result, sys,
+    DeviceSlice, LaunchConfig, PushKernelArg, result, sys,
 };
 use cudarc::nvrtc::Ptx;
-use devarena::Error;
+use devarena::backend::cuda::{CudaMut, DeviceViewMut};
+use devarena::{Arena, Backend, Error};
 
-use super::{FrameBuffers, HIST_BINS, ImageSize, Stage, check_len, invalid};
+use super::{
+    FRAME_SIZE, FrameBuffers, FrameOutputs, FrameStaged, FrameStagedStages, HIST_BINS, ImageSize,
+    Stage, check_len, invalid,
+};
 
 /// The pipeline's PTX (compute_75, JIT-compiled by the driver for the GPU at hand), generated
 /// from `kernels/cuda/pipeline.cu` by `kernels/build-ptx.sh`.
@@ -41,58 +55,59 @@ const BLOCK_2D: (u32, u32) = (32, 8);
 /// Most blocks the grid-stride histogram launches.
 const HIST_MAX_BLOCKS: u32 = 1024;
 
-/// A [`DriverError`] as a devarena [`Error`], with the CUDA error name and text.
-pub fn driver_error(call: &'static str, e: DriverError) -> Error {
-    let code = e.0 as u32;
-    let name = e.error_name().map_or_else(
-        |_| format!("CUresult {code}"),
-        |s| s.to_string_lossy().into_owned(),
-    );
-    let text = e.error_string().map_or_else(
-        |_| String::from("(no description)"),
-        |s| s.to_string_lossy().into_owned(),
-    );
-    if e.0 == sys::cudaError_enum::CUDA_ERROR_NO_DEVICE {
-        return Error::NoDevice {
-            reason: format!("{call}: {name}: {text}"),
-        };
-    }
-    Error::Driver {
-        call,
-        name,
-        text,
-        code,
-    }
-}
+/// A [`DriverError`](cudarc::driver::DriverError) as a devarena [`Error`], with the CUDA error
+/// name and text (devarena's own conversion).
+pub use devarena::backend::cuda::driver_error;
 
-/// Whether a CUDA driver and at least one device are present. Never panics: without the driver
-/// library this returns `false` before calling into it.
-pub fn device_present() -> bool {
-    // SAFETY: only tries to open the driver library; nothing is called through it.
-    let present = unsafe { sys::is_culib_present() };
-    present && CudaContext::device_count().is_ok_and(|n| n > 0)
-}
-
-// ARENA GLUE: once `devarena::backend::cuda` is merged, this is its `cuda_stream(ordinal)`;
-// replace the body with a call to it (or delete this function and call that one).
-/// A new stream on device `ordinal`, or [`Error::NoDevice`] when there is no driver or no such
-/// device.
-pub fn open_stream(ordinal: usize) -> Result<Arc<CudaStream>, Error> {
-    // SAFETY: only tries to open the driver library; nothing is called through it.
-    if !unsafe { sys::is_culib_present() } {
-        return Err(Error::NoDevice {
-            reason: "the CUDA driver library (libcuda) was not found".into(),
-        });
-    }
-    let count = CudaContext::device_count().map_err(|e| driver_error("cuDeviceGetCount", e))?;
-    if ordinal >= count.max(0) as usize {
-        return Err(Error::NoDevice {
-            reason: format!("device {ordinal} was requested, the driver reports {count}"),
-        });
-    }
-    let ctx = CudaContext::new(ordinal).map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e))?;
-    ctx.new_stream()
-        .map_err(|e| driver_error("cuStreamCreate", e))
+/// Downloads every stage output of a frame's device buffers (cudarc slices, arena views) into
+/// `outputs`, and waits for the copies.
+pub fn download_outputs<B8, BF, BU>(
+    stream: &Arc<CudaStream>,
+    b: &FrameBuffers<'_, B8, BF, BU>,
+    outputs: &mut FrameOutputs,
+) -> Result<(), Error>
+where
+    B8: DevicePtr<u8>,
+    BF: DevicePtr<f32>,
+    BU: DevicePtr<u32>,
+{
+    const STAGE: &str = "outputs";
+    let o = outputs;
+    check_len(STAGE, "gray", b.gray.len(), o.gray.len(), None)?;
+    check_len(STAGE, "scratch", b.scratch.len(), o.scratch.len(), None)?;
+    check_len(STAGE, "blurred", b.blurred.len(), o.blurred.len(), None)?;
+    check_len(
+        STAGE,
+        "magnitude",
+        b.magnitude.len(),
+        o.magnitude.len(),
+        None,
+    )?;
+    check_len(STAGE, "hist", b.hist.len(), o.hist.len(), None)?;
+    check_len(STAGE, "threshold", b.threshold.len(), 1, None)?;
+    check_len(STAGE, "mask", b.mask.len(), o.mask.len(), None)?;
+    let dtoh = |e| driver_error("cuMemcpyDtoHAsync", e);
+    let mut threshold = [0u32];
+    stream.memcpy_dtoh(&*b.gray, &mut o.gray).map_err(dtoh)?;
+    stream
+        .memcpy_dtoh(&*b.scratch, &mut o.scratch)
+        .map_err(dtoh)?;
+    stream
+        .memcpy_dtoh(&*b.blurred, &mut o.blurred)
+        .map_err(dtoh)?;
+    stream
+        .memcpy_dtoh(&*b.magnitude, &mut o.magnitude)
+        .map_err(dtoh)?;
+    stream.memcpy_dtoh(&*b.hist, &mut o.hist).map_err(dtoh)?;
+    stream
+        .memcpy_dtoh(&*b.threshold, &mut threshold)
+        .map_err(dtoh)?;
+    stream.memcpy_dtoh(&*b.mask, &mut o.mask).map_err(dtoh)?;
+    stream
+        .synchronize()
+        .map_err(|e| driver_error("cuStreamSynchronize", e))?;
+    o.threshold = threshold[0];
+    Ok(())
 }
 
 /// Raw device addresses of every buffer of one frame, for [`PipelineKernels::run_frame_raw`].
@@ -461,6 +476,91 @@ impl PipelineKernels {
         // kernels' context; the guards keep them ordered on `stream` until all launches are
         // queued, and the `&mut` borrows keep the host side from touching them meanwhile.
         unsafe { self.run_frame_raw(stream, size, &raw, events) }
+    }
+
+    /// Runs one 1920×1080 frame on an aliased [`FrameStaged`] arena, queued on the arena's
+    /// stream.
+    ///
+    /// Every stage gets its buffers only from the views of its own stage (`arena.gray_mut()`,
+    /// `arena.blur_rows_mut()`, ...), which hold exactly the buffers live in it, so no kernel
+    /// is handed a buffer outside its live range. Reusing bytes is sound on one stream: the
+    /// kernels of a later stage run after those of earlier stages, in stream order. The kernels
+    /// and their bits are those of [`run_frame`](Self::run_frame).
+    ///
+    /// `decode` writes the frame's input into `rgb` in stage `decode` (an upload, or a copy
+    /// from a resident device buffer), on the stream it is given: the input's bytes are reused
+    /// by later stages, so every frame starts by decoding. With `events`, each stage's start
+    /// and end are recorded for [`StageEvents::elapsed_ms`]. With `outputs`, each stage
+    /// output is downloaded in the last stage it is live in; the downloads wait for the
+    /// stream, so a frame that copies its outputs out should not be timed.
+    pub fn run_frame_staged<B: Backend<Mut = CudaMut>>(
+        &self,
+        arena: &mut Arena<FrameStaged, B>,
+        decode: impl FnOnce(&Arc<CudaStream>, &mut DeviceViewMut<'_, u8>) -> Result<(), Error>,
+        events: Option<&StageEvents>,
+        mut outputs: Option<&mut FrameOutputs>,
+    ) -> Result<(), Error> {
+        let size = FRAME_SIZE;
+        if let Some(o) = &outputs {
+            if o.size != size {
+                return Err(invalid(format!(
+                    "outputs: made for a {} image, the frame is {size}",
+                    o.size
+                )));
+            }
+        }
+        let mut s = arena.decode_mut();
+        let stream = s.rgb.stream().clone();
+        self.check_stream("frame", &stream)?;
+        decode(&stream, &mut s.rgb)?;
+        let mark = |i: usize| events.map_or(Ok(()), |e| e.record(i, &stream));
+
+        mark(0)?;
+        let mut s = arena.gray_mut();
+        self.rgb_to_gray(&stream, size, &s.rgb, &mut s.gray)?;
+        mark(1)?;
+
+        let mut s = arena.blur_rows_mut();
+        self.blur_rows(&stream, size, &s.gray, &mut s.scratch)?;
+        mark(2)?;
+        if let Some(o) = outputs.as_deref_mut() {
+            s.gray.download(&mut o.gray)?;
+        }
+
+        let mut s = arena.blur_columns_mut();
+        self.blur_columns(&stream, size, &s.scratch, &mut s.blurred)?;
+        mark(3)?;
+        if let Some(o) = outputs.as_deref_mut() {
+            s.scratch.download(&mut o.scratch)?;
+        }
+
+        let mut s = arena.sobel_mut();
+        self.sobel(&stream, size, &s.blurred, &mut s.magnitude)?;
+        mark(4)?;
+        if let Some(o) = outputs.as_deref_mut() {
+            s.blurred.download(&mut o.blurred)?;
+        }
+
+        let mut s = arena.threshold_mut();
+        self.histogram(&stream, &s.magnitude, &mut s.hist)?;
+        mark(5)?;
+        self.otsu_threshold(&stream, &s.hist, &mut s.threshold)?;
+        mark(6)?;
+        if let Some(o) = outputs.as_deref_mut() {
+            s.hist.download(&mut o.hist)?;
+        }
+
+        let mut s = arena.mask_mut();
+        self.edge_mask(&stream, &s.magnitude, &s.threshold, &mut s.mask)?;
+        mark(7)?;
+        if let Some(o) = outputs {
+            s.magnitude.download(&mut o.magnitude)?;
+            let mut threshold = [0u32];
+            s.threshold.download(&mut threshold)?;
+            o.threshold = threshold[0];
+            s.mask.download(&mut o.mask)?;
+        }
+        Ok(())
     }
 
     /// [`run_frame`](Self::run_frame) on raw device addresses: the launch sequence itself,

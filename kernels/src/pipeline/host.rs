@@ -8,11 +8,11 @@
 
 use std::time::{Duration, Instant};
 
-use devarena::Error;
+use devarena::{Arena, Backend, Error, HostMut};
 
 use super::{
-    BLUR_TAPS, FrameBuffers, HIST_BINS, ImageSize, LUMA_DIVISOR, LUMA_WEIGHTS, Stage, check_len,
-    invalid, magnitude_bin,
+    BLUR_TAPS, FRAME_SIZE, FrameBuffers, FrameOutputs, FrameStaged, FrameStagedStages, HIST_BINS,
+    ImageSize, LUMA_DIVISOR, LUMA_WEIGHTS, Stage, check_len, copy_out, invalid, magnitude_bin,
 };
 
 /// RGB (8-bit, interleaved) to luma in `[0, 1]`:
@@ -295,6 +295,113 @@ where
     timed(Stage::Mask, &mut || {
         edge_mask(b.magnitude.as_ref(), threshold, b.mask.as_mut())
     })?;
+    Ok(threshold)
+}
+
+/// Runs `f` and reports its wall-clock time for `stage`.
+fn time<R>(
+    stage: Stage,
+    on_stage: &mut impl FnMut(Stage, Duration),
+    f: impl FnOnce() -> Result<R, Error>,
+) -> Result<R, Error> {
+    let start = Instant::now();
+    let r = f()?;
+    on_stage(stage, start.elapsed());
+    Ok(r)
+}
+
+/// Runs one 1920×1080 frame on an aliased [`FrameStaged`] arena; returns Otsu's threshold.
+///
+/// Every stage reaches its buffers only through the views of its own stage
+/// (`arena.gray_mut()`, `arena.blur_rows_mut()`, ...), which hold exactly the buffers live in
+/// it: the borrow checker keeps every buffer out of reach outside its live range, so reusing
+/// the bytes of dead buffers cannot change a result. The bits computed are those of
+/// [`run_frame`] on an unaliased [`Frame`](super::Frame).
+///
+/// `decode` writes the frame's input (`3 · pixels` bytes of RGB) in stage `decode`; the
+/// input's bytes are reused by later stages, so every frame starts by decoding. With
+/// `outputs`, each stage output is copied out in the last stage it is live in. `on_stage` gets
+/// each stage's wall-clock time as it finishes (decoding and copying out are not timed).
+///
+/// ```
+/// use devarena::Arena;
+/// use devarena_kernels::pipeline::{FrameOutputs, FrameStaged, FRAME_SIZE, host};
+///
+/// let mut arena = Arena::<FrameStaged>::new()?;
+/// let mut out = FrameOutputs::new(FRAME_SIZE);
+/// let decode = |rgb: &mut [u8]| {
+///     rgb.fill(128);
+///     Ok(())
+/// };
+/// let t = host::run_frame_staged(&mut arena, decode, Some(&mut out), |_, _| {})?;
+/// assert_eq!(t, 255); // a flat image has no edges
+/// assert!(out.mask.iter().all(|&m| m == 0));
+/// # Ok::<(), devarena::Error>(())
+/// ```
+pub fn run_frame_staged<B: Backend<Mut = HostMut>>(
+    arena: &mut Arena<FrameStaged, B>,
+    decode: impl FnOnce(&mut [u8]) -> Result<(), Error>,
+    mut outputs: Option<&mut FrameOutputs>,
+    mut on_stage: impl FnMut(Stage, Duration),
+) -> Result<u32, Error> {
+    let size = FRAME_SIZE;
+    if let Some(o) = &outputs {
+        if o.size != size {
+            return Err(invalid(format!(
+                "outputs: made for a {} image, the frame is {size}",
+                o.size
+            )));
+        }
+    }
+    let on = &mut on_stage;
+
+    decode(arena.decode_mut().rgb)?;
+
+    let s = arena.gray_mut();
+    time(Stage::Grayscale, on, || rgb_to_gray(size, s.rgb, s.gray))?;
+
+    let s = arena.blur_rows_mut();
+    time(Stage::BlurHorizontal, on, || {
+        blur_horizontal(size, s.gray, s.scratch)
+    })?;
+    if let Some(o) = outputs.as_deref_mut() {
+        copy_out("gray", &mut o.gray, s.gray)?;
+    }
+
+    let s = arena.blur_columns_mut();
+    time(Stage::BlurVertical, on, || {
+        blur_vertical(size, s.scratch, s.blurred)
+    })?;
+    if let Some(o) = outputs.as_deref_mut() {
+        copy_out("scratch", &mut o.scratch, s.scratch)?;
+    }
+
+    let s = arena.sobel_mut();
+    time(Stage::Sobel, on, || {
+        sobel_magnitude(size, s.blurred, s.magnitude)
+    })?;
+    if let Some(o) = outputs.as_deref_mut() {
+        copy_out("blurred", &mut o.blurred, s.blurred)?;
+    }
+
+    let s = arena.threshold_mut();
+    time(Stage::Histogram, on, || histogram(s.magnitude, s.hist))?;
+    check_len("otsu", "threshold", s.threshold.len(), 1, None)?;
+    s.threshold[0] = time(Stage::Otsu, on, || otsu_threshold(s.hist))?;
+    if let Some(o) = outputs.as_deref_mut() {
+        copy_out("hist", &mut o.hist, s.hist)?;
+    }
+
+    let s = arena.mask_mut();
+    let threshold = s.threshold[0];
+    time(Stage::Mask, on, || {
+        edge_mask(s.magnitude, threshold, s.mask)
+    })?;
+    if let Some(o) = outputs {
+        copy_out("magnitude", &mut o.magnitude, s.magnitude)?;
+        o.threshold = threshold;
+        copy_out("mask", &mut o.mask, s.mask)?;
+    }
     Ok(threshold)
 }
 

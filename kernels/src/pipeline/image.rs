@@ -1,9 +1,10 @@
 //! A deterministic synthetic test frame (gradients, shapes, noise) whose shape borders are
-//! known, so a test can check that edges appear where they should.
+//! known, so a test can check that edges appear where they should; and the 8-bit images the
+//! example writes as PNGs.
 
 use devarena::Error;
 
-use super::{ImageSize, check_len};
+use super::{FrameOutputs, ImageSize, check_len, magnitude_bin};
 
 /// The seed of the example's default frame.
 pub const DEFAULT_SEED: u64 = 0x5eed_f00d_dec0_de01;
@@ -252,6 +253,30 @@ pub fn synthetic_frame(size: ImageSize, seed: u64, rgb: &mut [u8]) -> Result<(),
         }
     }
     Ok(())
+}
+
+/// The 8-bit grayscale images of a frame's outputs, as written to PNG files (file name,
+/// `width · height` bytes): luma and blurred luma as `round(255 · clamp(v, 0, 1))`, the
+/// magnitude as its histogram bin (64 levels per unit of gradient, saturating at 255), and the
+/// mask.
+pub fn output_images(o: &FrameOutputs) -> [(&'static str, Vec<u8>); 4] {
+    let unit = |v: &[f32]| -> Vec<u8> {
+        v.iter()
+            .map(|&x| (x.clamp(0.0, 1.0) * 255.0).round() as u8)
+            .collect()
+    };
+    [
+        ("gray.png", unit(&o.gray)),
+        ("blurred.png", unit(&o.blurred)),
+        (
+            "magnitude.png",
+            o.magnitude
+                .iter()
+                .map(|&m| magnitude_bin(m) as u8)
+                .collect(),
+        ),
+        ("mask.png", o.mask.clone()),
+    ]
 }
 
 /// FNV-1a over bytes: a stable fingerprint for comparing outputs across runs.

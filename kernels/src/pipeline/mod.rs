@@ -12,6 +12,12 @@
 //! | [`Stage::Otsu`] | `hist` | `threshold` | Otsu's threshold over the bins, see [`host::otsu_threshold`] |
 //! | [`Stage::Mask`] | `magnitude`, `threshold` | `mask` | `255` where `magnitude_bin(m) > threshold`, else `0` |
 //!
+//! Two layouts hold the buffers: [`Frame`], where every buffer has bytes of its own, and
+//! [`FrameStaged`], planned with stages so that buffers whose live ranges never meet share
+//! bytes (60% less memory); on it each stage reaches its buffers only through its own stage
+//! views ([`host::run_frame_staged`], and `cuda::PipelineKernels::run_frame_staged`), and the
+//! results are bit-identical to [`Frame`]'s.
+//!
 //! [`host`] is the reference implementation (plain Rust, always compiled); `cuda` (feature
 //! `cuda`) runs the same stages as PTX kernels. The floating-point stages are written so the
 //! two agree bit for bit: the same operations in the same order, every one of them a single
@@ -81,6 +87,170 @@ pub struct Frame {
     threshold: [u32; 1],
     /// Binary edge mask: 0 or 255.
     mask: [u8; PIXELS],
+}
+
+/// The same buffers as [`Frame`], planned with stages: buffers whose live ranges never meet
+/// share bytes, and the pipeline reaches each buffer only through the views of the stages it
+/// is live in (`arena.gray_mut()`, `arena.blur_rows_mut()`, ...: see [`FrameStagedStages`]).
+///
+/// | stage | runs | live buffers |
+/// | --- | --- | --- |
+/// | `decode` | the input lands in `rgb` | `rgb` |
+/// | `gray` | [`Stage::Grayscale`] | `rgb`, `gray` |
+/// | `blur_rows` | [`Stage::BlurHorizontal`] | `gray`, `scratch` |
+/// | `blur_columns` | [`Stage::BlurVertical`] | `scratch`, `blurred` |
+/// | `sobel` | [`Stage::Sobel`] | `blurred`, `magnitude` |
+/// | `threshold` | [`Stage::Histogram`], [`Stage::Otsu`] | `magnitude`, `hist`, `threshold` |
+/// | `mask` | [`Stage::Mask`] | `magnitude`, `threshold`, `mask` |
+///
+/// At most two full-frame float buffers are live at once, so the plan needs about 40% of
+/// [`Frame`]'s bytes:
+///
+/// ```
+/// use devarena::DeviceLayout;
+/// use devarena_kernels::pipeline::{Frame, FrameStaged, PIXELS};
+///
+/// assert_eq!(FrameStaged::UNALIASED_SIZE, Frame::SIZE);
+/// assert_eq!(FrameStaged::PEAK_LIVE_BOUND, 2 * PIXELS * 4); // e.g. gray + scratch
+/// assert_eq!(FrameStaged::SIZE, FrameStaged::PEAK_LIVE_BOUND); // the plan reaches the bound
+/// ```
+///
+/// A frame's input must be written again every frame (stage `decode`): its bytes are reused
+/// by later stages. [`host::run_frame_staged`] and (feature `cuda`)
+/// `PipelineKernels::run_frame_staged` run a frame on it.
+#[derive(Debug, DeviceLayout)]
+#[layout(
+    max_bytes = 64 << 20,
+    stages(decode, gray, blur_rows, blur_columns, sobel, threshold, mask)
+)]
+#[allow(dead_code)]
+pub struct FrameStaged {
+    /// Input, 8-bit RGB interleaved: written by `decode`, read by `gray`.
+    #[layout(live = decode..=gray)]
+    rgb: [u8; PIXELS * 3],
+    /// Luma in `[0, 1]`.
+    #[layout(live = gray..=blur_rows)]
+    gray: [f32; PIXELS],
+    /// The blur's intermediate (horizontal pass).
+    #[layout(live = blur_rows..=blur_columns)]
+    scratch: [f32; PIXELS],
+    /// The blurred luma.
+    #[layout(live = blur_columns..=sobel)]
+    blurred: [f32; PIXELS],
+    /// Sobel gradient magnitude: read by the histogram and by the mask.
+    #[layout(live = sobel..=mask)]
+    magnitude: [f32; PIXELS],
+    /// Histogram of the magnitude's bins.
+    #[layout(live = threshold)]
+    hist: [u32; HIST_BINS],
+    /// Otsu's threshold (a bin index), read by the mask stage on the device.
+    #[layout(live = threshold..=mask)]
+    threshold: [u32; 1],
+    /// Binary edge mask: 0 or 255.
+    #[layout(live = mask)]
+    mask: [u8; PIXELS],
+}
+
+/// The names of [`FrameStaged`]'s stages, in order.
+pub const FRAME_STAGED_STAGES: [&str; 7] = [
+    "decode",
+    "gray",
+    "blur_rows",
+    "blur_columns",
+    "sobel",
+    "threshold",
+    "mask",
+];
+
+/// Every stage output of one frame, copied out: what the PNGs are made of and what tests
+/// compare. On an aliased arena each buffer is copied in the last stage it is live in, before
+/// its bytes are reused.
+#[derive(Debug, Clone)]
+pub struct FrameOutputs {
+    /// The size of the frame.
+    pub size: ImageSize,
+    /// Luma.
+    pub gray: Vec<f32>,
+    /// The blur's intermediate.
+    pub scratch: Vec<f32>,
+    /// Blurred luma.
+    pub blurred: Vec<f32>,
+    /// Gradient magnitude.
+    pub magnitude: Vec<f32>,
+    /// Histogram.
+    pub hist: Vec<u32>,
+    /// Otsu's threshold.
+    pub threshold: u32,
+    /// Edge mask.
+    pub mask: Vec<u8>,
+}
+
+impl FrameOutputs {
+    /// Zeroed buffers for a frame of `size` (made once; copying into them allocates nothing).
+    pub fn new(size: ImageSize) -> Self {
+        let n = size.pixels();
+        FrameOutputs {
+            size,
+            gray: vec![0.0; n],
+            scratch: vec![0.0; n],
+            blurred: vec![0.0; n],
+            magnitude: vec![0.0; n],
+            hist: vec![0; HIST_BINS],
+            threshold: 0,
+            mask: vec![0; n],
+        }
+    }
+
+    /// Copies every stage output out of a frame's buffers (host slices).
+    pub fn copy_from<B8, BF, BU>(&mut self, b: &FrameBuffers<'_, B8, BF, BU>) -> Result<(), Error>
+    where
+        B8: AsRef<[u8]> + ?Sized,
+        BF: AsRef<[f32]> + ?Sized,
+        BU: AsRef<[u32]> + ?Sized,
+    {
+        use copy_out as copy;
+        copy("gray", &mut self.gray, b.gray.as_ref())?;
+        copy("scratch", &mut self.scratch, b.scratch.as_ref())?;
+        copy("blurred", &mut self.blurred, b.blurred.as_ref())?;
+        copy("magnitude", &mut self.magnitude, b.magnitude.as_ref())?;
+        copy("hist", &mut self.hist, b.hist.as_ref())?;
+        check_len("outputs", "threshold", b.threshold.as_ref().len(), 1, None)?;
+        self.threshold = b.threshold.as_ref()[0];
+        copy("mask", &mut self.mask, b.mask.as_ref())
+    }
+
+    /// The first difference from `other`, bit for bit (floats compared by their bits, so
+    /// `-0.0 ≠ 0.0` and NaNs compare by payload), naming the buffer and the element; `None`
+    /// when the two are bit-identical.
+    pub fn first_difference(&self, other: &FrameOutputs) -> Option<String> {
+        fn floats(name: &str, a: &[f32], b: &[f32]) -> Option<String> {
+            if a.len() != b.len() {
+                return Some(format!("`{name}`: {} vs {} elements", a.len(), b.len()));
+            }
+            let i = a
+                .iter()
+                .zip(b)
+                .position(|(x, y)| x.to_bits() != y.to_bits())?;
+            Some(format!("`{name}`[{i}]: {:e} vs {:e}", a[i], b[i]))
+        }
+        fn ints<T: PartialEq + core::fmt::Debug>(name: &str, a: &[T], b: &[T]) -> Option<String> {
+            if a.len() != b.len() {
+                return Some(format!("`{name}`: {} vs {} elements", a.len(), b.len()));
+            }
+            let i = a.iter().zip(b).position(|(x, y)| x != y)?;
+            Some(format!("`{name}`[{i}]: {:?} vs {:?}", a[i], b[i]))
+        }
+        if self.size != other.size {
+            return Some(format!("size: {} vs {}", self.size, other.size));
+        }
+        floats("gray", &self.gray, &other.gray)
+            .or_else(|| floats("scratch", &self.scratch, &other.scratch))
+            .or_else(|| floats("blurred", &self.blurred, &other.blurred))
+            .or_else(|| floats("magnitude", &self.magnitude, &other.magnitude))
+            .or_else(|| ints("hist", &self.hist, &other.hist))
+            .or_else(|| ints("threshold", &[self.threshold], &[other.threshold]))
+            .or_else(|| ints("mask", &self.mask, &other.mask))
+    }
 }
 
 /// The width and height of an image.
@@ -276,6 +446,13 @@ impl<'f, 'v, K: ViewKind> From<&'f mut FrameViews<'v, K>>
 
 pub(crate) fn invalid(what: String) -> Error {
     Error::InvalidArgument { what }
+}
+
+/// Copies a stage output into its `FrameOutputs` buffer (same length, else an error naming it).
+pub(crate) fn copy_out<T: Copy>(name: &str, dst: &mut [T], src: &[T]) -> Result<(), Error> {
+    check_len("outputs", name, dst.len(), src.len(), None)?;
+    dst.copy_from_slice(src);
+    Ok(())
 }
 
 /// Checks that a buffer holds exactly `expected` elements.
