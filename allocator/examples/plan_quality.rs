@@ -97,8 +97,8 @@ fn main() {
                 align: f.align,
             })
             .collect();
-        let mut placed = vec![0; specs.len()];
-        let end = place_with(Strategy::BySize, &specs, &slots, &mut placed).unwrap();
+        let (mut order, mut placed) = (vec![0; specs.len()], vec![0; specs.len()]);
+        let end = place_with(Strategy::BySize, &specs, &slots, &mut order, &mut placed).unwrap();
         let greedy = end.div_ceil(t.align) * t.align;
         planner.push(t.size as f64 / t.peak_live_bound as f64);
         by_size.push(greedy as f64 / t.peak_live_bound as f64);

@@ -637,7 +637,7 @@ impl Strategy {
     ];
 }
 
-/// Marks a buffer the current strategy has not placed yet.
+/// No plan yet: larger than any end.
 const UNPLACED: usize = usize::MAX;
 
 /// Whether buffer `a` goes before buffer `b` under `strategy` (a strict total order).
@@ -680,85 +680,88 @@ const fn before(
 
 /// Places every buffer in `strategy`'s order at the lowest aligned offset that keeps it apart
 /// from the conflicting buffers already placed; writes the offsets to `placed` and returns the
-/// end of the highest buffer. `slots` gives the sizes and alignments (offsets are ignored).
+/// end of the highest buffer. `slots` gives the sizes and alignments (offsets are ignored);
+/// `order` is scratch space for the placement order. `order` and `placed` hold one entry per
+/// field.
 ///
 /// [`alias_into`] runs every strategy and keeps the smallest; this runs one, to compare.
+///
+/// The compiler evaluates this for every derived layout with stages, so it is written for
+/// const evaluation: the order is sorted once, and each buffer looks only at the buffers
+/// placed before it.
 pub const fn place_with(
     strategy: Strategy,
     specs: &[FieldSpec],
     slots: &[Slot],
+    order: &mut [usize],
     placed: &mut [usize],
 ) -> Result<usize, PlanError> {
     let n = specs.len();
+    assert!(
+        slots.len() == n && order.len() == n && placed.len() == n,
+        "place_with: slots, order and placed must have one entry per field"
+    );
+    // Insertion sort into the strategy's order (`before` is a strict total order).
     let mut i = 0;
     while i < n {
-        placed[i] = UNPLACED;
+        let mut j = i;
+        while j > 0 && before(strategy, specs, slots, i, order[j - 1]) {
+            order[j] = order[j - 1];
+            j -= 1;
+        }
+        order[j] = i;
         i += 1;
     }
     let mut end = 0usize;
     let mut step = 0;
     while step < n {
-        // The next buffer in the strategy's order.
-        let mut b = UNPLACED;
-        let mut k = 0;
-        while k < n {
-            if placed[k] == UNPLACED && (b == UNPLACED || before(strategy, specs, slots, k, b)) {
-                b = k;
-            }
-            k += 1;
-        }
+        let b = order[step];
+        let (first, last) = (specs[b].live.first, specs[b].live.last);
+        let size = slots[b].size;
         // The lowest feasible offset: start at 0 and, while the span overlaps conflicting
         // placed buffers, jump past the furthest of them (aligned). The offset only grows, and
         // every offset jumped over overlaps one of them, so the first that fits is the lowest;
         // it takes as many passes as jumps, usually one or two.
-        let size = slots[b].size;
-        let mut best: usize = 0;
-        loop {
+        let mut at: usize = 0;
+        while size != 0 {
             let mut past = 0;
-            let mut blocked = false;
-            let mut c = 0;
-            while c < n {
-                let at = placed[c];
-                if c != b
-                    && at != UNPLACED
-                    && size != 0
-                    && slots[c].size != 0
-                    && specs[c].live.meets(&specs[b].live)
-                    && at < best.saturating_add(size)
-                    && best < at + slots[c].size
+            let mut k = 0;
+            while k < step {
+                let c = order[k];
+                let (c_at, c_size) = (placed[c], slots[c].size);
+                // `at + size` cannot overflow: `at` was checked when it was chosen.
+                if c_at < at + size
+                    && at < c_at + c_size
+                    && c_size != 0
+                    && specs[c].live.first <= last
+                    && first <= specs[c].live.last
+                    && c_at + c_size > past
                 {
-                    blocked = true;
-                    if at + slots[c].size > past {
-                        past = at + slots[c].size;
-                    }
+                    past = c_at + c_size;
                 }
-                c += 1;
+                k += 1;
             }
-            if !blocked {
+            if past == 0 {
                 break;
             }
-            best = match align_up(past, slots[b].align) {
+            at = match align_up(past, slots[b].align) {
                 Some(next) if next.checked_add(size).is_some() => next,
-                _ => UNPLACED,
+                // Past every conflicting buffer would overflow usize.
+                _ => {
+                    return Err(field_err(
+                        b,
+                        PlanErrorKind::OffsetOverflow {
+                            offset: past,
+                            size,
+                            align: slots[b].align,
+                        },
+                    ));
+                }
             };
-            if best == UNPLACED {
-                break;
-            }
         }
-        if best == UNPLACED {
-            // Past every conflicting buffer would overflow usize.
-            return Err(field_err(
-                b,
-                PlanErrorKind::OffsetOverflow {
-                    offset: end,
-                    size: slots[b].size,
-                    align: slots[b].align,
-                },
-            ));
-        }
-        placed[b] = best;
-        if best + slots[b].size > end {
-            end = best + slots[b].size;
+        placed[b] = at;
+        if at + size > end {
+            end = at + size;
         }
         step += 1;
     }
@@ -768,7 +771,7 @@ pub const fn place_with(
 /// The aliasing planner (stages): places fields so that only fields whose live ranges meet are
 /// kept apart, and returns the planned size (rounded up to `align`). `slots` holds the sizes
 /// and alignments on entry and the aliased offsets on return; `best` and `current` are scratch
-/// space of one offset per field each.
+/// space of one entry per field each.
 ///
 /// Every [`Strategy`] is tried and the smallest plan is kept. On the classic five-buffer case
 /// (sizes 10, 20, 30, 40, 50; live 0–1, 1–2, 2–3, 3–4, 0–1) greedy-by-size alone needs 90
@@ -805,10 +808,12 @@ pub const fn alias_into(
         slots.len() == n && best.len() == n && current.len() == n,
         "alias_into: slots, best and current must have one entry per field"
     );
+    // `best` holds the placement order, `current` a strategy's offsets; the smallest plan so
+    // far goes straight into `slots`.
     let mut best_end = UNPLACED;
     let mut s = 0;
     while s < Strategy::ALL.len() {
-        let end = match place_with(Strategy::ALL[s], specs, slots, current) {
+        let end = match place_with(Strategy::ALL[s], specs, slots, best, current) {
             Ok(e) => e,
             Err(e) => return Err(e),
         };
@@ -816,16 +821,11 @@ pub const fn alias_into(
             best_end = end;
             let mut i = 0;
             while i < n {
-                best[i] = current[i];
+                slots[i].offset = current[i];
                 i += 1;
             }
         }
         s += 1;
-    }
-    let mut i = 0;
-    while i < n {
-        slots[i].offset = best[i];
-        i += 1;
     }
     let end = if n == 0 { 0 } else { best_end };
     match align_up(end, align) {

@@ -40,9 +40,15 @@ fn five_buffers_reach_the_bound_greedy_by_size_does_not() {
             align: 1,
         })
         .collect();
-    let mut placed = vec![0; 5];
+    let (mut order, mut placed) = (vec![0; 5], vec![0; 5]);
     assert_eq!(
-        place_with(PlanStrategy::BySize, &specs, &slots, &mut placed),
+        place_with(
+            PlanStrategy::BySize,
+            &specs,
+            &slots,
+            &mut order,
+            &mut placed
+        ),
         Ok(90)
     );
     // The runtime builder plans the same.
