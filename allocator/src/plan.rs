@@ -723,41 +723,43 @@ pub const fn place_with(
         // every offset jumped over overlaps one of them, so the first that fits is the lowest;
         // it takes as many passes as jumps, usually one or two.
         let mut at: usize = 0;
-        while size != 0 {
-            let mut past = 0;
-            let mut k = 0;
-            while k < step {
-                let c = order[k];
-                let (c_at, c_size) = (placed[c], slots[c].size);
-                // `at + size` cannot overflow: `at` was checked when it was chosen.
-                if c_at < at + size
-                    && at < c_at + c_size
-                    && c_size != 0
-                    && specs[c].live.first <= last
-                    && first <= specs[c].live.last
-                    && c_at + c_size > past
-                {
-                    past = c_at + c_size;
+        if size != 0 {
+            loop {
+                let mut past = 0;
+                let mut k = 0;
+                while k < step {
+                    let c = order[k];
+                    let (c_at, c_size) = (placed[c], slots[c].size);
+                    // `at + size` cannot overflow: `at` was checked when it was chosen.
+                    if c_at < at + size
+                        && at < c_at + c_size
+                        && c_size != 0
+                        && specs[c].live.first <= last
+                        && first <= specs[c].live.last
+                        && c_at + c_size > past
+                    {
+                        past = c_at + c_size;
+                    }
+                    k += 1;
                 }
-                k += 1;
-            }
-            if past == 0 {
-                break;
-            }
-            at = match align_up(past, slots[b].align) {
-                Some(next) if next.checked_add(size).is_some() => next,
-                // Past every conflicting buffer would overflow usize.
-                _ => {
-                    return Err(field_err(
-                        b,
-                        PlanErrorKind::OffsetOverflow {
-                            offset: past,
-                            size,
-                            align: slots[b].align,
-                        },
-                    ));
+                if past == 0 {
+                    break;
                 }
-            };
+                at = match align_up(past, slots[b].align) {
+                    Some(next) if next.checked_add(size).is_some() => next,
+                    // Past every conflicting buffer would overflow usize.
+                    _ => {
+                        return Err(field_err(
+                            b,
+                            PlanErrorKind::OffsetOverflow {
+                                offset: past,
+                                size,
+                                align: slots[b].align,
+                            },
+                        ));
+                    }
+                };
+            }
         }
         placed[b] = at;
         if at + size > end {
