@@ -8,8 +8,8 @@
 //! aggregate pairs per second, for 1 and 4 threads.
 //!
 //! ```text
-//! cargo bench -p devarena --bench pool              # table
-//! cargo bench -p devarena --bench pool -- --json    # one JSON document
+//! cargo bench -p devarena --bench pool_pairs              # table
+//! cargo bench -p devarena --bench pool_pairs -- --json    # one JSON document
 //! options: --rounds N  --ops N  --live N  --threads 1,4  --only NAME (columns whose name
 //! contains NAME; ratios need the baseline, "std::alloc")
 //! ```
