@@ -38,6 +38,8 @@ pub const TMA_PTX: &str = include_str!("../ptx/tma.ptx");
 
 /// Largest box the TMA kernel moves (its shared buffer).
 const TMA_BOX_MAX: usize = 256;
+/// Largest extent a tensor map is encoded over (1 GiB).
+const TMA_MAP_MAX: u64 = 1 << 30;
 
 /// One region to verify: where it is, how big, and the alignment it promises.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -489,9 +491,10 @@ impl Verifier {
             }
             let box_bytes = (r.size.min(TMA_BOX_MAX)) / 16 * 16;
             let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
-            // A tensor dimension holds at most 2^32 elements: a larger region is mapped over its
-            // first 4 GiB, which still starts at the region's address.
-            let dims = [(r.size as u64).min(u32::MAX as u64 + 1 - 16)];
+            // The map covers at most the region's first GiB: what is checked is the address the
+            // tensor starts at, and a 1-D map over more than 2^31 elements faulted the copy
+            // engine on an H200 (CUDA_ERROR_ILLEGAL_INSTRUCTION) although the driver encoded it.
+            let dims = [(r.size as u64).min(TMA_MAP_MAX)];
             let strides: [u64; 1] = [1];
             let boxes = [box_bytes as u32];
             let elem_strides = [1u32];
