@@ -51,7 +51,8 @@
 //! * `DEVARENA_EVENT_LOG=path`: every allocation and free in RMM's replay-log CSV
 //!   (`Thread,Time,Action,Pointer,Size,Stream`); with several devices, `path.<device>`.
 //! * [`devarena_torch_stats`] fills a C struct with a pool's counters; [`devarena_torch_report`]
-//!   prints the counters and the leak report (every live allocation) on stderr.
+//!   prints the counters and the leak report (every live allocation with its size, age and
+//!   stream) on stderr.
 //!
 //! No function here unwinds into C: every entry point catches panics and turns them into a
 //! null, an error code, or a line on stderr.
@@ -62,7 +63,7 @@ use std::sync::{Arc, OnceLock};
 
 use devarena::Pool;
 use devarena::backend::cuda::{default_stream, mem_info};
-use devarena::pool::{CsvEventLog, StreamId};
+use devarena::pool::{AllocRequest, CsvEventLog, StreamId, Tracking};
 
 /// Devices with a pool slot.
 const MAX_DEVICES: usize = 64;
@@ -127,6 +128,7 @@ fn create_pool(device: usize) -> Result<Pool, String> {
     let capacity = capacity(&stream)?;
     let mut builder = Pool::builder(capacity)
         .name(format!("torch-cuda:{device}"))
+        .tracking(Tracking::Tags)
         .log_leaks_on_drop(false);
     if let Some(path) = std::env::var_os("DEVARENA_EVENT_LOG") {
         let mut path = std::path::PathBuf::from(path);
@@ -183,7 +185,10 @@ pub extern "C" fn devarena_torch_alloc(
     let stream = StreamId(stream as usize as u64);
     let result = catch_unwind(|| {
         let pool = pool_for(device)?;
-        match pool.allocate_on(size, SEGMENT_ALIGN, stream) {
+        // The tag names the stream in the leak report.
+        let tag = format!("stream {stream}");
+        let request = AllocRequest::new(size, SEGMENT_ALIGN).on(stream).tag(&tag);
+        match pool.allocate_with(request) {
             Ok(addr) => Some(addr),
             Err(error) => {
                 if verbose() {

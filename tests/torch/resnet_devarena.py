@@ -190,6 +190,8 @@ def child(args):
             result["grads"] = [sum(inside(p.grad) for p in params), len(params)]
             bufs = [opt.state[p].get("momentum_buffer") for p in params]
             result["momentum"] = [sum(inside(b) for b in bufs), len(bufs)]
+        print("devarena's live allocations after training: the segments PyTorch's caching allocator "
+              "keeps for the MemPool (and any workspace it made there)", file=sys.stderr, flush=True)
         lib.devarena_torch_report(ctypes.c_int(args.device))
         print(RESULT_TAG + json.dumps(result), flush=True)
         return 0
@@ -215,6 +217,7 @@ def child(args):
             stats is not None and stats["base"] <= t.data_ptr() < stats["base"] + stats["capacity"]
         )
     del t
+    print("devarena's pool after the out-of-memory error:", file=sys.stderr, flush=True)
     lib.devarena_torch_report(ctypes.c_int(args.device))
     print(RESULT_TAG + json.dumps(result), flush=True)
     return 0
@@ -327,7 +330,9 @@ def parent(args):
                   f"losses under devarena within {tol:.3e} of PyTorch's allocator (max abs difference {diff!r}); "
                   f"exact equality cannot hold: PyTorch's own two runs differ by {spread!r}")
         routed = dev.get("routed_backward")
-        print(f"routing: use_mem_pool (main thread){' + all threads (backward)' if routed else ' only: backward temporaries and gradients used PyTorch allocator'}")
+        how = (" + all threads (backward too)" if routed
+               else " only: backward temporaries and gradients used PyTorch's own allocator")
+        print(f"routing: use_mem_pool (main thread){how}")
         st = dev.get("stats")
         check(st is not None, "the devarena run created a pool on the device")
         if st:
@@ -373,6 +378,7 @@ def main():
     ap.add_argument("--timeout", type=int, default=600, help="seconds per case")
     ap.add_argument("--child", choices=["native", "devarena", "devarena-oom"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.lib = os.path.abspath(args.lib)
     if args.child:
         return child(args)
     return parent(args)
