@@ -7,16 +7,22 @@
 //! median over rounds of ns per pair (one thread's elapsed time / its operations) and the
 //! aggregate pairs per second, for 1 and 4 threads.
 //!
+//! With the `cuda` feature and a GPU, two device columns run in the same process: a
+//! `devarena::Pool` whose region is one `cuMemAlloc` on the device, and `cuMemAllocAsync` /
+//! `cuMemFreeAsync` (each thread on its own stream, the device's memory pool with its release
+//! threshold raised to `u64::MAX` so freed memory stays pooled; the stream is synchronized at
+//! the end of the timed part). Without a GPU they are skipped with a note.
+//!
 //! ```text
-//! cargo bench -p devarena --bench pool_pairs              # table
-//! cargo bench -p devarena --bench pool_pairs -- --json    # one JSON document
+//! cargo bench -p devarena --bench pool_pairs                   # host columns, table
+//! cargo bench -p devarena --features cuda --bench pool_pairs   # + device columns
+//! cargo bench -p devarena --bench pool_pairs -- --json         # one JSON document
 //! options: --rounds N  --ops N  --live N  --threads 1,4  --only NAME (columns whose name
-//! contains NAME; ratios need the baseline, "std::alloc")
+//! contains NAME; ratios need the baselines, "std::alloc" and "cuMemAllocAsync")
 //! ```
 //!
-//! Every allocator is an [`AllocatorUnderTest`] measured by [`measure`]; a device column (e.g.
-//! `cuMemAllocAsync` / `cuMemFreeAsync` on a stream with its pool's release threshold raised) is
-//! one more implementation pushed in [`allocators`].
+//! Every allocator is an [`AllocatorUnderTest`] measured by [`measure`]; [`allocators`] lists
+//! them.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
@@ -160,16 +166,10 @@ impl Worker for OffsetWorker<'_> {
     }
 }
 
-/// Every column, the baseline first.
-///
-/// Device columns (feature `cuda`, on a machine with a GPU) are pushed here as well: a
-/// `DevarenaPool` whose pool was built on the CUDA backend, and an allocator under test whose
-/// workers call `cuMemAllocAsync` / `cuMemFreeAsync` on their own stream (its memory pool's
-/// release threshold raised to `u64::MAX` so that memory stays pooled) and synchronize the
-/// stream in `finish`. Only `backend/cuda.rs` calls the driver, so those workers wrap a type
-/// it exports.
-fn allocators(capacity: usize) -> Vec<Box<dyn AllocatorUnderTest>> {
-    vec![
+/// Every column, the host baseline first; then the device columns when there is a GPU (with
+/// `notes` saying why not otherwise).
+fn allocators(capacity: usize, notes: &mut Vec<String>) -> Vec<Box<dyn AllocatorUnderTest>> {
+    let mut all: Vec<Box<dyn AllocatorUnderTest>> = vec![
         Box::new(SystemAlloc),
         Box::new(DevarenaPool {
             pool: Pool::builder(capacity)
@@ -178,7 +178,131 @@ fn allocators(capacity: usize) -> Vec<Box<dyn AllocatorUnderTest>> {
                 .expect("reserve the pool's region"),
         }),
         Box::new(OffsetAllocator::new(capacity)),
-    ]
+    ];
+    device::push_columns(capacity, &mut all, notes);
+    all
+}
+
+#[cfg(not(feature = "cuda"))]
+mod device {
+    use super::AllocatorUnderTest;
+
+    pub const ASYNC_NAME: &str = "cuMemAllocAsync";
+
+    pub fn push_columns(
+        _capacity: usize,
+        _all: &mut Vec<Box<dyn AllocatorUnderTest>>,
+        notes: &mut Vec<String>,
+    ) {
+        notes.push("device columns skipped: built without the `cuda` feature".into());
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod device {
+    //! The device columns: a pool on a `cuMemAlloc` region, and the driver's stream-ordered
+    //! allocator.
+
+    use std::sync::Arc;
+
+    use cudarc::driver::{CudaContext, result, sys};
+    use devarena::Pool;
+    use devarena::backend::cuda::{CudaStream, cuda_stream, describe_device, driver_error};
+
+    use super::{AllocatorUnderTest, DevarenaPool, Worker};
+
+    /// The column name of `cuMemAllocAsync` / `cuMemFreeAsync`.
+    pub const ASYNC_NAME: &str = "cuMemAllocAsync";
+
+    pub fn push_columns(
+        capacity: usize,
+        all: &mut Vec<Box<dyn AllocatorUnderTest>>,
+        notes: &mut Vec<String>,
+    ) {
+        let stream = match cuda_stream(0) {
+            Ok(stream) => stream,
+            Err(e) => {
+                notes.push(format!("device columns skipped: no CUDA device ({e})"));
+                return;
+            }
+        };
+        match describe_device(&stream) {
+            Ok(d) => notes.push(format!("device: {d}")),
+            Err(e) => notes.push(format!("device: (not described: {e})")),
+        }
+        match Pool::builder(capacity)
+            .name("bench-cuda")
+            .build_cuda(stream.clone())
+        {
+            Ok(pool) => all.push(Box::new(DevarenaPool { pool })),
+            Err(e) => notes.push(format!("devarena Pool (cuda) skipped: {e}")),
+        }
+        match StreamOrdered::new(&stream) {
+            Ok(async_alloc) => all.push(Box::new(async_alloc)),
+            Err(e) => notes.push(format!("{ASYNC_NAME} skipped: {e}")),
+        }
+    }
+
+    /// `cuMemAllocAsync` / `cuMemFreeAsync` from the device's current memory pool, whose
+    /// release threshold is raised to `u64::MAX` so that freed memory stays in the pool.
+    struct StreamOrdered {
+        ctx: Arc<CudaContext>,
+    }
+
+    impl StreamOrdered {
+        fn new(stream: &Arc<CudaStream>) -> Result<Self, String> {
+            let ctx = stream.context().clone();
+            if !ctx.has_async_alloc() {
+                return Err("the device has no memory pools".into());
+            }
+            ctx.bind_to_thread()
+                .map_err(|e| driver_error("cuCtxSetCurrent", e).to_string())?;
+            // SAFETY: the device comes from a live context; `threshold` is the u64 that
+            // CU_MEMPOOL_ATTR_RELEASE_THRESHOLD reads.
+            unsafe {
+                let pool = result::device::get_mem_pool(ctx.cu_device())
+                    .map_err(|e| driver_error("cuDeviceGetMemPool", e).to_string())?;
+                let mut threshold = u64::MAX;
+                result::mem_pool::set_attribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    (&mut threshold as *mut u64).cast(),
+                )
+                .map_err(|e| driver_error("cuMemPoolSetAttribute", e).to_string())?;
+            }
+            Ok(StreamOrdered { ctx })
+        }
+    }
+
+    struct StreamOrderedWorker {
+        stream: Arc<CudaStream>,
+    }
+
+    impl AllocatorUnderTest for StreamOrdered {
+        fn name(&self) -> String {
+            ASYNC_NAME.into()
+        }
+        fn worker(&self, _thread: usize) -> Box<dyn Worker + '_> {
+            // Made on the thread that uses it: the context is bound there from now on.
+            let stream = self.ctx.new_stream().expect("cuStreamCreate");
+            Box::new(StreamOrderedWorker { stream })
+        }
+    }
+
+    impl Worker for StreamOrderedWorker {
+        fn alloc(&mut self, size: usize) -> Option<u64> {
+            // SAFETY: the context is bound on this thread (`new_stream` bound it) and the
+            // stream is alive; the memory is only passed back to `free`.
+            unsafe { result::malloc_async(self.stream.cu_stream(), size) }.ok()
+        }
+        fn free(&mut self, addr: u64, _size: usize) {
+            // SAFETY: `addr` came from `cuMemAllocAsync` and is freed once, on its stream.
+            unsafe { result::free_async(addr, self.stream.cu_stream()) }.expect("cuMemFreeAsync");
+        }
+        fn finish(&mut self) {
+            self.stream.synchronize().expect("cuStreamSynchronize");
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -403,7 +527,8 @@ fn main() {
     let max_threads = threads.iter().copied().max().unwrap_or(1);
     // Room for every thread's live set at the largest size, twice over (fragmentation).
     let capacity = (2 * max_threads * cfg.live * (4 << 20)).next_power_of_two();
-    let allocators = allocators(capacity);
+    let mut notes = Vec::new();
+    let allocators = allocators(capacity, &mut notes);
 
     let mut rows: Vec<Row> = Vec::new();
     for &t in &threads {
@@ -429,6 +554,12 @@ fn main() {
             .map(|r| r.ns)
             .unwrap_or(f64::NAN)
     };
+    // The device baseline, when the device columns ran.
+    let async_baseline = |threads: usize| {
+        rows.iter()
+            .find(|r| r.threads == threads && r.name == device::ASYNC_NAME)
+            .map(|r| r.ns)
+    };
 
     if json {
         let entries: Vec<String> = rows
@@ -437,37 +568,53 @@ fn main() {
                 format!(
                     "{{\"allocator\":\"{}\",\"threads\":{},\"median_ns_per_pair\":{:.2},\
                      \"median_cpu_ns_per_pair\":{},\"median_pairs_per_sec\":{:.0},\
-                     \"speedup_vs_system\":{:.3}}}",
+                     \"speedup_vs_system\":{:.3},\"speedup_vs_cumemallocasync\":{}}}",
                     r.name,
                     r.threads,
                     r.ns,
                     r.cpu_ns.map_or("null".to_string(), |c| format!("{c:.2}")),
                     r.pairs_per_sec,
-                    baseline(r.threads) / r.ns
+                    baseline(r.threads) / r.ns,
+                    async_baseline(r.threads)
+                        .map_or("null".to_string(), |a| format!("{:.3}", a / r.ns))
                 )
             })
             .collect();
+        let notes: Vec<String> = notes
+            .iter()
+            .map(|n| format!("\"{}\"", n.replace('\\', "\\\\").replace('"', "\\\"")))
+            .collect();
         println!(
-            "{{\"workload\":{{\"live\":{},\"ops\":{},\"rounds\":{},\"sizes\":\"log-uniform [256 B, 4 MiB]\",\"align\":256}},\"results\":[{}]}}",
+            "{{\"workload\":{{\"live\":{},\"ops\":{},\"rounds\":{},\"sizes\":\"log-uniform [256 B, 4 MiB]\",\"align\":256}},\"notes\":[{}],\"results\":[{}]}}",
             cfg.live,
             cfg.ops,
             cfg.rounds,
+            notes.join(","),
             entries.join(",")
         );
         return;
     }
     println!(
         "alloc+free pairs: {} live, {} ops/round, sizes log-uniform [256 B, 4 MiB], align 256, \
-         median of {} rounds (ns/pair: wall clock per thread; cpu: the thread's on-CPU time)\n",
+         median of {} rounds (ns/pair: wall clock per thread; cpu: the thread's on-CPU time)",
         cfg.live, cfg.ops, cfg.rounds
     );
-    println!(
+    for note in &notes {
+        println!("{note}");
+    }
+    println!();
+    let device_ran = rows.iter().any(|r| r.name == device::ASYNC_NAME);
+    print!(
         "{:<24} {:>7} {:>10} {:>10} {:>15} {:>11}",
         "allocator", "threads", "ns/pair", "cpu ns", "Mpairs/s (all)", "vs system"
     );
+    if device_ran {
+        print!(" {:>11}", "vs async");
+    }
+    println!();
     for r in &rows {
         let cpu = r.cpu_ns.map_or("-".to_string(), |c| format!("{c:.1}"));
-        println!(
+        print!(
             "{:<24} {:>7} {:>10.1} {:>10} {:>15.2} {:>10.2}x",
             r.name,
             r.threads,
@@ -475,6 +622,19 @@ fn main() {
             cpu,
             r.pairs_per_sec / 1e6,
             baseline(r.threads) / r.ns
+        );
+        if device_ran {
+            match async_baseline(r.threads) {
+                Some(a) => print!(" {:>10.2}x", a / r.ns),
+                None => print!(" {:>11}", "-"),
+            }
+        }
+        println!();
+    }
+    if device_ran {
+        println!(
+            "\nvs system: std::alloc's ns/pair over this row's; vs async: {}'s (same threads)",
+            device::ASYNC_NAME
         );
     }
 }

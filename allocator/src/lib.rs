@@ -63,7 +63,9 @@
 //! * `std` (default): `std::error::Error`, writing reports to files, and the runtime
 //!   [`Pool`] (sub-allocation of one reserved region under the TensorRT
 //!   `IGpuAllocator` contract, with caps, statistics, leak reports and an event log).
-//! * `cuda`: the CUDA backends through cudarc (device memory, stream-ordered, managed, pinned).
+//! * `cuda`: the CUDA backends through cudarc (device memory, stream-ordered, managed, pinned),
+//!   and the pool on device memory (`Pool::cuda`, with CUDA events for stream ordering and
+//!   device views of its slices).
 //!
 //! Without `std` the crate is `#![no_std]` and needs only `alloc`.
 #![no_std]

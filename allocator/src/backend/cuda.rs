@@ -990,3 +990,319 @@ pub fn describe_device(stream: &CudaStream) -> Result<String, Error> {
         free as f64 / (1u64 << 30) as f64
     ))
 }
+
+// --- the runtime pool on a device --------------------------------------------------------------
+//
+// What `crate::pool` needs from CUDA, kept here so that the pool itself knows nothing of the
+// driver: a stream runtime (`StreamSync`) on CUDA events, the constructor of a device pool, the
+// conversion of a `PoolSlice` into device views, and pointer queries.
+
+pub use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig};
+pub use cudarc::nvrtc::Ptx;
+
+use alloc::boxed::Box;
+
+use crate::pool::{Pool, PoolBuilder, PoolSlice, StreamEvent, StreamId, StreamSync};
+
+/// The raw `CUstream` of a [`StreamId`].
+fn cu_stream_of(stream: StreamId) -> sys::CUstream {
+    stream.raw() as usize as sys::CUstream
+}
+
+/// The [`StreamId`] of a stream: its raw `CUstream` handle (`0` for the legacy default stream).
+pub fn stream_id(stream: &CudaStream) -> StreamId {
+    StreamId(stream.cu_stream() as usize as u64)
+}
+
+/// The legacy default stream (handle `0`) of device `ordinal`'s primary context: the context
+/// and the stream the CUDA runtime, and so PyTorch, use unless told otherwise. Memory allocated
+/// on it is usable by runtime-API code in the same process. [`Error::NoDevice`] when there is
+/// no driver or no such device.
+pub fn default_stream(ordinal: usize) -> Result<Arc<CudaStream>, Error> {
+    let n = device_count()?;
+    if ordinal >= n {
+        return Err(Error::NoDevice {
+            reason: format!("device {ordinal} was asked for; the driver reports {n} device(s)"),
+        });
+    }
+    let ctx = CudaContext::new(ordinal).map_err(drv("cuDevicePrimaryCtxRetain"))?;
+    Ok(ctx.default_stream())
+}
+
+/// The pool's stream runtime on CUDA events: `cuEventRecord` when a block is freed on a stream
+/// other than the pool's home stream, `cuEventQuery` to see whether it may be reused, and
+/// `cuEventRecord` + `cuStreamWaitEvent` to order a stream after the home stream.
+///
+/// Streams are named by their raw handles ([`StreamId`]), so streams that cudarc does not own
+/// (a `cudaStream_t` from PyTorch, the legacy default stream `0`, the per-thread default stream
+/// `2`) work too; they must belong to this context. Every call binds the context to the calling
+/// thread first, never blocks the host and never calls back into the pool.
+#[derive(Debug, Clone)]
+pub struct CudaStreams {
+    ctx: Arc<CudaContext>,
+}
+
+impl CudaStreams {
+    /// A stream runtime for streams of `ctx`.
+    pub fn new(ctx: Arc<CudaContext>) -> Self {
+        CudaStreams { ctx }
+    }
+
+    /// The context the streams belong to.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// A fresh event (`cuEventCreate` with `CU_EVENT_DISABLE_TIMING`) recorded on `stream`.
+    fn record_on(&self, stream: StreamId) -> Result<cudarc::driver::CudaEvent, Error> {
+        // `new_event` binds the context.
+        let event = self
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(drv("cuEventCreate"))?;
+        // SAFETY: the event is alive (owned here); the stream handle is one the caller named
+        // as a stream of this context, which the context is bound for.
+        unsafe { result::event::record(event.cu_event(), cu_stream_of(stream)) }
+            .map_err(drv("cuEventRecord"))?;
+        Ok(event)
+    }
+}
+
+/// An event recorded by [`CudaStreams`]; destroyed (`cuEventDestroy`) on drop.
+#[derive(Debug)]
+struct CudaPoolEvent {
+    event: cudarc::driver::CudaEvent,
+}
+
+impl StreamEvent for CudaPoolEvent {
+    fn is_complete(&self) -> Result<bool, Error> {
+        self.event
+            .context()
+            .bind_to_thread()
+            .map_err(drv("cuCtxSetCurrent"))?;
+        // `cuEventQuery`: CUDA_SUCCESS → true, CUDA_ERROR_NOT_READY → false, else an error.
+        self.event.try_is_complete().map_err(drv("cuEventQuery"))
+    }
+}
+
+impl StreamSync for CudaStreams {
+    fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
+        Ok(Box::new(CudaPoolEvent {
+            event: self.record_on(stream)?,
+        }))
+    }
+
+    fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
+        let event = self.record_on(producer)?;
+        // SAFETY: both handles are streams of this context (bound by `record_on`); the event is
+        // alive. Destroying it right after the wait is allowed: the wait keeps what it needs.
+        unsafe {
+            result::stream::wait_event(
+                cu_stream_of(waiter),
+                event.cu_event(),
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(drv("cuStreamWaitEvent"))
+    }
+}
+
+impl PoolBuilder {
+    /// Reserves the region with `cuMemAlloc` on `stream`'s device ([`CudaBackend::new`]) and
+    /// makes the pool stream-aware ([`CudaStreams`]) with `stream` as its home stream.
+    ///
+    /// ```no_run
+    /// use devarena::backend::cuda::cuda_stream;
+    /// use devarena::pool::{Pool, Tracking};
+    ///
+    /// let stream = cuda_stream(0)?;
+    /// let pool = Pool::builder(1 << 30)
+    ///     .name("engines")
+    ///     .tracking(Tracking::Tags)
+    ///     .build_cuda(stream)?;
+    /// assert_eq!(pool.backend_name(), "cuda");
+    /// # Ok::<(), devarena::Error>(())
+    /// ```
+    pub fn build_cuda(self, stream: Arc<CudaStream>) -> Result<Pool, Error> {
+        let home = stream_id(&stream);
+        let streams = Arc::new(CudaStreams::new(stream.context().clone()));
+        self.streams(streams, home)
+            .build_in(CudaBackend::new(stream))
+    }
+}
+
+impl Pool {
+    /// A pool of `capacity` bytes of device memory: one `cuMemAlloc` on `stream`'s device,
+    /// home stream `stream` (see [`PoolBuilder::build_cuda`] for the other settings).
+    ///
+    /// Allocation and free never call the driver, except to record an event when a block is
+    /// freed on another stream (see [`crate::pool::stream`]). [`PoolSlice::device_view`] and
+    /// [`PoolSlice::device_view_mut`] turn typed slices into views for cudarc.
+    ///
+    /// ```no_run
+    /// use devarena::backend::cuda::cuda_stream;
+    /// use devarena::Pool;
+    ///
+    /// let stream = cuda_stream(0)?;
+    /// let pool = Pool::cuda(stream.clone(), 256 << 20)?;
+    /// let mut xs = pool.alloc_slice::<f32>(1 << 20)?;
+    /// xs.device_view_mut(&stream)?.upload(&vec![1.0; 1 << 20])?;
+    /// assert_eq!(xs.device_view(&stream)?.to_vec()?[12345], 1.0);
+    /// # Ok::<(), devarena::Error>(())
+    /// ```
+    pub fn cuda(stream: Arc<CudaStream>, capacity: usize) -> Result<Pool, Error> {
+        PoolBuilder::new(capacity).build_cuda(stream)
+    }
+}
+
+impl<T: Element> PoolSlice<T> {
+    /// Checks that the slice may be viewed on `stream` and returns its device address.
+    fn device_addr_for(&self, stream: &CudaStream) -> Result<u64, Error> {
+        let backend = self.client().backend_name();
+        if !matches!(backend, "cuda" | "cuda-async" | "cuda-managed") {
+            return Err(Error::invalid(format!(
+                "pool slice at {:#x} lives in `{backend}` memory, which has no device view",
+                self.addr()
+            )));
+        }
+        let id = stream_id(stream);
+        if id != self.stream() {
+            return Err(Error::invalid(format!(
+                "pool slice at {:#x} was allocated for stream {}, not stream {id}: a view is \
+                 ordered on its slice's stream (allocate it with `alloc_slice_on` for the other \
+                 stream, or pass the view to work on the other stream, which then waits)",
+                self.addr(),
+                self.stream()
+            )));
+        }
+        let info = pointer_info(stream, self.addr())?;
+        let ordinal = stream.context().ordinal();
+        if info.device_ordinal != Some(ordinal) {
+            return Err(Error::invalid(format!(
+                "pool slice at {:#x} lives on device {:?}, the stream on device {ordinal}",
+                self.addr(),
+                info.device_ordinal
+            )));
+        }
+        Ok(self.addr())
+    }
+
+    /// A read-only device view of the slice, ordered on `stream`: the stream the slice was
+    /// allocated for (the pool's home stream for [`Pool::alloc_slice`]). The view borrows the
+    /// slice, so the slice cannot be freed while a view of it lives.
+    ///
+    /// An error when the pool is not device memory, `stream` is not the slice's stream, or the
+    /// memory is on another device than `stream`.
+    pub fn device_view<'a>(
+        &'a self,
+        stream: &'a Arc<CudaStream>,
+    ) -> Result<DeviceView<'a, T>, Error> {
+        let ptr = self.device_addr_for(stream)?;
+        Ok(DeviceView {
+            ptr,
+            len: self.len(),
+            stream,
+            _marker: PhantomData,
+        })
+    }
+
+    /// A mutable device view of the slice, ordered on `stream` (see
+    /// [`device_view`](Self::device_view)); `&mut self` makes it the only view.
+    pub fn device_view_mut<'a>(
+        &'a mut self,
+        stream: &'a Arc<CudaStream>,
+    ) -> Result<DeviceViewMut<'a, T>, Error> {
+        let ptr = self.device_addr_for(stream)?;
+        Ok(DeviceViewMut {
+            ptr,
+            len: self.len(),
+            stream,
+            _marker: PhantomData,
+        })
+    }
+}
+
+/// What the driver knows about an address (`cuPointerGetAttribute`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PointerInfo {
+    /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`: device, host, array or unified memory.
+    pub memory_type: PointerMemory,
+    /// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`, when the driver reports one.
+    pub device_ordinal: Option<usize>,
+    /// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`: start of the allocation the address lies in.
+    pub range_start: u64,
+    /// `CU_POINTER_ATTRIBUTE_RANGE_SIZE`: bytes of that allocation.
+    pub range_size: usize,
+}
+
+/// The kind of memory an address points to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PointerMemory {
+    /// Device memory (`cuMemAlloc`, `cuMemAllocAsync`).
+    Device,
+    /// Host memory known to the driver (pinned or registered).
+    Host,
+    /// A CUDA array.
+    Array,
+    /// Unified (managed) memory.
+    Unified,
+}
+
+/// What the driver knows about `addr`, in `stream`'s context: an error for an address the
+/// driver does not know (plain host memory, a freed allocation).
+///
+/// ```no_run
+/// use devarena::backend::cuda::{cuda_stream, pointer_info, PointerMemory};
+/// use devarena::Pool;
+///
+/// let stream = cuda_stream(0)?;
+/// let pool = Pool::cuda(stream.clone(), 64 << 20)?;
+/// let addr = pool.allocate(1000, 0)?;
+/// let info = pointer_info(&stream, addr)?;
+/// assert_eq!(info.memory_type, PointerMemory::Device);
+/// assert!(info.range_start <= pool.base());
+/// # Ok::<(), devarena::Error>(())
+/// ```
+pub fn pointer_info(stream: &CudaStream, addr: u64) -> Result<PointerInfo, Error> {
+    bind(stream)?;
+    fn attribute<V: Default>(attr: sys::CUpointer_attribute, addr: u64) -> Result<V, Error> {
+        let mut value = V::default();
+        // SAFETY: `value` is a valid out-pointer of the type the attribute writes (the
+        // callers pair each attribute with its documented type: unsigned int, int, CUdeviceptr
+        // or size_t); the driver only reads `addr`.
+        unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut value as *mut V).cast::<core::ffi::c_void>(),
+                attr,
+                addr,
+            )
+        }
+        .result()
+        .map_err(drv("cuPointerGetAttribute"))?;
+        Ok(value)
+    }
+    use sys::CUpointer_attribute as A;
+    let memory_type = match attribute::<u32>(A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr)? {
+        t if t == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 => PointerMemory::Device,
+        t if t == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32 => PointerMemory::Host,
+        t if t == sys::CUmemorytype::CU_MEMORYTYPE_ARRAY as u32 => PointerMemory::Array,
+        _ => PointerMemory::Unified,
+    };
+    let is_managed = attribute::<u32>(A::CU_POINTER_ATTRIBUTE_IS_MANAGED, addr)? != 0;
+    let memory_type = if is_managed {
+        PointerMemory::Unified
+    } else {
+        memory_type
+    };
+    let device_ordinal = attribute::<i32>(A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, addr)
+        .ok()
+        .and_then(|o| usize::try_from(o).ok());
+    let range_start = attribute::<u64>(A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, addr)?;
+    let range_size = attribute::<usize>(A::CU_POINTER_ATTRIBUTE_RANGE_SIZE, addr)?;
+    Ok(PointerInfo {
+        memory_type,
+        device_ordinal,
+        range_start,
+        range_size,
+    })
+}

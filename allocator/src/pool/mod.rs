@@ -36,15 +36,19 @@
 //! # Backends and devices
 //!
 //! [`Pool::host`] reserves host memory; [`Pool::new_in`] (or [`PoolBuilder::build_in`]) takes
-//! any [`Backend`] that is `Send + Sync`, which is how a device pool is made. A device pool
-//! that serves several streams also gets a [`StreamSync`] ([`PoolBuilder::streams`]); its
-//! [`PoolSlice`]s are not host memory and convert to device views instead.
+//! any [`Backend`] that is `Send + Sync`. A device pool that serves several streams also gets a
+//! [`StreamSync`] ([`PoolBuilder::streams`]); its [`PoolSlice`]s are not host memory and convert
+//! to device views instead. With the `cuda` feature, `Pool::cuda(stream, capacity)` (or
+//! `PoolBuilder::build_cuda(stream)`) does all of that: one `cuMemAlloc` region, the CUDA
+//! events of `backend::cuda::CudaStreams`, `stream` as the home stream; and
+//! `PoolSlice::device_view(&stream)` / `device_view_mut(&stream)` give cudarc views.
 //!
 //! # Performance
 //!
 //! `cargo bench -p devarena --bench pool` runs alloc+free pairs (64 live, sizes log-uniform in
 //! 256 B … 4 MiB) against the system allocator and prints the median ns per pair for 1 and 4
-//! threads (`-- --json` for a machine-readable form).
+//! threads (`-- --json` for a machine-readable form); with `--features cuda` on a GPU it adds a
+//! pool on device memory and `cuMemAllocAsync` / `cuMemFreeAsync` in the same run.
 //!
 //! # Example
 //!

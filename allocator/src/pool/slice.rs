@@ -21,9 +21,10 @@ use crate::layout::Element;
 /// the elements as `&[T]` / `&mut [T]` (the memory is always initialized: the host region
 /// starts zeroed and `T` accepts every bit pattern, so a reused block reads as the values last
 /// written there). On a device pool they return an error naming the backend; the CUDA backend
-/// adds the device view conversion (`backend/cuda.rs`: a view of [`addr`](Self::addr) and
-/// [`len`](Self::len) that implements cudarc's `DeviceSlice` / `DevicePtr` / `DevicePtrMut`
-/// and `PushKernelArg`, borrowed from the slice).
+/// adds the device view conversion (`device_view(&stream)` / `device_view_mut(&stream)` in
+/// `backend/cuda.rs`: a view of [`addr`](Self::addr) and [`len`](Self::len) that implements
+/// cudarc's `DeviceSlice` / `DevicePtr` / `DevicePtrMut` and `PushKernelArg`, borrowed from the
+/// slice and ordered on the slice's stream).
 ///
 /// ```
 /// use devarena::Pool;

@@ -1,0 +1,431 @@
+//! The pool on a CUDA device: device addresses inside the reserved region, kernels and copies
+//! through `PoolSlice` views, stream ordering with real CUDA events, quotas, and the region
+//! going back to the driver on drop.
+//!
+//! Without a CUDA driver or device each test prints `skipped: no CUDA device` and passes; with
+//! `DEVARENA_REQUIRE_GPU=1` set they fail instead.
+
+/// Whether the environment demands a GPU (`DEVARENA_REQUIRE_GPU=1`).
+fn gpu_required() -> bool {
+    std::env::var("DEVARENA_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+/// Skips (prints `skipped: no CUDA device`) or, when a GPU is required, fails with `why`.
+fn skip_or_fail(why: &str) {
+    assert!(
+        !gpu_required(),
+        "DEVARENA_REQUIRE_GPU=1 but no CUDA device is usable: {why}"
+    );
+    println!("skipped: no CUDA device ({why})");
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn device_pool_tests_need_the_cuda_feature() {
+    skip_or_fail("built without the `cuda` feature");
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use std::ffi::c_void;
+    use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+    use cudarc::driver::result;
+    use devarena::backend::cuda::{
+        CudaStream, LaunchConfig, PointerMemory, Ptx, PushKernelArg, cuda_stream, mem_info,
+        pointer_info, stream_id,
+    };
+    use devarena::pool::{PoolStats, Tracking};
+    use devarena::{Error, Pool};
+
+    use super::skip_or_fail;
+
+    const SCALE_ADD_PTX: &str = include_str!("kernels/scale_add.ptx");
+
+    /// The tests of this file share one device and compare free-memory readings: one at a time.
+    static DEVICE: Mutex<()> = Mutex::new(());
+
+    /// The device lock and a stream on GPU 0, or `None` after [`skip_or_fail`].
+    fn gpu() -> Option<(MutexGuard<'static, ()>, Arc<CudaStream>)> {
+        let guard = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+        match cuda_stream(0) {
+            Ok(stream) => Some((guard, stream)),
+            Err(e) => {
+                skip_or_fail(&e.to_string());
+                None
+            }
+        }
+    }
+
+    /// Holds a stream at a host function until released (or dropped, so a failing test never
+    /// leaves the stream blocked): deterministic "work still queued on this stream".
+    struct StreamGate {
+        state: Arc<(Mutex<bool>, Condvar)>,
+    }
+
+    unsafe extern "C" fn wait_for_gate(arg: *mut c_void) {
+        // SAFETY: `arg` is the `Arc` leaked by `StreamGate::block`, reclaimed here once.
+        let state = unsafe { Arc::from_raw(arg as *const (Mutex<bool>, Condvar)) };
+        let (open, cv) = &*state;
+        let mut open = open.lock().unwrap_or_else(|e| e.into_inner());
+        while !*open {
+            open = cv.wait(open).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    impl StreamGate {
+        /// Queues a host function on `stream` that returns only once the gate opens.
+        fn block(stream: &CudaStream) -> StreamGate {
+            let state = Arc::new((Mutex::new(false), Condvar::new()));
+            let arg = Arc::into_raw(state.clone()) as *mut c_void;
+            stream.context().bind_to_thread().unwrap();
+            // SAFETY: the stream is alive; the host function makes no CUDA calls and owns one
+            // reference to the gate's state, which outlives it.
+            unsafe { result::stream::launch_host_function(stream.cu_stream(), wait_for_gate, arg) }
+                .expect("cuLaunchHostFunc");
+            StreamGate { state }
+        }
+
+        fn open(&self) {
+            let (open, cv) = &*self.state;
+            *open.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            cv.notify_all();
+        }
+    }
+
+    impl Drop for StreamGate {
+        fn drop(&mut self) {
+            self.open();
+        }
+    }
+
+    fn exhausted(error: &Error) -> (&'static str, usize) {
+        match error {
+            Error::PoolExhausted { limit, pending, .. } => (limit, *pending),
+            other => panic!("expected PoolExhausted, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn device_pool_hands_out_device_addresses_inside_its_region() {
+        let Some((_device, stream)) = gpu() else {
+            return;
+        };
+        let capacity = 64 << 20;
+        let pool = Pool::cuda(stream.clone(), capacity).unwrap();
+        assert_eq!(pool.backend_name(), "cuda");
+        assert!(!pool.is_host());
+        assert_eq!(pool.capacity(), capacity);
+        assert_eq!(pool.home_stream(), stream_id(&stream));
+
+        // The region is one cuMemAlloc allocation on device 0 that covers the whole capacity.
+        let region = pointer_info(&stream, pool.base()).unwrap();
+        println!("region: base {:#x}, {region:?}", pool.base());
+        assert_eq!(region.memory_type, PointerMemory::Device);
+        assert_eq!(region.device_ordinal, Some(0));
+        assert!(region.range_start <= pool.base());
+        assert!(pool.base() + capacity as u64 <= region.range_start + region.range_size as u64);
+
+        let requests = [
+            (1usize, 0usize),
+            (1000, 512),
+            (4096, 4096),
+            (3 << 20, 256),
+            (0, 0),
+            (12345, 1024),
+            (8 << 20, 2048),
+        ];
+        let mut addrs = Vec::new();
+        for &(size, align) in &requests {
+            let addr = pool.allocate(size, align).unwrap();
+            assert!(pool.contains(addr), "{addr:#x} outside the region");
+            assert!(addr + size as u64 <= pool.base() + capacity as u64);
+            assert_eq!(
+                addr % align.max(256) as u64,
+                0,
+                "{addr:#x} not aligned to {align}"
+            );
+            let info = pointer_info(&stream, addr).unwrap();
+            assert_eq!(info.memory_type, PointerMemory::Device);
+            assert_eq!(info.device_ordinal, Some(0));
+            // Inside the very allocation the pool reserved, not a new one.
+            assert_eq!(info.range_start, region.range_start);
+            addrs.push(addr);
+        }
+        let mut sorted = addrs.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(
+            sorted.len(),
+            addrs.len(),
+            "two allocations share an address"
+        );
+        assert_eq!(pool.stats().live, requests.len() as u64);
+        for addr in addrs {
+            pool.deallocate(addr).unwrap();
+        }
+        let stats = pool.stats();
+        assert_eq!((stats.live, stats.in_use), (0, 0));
+        assert_eq!(stats.largest_free, capacity);
+    }
+
+    #[test]
+    fn a_kernel_and_copies_round_trip_through_pool_slice_views() {
+        let Some((_device, stream)) = gpu() else {
+            return;
+        };
+        let pool = Pool::builder(32 << 20)
+            .name("kernels")
+            .tracking(Tracking::Tags)
+            .build_cuda(stream.clone())
+            .unwrap();
+        let n = (1 << 20) + 3;
+        let input: Vec<u32> = (0..n as u32)
+            .map(|i| i.wrapping_mul(2_654_435_761))
+            .collect();
+        let mut x = pool.alloc_slice::<u32>(n).unwrap();
+        let mut y = pool.alloc_slice::<u32>(n).unwrap();
+        assert_eq!(x.addr() % 256, 0);
+        x.device_view_mut(&stream).unwrap().upload(&input).unwrap();
+        y.device_view_mut(&stream)
+            .unwrap()
+            .fill_bytes(0xAB)
+            .unwrap();
+
+        let module = stream
+            .context()
+            .load_module(Ptx::from_src(SCALE_ADD_PTX))
+            .unwrap();
+        let scale_add = module.load_function("scale_add_u32").unwrap();
+        let (a, b, count) = (3u32, 7u32, n as u32);
+        {
+            let xv = x.device_view(&stream).unwrap();
+            let mut yv = y.device_view_mut(&stream).unwrap();
+            let mut launch = stream.launch_builder(&scale_add);
+            launch.arg(&xv).arg(&mut yv).arg(&a).arg(&b).arg(&count);
+            // SAFETY: the kernel reads `count` u32 from `xv` and writes `count` u32 to `yv`,
+            // both views of exactly `n` elements; the argument types match its signature.
+            unsafe { launch.launch(LaunchConfig::for_num_elems(count)) }.unwrap();
+        }
+        let out = y.device_view(&stream).unwrap().to_vec().unwrap();
+        for (i, (&o, &v)) in out.iter().zip(&input).enumerate() {
+            assert_eq!(o, v.wrapping_mul(a).wrapping_add(b), "element {i}");
+        }
+        // The input came through unchanged, and a sub-view reads the right elements.
+        assert_eq!(x.device_view(&stream).unwrap().to_vec().unwrap(), input);
+        let tail = x.device_view(&stream).unwrap();
+        let tail = tail.slice(n - 3..).unwrap().to_vec().unwrap();
+        assert_eq!(tail, input[n - 3..]);
+
+        // A view is ordered on its slice's stream: another stream is refused with the numbers.
+        let other = stream.context().new_stream().unwrap();
+        let err = x.device_view(&other).unwrap_err();
+        assert!(
+            err.to_string().contains("was allocated for stream"),
+            "{err}"
+        );
+        // A slice allocated for the other stream gives views there.
+        let mut z = pool
+            .own_client()
+            .alloc_slice_on::<u32>(16, stream_id(&other))
+            .unwrap();
+        z.device_view_mut(&other).unwrap().upload(&[5; 16]).unwrap();
+        assert_eq!(z.device_view(&other).unwrap().to_vec().unwrap(), [5; 16]);
+        drop(z);
+        other.synchronize().unwrap();
+
+        // A host pool's slice has no device view.
+        let host = Pool::host(1 << 20).unwrap();
+        let h = host.alloc_slice::<u32>(4).unwrap();
+        let err = h.device_view(&stream).unwrap_err();
+        assert!(err.to_string().contains("`host` memory"), "{err}");
+
+        drop((x, y));
+        pool.reclaim().unwrap();
+        assert_eq!(pool.stats().live, 0);
+    }
+
+    #[test]
+    fn a_block_freed_on_another_stream_is_reused_only_after_its_event() {
+        let Some((_device, home)) = gpu() else { return };
+        let other = home.context().new_stream().unwrap();
+        let capacity = 4 << 20;
+        let pool = Pool::cuda(home.clone(), capacity).unwrap();
+
+        // `other` still has work queued (a host function held at a gate) when the block is
+        // freed there: the event recorded at the free cannot complete.
+        let gate = StreamGate::block(&other);
+        let addr = pool.allocate_on(capacity, 0, stream_id(&other)).unwrap();
+        pool.deallocate_on(addr, stream_id(&other)).unwrap();
+        let stats: PoolStats = pool.stats();
+        assert_eq!((stats.live, stats.pending, stats.free), (0, capacity, 0));
+        let err = pool.allocate(256, 0).unwrap_err();
+        assert_eq!(exhausted(&err), ("capacity", capacity));
+        assert!(err.to_string().contains("waiting for events"), "{err}");
+        assert_eq!(pool.reclaim().unwrap(), 0);
+
+        // Once the stream has run past the free, the block comes back and is handed out again.
+        gate.open();
+        other.synchronize().unwrap();
+        assert_eq!(pool.reclaim().unwrap(), capacity);
+        assert_eq!(pool.stats().pending, 0);
+        let again = pool.allocate(capacity, 0).unwrap();
+        assert_eq!(again, addr);
+        pool.deallocate(again).unwrap();
+    }
+
+    #[test]
+    fn a_home_stream_free_is_reused_at_once_and_other_streams_wait_for_it() {
+        let Some((_device, home)) = gpu() else { return };
+        let other = home.context().new_stream().unwrap();
+        let capacity = 4 << 20;
+        let pool = Pool::cuda(home.clone(), capacity).unwrap();
+
+        // The home stream is busy, yet its own free is reusable at once: later work on the
+        // home stream runs after the work that used the block.
+        let gate = StreamGate::block(&home);
+        let addr = pool.allocate(capacity, 0).unwrap();
+        pool.deallocate(addr).unwrap();
+        assert_eq!(pool.stats().pending, 0);
+        let again = pool.allocate(capacity, 0).unwrap();
+        assert_eq!(again, addr);
+        pool.deallocate(again).unwrap();
+
+        // Handing that block to another stream makes the other stream wait for the home
+        // stream: work queued there now cannot finish before the home stream's.
+        let for_other = pool.allocate_on(capacity, 0, stream_id(&other)).unwrap();
+        assert_eq!(for_other, addr);
+        let marker = other.record_event(None).unwrap();
+        assert!(
+            !marker.try_is_complete().unwrap(),
+            "the other stream ran ahead of the home stream's free"
+        );
+        gate.open();
+        other.synchronize().unwrap();
+        assert!(marker.try_is_complete().unwrap());
+        pool.deallocate_on(for_other, stream_id(&other)).unwrap();
+        other.synchronize().unwrap();
+        assert_eq!(pool.reclaim().unwrap(), capacity);
+    }
+
+    #[test]
+    fn quotas_and_the_capacity_hold_on_a_device_pool() {
+        let Some((_device, stream)) = gpu() else {
+            return;
+        };
+        let pool = Pool::builder(8 << 20)
+            .name("shared-gpu")
+            .build_cuda(stream.clone())
+            .unwrap();
+        let model_a = pool.client("model-a", 4 << 20);
+        let model_b = pool.client("model-b", 6 << 20);
+
+        let mut weights = model_a.alloc_slice::<f32>(1 << 20).unwrap(); // 4 MiB: the quota
+        let data: Vec<f32> = (0..1 << 20).map(|i| i as f32 * 0.5).collect();
+        weights
+            .device_view_mut(&stream)
+            .unwrap()
+            .upload(&data)
+            .unwrap();
+
+        let err = model_a.allocate(256, 0).unwrap_err();
+        assert_eq!(exhausted(&err).0, "quota");
+        let text = err.to_string();
+        assert!(
+            text.contains("model-a") && text.contains("4194304"),
+            "{text}"
+        );
+
+        let err = model_b.allocate(5 << 20, 0).unwrap_err();
+        assert_eq!(exhausted(&err).0, "capacity");
+        assert!(err.to_string().contains("model-b"), "{err}");
+        let err = pool.allocate(usize::MAX / 2, 0).unwrap_err();
+        assert_eq!(exhausted(&err).0, "capacity");
+
+        // Nothing already allocated was disturbed.
+        assert_eq!(
+            weights.device_view(&stream).unwrap().to_vec().unwrap(),
+            data
+        );
+        let b = model_b.allocate(4 << 20, 0).unwrap();
+        assert_eq!(pool.stats().in_use, 8 << 20);
+        model_b.deallocate(b).unwrap();
+        let stats = pool.client_stats();
+        assert_eq!(stats[1].failures, 1);
+        assert_eq!(stats[2].failures, 1);
+    }
+
+    #[test]
+    fn dropping_the_last_handle_returns_the_region_to_the_driver() {
+        let Some((_device, stream)) = gpu() else {
+            return;
+        };
+        const MIB: usize = 1 << 20;
+        let capacity = 256 * MIB;
+        stream.synchronize().unwrap();
+        let (free_before, total) = mem_info(&stream).unwrap();
+        println!(
+            "free before: {} MiB of {} MiB",
+            free_before / MIB,
+            total / MIB
+        );
+
+        let pool = Pool::cuda(stream.clone(), capacity).unwrap();
+        let (free_with_pool, _) = mem_info(&stream).unwrap();
+        assert!(
+            free_before.saturating_sub(free_with_pool) >= capacity - 2 * MIB,
+            "the pool's region was not reserved up front: free went from {free_before} to \
+             {free_with_pool}"
+        );
+        // Sub-allocations come from the region: free device memory does not move.
+        let mut slices: Vec<_> = (0..32)
+            .map(|_| pool.alloc_slice::<u8>(4 * MIB).unwrap())
+            .collect();
+        for s in &mut slices {
+            s.device_view_mut(&stream).unwrap().fill_bytes(1).unwrap();
+        }
+        stream.synchronize().unwrap();
+        let (free_full, _) = mem_info(&stream).unwrap();
+        assert!(free_full.abs_diff(free_with_pool) <= 2 * MIB);
+
+        // A slice keeps the region alive after the pool handle is gone.
+        let last = slices.pop().unwrap();
+        drop(slices);
+        drop(pool);
+        let (free_slice_alive, _) = mem_info(&stream).unwrap();
+        assert!(free_slice_alive.abs_diff(free_with_pool) <= 2 * MIB);
+        drop(last);
+        let (free_after, _) = mem_info(&stream).unwrap();
+        println!(
+            "free with pool: {} MiB, after drop: {} MiB",
+            free_with_pool / MIB,
+            free_after / MIB
+        );
+        assert!(
+            free_after.abs_diff(free_before) <= 2 * MIB,
+            "free device memory after the drop ({free_after}) is not within 2 MiB of before \
+             ({free_before})"
+        );
+    }
+
+    #[test]
+    fn a_device_pool_larger_than_the_device_is_an_out_of_memory_error() {
+        let Some((_device, stream)) = gpu() else {
+            return;
+        };
+        let (_, total) = mem_info(&stream).unwrap();
+        let err = Pool::cuda(stream.clone(), total * 2).unwrap_err();
+        match &err {
+            Error::OutOfMemory {
+                backend, requested, ..
+            } => {
+                assert_eq!(*backend, "cuda");
+                assert!(*requested >= total * 2);
+            }
+            other => panic!("expected OutOfMemory, got {other:?}"),
+        }
+        // The device is still usable.
+        let pool = Pool::cuda(stream, 1 << 20).unwrap();
+        assert!(pool.allocate(1000, 0).is_ok());
+    }
+}
