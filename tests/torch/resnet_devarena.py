@@ -87,20 +87,15 @@ def pool_stats(lib, device):
 
 @contextlib.contextmanager
 def all_threads_to_pool(torch, pool, device):
-    """Routes every thread's allocations on `device` to `pool` (so that backward, which runs on
-    an autograd worker thread, allocates from it too). Yields whether it could."""
-    begin = getattr(torch._C, "_cuda_beginAllocateToPool", None)
-    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
-    release = getattr(torch._C, "_cuda_releasePool", None)
-    if begin is None or end is None or release is None:
+    """Makes backward allocate from `pool` too. `use_mem_pool` routes the calling thread only,
+    and autograd runs a CUDA backward on a worker thread of its own; with multithreading off,
+    backward runs on the calling thread, inside `use_mem_pool`. Yields whether it could."""
+    off = getattr(torch.autograd, "set_multithreading_enabled", None)
+    if off is None:
         yield False
         return
-    begin(device, pool.id)
-    try:
+    with off(False):
         yield True
-    finally:
-        end(device, pool.id)
-        release(device, pool.id)
 
 
 def train(torch, torchvision, device, steps, batch, phase):
@@ -330,7 +325,7 @@ def parent(args):
                   f"losses under devarena within {tol:.3e} of PyTorch's allocator (max abs difference {diff!r}); "
                   f"exact equality cannot hold: PyTorch's own two runs differ by {spread!r}")
         routed = dev.get("routed_backward")
-        how = (" + all threads (backward too)" if routed
+        how = (" + backward on the calling thread (autograd multithreading off)" if routed
                else " only: backward temporaries and gradients used PyTorch's own allocator")
         print(f"routing: use_mem_pool (main thread){how}")
         st = dev.get("stats")
