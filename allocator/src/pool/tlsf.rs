@@ -198,7 +198,7 @@ impl Tlsf {
     /// larger alignment, the head of the smallest class that surely holds `size` plus the
     /// worst padding; then at most [`FALLBACK_SCAN`] blocks of `size`'s own class and of the
     /// largest class. A free block of [`guaranteed_fit`] bytes is always found.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn allocate(&mut self, size: u64, align: u64) -> Option<(u32, u64)> {
         debug_assert!(size % GRANULE == 0 && size > 0 && align.is_power_of_two());
         if self.lists.spares < SLOTS_PER_ALLOCATION {
@@ -254,7 +254,7 @@ impl Tlsf {
 
     /// Returns a block taken by [`allocate`](Self::allocate) and merges it with free
     /// neighbours.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn free(&mut self, block: u32) {
         debug_assert!(self.blocks[block as usize].addr - self.base < self.size);
         self.lists.free(&mut self.blocks, block);
