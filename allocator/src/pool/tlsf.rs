@@ -268,7 +268,7 @@ impl Tlsf {
     /// neighbours.
     #[inline(always)]
     pub(crate) fn free(&mut self, block: u32) {
-        debug_assert!(self.blocks[block as usize].addr - self.base < self.size);
+        debug_assert!(block != NIL && self.blocks[block as usize].addr - self.base < self.size);
         self.lists.free(&mut self.blocks, block);
     }
 
