@@ -975,13 +975,16 @@ fn the_event_log_reaches_a_callback_in_order() {
     assert!(seen[3].6.as_deref().unwrap().contains("alignment 3"));
 }
 
+/// What the tracking test keeps of each event: action, address, tag.
+type Tagged = (PoolAction, u64, Option<String>);
+
 #[test]
 fn tracking_switched_between_allocation_and_free_keeps_each_record() {
     // Allocations made with tracking on and off, freed after it was switched the other way,
     // with the block of a tracked allocation reused by an untracked one: each event and the
     // leak report show what was recorded when that allocation was made, and nothing of the
     // allocation that held its block before.
-    let seen: Arc<Mutex<Vec<(PoolAction, u64, Option<String>)>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<Tagged>>> = Arc::default();
     let sink = {
         let seen = seen.clone();
         move |e: &PoolEvent<'_>| {
