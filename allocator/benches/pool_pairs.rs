@@ -5,7 +5,11 @@
 //! [256 B, 4 MiB], alignment 256; 20,000 operations per round. The sizes and victims are drawn
 //! before timing from a fixed seed, so every allocator sees the same sequence. Reported: the
 //! median over rounds of ns per pair (one thread's elapsed time / its operations) and the
-//! aggregate pairs per second, for 1 and 4 threads.
+//! aggregate pairs per second (every thread's operations over the time from the first thread's
+//! start to the last one's end), for 1 and 4 threads; with more than one thread, also in how
+//! many rounds the threads ran at the same time (all had started before the first finished: on
+//! a machine with few or busy CPUs one thread may run its whole script before another starts,
+//! and then neither figure measures contention).
 //!
 //! With the `cuda` feature and a GPU, two device columns run in the same process: a
 //! `devarena::Pool` whose region is one `cuMemAlloc` on the device, and `cuMemAllocAsync` /
@@ -388,6 +392,8 @@ fn thread_cpu_time() -> Option<Duration> {
 struct Timing {
     wall: Duration,
     cpu: Option<Duration>,
+    start: Instant,
+    end: Instant,
 }
 
 /// Runs one thread's script on `worker`; returns the time of the timed part.
@@ -416,7 +422,12 @@ fn run_script(worker: &mut dyn Worker, script: &Script, start: &Barrier) -> Timi
     for (addr, size) in live {
         worker.free(addr, size);
     }
-    Timing { wall, cpu }
+    Timing {
+        wall,
+        cpu,
+        start: t0,
+        end: t0 + wall,
+    }
 }
 
 /// One measurement, per round: ns per pair (mean over threads) by wall clock and by on-CPU
@@ -425,6 +436,8 @@ struct Measured {
     ns_per_pair: Vec<f64>,
     cpu_ns_per_pair: Vec<f64>,
     pairs_per_sec: Vec<f64>,
+    /// Rounds in which every thread had started before the first one finished.
+    overlapped: usize,
 }
 
 fn measure(alloc: &dyn AllocatorUnderTest, threads: usize, cfg: Config) -> Measured {
@@ -435,6 +448,7 @@ fn measure(alloc: &dyn AllocatorUnderTest, threads: usize, cfg: Config) -> Measu
         ns_per_pair: Vec::new(),
         cpu_ns_per_pair: Vec::new(),
         pairs_per_sec: Vec::new(),
+        overlapped: 0,
     };
     // Round 0 warms up (page faults, allocator caches) and is not reported.
     for round in 0..=cfg.rounds {
@@ -456,7 +470,13 @@ fn measure(alloc: &dyn AllocatorUnderTest, threads: usize, cfg: Config) -> Measu
         if round == 0 {
             continue;
         }
-        let slowest = timings.iter().map(|t| t.wall).max().unwrap_or_default();
+        let first_start = timings.iter().map(|t| t.start).min().expect("a thread");
+        let last_start = timings.iter().map(|t| t.start).max().expect("a thread");
+        let first_end = timings.iter().map(|t| t.end).min().expect("a thread");
+        let last_end = timings.iter().map(|t| t.end).max().expect("a thread");
+        if last_start < first_end {
+            measured.overlapped += 1;
+        }
         let per_pair = |d: Duration| d.as_nanos() as f64 / cfg.ops as f64;
         let mean = |f: &dyn Fn(&Timing) -> Option<f64>| {
             timings
@@ -473,7 +493,7 @@ fn measure(alloc: &dyn AllocatorUnderTest, threads: usize, cfg: Config) -> Measu
             .extend(mean(&|t| t.cpu.map(per_pair)));
         measured
             .pairs_per_sec
-            .push((threads * cfg.ops) as f64 / slowest.as_secs_f64());
+            .push((threads * cfg.ops) as f64 / (last_end - first_start).as_secs_f64());
     }
     measured
 }
@@ -544,6 +564,7 @@ fn main() {
                 ns: median(&m.ns_per_pair),
                 cpu_ns: (!m.cpu_ns_per_pair.is_empty()).then(|| median(&m.cpu_ns_per_pair)),
                 pairs_per_sec: median(&m.pairs_per_sec),
+                overlapped: m.overlapped,
             });
         }
     }
@@ -568,12 +589,14 @@ fn main() {
                 format!(
                     "{{\"allocator\":\"{}\",\"threads\":{},\"median_ns_per_pair\":{:.2},\
                      \"median_cpu_ns_per_pair\":{},\"median_pairs_per_sec\":{:.0},\
-                     \"speedup_vs_system\":{:.3},\"speedup_vs_cumemallocasync\":{}}}",
+                     \"rounds_overlapped\":{},\"speedup_vs_system\":{:.3},\
+                     \"speedup_vs_cumemallocasync\":{}}}",
                     r.name,
                     r.threads,
                     r.ns,
                     r.cpu_ns.map_or("null".to_string(), |c| format!("{c:.2}")),
                     r.pairs_per_sec,
+                    r.overlapped,
                     baseline(r.threads) / r.ns,
                     async_baseline(r.threads)
                         .map_or("null".to_string(), |a| format!("{:.3}", a / r.ns))
@@ -605,8 +628,8 @@ fn main() {
     println!();
     let device_ran = rows.iter().any(|r| r.name == device::ASYNC_NAME);
     print!(
-        "{:<24} {:>7} {:>10} {:>10} {:>15} {:>11}",
-        "allocator", "threads", "ns/pair", "cpu ns", "Mpairs/s (all)", "vs system"
+        "{:<24} {:>7} {:>10} {:>10} {:>15} {:>8} {:>11}",
+        "allocator", "threads", "ns/pair", "cpu ns", "Mpairs/s (all)", "overlap", "vs system"
     );
     if device_ran {
         print!(" {:>11}", "vs async");
@@ -614,13 +637,19 @@ fn main() {
     println!();
     for r in &rows {
         let cpu = r.cpu_ns.map_or("-".to_string(), |c| format!("{c:.1}"));
+        let overlap = if r.threads > 1 {
+            format!("{}/{}", r.overlapped, cfg.rounds)
+        } else {
+            "-".to_string()
+        };
         print!(
-            "{:<24} {:>7} {:>10.1} {:>10} {:>15.2} {:>10.2}x",
+            "{:<24} {:>7} {:>10.1} {:>10} {:>15.2} {:>8} {:>10.2}x",
             r.name,
             r.threads,
             r.ns,
             cpu,
             r.pairs_per_sec / 1e6,
+            overlap,
             baseline(r.threads) / r.ns
         );
         if device_ran {
@@ -637,6 +666,9 @@ fn main() {
             device::ASYNC_NAME
         );
     }
+    if threads.iter().any(|&t| t > 1) {
+        println!("overlap: rounds in which every thread had started before the first one finished");
+    }
 }
 
 /// One line of the table.
@@ -646,4 +678,5 @@ struct Row {
     ns: f64,
     cpu_ns: Option<f64>,
     pairs_per_sec: f64,
+    overlapped: usize,
 }

@@ -975,6 +975,76 @@ fn the_event_log_reaches_a_callback_in_order() {
     assert!(seen[3].6.as_deref().unwrap().contains("alignment 3"));
 }
 
+/// What the tracking test keeps of each event: action, address, tag.
+type Tagged = (PoolAction, u64, Option<String>);
+
+#[test]
+fn tracking_switched_between_allocation_and_free_keeps_each_record() {
+    // Allocations made with tracking on and off, freed after it was switched the other way,
+    // with the block of a tracked allocation reused by an untracked one: each event and the
+    // leak report show what was recorded when that allocation was made, and nothing of the
+    // allocation that held its block before.
+    let seen: Arc<Mutex<Vec<Tagged>>> = Arc::default();
+    let sink = {
+        let seen = seen.clone();
+        move |e: &PoolEvent<'_>| {
+            seen.lock()
+                .unwrap()
+                .push((e.action, e.addr, e.tag.map(str::to_string)))
+        }
+    };
+    let pool = Pool::builder(1 << 20)
+        .tracking(Tracking::Tags)
+        .events(Arc::new(sink))
+        .build_host()
+        .unwrap();
+    let a = pool
+        .allocate_with(AllocRequest::new(4096, 0).tag("a"))
+        .unwrap();
+    pool.set_tracking(Tracking::Off);
+    let b = pool
+        .allocate_with(AllocRequest::new(512, 0).tag("b"))
+        .unwrap();
+    pool.deallocate(a).unwrap();
+    // The same size again: the block `a` had (the region's first).
+    let c = pool.allocate(4096, 0).unwrap();
+    assert_eq!(c, a);
+    pool.set_tracking(Tracking::Tags);
+    pool.deallocate(b).unwrap();
+    let d = pool
+        .allocate_with(AllocRequest::new(100, 0).tag("d"))
+        .unwrap();
+
+    let report = pool.leak_report();
+    let tags: Vec<_> = report
+        .leaks
+        .iter()
+        .map(|l| (l.addr, l.tag.clone(), l.age.is_some()))
+        .collect();
+    let mut expected = vec![(c, None, false), (d, Some("d".to_string()), true)];
+    expected.sort();
+    assert_eq!(tags, expected);
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.live, stats.in_use, stats.requested),
+        (2, 4096 + 256, 4196)
+    );
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![
+            (PoolAction::Allocate, a, Some("a".to_string())),
+            (PoolAction::Allocate, b, None),
+            (PoolAction::Free, a, Some("a".to_string())),
+            (PoolAction::Allocate, c, None),
+            (PoolAction::Free, b, None),
+            (PoolAction::Allocate, d, Some("d".to_string())),
+        ]
+    );
+    pool.deallocate(c).unwrap();
+    pool.deallocate(d).unwrap();
+    assert!(pool.leak_report().is_empty());
+}
+
 /// Splits `HH:MM:SS.ffffff` and checks its ranges.
 fn check_time(field: &str) {
     let (hms, micros) = field.split_once('.').expect("a fraction");

@@ -93,7 +93,7 @@ impl AddrMap {
     }
 
     /// Inserts `key`, which must not be in the map.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn insert_new(&mut self, key: u64, value: u32) {
         debug_assert!(key != EMPTY && self.find(key).is_none());
         if (self.len + 1) * 8 > self.entries.len() {

@@ -45,10 +45,19 @@
 //!
 //! # Performance
 //!
-//! `cargo bench -p devarena --bench pool` runs alloc+free pairs (64 live, sizes log-uniform in
-//! 256 B … 4 MiB) against the system allocator and prints the median ns per pair for 1 and 4
-//! threads (`-- --json` for a machine-readable form); with `--features cuda` on a GPU it adds a
-//! pool on device memory and `cuMemAllocAsync` / `cuMemFreeAsync` in the same run.
+//! `cargo bench -p devarena --bench pool_pairs` runs alloc+free pairs (64 live, sizes
+//! log-uniform in 256 B … 4 MiB) against the system allocator and prints the median ns per pair
+//! for 1 and 4 threads (`-- --json` for a machine-readable form); with `--features cuda` on a
+//! GPU it adds a pool on device memory and `cuMemAllocAsync` / `cuMemFreeAsync` in the same
+//! run.
+//!
+//! The common case is one straight path: a valid alignment, tracking off, nothing parked on
+//! another stream, the home stream, within quota and capacity. It costs about 300 instructions
+//! for an allocation and 230 for a free (callgrind, the benchmark's workload), the lock's
+//! compare-and-swap among them. Tracking, event sinks, other streams and every failure take a
+//! general path that decides the same way and reports why. Threads that share a pool
+//! serialize on its lock; a waiter backs off before it looks again, so that the thread holding
+//! the lock keeps it, and the pool's state in its caches, for a run of calls.
 //!
 //! # Example
 //!
@@ -267,17 +276,21 @@ struct LiveInfo {
     backtrace: Option<Backtrace>,
 }
 
-/// One live allocation, kept at its block's index.
-#[derive(Default)]
+/// One live allocation, kept at its block's index. Plain data (no drop glue), so that writing
+/// it on allocation and reading it on free are a few moves; what tracking records lives in
+/// [`State::info`], touched only for an allocation made with tracking on.
+#[derive(Clone, Copy, Default)]
 struct Live {
-    client: u32,
     size: usize,
-    align: usize,
-    stream: StreamId,
     serial: u64,
+    stream: StreamId,
+    client: u32,
+    /// The alignment in effect (at most [`MAX_ALIGN`]).
+    align: u16,
     /// Owned by a [`PoolSlice`]: only the slice frees it.
     owned: bool,
-    info: Option<Box<LiveInfo>>,
+    /// Its block's entry of [`State::info`] holds what tracking recorded.
+    tracked: bool,
 }
 
 /// A block freed on a stream other than the home stream, waiting for its event.
@@ -337,6 +350,9 @@ struct State {
     /// What is known about the live allocation in each block (indexed like the TLSF blocks;
     /// entries of free blocks are stale).
     meta: Vec<Live>,
+    /// What tracking recorded, by block, for the live allocations whose `tracked` is set
+    /// (`None` everywhere else; empty while tracking has never been on).
+    info: Vec<Option<Box<LiveInfo>>>,
     clients: Vec<ClientState>,
     in_use: usize,
     requested: usize,
@@ -370,6 +386,13 @@ struct Shared {
     _region: Box<dyn RegionOwner>,
 }
 
+/// A block the TLSF index handed out for a request: its index, address and size.
+struct Taken {
+    block: u32,
+    addr: u64,
+    reserved: usize,
+}
+
 /// The parts of a request that an event and an error report.
 struct Ask {
     client: u32,
@@ -394,58 +417,137 @@ impl Shared {
         }
     }
 
+    // Inlined into each public entry point: the call and its argument passing cost about 20
+    // instructions of the fast path's 300.
+    #[inline(always)]
     fn allocate(&self, client: u32, req: &AllocRequest<'_>, owned: bool) -> Result<u64, Error> {
         let stream = req.stream.unwrap_or(self.home);
-        let info = match self.tracking() {
-            Tracking::Off => None,
-            tracking => Some(Box::new(LiveInfo {
-                tag: req.tag.map(String::from),
-                at: Instant::now(),
-                backtrace: (tracking == Tracking::Backtraces).then(Backtrace::force_capture),
-            })),
+        let info = match self.tracking.load(Ordering::Relaxed) {
+            0 => None,
+            _ => Some(self.record_info(req.tag)),
         };
+        let align = effective_align(req.align);
         let mut state = self.lock();
+        if let (Some(align), None) = (align, &info) {
+            let ask = Ask {
+                client,
+                size: req.size,
+                align,
+                stream,
+            };
+            if let Some(addr) = self.allocate_fast(&mut state, &ask, owned) {
+                return Ok(addr);
+            }
+        }
+        self.allocate_general(&mut state, client, req, stream, owned, info)
+    }
+
+    /// The common case: a valid alignment, tracking off (both checked by the caller), nothing
+    /// parked, the home stream (or no stream runtime), within capacity and quota, and a free
+    /// block found. It changes nothing until it has a block; `None` sends the request down
+    /// [`allocate_general`](Self::allocate_general), which decides the same way and reports
+    /// why a request fails.
+    #[inline(always)]
+    fn allocate_fast(&self, state: &mut State, ask: &Ask, owned: bool) -> Option<u64> {
+        if !state.parked.is_empty() || (self.streams.is_some() && ask.stream != self.home) {
+            return None;
+        }
+        let reserved = reserved_bytes(ask.size).filter(|&r| r <= self.capacity)?;
+        let c = &state.clients[ask.client as usize];
+        if reserved > c.quota - c.in_use.min(c.quota) {
+            return None;
+        }
+        let (block, addr) = state.tlsf.allocate(reserved as u64, ask.align as u64)?;
+        let taken = Taken {
+            block,
+            addr,
+            reserved,
+        };
+        self.commit_allocation(state, ask, owned, None, taken);
+        Some(addr)
+    }
+
+    /// Every allocation the fast path does not take: tracking on, a bad alignment, parked
+    /// blocks, another stream, and every failure.
+    #[inline(never)]
+    fn allocate_general(
+        &self,
+        state: &mut State,
+        client: u32,
+        req: &AllocRequest<'_>,
+        stream: StreamId,
+        owned: bool,
+        info: Option<Box<LiveInfo>>,
+    ) -> Result<u64, Error> {
+        let align = effective_align(req.align);
         let ask = Ask {
             client,
             size: req.size,
-            align: effective_align(req.align).unwrap_or(req.align),
+            align: align.unwrap_or(req.align),
             stream,
         };
-        match self.try_allocate(&mut state, &ask, req.align, owned, info) {
-            Ok(addr) => Ok(addr),
-            Err(error) => {
-                state.failures += 1;
-                state.clients[client as usize].failures += 1;
-                self.emit(
-                    &state,
-                    PoolAction::AllocateFailure,
-                    &ask,
-                    0,
-                    0,
-                    req.tag,
-                    Some(&error),
-                );
-                Err(error)
-            }
-        }
+        let result = match align {
+            Some(align) => self.try_allocate(state, &ask, align, owned, info),
+            None => Err(self.unsupported_align(state, &ask)),
+        };
+        result.map_err(|error| self.allocation_failed(state, &ask, req.tag, error))
     }
 
+    /// What tracking records for a new allocation (outside the lock: a backtrace is slow).
+    #[cold]
+    #[inline(never)]
+    fn record_info(&self, tag: Option<&str>) -> Box<LiveInfo> {
+        Box::new(LiveInfo {
+            tag: tag.map(String::from),
+            at: Instant::now(),
+            backtrace: (self.tracking() == Tracking::Backtraces).then(Backtrace::force_capture),
+        })
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn unsupported_align(&self, state: &State, ask: &Ask) -> Error {
+        Error::invalid(format!(
+            "pool `{}`, client `{}`: alignment {} is not supported (a power of two up to \
+             {MAX_ALIGN}, or 0 for {DEFAULT_POOL_ALIGN})",
+            self.name, state.clients[ask.client as usize].name, ask.align
+        ))
+    }
+
+    /// Counts and reports a failed allocation; returns its error.
+    #[cold]
+    #[inline(never)]
+    fn allocation_failed(
+        &self,
+        state: &mut State,
+        ask: &Ask,
+        tag: Option<&str>,
+        error: Error,
+    ) -> Error {
+        state.failures += 1;
+        state.clients[ask.client as usize].failures += 1;
+        self.emit(
+            state,
+            PoolAction::AllocateFailure,
+            ask,
+            0,
+            0,
+            tag,
+            Some(&error),
+        );
+        error
+    }
+
+    /// The allocation itself, at a valid alignment (`align`, at least 256).
+    #[inline(always)]
     fn try_allocate(
         &self,
         state: &mut State,
         ask: &Ask,
-        asked_align: usize,
+        align: usize,
         owned: bool,
         info: Option<Box<LiveInfo>>,
     ) -> Result<u64, Error> {
-        let client = ask.client as usize;
-        let Some(align) = effective_align(asked_align) else {
-            return Err(Error::invalid(format!(
-                "pool `{}`, client `{}`: alignment {asked_align} is not supported (a power of \
-                 two up to {MAX_ALIGN}, or 0 for {DEFAULT_POOL_ALIGN})",
-                self.name, state.clients[client].name
-            )));
-        };
         if !state.parked.is_empty() {
             Self::reclaim_parked(state)?;
         }
@@ -453,7 +555,7 @@ impl Shared {
             Some(r) if r <= self.capacity => r,
             _ => return Err(self.exhausted(state, ask, "capacity")),
         };
-        let c = &state.clients[client];
+        let c = &state.clients[ask.client as usize];
         if reserved > c.quota - c.in_use.min(c.quota) {
             return Err(self.exhausted(state, ask, "quota"));
         }
@@ -465,42 +567,67 @@ impl Shared {
         let Some((block, addr)) = state.tlsf.allocate(reserved as u64, align as u64) else {
             return Err(self.exhausted(state, ask, "capacity"));
         };
-        state.allocations += 1;
-        let serial = state.allocations;
-        state.live.insert_new(addr, block);
-        let live = Live {
-            client: ask.client,
-            size: ask.size,
-            align,
-            stream: ask.stream,
-            serial,
-            owned,
-            info,
+        let taken = Taken {
+            block,
+            addr,
+            reserved,
         };
+        self.commit_allocation(state, ask, owned, info, taken);
+        Ok(addr)
+    }
+
+    /// Records a block taken for `ask`: the address map, the block's [`Live`], what tracking
+    /// recorded, the counters, the event log.
+    #[inline(always)]
+    fn commit_allocation(
+        &self,
+        state: &mut State,
+        ask: &Ask,
+        owned: bool,
+        info: Option<Box<LiveInfo>>,
+        taken: Taken,
+    ) {
+        let Taken {
+            block,
+            addr,
+            reserved,
+        } = taken;
+        state.allocations += 1;
+        state.live.insert_new(addr, block);
         let slot = block as usize;
-        if slot < state.meta.len() {
-            state.meta[slot] = live;
-        } else {
-            state.meta.resize_with(slot, Live::default);
-            state.meta.push(live);
+        let live = Live {
+            size: ask.size,
+            serial: state.allocations,
+            stream: ask.stream,
+            client: ask.client,
+            // At most MAX_ALIGN (4096).
+            align: ask.align as u16,
+            owned,
+            tracked: info.is_some(),
+        };
+        match state.meta.get_mut(slot) {
+            Some(entry) => *entry = live,
+            None => grow_and_set(&mut state.meta, slot, live),
+        }
+        if let Some(info) = info {
+            store_info(&mut state.info, slot, info);
         }
         state.in_use += reserved;
         state.requested += ask.size;
         state.peak = state.peak.max(state.in_use);
-        let c = &mut state.clients[client];
+        let c = &mut state.clients[ask.client as usize];
         c.in_use += reserved;
         c.requested += ask.size;
         c.peak = c.peak.max(c.in_use);
         c.allocations += 1;
         c.live += 1;
         if state.sink.is_some() {
-            let tag = state.meta[slot]
-                .info
-                .as_ref()
-                .and_then(|i| i.tag.as_deref());
+            let tag = live
+                .tracked
+                .then(|| state.info[slot].as_ref()?.tag.as_deref())
+                .flatten();
             self.emit(state, PoolAction::Allocate, ask, addr, reserved, tag, None);
         }
-        Ok(addr)
     }
 
     /// Makes `stream` wait for the home stream if the home stream freed anything since its
@@ -573,6 +700,7 @@ impl Shared {
 
     /// Frees `addr`. `caller`: the client asking (`None`: the pool itself, which may free any
     /// allocation). `from_slice`: the call comes from the [`PoolSlice`] that owns it.
+    #[inline(always)]
     fn deallocate(
         &self,
         caller: Option<u32>,
@@ -582,32 +710,64 @@ impl Shared {
     ) -> Result<(), Error> {
         let stream = stream.unwrap_or(self.home);
         let mut state = self.lock();
-        let caller_name =
-            |state: &State| String::from(&*state.clients[caller.unwrap_or(0) as usize].name);
+        if self
+            .deallocate_fast(&mut state, caller, addr, stream, from_slice)
+            .is_some()
+        {
+            return Ok(());
+        }
+        let info = self.deallocate_general(&mut state, caller, addr, stream, from_slice)?;
+        drop(state);
+        // The backtrace (if any) is freed outside the lock.
+        drop(info);
+        Ok(())
+    }
+
+    /// The common case: a live allocation that `caller` may free, untracked, freed on the
+    /// home stream (or without a stream runtime). It changes nothing unless it frees; `None`
+    /// sends the call down [`deallocate_general`](Self::deallocate_general).
+    #[inline(always)]
+    fn deallocate_fast(
+        &self,
+        state: &mut State,
+        caller: Option<u32>,
+        addr: u64,
+        stream: StreamId,
+        from_slice: bool,
+    ) -> Option<()> {
+        let slot = state.live.find(addr)?;
+        let block = state.live.value_at(slot);
+        let live = state.meta[block as usize];
+        if live.tracked
+            || (live.owned && !from_slice)
+            || caller.is_some_and(|caller| caller != live.client)
+            || (self.streams.is_some() && stream != self.home)
+        {
+            return None;
+        }
+        state.live.remove_at(slot);
+        self.commit_free(state, addr, block, &live, stream, None, None);
+        Some(())
+    }
+
+    /// Every free the fast path does not take: tracked allocations, other streams, and every
+    /// refusal. Returns what tracking recorded, to be dropped outside the lock.
+    #[inline(never)]
+    fn deallocate_general(
+        &self,
+        state: &mut State,
+        caller: Option<u32>,
+        addr: u64,
+        stream: StreamId,
+        from_slice: bool,
+    ) -> Result<Option<Box<LiveInfo>>, Error> {
         let Some(slot) = state.live.find(addr) else {
-            return Err(Error::UnknownAddress {
-                addr,
-                client: caller_name(&state),
-            });
+            return Err(Self::unknown_address(state, caller, addr));
         };
         let block = state.live.value_at(slot);
-        let live = &state.meta[block as usize];
-        if live.owned && !from_slice {
-            return Err(Error::invalid(format!(
-                "pool `{}`: address {addr:#x} belongs to a PoolSlice of client `{}`; drop the \
-                 slice to free it",
-                self.name, state.clients[live.client as usize].name
-            )));
-        }
-        if let Some(caller) = caller {
-            if live.client != caller {
-                return Err(Error::invalid(format!(
-                    "pool `{}`: client `{}` cannot free {addr:#x}: it belongs to client `{}`",
-                    self.name,
-                    state.clients[caller as usize].name,
-                    state.clients[live.client as usize].name
-                )));
-            }
+        let live = state.meta[block as usize];
+        if (live.owned && !from_slice) || caller.is_some_and(|caller| caller != live.client) {
+            return Err(self.refused_free(state, caller, addr, &live, from_slice));
         }
         // Record the event before changing anything, so a failing stream runtime leaves the
         // allocation live and the pool as it was.
@@ -616,7 +776,30 @@ impl Shared {
             _ => None,
         };
         state.live.remove_at(slot);
-        let live = core::mem::take(&mut state.meta[block as usize]);
+        let info = if live.tracked {
+            state.info[block as usize].take()
+        } else {
+            None
+        };
+        let tag = info.as_ref().and_then(|i| i.tag.as_deref());
+        self.commit_free(state, addr, block, &live, stream, event, tag);
+        Ok(info)
+    }
+
+    /// Returns the block of a freed allocation (already out of the address map) to the free
+    /// lists, or parks it until `event` completes; counts it; logs it.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn commit_free(
+        &self,
+        state: &mut State,
+        addr: u64,
+        block: u32,
+        live: &Live,
+        stream: StreamId,
+        event: Option<Box<dyn StreamEvent>>,
+        tag: Option<&str>,
+    ) {
         let reserved = state.tlsf.block_size(block) as usize;
         state.in_use -= reserved;
         state.requested -= live.size;
@@ -627,18 +810,7 @@ impl Shared {
         c.frees += 1;
         c.live -= 1;
         match event {
-            Some(event) => {
-                let parked = Parked {
-                    block,
-                    bytes: reserved,
-                    event,
-                };
-                state.pending += reserved;
-                match state.parked.iter_mut().find(|(s, _)| *s == stream) {
-                    Some((_, queue)) => queue.push_back(parked),
-                    None => state.parked.push((stream, VecDeque::from([parked]))),
-                }
-            }
+            Some(event) => Self::park(state, stream, block, reserved, event),
             None => {
                 state.tlsf.free(block);
                 if self.streams.is_some() {
@@ -650,16 +822,70 @@ impl Shared {
             let ask = Ask {
                 client: live.client,
                 size: live.size,
-                align: live.align,
+                align: live.align as usize,
                 stream,
             };
-            let tag = live.info.as_ref().and_then(|i| i.tag.as_deref());
-            self.emit(&state, PoolAction::Free, &ask, addr, reserved, tag, None);
+            self.emit(state, PoolAction::Free, &ask, addr, reserved, tag, None);
         }
-        drop(state);
-        // The backtrace (if any) is freed outside the lock.
-        drop(live);
-        Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn unknown_address(state: &State, caller: Option<u32>, addr: u64) -> Error {
+        Error::UnknownAddress {
+            addr,
+            client: String::from(&*state.clients[caller.unwrap_or(0) as usize].name),
+        }
+    }
+
+    /// Why `caller` may not free the live allocation at `addr`.
+    #[cold]
+    #[inline(never)]
+    fn refused_free(
+        &self,
+        state: &State,
+        caller: Option<u32>,
+        addr: u64,
+        live: &Live,
+        from_slice: bool,
+    ) -> Error {
+        let owner = &state.clients[live.client as usize].name;
+        if live.owned && !from_slice {
+            return Error::invalid(format!(
+                "pool `{}`: address {addr:#x} belongs to a PoolSlice of client `{owner}`; drop \
+                 the slice to free it",
+                self.name
+            ));
+        }
+        let caller = caller.map_or_else(String::new, |c| {
+            String::from(&*state.clients[c as usize].name)
+        });
+        Error::invalid(format!(
+            "pool `{}`: client `{caller}` cannot free {addr:#x}: it belongs to client `{owner}`",
+            self.name
+        ))
+    }
+
+    /// Parks a block freed on another stream until `event` completes.
+    #[cold]
+    #[inline(never)]
+    fn park(
+        state: &mut State,
+        stream: StreamId,
+        block: u32,
+        bytes: usize,
+        event: Box<dyn StreamEvent>,
+    ) {
+        let parked = Parked {
+            block,
+            bytes,
+            event,
+        };
+        state.pending += bytes;
+        match state.parked.iter_mut().find(|(s, _)| *s == stream) {
+            Some((_, queue)) => queue.push_back(parked),
+            None => state.parked.push((stream, VecDeque::from([parked]))),
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -712,6 +938,11 @@ impl Shared {
     fn leak_report(&self) -> LeakReport {
         let state = self.lock();
         let now = Instant::now();
+        let info = |block: u32| -> Option<&LiveInfo> {
+            state.meta[block as usize]
+                .tracked
+                .then(|| state.info[block as usize].as_deref())?
+        };
         let mut leaks: Vec<Leak> = state
             .live
             .iter()
@@ -723,11 +954,9 @@ impl Shared {
                 client: String::from(&*state.clients[live.client as usize].name),
                 serial: live.serial,
                 stream: live.stream,
-                tag: live.info.as_ref().and_then(|i| i.tag.clone()),
-                age: live.info.as_ref().map(|i| now.duration_since(i.at)),
-                backtrace: live
-                    .info
-                    .as_ref()
+                tag: info(block).and_then(|i| i.tag.clone()),
+                age: info(block).map(|i| now.duration_since(i.at)),
+                backtrace: info(block)
                     .and_then(|i| i.backtrace.as_ref())
                     .map(|b| format!("{b}")),
             })
@@ -739,6 +968,24 @@ impl Shared {
             leaks,
         }
     }
+}
+
+/// Sets `meta[slot]`, growing `meta` first (the TLSF index made a new block).
+#[cold]
+#[inline(never)]
+fn grow_and_set(meta: &mut Vec<Live>, slot: usize, live: Live) {
+    meta.resize(slot + 1, Live::default());
+    meta[slot] = live;
+}
+
+/// Keeps what tracking recorded for the allocation in block `slot`.
+#[cold]
+#[inline(never)]
+fn store_info(info: &mut Vec<Option<Box<LiveInfo>>>, slot: usize, recorded: Box<LiveInfo>) {
+    if info.len() <= slot {
+        info.resize_with(slot + 1, || None);
+    }
+    info[slot] = Some(recorded);
 }
 
 impl Drop for Shared {
@@ -886,6 +1133,7 @@ impl PoolBuilder {
             tlsf: Tlsf::new(base, capacity as u64),
             live: AddrMap::with_capacity(64),
             meta: Vec::with_capacity(128),
+            info: Vec::new(),
             clients: alloc::vec![ClientState::new(&self.name, usize::MAX)],
             in_use: 0,
             requested: 0,
