@@ -148,6 +148,21 @@ mod gpu {
 
     use super::Args;
 
+    /// `Frame`'s buffers with every field on its own 2 MiB page, as separate `cuMemAlloc`s of
+    /// them land: a diagnostic of where buffers sit relative to each other.
+    #[derive(DeviceLayout)]
+    #[layout(align = 2097152)]
+    struct FramePaged {
+        rgb: [u8; PIXELS * 3],
+        gray: [f32; PIXELS],
+        scratch: [f32; PIXELS],
+        blurred: [f32; PIXELS],
+        magnitude: [f32; PIXELS],
+        hist: [u32; HIST_BINS],
+        threshold: [u32; 1],
+        mask: [u8; PIXELS],
+    }
+
     type Runner<'k> = Box<dyn FnMut() -> Result<(), Error> + 'k>;
     /// One setup measurement: (setup, teardown).
     type Measure<'a> = Box<dyn FnMut() -> Result<(Duration, Duration), Error> + 'a>;
@@ -767,6 +782,37 @@ mod gpu {
         let mut arena = Arena::<Frame, _>::new_in(backend.clone())?;
         arena.views_mut().rgb.upload(&input)?;
         let mut staged = Arena::<FrameStaged, _>::new_in(backend.clone())?;
+        // Diagnostics of the arena's distance to the floor: the arena's own addresses without
+        // the checks of `run_frame`, and the same buffers each aligned to a 2 MiB page as the
+        // floor's separate allocations are.
+        let arena_raw = {
+            let v = arena.views();
+            RawFrame {
+                rgb: v.rgb.device_addr(),
+                gray: v.gray.device_addr(),
+                scratch: v.scratch.device_addr(),
+                blurred: v.blurred.device_addr(),
+                magnitude: v.magnitude.device_addr(),
+                hist: v.hist.device_addr(),
+                threshold: v.threshold.device_addr(),
+                mask: v.mask.device_addr(),
+            }
+        };
+        let mut paged = Arena::<FramePaged, _>::new_in(backend.clone())?;
+        paged.views_mut().rgb.upload(&input)?;
+        let paged_raw = {
+            let v = paged.views();
+            RawFrame {
+                rgb: v.rgb.device_addr(),
+                gray: v.gray.device_addr(),
+                scratch: v.scratch.device_addr(),
+                blurred: v.blurred.device_addr(),
+                magnitude: v.magnitude.device_addr(),
+                hist: v.hist.device_addr(),
+                threshold: v.threshold.device_addr(),
+                mask: v.mask.device_addr(),
+            }
+        };
 
         let s = stream.cu_stream();
         let alloc_sync = |bytes| {
@@ -805,6 +851,29 @@ mod gpu {
                 Box::new(move || {
                     let mut views = arena.views_mut();
                     kernels.run_frame(stream, FRAME_SIZE, FrameBuffers::from(&mut views), None)?;
+                    sync(stream)
+                }),
+            ),
+            (
+                RESIDENT,
+                "  arena addresses, no per-frame checks",
+                false,
+                Box::new(|| {
+                    // SAFETY: the arena (alive until the end of this function) holds eight
+                    // buffers of the frame's sizes at these addresses.
+                    unsafe { kernels.run_frame_raw(stream, FRAME_SIZE, &arena_raw, None) }?;
+                    sync(stream)
+                }),
+            ),
+            (
+                RESIDENT,
+                "  arena, every field 2 MiB-aligned",
+                false,
+                Box::new(move || {
+                    let _keep = &paged;
+                    // SAFETY: `paged` (moved into this closure) holds eight buffers of the
+                    // frame's sizes at these addresses.
+                    unsafe { kernels.run_frame_raw(stream, FRAME_SIZE, &paged_raw, None) }?;
                     sync(stream)
                 }),
             ),
