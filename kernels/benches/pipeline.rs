@@ -785,34 +785,26 @@ mod gpu {
         // Diagnostics of the arena's distance to the floor: the arena's own addresses without
         // the checks of `run_frame`, and the same buffers each aligned to a 2 MiB page as the
         // floor's separate allocations are.
-        let arena_raw = {
-            let v = arena.views();
-            RawFrame {
-                rgb: v.rgb.device_addr(),
-                gray: v.gray.device_addr(),
-                scratch: v.scratch.device_addr(),
-                blurred: v.blurred.device_addr(),
-                magnitude: v.magnitude.device_addr(),
-                hist: v.hist.device_addr(),
-                threshold: v.threshold.device_addr(),
-                mask: v.mask.device_addr(),
-            }
-        };
+        // The device addresses of an arena's eight frame buffers (any layout with those fields).
+        macro_rules! raw_frame {
+            ($arena:expr) => {{
+                let v = $arena.views();
+                RawFrame {
+                    rgb: v.rgb.device_addr(),
+                    gray: v.gray.device_addr(),
+                    scratch: v.scratch.device_addr(),
+                    blurred: v.blurred.device_addr(),
+                    magnitude: v.magnitude.device_addr(),
+                    hist: v.hist.device_addr(),
+                    threshold: v.threshold.device_addr(),
+                    mask: v.mask.device_addr(),
+                }
+            }};
+        }
+        let arena_raw = raw_frame!(arena);
         let mut paged = Arena::<FramePaged, _>::new_in(backend.clone())?;
         paged.views_mut().rgb.upload(&input)?;
-        let paged_raw = {
-            let v = paged.views();
-            RawFrame {
-                rgb: v.rgb.device_addr(),
-                gray: v.gray.device_addr(),
-                scratch: v.scratch.device_addr(),
-                blurred: v.blurred.device_addr(),
-                magnitude: v.magnitude.device_addr(),
-                hist: v.hist.device_addr(),
-                threshold: v.threshold.device_addr(),
-                mask: v.mask.device_addr(),
-            }
-        };
+        let paged_raw = raw_frame!(paged);
 
         let s = stream.cu_stream();
         let alloc_sync = |bytes| {
