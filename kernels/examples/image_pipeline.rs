@@ -4,7 +4,6 @@
 //! ```text
 //! cargo run --release --example image_pipeline [-- INPUT.png] [--frames N] [--out DIR] [--host]
 //!                                                 [--unaliased | --compare]
-//! cargo run --release --example image_pipeline --features cuda      # on a machine with a GPU
 //! ```
 //!
 //! Every frame: decode (the input lands in the `rgb` buffer) → grayscale → Gaussian blur (two
@@ -19,8 +18,9 @@
 //! `--unaliased` runs the plain `Frame` layout (every buffer its own bytes) instead;
 //! `--compare` runs both and checks that every output is bit-identical.
 //!
-//! Without a GPU (or with `--host`) the stages run on the host backend; built with
-//! `--features cuda` and given a device, they run as PTX kernels. It prints per-stage times
+//! With a GPU the stages run as PTX kernels (the crate's default feature `cuda` loads the
+//! driver at run time); without one, or with `--host`, they run on the host backend (built
+//! with `--no-default-features`, the CUDA path is left out). It prints per-stage times
 //! (medians over the frames), frames/s, the layout table, the bytes aliasing saves,
 //! `allocations after setup: 0` from the backend's own counter and, on the GPU, the device's
 //! free memory (`cuMemGetInfo`) before and after the frame loop; it writes gray, blurred,
