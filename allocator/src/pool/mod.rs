@@ -118,7 +118,7 @@ use std::time::{Instant, SystemTime};
 use crate::backend::{Allocation, Backend, HostBackend};
 use crate::error::Error;
 
-mod addr_map;
+mod addr_table;
 mod events;
 mod lock;
 mod slice;
@@ -133,7 +133,7 @@ pub use slice::PoolSlice;
 pub use stats::{ClientStats, Leak, LeakReport, PoolStats, Tracking};
 pub use stream::{ManualStreams, StreamEvent, StreamId, StreamSync};
 
-use addr_map::AddrMap;
+use addr_table::AddrTable;
 use lock::{Lock, LockGuard};
 use tlsf::{GRANULE, Tlsf};
 
@@ -346,7 +346,7 @@ impl ClientState {
 struct State {
     tlsf: Tlsf,
     /// Address of every live allocation → its block.
-    live: AddrMap,
+    table: AddrTable,
     /// What is known about the live allocation in each block (indexed like the TLSF blocks;
     /// entries of free blocks are stale).
     meta: Vec<Live>,
@@ -593,7 +593,7 @@ impl Shared {
             reserved,
         } = taken;
         state.allocations += 1;
-        state.live.insert_new(addr, block);
+        state.table.insert(addr, block);
         let slot = block as usize;
         let live = Live {
             size: ask.size,
@@ -735,8 +735,8 @@ impl Shared {
         stream: StreamId,
         from_slice: bool,
     ) -> Option<()> {
-        let slot = state.live.find(addr)?;
-        let block = state.live.value_at(slot);
+        let entry = state.table.entry(addr)?;
+        let block = *entry;
         let live = state.meta[block as usize];
         if live.tracked
             || (live.owned && !from_slice)
@@ -745,7 +745,7 @@ impl Shared {
         {
             return None;
         }
-        state.live.remove_at(slot);
+        *entry = 0;
         self.commit_free(state, addr, block, &live, stream, None, None);
         Some(())
     }
@@ -761,10 +761,9 @@ impl Shared {
         stream: StreamId,
         from_slice: bool,
     ) -> Result<Option<Box<LiveInfo>>, Error> {
-        let Some(slot) = state.live.find(addr) else {
+        let Some(block) = state.table.get(addr) else {
             return Err(Self::unknown_address(state, caller, addr));
         };
-        let block = state.live.value_at(slot);
         let live = state.meta[block as usize];
         if (live.owned && !from_slice) || caller.is_some_and(|caller| caller != live.client) {
             return Err(self.refused_free(state, caller, addr, &live, from_slice));
@@ -775,7 +774,8 @@ impl Shared {
             Some(streams) if stream != self.home => Some(streams.record(stream)?),
             _ => None,
         };
-        state.live.remove_at(slot);
+        let removed = state.table.remove(addr);
+        debug_assert_eq!(removed, Some(block));
         let info = if live.tracked {
             state.info[block as usize].take()
         } else {
@@ -927,7 +927,7 @@ impl Shared {
             allocations: state.allocations,
             frees: state.frees,
             failures: state.failures,
-            live: state.live.len() as u64,
+            live: state.allocations - state.frees,
             free: state.tlsf.free_bytes() as usize,
             pending: state.pending,
             largest_free: state.tlsf.largest_free() as usize,
@@ -943,10 +943,14 @@ impl Shared {
                 .tracked
                 .then(|| state.info[block as usize].as_deref())?
         };
+        // The live allocations are the used blocks whose address maps to them (a block freed
+        // on another stream and parked until its event completes is used but no longer
+        // mapped).
         let mut leaks: Vec<Leak> = state
-            .live
-            .iter()
-            .map(|(addr, block)| (addr, block, &state.meta[block as usize]))
+            .tlsf
+            .used_blocks()
+            .filter(|&(block, addr)| state.table.get(addr) == Some(block))
+            .map(|(block, addr)| (addr, block, &state.meta[block as usize]))
             .map(|(addr, block, live)| Leak {
                 addr,
                 size: live.size,
@@ -991,7 +995,10 @@ fn store_info(info: &mut Vec<Option<Box<LiveInfo>>>, slot: usize, recorded: Box<
 impl Drop for Shared {
     fn drop(&mut self) {
         if self.log_leaks_on_drop {
-            let live = self.lock().live.len();
+            let live = {
+                let state = self.lock();
+                state.allocations - state.frees
+            };
             if live > 0 {
                 log::warn!(target: "devarena::pool", "{}", self.leak_report());
             }
@@ -1131,7 +1138,7 @@ impl PoolBuilder {
         let host = TypeId::of::<B>() == TypeId::of::<HostBackend>();
         let state = State {
             tlsf: Tlsf::new(base, capacity as u64),
-            live: AddrMap::with_capacity(64),
+            table: AddrTable::new(base, capacity as u64),
             meta: Vec::with_capacity(128),
             info: Vec::new(),
             clients: alloc::vec![ClientState::new(&self.name, usize::MAX)],
