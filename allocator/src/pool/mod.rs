@@ -309,7 +309,6 @@ struct ClientState {
     allocations: u64,
     frees: u64,
     failures: u64,
-    live: u64,
 }
 
 impl ClientState {
@@ -323,7 +322,6 @@ impl ClientState {
             allocations: 0,
             frees: 0,
             failures: 0,
-            live: 0,
         }
     }
 
@@ -337,7 +335,8 @@ impl ClientState {
             allocations: self.allocations,
             frees: self.frees,
             failures: self.failures,
-            live: self.live,
+            // Every allocation is freed at most once.
+            live: self.allocations - self.frees,
         }
     }
 }
@@ -394,6 +393,7 @@ struct Taken {
 }
 
 /// The parts of a request that an event and an error report.
+#[derive(Clone, Copy)]
 struct Ask {
     client: u32,
     size: usize,
@@ -418,17 +418,20 @@ impl Shared {
     }
 
     // Inlined into each public entry point: the call and its argument passing cost about 20
-    // instructions of the fast path's 300.
+    // instructions of the fast path.
     #[inline(always)]
-    fn allocate(&self, client: u32, req: &AllocRequest<'_>, owned: bool) -> Result<u64, Error> {
-        let stream = req.stream.unwrap_or(self.home);
-        let info = match self.tracking.load(Ordering::Relaxed) {
-            0 => None,
-            _ => Some(self.record_info(req.tag)),
+    fn allocate(&self, client: u32, req: AllocRequest<'_>, owned: bool) -> Result<u64, Error> {
+        // What the fast path needs that the lock does not protect: tracking off, a valid
+        // alignment, the home stream (or no stream runtime). Where the caller passes no stream
+        // (`allocate`), the compiler knows the last one.
+        let home = match req.stream {
+            None => true,
+            Some(stream) => self.streams.is_none() || stream == self.home,
         };
         let align = effective_align(req.align);
-        let mut state = self.lock();
-        if let (Some(align), None) = (align, &info) {
+        if let (0, Some(align), true) = (self.tracking.load(Ordering::Relaxed), align, home) {
+            let stream = req.stream.unwrap_or(self.home);
+            let mut state = self.lock();
             let ask = Ask {
                 client,
                 size: req.size,
@@ -438,23 +441,47 @@ impl Shared {
             if let Some(addr) = self.allocate_fast(&mut state, &ask, owned) {
                 return Ok(addr);
             }
+            // Copies made where they are needed: a reference to `req` itself would have the
+            // compiler store it on the stack on every call.
+            let req = AllocRequest { ..req };
+            return self.allocate_general(&mut state, client, &req, stream, owned, None);
         }
+        let req = AllocRequest { ..req };
+        self.allocate_other(client, &req, owned)
+    }
+
+    /// An allocation the fast path never takes: tracking on, a bad alignment, another stream.
+    #[inline(never)]
+    fn allocate_other(
+        &self,
+        client: u32,
+        req: &AllocRequest<'_>,
+        owned: bool,
+    ) -> Result<u64, Error> {
+        let stream = req.stream.unwrap_or(self.home);
+        let info = match self.tracking.load(Ordering::Relaxed) {
+            0 => None,
+            _ => Some(self.record_info(req.tag)),
+        };
+        let mut state = self.lock();
         self.allocate_general(&mut state, client, req, stream, owned, info)
     }
 
-    /// The common case: a valid alignment, tracking off (both checked by the caller), nothing
-    /// parked, the home stream (or no stream runtime), within capacity and quota, and a free
-    /// block found. It changes nothing until it has a block; `None` sends the request down
-    /// [`allocate_general`](Self::allocate_general), which decides the same way and reports
-    /// why a request fails.
+    /// The common case: a valid alignment, tracking off, the home stream (or no stream
+    /// runtime) (all three checked by the caller), nothing parked, within capacity and quota,
+    /// and a free block found. It changes nothing until it has a block; `None` sends the
+    /// request down [`allocate_general`](Self::allocate_general), which decides the same way
+    /// and reports why a request fails.
     #[inline(always)]
     fn allocate_fast(&self, state: &mut State, ask: &Ask, owned: bool) -> Option<u64> {
-        if !state.parked.is_empty() || (self.streams.is_some() && ask.stream != self.home) {
+        if !state.parked.is_empty() {
             return None;
         }
         let reserved = reserved_bytes(ask.size).filter(|&r| r <= self.capacity)?;
         let c = &state.clients[ask.client as usize];
-        if reserved > c.quota - c.in_use.min(c.quota) {
+        // A client never holds more than its quota.
+        debug_assert!(c.in_use <= c.quota);
+        if reserved > c.quota - c.in_use {
             return None;
         }
         let (block, addr) = state.tlsf.allocate(reserved as u64, ask.align as u64)?;
@@ -595,6 +622,7 @@ impl Shared {
         state.allocations += 1;
         state.table.insert(addr, block);
         let slot = block as usize;
+        let tracked = info.is_some();
         let live = Live {
             size: ask.size,
             serial: state.allocations,
@@ -603,12 +631,20 @@ impl Shared {
             // At most MAX_ALIGN (4096).
             align: ask.align as u16,
             owned,
-            tracked: info.is_some(),
+            tracked,
         };
-        match state.meta.get_mut(slot) {
-            Some(entry) => *entry = live,
-            None => grow_and_set(&mut state.meta, slot, live),
+        if state.meta.len() <= slot {
+            grow_meta(&mut state.meta, slot);
         }
+        // Field by field: the compiler builds a whole `Live` on the stack and copies it.
+        let entry = &mut state.meta[slot];
+        entry.size = live.size;
+        entry.serial = live.serial;
+        entry.stream = live.stream;
+        entry.client = live.client;
+        entry.align = live.align;
+        entry.owned = live.owned;
+        entry.tracked = live.tracked;
         if let Some(info) = info {
             store_info(&mut state.info, slot, info);
         }
@@ -620,13 +656,13 @@ impl Shared {
         c.requested += ask.size;
         c.peak = c.peak.max(c.in_use);
         c.allocations += 1;
-        c.live += 1;
         if state.sink.is_some() {
-            let tag = live
-                .tracked
+            let tag = tracked
                 .then(|| state.info[slot].as_ref()?.tag.as_deref())
                 .flatten();
-            self.emit(state, PoolAction::Allocate, ask, addr, reserved, tag, None);
+            // A copy made here: a reference to the caller's would keep it on the stack.
+            let ask = *ask;
+            self.emit(state, PoolAction::Allocate, &ask, addr, reserved, tag, None);
         }
     }
 
@@ -708,11 +744,18 @@ impl Shared {
         stream: Option<StreamId>,
         from_slice: bool,
     ) -> Result<(), Error> {
+        // As for `allocate`: the home stream or no stream runtime, known before the call
+        // where the caller passes no stream.
+        let home = match stream {
+            None => true,
+            Some(stream) => self.streams.is_none() || stream == self.home,
+        };
         let stream = stream.unwrap_or(self.home);
         let mut state = self.lock();
-        if self
-            .deallocate_fast(&mut state, caller, addr, stream, from_slice)
-            .is_some()
+        if home
+            && self
+                .deallocate_fast(&mut state, caller, addr, stream, from_slice)
+                .is_some()
         {
             return Ok(());
         }
@@ -724,7 +767,8 @@ impl Shared {
     }
 
     /// The common case: a live allocation that `caller` may free, untracked, freed on the
-    /// home stream (or without a stream runtime). It changes nothing unless it frees; `None`
+    /// home stream or without a stream runtime (checked by the caller). It changes nothing
+    /// unless it frees; `None`
     /// sends the call down [`deallocate_general`](Self::deallocate_general).
     #[inline(always)]
     fn deallocate_fast(
@@ -741,7 +785,6 @@ impl Shared {
         if live.tracked
             || (live.owned && !from_slice)
             || caller.is_some_and(|caller| caller != live.client)
-            || (self.streams.is_some() && stream != self.home)
         {
             return None;
         }
@@ -800,7 +843,19 @@ impl Shared {
         event: Option<Box<dyn StreamEvent>>,
         tag: Option<&str>,
     ) {
-        let reserved = state.tlsf.block_size(block) as usize;
+        let reserved = match event {
+            Some(event) => {
+                let reserved = state.tlsf.block_size(block) as usize;
+                Self::park(state, stream, block, reserved, event);
+                reserved
+            }
+            None => {
+                if self.streams.is_some() {
+                    state.home_epoch += 1;
+                }
+                state.tlsf.free(block) as usize
+            }
+        };
         state.in_use -= reserved;
         state.requested -= live.size;
         state.frees += 1;
@@ -808,16 +863,6 @@ impl Shared {
         c.in_use -= reserved;
         c.requested -= live.size;
         c.frees += 1;
-        c.live -= 1;
-        match event {
-            Some(event) => Self::park(state, stream, block, reserved, event),
-            None => {
-                state.tlsf.free(block);
-                if self.streams.is_some() {
-                    state.home_epoch += 1;
-                }
-            }
-        }
         if state.sink.is_some() {
             let ask = Ask {
                 client: live.client,
@@ -974,12 +1019,11 @@ impl Shared {
     }
 }
 
-/// Sets `meta[slot]`, growing `meta` first (the TLSF index made a new block).
+/// Makes room for `meta[slot]` (the TLSF index made a new block).
 #[cold]
 #[inline(never)]
-fn grow_and_set(meta: &mut Vec<Live>, slot: usize, live: Live) {
+fn grow_meta(meta: &mut Vec<Live>, slot: usize) {
     meta.resize(slot + 1, Live::default());
-    meta[slot] = live;
 }
 
 /// Keeps what tracking recorded for the allocation in block `slot`.
@@ -1372,18 +1416,18 @@ impl PoolClient {
     /// Allocates `size` bytes at `align` (0 = 256) for the home stream; returns the address.
     pub fn allocate(&self, size: usize, align: usize) -> Result<u64, Error> {
         self.shared
-            .allocate(self.id, &AllocRequest::new(size, align), false)
+            .allocate(self.id, AllocRequest::new(size, align), false)
     }
 
     /// Allocates for use on `stream`.
     pub fn allocate_on(&self, size: usize, align: usize, stream: StreamId) -> Result<u64, Error> {
         self.shared
-            .allocate(self.id, &AllocRequest::new(size, align).on(stream), false)
+            .allocate(self.id, AllocRequest::new(size, align).on(stream), false)
     }
 
     /// Allocates with every option ([`AllocRequest`]).
     pub fn allocate_with(&self, request: AllocRequest<'_>) -> Result<u64, Error> {
-        self.shared.allocate(self.id, &request, false)
+        self.shared.allocate(self.id, request, false)
     }
 
     /// Frees this client's allocation at `addr` on the home stream. An address that is not a
@@ -1451,7 +1495,7 @@ impl PoolClient {
             stream,
             tag: None,
         };
-        self.shared.allocate(self.id, &request, true)
+        self.shared.allocate(self.id, request, true)
     }
 
     pub(crate) fn free_owned(&self, addr: u64, stream: StreamId) -> Result<(), Error> {
