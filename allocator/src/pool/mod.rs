@@ -118,7 +118,7 @@ use std::time::{Instant, SystemTime};
 use crate::backend::{Allocation, Backend, HostBackend};
 use crate::error::Error;
 
-mod addr_table;
+mod addr_map;
 mod events;
 mod lock;
 mod slice;
@@ -133,7 +133,7 @@ pub use slice::PoolSlice;
 pub use stats::{ClientStats, Leak, LeakReport, PoolStats, Tracking};
 pub use stream::{ManualStreams, StreamEvent, StreamId, StreamSync};
 
-use addr_table::AddrTable;
+use addr_map::AddrMap;
 use lock::{Lock, LockGuard};
 use tlsf::{GRANULE, Tlsf};
 
@@ -176,6 +176,7 @@ pub fn guaranteed_fit(size: usize, align: usize) -> Option<usize> {
 /// assert_eq!(reserved_bytes(257), Some(512));
 /// assert_eq!(reserved_bytes(usize::MAX), None);
 /// ```
+#[inline]
 pub fn reserved_bytes(size: usize) -> Option<usize> {
     let granule = BLOCK_GRANULE;
     Some(size.max(1).checked_add(granule - 1)? & !(granule - 1))
@@ -183,6 +184,7 @@ pub fn reserved_bytes(size: usize) -> Option<usize> {
 
 /// The alignment a request gets: `0` → 256, a power of two up to 4096 → itself (at least 256);
 /// anything else → `None`.
+#[inline]
 fn effective_align(align: usize) -> Option<usize> {
     match align {
         0 => Some(DEFAULT_POOL_ALIGN),
@@ -345,7 +347,7 @@ impl ClientState {
 struct State {
     tlsf: Tlsf,
     /// Address of every live allocation → its block.
-    table: AddrTable,
+    live: AddrMap,
     /// What is known about the live allocation in each block (indexed like the TLSF blocks;
     /// entries of free blocks are stale).
     meta: Vec<Live>,
@@ -402,6 +404,7 @@ struct Ask {
 }
 
 impl Shared {
+    #[inline(always)]
     fn lock(&self) -> LockGuard<'_, State> {
         // Every user callback (event sinks, stream runtimes) runs when the state is
         // consistent, so a panic in one unwinds through the guard and leaves nothing
@@ -620,7 +623,7 @@ impl Shared {
             reserved,
         } = taken;
         state.allocations += 1;
-        state.table.insert(addr, block);
+        state.live.insert_new(addr, block);
         let slot = block as usize;
         let tracked = info.is_some();
         let live = Live {
@@ -779,8 +782,8 @@ impl Shared {
         stream: StreamId,
         from_slice: bool,
     ) -> Option<()> {
-        let entry = state.table.entry(addr)?;
-        let block = *entry;
+        let slot = state.live.find(addr)?;
+        let block = state.live.value_at(slot);
         let live = state.meta[block as usize];
         if live.tracked
             || (live.owned && !from_slice)
@@ -788,7 +791,7 @@ impl Shared {
         {
             return None;
         }
-        *entry = 0;
+        state.live.remove_at(slot);
         self.commit_free(state, addr, block, &live, stream, None, None);
         Some(())
     }
@@ -804,7 +807,7 @@ impl Shared {
         stream: StreamId,
         from_slice: bool,
     ) -> Result<Option<Box<LiveInfo>>, Error> {
-        let Some(block) = state.table.get(addr) else {
+        let Some(block) = state.live.get(addr) else {
             return Err(Self::unknown_address(state, caller, addr));
         };
         let live = state.meta[block as usize];
@@ -817,7 +820,7 @@ impl Shared {
             Some(streams) if stream != self.home => Some(streams.record(stream)?),
             _ => None,
         };
-        let removed = state.table.remove(addr);
+        let removed = state.live.remove(addr);
         debug_assert_eq!(removed, Some(block));
         let info = if live.tracked {
             state.info[block as usize].take()
@@ -972,7 +975,7 @@ impl Shared {
             allocations: state.allocations,
             frees: state.frees,
             failures: state.failures,
-            live: state.allocations - state.frees,
+            live: state.live.len() as u64,
             free: state.tlsf.free_bytes() as usize,
             pending: state.pending,
             largest_free: state.tlsf.largest_free() as usize,
@@ -988,14 +991,10 @@ impl Shared {
                 .tracked
                 .then(|| state.info[block as usize].as_deref())?
         };
-        // The live allocations are the used blocks whose address maps to them (a block freed
-        // on another stream and parked until its event completes is used but no longer
-        // mapped).
         let mut leaks: Vec<Leak> = state
-            .tlsf
-            .used_blocks()
-            .filter(|&(block, addr)| state.table.get(addr) == Some(block))
-            .map(|(block, addr)| (addr, block, &state.meta[block as usize]))
+            .live
+            .iter()
+            .map(|(addr, block)| (addr, block, &state.meta[block as usize]))
             .map(|(addr, block, live)| Leak {
                 addr,
                 size: live.size,
@@ -1039,10 +1038,7 @@ fn store_info(info: &mut Vec<Option<Box<LiveInfo>>>, slot: usize, recorded: Box<
 impl Drop for Shared {
     fn drop(&mut self) {
         if self.log_leaks_on_drop {
-            let live = {
-                let state = self.lock();
-                state.allocations - state.frees
-            };
+            let live = self.lock().live.len();
             if live > 0 {
                 log::warn!(target: "devarena::pool", "{}", self.leak_report());
             }
@@ -1182,7 +1178,7 @@ impl PoolBuilder {
         let host = TypeId::of::<B>() == TypeId::of::<HostBackend>();
         let state = State {
             tlsf: Tlsf::new(base, capacity as u64),
-            table: AddrTable::new(base, capacity as u64),
+            live: AddrMap::with_capacity(64),
             meta: Vec::with_capacity(128),
             info: Vec::new(),
             clients: alloc::vec![ClientState::new(&self.name, usize::MAX)],
@@ -1278,6 +1274,7 @@ impl Pool {
     }
 
     /// Allocates `size` bytes at `align` (0 = 256) for the home stream; returns the address.
+    #[inline]
     pub fn allocate(&self, size: usize, align: usize) -> Result<u64, Error> {
         self.own.allocate(size, align)
     }
@@ -1294,6 +1291,7 @@ impl Pool {
 
     /// Frees any client's allocation at `addr`, on the home stream. An address the pool did not
     /// hand out, or already freed, is an [`Error::UnknownAddress`] and changes nothing.
+    #[inline]
     pub fn deallocate(&self, addr: u64) -> Result<(), Error> {
         self.own.shared.deallocate(None, addr, None, false)
     }
@@ -1414,6 +1412,7 @@ impl fmt::Debug for PoolClient {
 
 impl PoolClient {
     /// Allocates `size` bytes at `align` (0 = 256) for the home stream; returns the address.
+    #[inline]
     pub fn allocate(&self, size: usize, align: usize) -> Result<u64, Error> {
         self.shared
             .allocate(self.id, AllocRequest::new(size, align), false)
@@ -1433,6 +1432,7 @@ impl PoolClient {
     /// Frees this client's allocation at `addr` on the home stream. An address that is not a
     /// live allocation is an [`Error::UnknownAddress`]; another client's allocation is an
     /// [`Error::InvalidArgument`]; either changes nothing.
+    #[inline]
     pub fn deallocate(&self, addr: u64) -> Result<(), Error> {
         self.shared.deallocate(Some(self.id), addr, None, false)
     }

@@ -184,17 +184,6 @@ impl Tlsf {
         self.blocks[block as usize].size
     }
 
-    /// Every block slot that is not free, with its address: the used blocks, and spare slots
-    /// (whose addresses are stale). O(slots); for reports.
-    pub(crate) fn used_blocks(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
-        self.blocks
-            .iter()
-            .enumerate()
-            .skip(1)
-            .filter(|(_, b)| !b.free)
-            .map(|(i, b)| (i as u32, b.addr))
-    }
-
     /// Size of the largest free block: exact (scans the top size class only).
     pub(crate) fn largest_free(&self) -> u64 {
         let lists = &self.lists;
