@@ -164,6 +164,54 @@ fn zero_sized(align: usize) -> Allocation {
     }
 }
 
+/// What every CUDA backend's `allocate` does around its driver call: zero bytes take no memory;
+/// otherwise ask for enough to reach an alignment the driver does not guarantee, with the
+/// context bound, count the outcome, and align the address.
+fn allocate_with(
+    stream: &CudaStream,
+    counters: &Counters,
+    bytes: usize,
+    align: usize,
+    guaranteed: usize,
+    raw_alloc: impl FnOnce(usize) -> Result<u64, Error>,
+) -> Result<Allocation, Error> {
+    if bytes == 0 {
+        counters.allocated(0);
+        return Ok(zero_sized(align));
+    }
+    let total = padded(bytes, align, guaranteed)?;
+    bind(stream)?;
+    let raw = raw_alloc(total).inspect_err(|_| counters.failed())?;
+    counters.allocated(bytes);
+    Ok(Allocation {
+        addr: aligned(raw, align),
+        raw_addr: raw,
+        bytes,
+        align,
+    })
+}
+
+/// What every CUDA backend's `deallocate` does around its driver call: count the free, skip a
+/// zero-sized allocation, bind the context, optionally wait for the stream (work queued on it may
+/// still use the memory), then free the address the driver returned.
+fn free_with(
+    stream: &CudaStream,
+    counters: &Counters,
+    allocation: &Allocation,
+    wait_for_stream: bool,
+    raw_free: impl FnOnce(u64) -> Result<(), Error>,
+) -> Result<(), Error> {
+    counters.freed(allocation.bytes);
+    if allocation.bytes == 0 {
+        return Ok(());
+    }
+    bind(stream)?;
+    if wait_for_stream {
+        stream.synchronize().map_err(drv("cuStreamSynchronize"))?;
+    }
+    raw_free(allocation.raw_addr)
+}
+
 // --- view types --------------------------------------------------------------------------------
 
 /// A read-only view of `len` elements of device memory, tied to its arena's borrow and stream.
@@ -619,62 +667,54 @@ unsafe impl Backend for CudaBackend {
     }
 
     fn allocate(&self, bytes: usize, align: usize) -> Result<Allocation, Error> {
-        if bytes == 0 {
-            self.counters.allocated(0);
-            return Ok(zero_sized(align));
+        if self.mode == DeviceAlloc::StreamOrdered && !self.stream.context().has_async_alloc() {
+            return Err(Error::invalid(
+                "cuda-async backend: this device does not support memory pools \
+                 (cuMemAllocAsync); use CudaBackend::new",
+            ));
         }
-        let total = padded(bytes, align, DEVICE_GUARANTEED_ALIGN)?;
-        bind(&self.stream)?;
-        let raw = match self.mode {
-            // SAFETY: the context is bound; the memory is only handed out as views of
-            // `Element`s, for which every bit pattern is valid.
-            DeviceAlloc::Sync => unsafe { result::malloc_sync(total) }
-                .map_err(|e| alloc_error("cuMemAlloc", "cuda", total, e)),
-            DeviceAlloc::StreamOrdered => {
-                if !self.stream.context().has_async_alloc() {
-                    return Err(Error::invalid(
-                        "cuda-async backend: this device does not support memory pools \
-                         (cuMemAllocAsync); use CudaBackend::new",
-                    ));
-                }
-                // SAFETY: as above; the stream is alive (held by `self`).
-                unsafe { result::malloc_async(self.stream.cu_stream(), total) }
-                    .map_err(|e| alloc_error("cuMemAllocAsync", "cuda-async", total, e))
-            }
-        };
-        let raw = raw.inspect_err(|_| self.counters.failed())?;
-        self.counters.allocated(bytes);
-        Ok(Allocation {
-            addr: aligned(raw, align),
-            raw_addr: raw,
+        let counters = &*self.counters;
+        allocate_with(
+            &self.stream,
+            counters,
             bytes,
             align,
-        })
+            DEVICE_GUARANTEED_ALIGN,
+            |total| {
+                match self.mode {
+                    // SAFETY: the context is bound; the memory is only handed out as views of
+                    // `Element`s, for which every bit pattern is valid.
+                    DeviceAlloc::Sync => unsafe { result::malloc_sync(total) }
+                        .map_err(|e| alloc_error("cuMemAlloc", "cuda", total, e)),
+                    DeviceAlloc::StreamOrdered => {
+                        // SAFETY: as above; the stream is alive (held by `self`).
+                        unsafe { result::malloc_async(self.stream.cu_stream(), total) }
+                            .map_err(|e| alloc_error("cuMemAllocAsync", "cuda-async", total, e))
+                    }
+                }
+            },
+        )
     }
 
     unsafe fn deallocate(&self, allocation: &Allocation) -> Result<(), Error> {
-        self.counters.freed(allocation.bytes);
-        if allocation.bytes == 0 {
-            return Ok(());
-        }
-        bind(&self.stream)?;
-        match self.mode {
-            DeviceAlloc::Sync => {
-                // Work queued on the arena's stream may still use the memory.
-                self.stream
-                    .synchronize()
-                    .map_err(drv("cuStreamSynchronize"))?;
-                // SAFETY: `raw_addr` came from `cuMemAlloc` and is freed once (caller's
-                // contract); the stream that used it is idle.
-                unsafe { result::free_sync(allocation.raw_addr) }.map_err(drv("cuMemFree"))
-            }
-            DeviceAlloc::StreamOrdered => {
-                // SAFETY: `raw_addr` came from `cuMemAllocAsync` on this stream and is freed
-                // once, after the work queued before it.
-                unsafe { result::free_async(allocation.raw_addr, self.stream.cu_stream()) }
-                    .map_err(drv("cuMemFreeAsync"))
-            }
-        }
+        let sync = self.mode == DeviceAlloc::Sync;
+        free_with(
+            &self.stream,
+            &self.counters,
+            allocation,
+            sync,
+            |raw| match self.mode {
+                // SAFETY: `raw` came from `cuMemAlloc` and is freed once (the caller's contract);
+                // the stream that used it is idle.
+                DeviceAlloc::Sync => unsafe { result::free_sync(raw) }.map_err(drv("cuMemFree")),
+                DeviceAlloc::StreamOrdered => {
+                    // SAFETY: `raw` came from `cuMemAllocAsync` on this stream and is freed
+                    // once, after the work queued before it.
+                    unsafe { result::free_async(raw, self.stream.cu_stream()) }
+                        .map_err(drv("cuMemFreeAsync"))
+                }
+            },
+        )
     }
 
     unsafe fn base_mut<'a>(&'a self, allocation: &Allocation) -> CudaBase<'a> {
@@ -737,38 +777,28 @@ unsafe impl Backend for ManagedBackend {
     }
 
     fn allocate(&self, bytes: usize, align: usize) -> Result<Allocation, Error> {
-        if bytes == 0 {
-            self.counters.allocated(0);
-            return Ok(zero_sized(align));
-        }
-        let total = padded(bytes, align, DEVICE_GUARANTEED_ALIGN)?;
-        bind(&self.stream)?;
-        // SAFETY: the context is bound; views hold `Element`s only.
-        let raw =
-            unsafe { result::malloc_managed(total, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) }
-                .map_err(|e| alloc_error("cuMemAllocManaged", "cuda-managed", total, e))
-                .inspect_err(|_| self.counters.failed())?;
-        self.counters.allocated(bytes);
-        Ok(Allocation {
-            addr: aligned(raw, align),
-            raw_addr: raw,
+        let counters = &*self.counters;
+        allocate_with(
+            &self.stream,
+            counters,
             bytes,
             align,
-        })
+            DEVICE_GUARANTEED_ALIGN,
+            |total| {
+                let attach = sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL;
+                // SAFETY: the context is bound; views hold `Element`s only.
+                unsafe { result::malloc_managed(total, attach) }
+                    .map_err(|e| alloc_error("cuMemAllocManaged", "cuda-managed", total, e))
+            },
+        )
     }
 
     unsafe fn deallocate(&self, allocation: &Allocation) -> Result<(), Error> {
-        self.counters.freed(allocation.bytes);
-        if allocation.bytes == 0 {
-            return Ok(());
-        }
-        bind(&self.stream)?;
-        self.stream
-            .synchronize()
-            .map_err(drv("cuStreamSynchronize"))?;
-        // SAFETY: `raw_addr` came from `cuMemAllocManaged` and is freed once; the stream that
-        // used it is idle.
-        unsafe { result::free_sync(allocation.raw_addr) }.map_err(drv("cuMemFree"))
+        free_with(&self.stream, &self.counters, allocation, true, |raw| {
+            // SAFETY: `raw` came from `cuMemAllocManaged` and is freed once; the stream that
+            // used it is idle.
+            unsafe { result::free_sync(raw) }.map_err(drv("cuMemFree"))
+        })
     }
 
     unsafe fn base_mut<'a>(&'a self, allocation: &Allocation) -> CudaBase<'a> {
@@ -890,41 +920,32 @@ unsafe impl Backend for PinnedBackend {
     }
 
     fn allocate(&self, bytes: usize, align: usize) -> Result<Allocation, Error> {
-        if bytes == 0 {
-            self.counters.allocated(0);
-            return Ok(zero_sized(align));
-        }
-        let total = padded(bytes, align, PINNED_GUARANTEED_ALIGN)?;
-        bind(&self.stream)?;
-        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
-        // SAFETY: the context is bound.
-        let raw = unsafe { result::malloc_host(total, flags) }
-            .map_err(|e| alloc_error("cuMemHostAlloc", "cuda-pinned", total, e))
-            .inspect_err(|_| self.counters.failed())? as u64;
-        // SAFETY: `total` bytes at `raw` were just allocated; zero them so every view starts
-        // initialised.
-        unsafe { core::ptr::write_bytes(raw as usize as *mut u8, 0, total) };
-        self.counters.allocated(bytes);
-        Ok(Allocation {
-            addr: aligned(raw, align),
-            raw_addr: raw,
+        let counters = &*self.counters;
+        allocate_with(
+            &self.stream,
+            counters,
             bytes,
             align,
-        })
+            PINNED_GUARANTEED_ALIGN,
+            |total| {
+                let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+                // SAFETY: the context is bound.
+                let raw = unsafe { result::malloc_host(total, flags) }
+                    .map_err(|e| alloc_error("cuMemHostAlloc", "cuda-pinned", total, e))?;
+                // SAFETY: `total` bytes at `raw` were just allocated; zero them so every view starts
+                // initialised.
+                unsafe { core::ptr::write_bytes(raw.cast::<u8>(), 0, total) };
+                Ok(raw as u64)
+            },
+        )
     }
 
     unsafe fn deallocate(&self, allocation: &Allocation) -> Result<(), Error> {
-        self.counters.freed(allocation.bytes);
-        if allocation.bytes == 0 {
-            return Ok(());
-        }
-        bind(&self.stream)?;
-        self.stream
-            .synchronize()
-            .map_err(drv("cuStreamSynchronize"))?;
-        // SAFETY: `raw_addr` came from `cuMemHostAlloc` and is freed once; no copy still uses it.
-        unsafe { result::free_host(allocation.raw_addr as usize as *mut core::ffi::c_void) }
-            .map_err(drv("cuMemFreeHost"))
+        free_with(&self.stream, &self.counters, allocation, true, |raw| {
+            // SAFETY: `raw` came from `cuMemHostAlloc` and is freed once; no copy still uses it.
+            unsafe { result::free_host(raw as usize as *mut core::ffi::c_void) }
+                .map_err(drv("cuMemFreeHost"))
+        })
     }
 
     unsafe fn base_mut<'a>(&'a self, allocation: &Allocation) -> HostBase<'a> {
