@@ -25,6 +25,11 @@
 //! contains NAME; ratios need the baselines, "std::alloc" and "cuMemAllocAsync")
 //! ```
 //!
+//! Host columns: the system allocator (the baseline), a `devarena::Pool` on host memory as
+//! built by default, the same pool with its reuse cache off (`PoolBuilder::reuse(0, 0)`: every
+//! free merges at once), and the `offset-allocator` crate behind a mutex. After the table, each
+//! pool reports how many of its allocations took a freed block whole from the reuse cache.
+//!
 //! Every allocator is an [`AllocatorUnderTest`] measured by [`measure`]; [`allocators`] lists
 //! them.
 
@@ -43,6 +48,10 @@ trait AllocatorUnderTest: Sync {
     fn name(&self) -> String;
     /// One thread's handle (a pool client, a stream, ...), made before timing starts.
     fn worker(&self, thread: usize) -> Box<dyn Worker + '_>;
+    /// A line for the notes after every run (what the allocator itself counted).
+    fn summary(&self) -> Option<String> {
+        None
+    }
 }
 
 /// One thread's view of an allocator under test.
@@ -62,6 +71,8 @@ trait Worker {
 /// thread its own client.
 struct DevarenaPool {
     pool: Pool,
+    /// Beside the backend in the column name (`""` for the default configuration).
+    label: &'static str,
 }
 
 struct PoolWorker {
@@ -70,11 +81,23 @@ struct PoolWorker {
 
 impl AllocatorUnderTest for DevarenaPool {
     fn name(&self) -> String {
-        format!("devarena Pool ({})", self.pool.backend_name())
+        format!("devarena Pool ({}{})", self.pool.backend_name(), self.label)
     }
     fn worker(&self, thread: usize) -> Box<dyn Worker + '_> {
         Box::new(PoolWorker {
             client: self.pool.client(&format!("thread-{thread}"), usize::MAX),
+        })
+    }
+    fn summary(&self) -> Option<String> {
+        let s = self.pool.stats();
+        (s.allocations > 0).then(|| {
+            format!(
+                "{}: {} of {} allocations ({:.1}%) took a freed block whole from the reuse cache",
+                self.name(),
+                s.reused,
+                s.allocations,
+                100.0 * s.reused as f64 / s.allocations as f64,
+            )
         })
     }
 }
@@ -180,6 +203,16 @@ fn allocators(capacity: usize, notes: &mut Vec<String>) -> Vec<Box<dyn Allocator
                 .name("bench")
                 .build_host()
                 .expect("reserve the pool's region"),
+            label: "",
+        }),
+        // The same pool with every free merged at once: what the reuse cache saves.
+        Box::new(DevarenaPool {
+            pool: Pool::builder(capacity)
+                .name("bench-no-reuse")
+                .reuse(0, 0)
+                .build_host()
+                .expect("reserve the pool's region"),
+            label: ", no reuse",
         }),
         Box::new(OffsetAllocator::new(capacity)),
     ];
@@ -238,7 +271,7 @@ mod device {
             .name("bench-cuda")
             .build_cuda(stream.clone())
         {
-            Ok(pool) => all.push(Box::new(DevarenaPool { pool })),
+            Ok(pool) => all.push(Box::new(DevarenaPool { pool, label: "" })),
             Err(e) => notes.push(format!("devarena Pool (cuda) skipped: {e}")),
         }
         match StreamOrdered::new(&stream) {
@@ -568,6 +601,7 @@ fn main() {
             });
         }
     }
+    notes.extend(allocators.iter().filter_map(|a| a.summary()));
     let baseline_name = allocators[0].name();
     let baseline = |threads: usize| {
         rows.iter()
@@ -628,7 +662,7 @@ fn main() {
     println!();
     let device_ran = rows.iter().any(|r| r.name == device::ASYNC_NAME);
     print!(
-        "{:<24} {:>7} {:>10} {:>10} {:>15} {:>8} {:>11}",
+        "{:<31} {:>7} {:>10} {:>10} {:>15} {:>8} {:>11}",
         "allocator", "threads", "ns/pair", "cpu ns", "Mpairs/s (all)", "overlap", "vs system"
     );
     if device_ran {
@@ -643,7 +677,7 @@ fn main() {
             "-".to_string()
         };
         print!(
-            "{:<24} {:>7} {:>10.1} {:>10} {:>15.2} {:>8} {:>10.2}x",
+            "{:<31} {:>7} {:>10.1} {:>10} {:>15.2} {:>8} {:>10.2}x",
             r.name,
             r.threads,
             r.ns,

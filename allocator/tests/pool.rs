@@ -125,10 +125,13 @@ enum Op {
     },
 }
 
-/// Sizes from 1 B to 64 MiB, spread evenly over the powers of two; sometimes 0.
+/// Sizes from 1 B to 64 MiB, spread evenly over the powers of two; sometimes 0; often one of a
+/// few sizes that recur.
 fn size_strategy() -> impl Strategy<Value = usize> {
     prop_oneof![
         1 => Just(0usize),
+        // Sizes that recur, so that freed blocks are reused whole.
+        6 => prop::sample::select(vec![1000usize, 5000, 70_000, 1 << 20, (3 << 20) + 7]),
         20 => (0u32..26, any::<usize>()).prop_map(|(bits, r)| {
             let lo = 1usize << bits;
             lo + r % lo
@@ -216,8 +219,11 @@ impl Model {
             pending: 0,
             largest_free: largest,
             free_blocks: gaps.len(),
+            // How many requests a cached block served depends on the order of the frees.
+            reused: stats.reused,
         };
         assert_eq!(stats, expected);
+        assert!(stats.reused <= stats.allocations);
         assert_eq!(stats.free, CAP - stats.in_use);
         let fragmentation = if stats.free == 0 {
             0.0
@@ -257,7 +263,22 @@ fn unchanged<T>(pool: &Pool, f: impl FnOnce() -> T) -> T {
     out
 }
 
-fn run_model(ops: &[Op]) {
+/// The bytes a request takes, computed independently of the pool: 256-byte granules, then (from
+/// 32 granules on) a multiple of 1/32 of the size's power of two.
+fn class_rounded(size: usize) -> usize {
+    let units = size.max(1).div_ceil(256);
+    if units < 32 {
+        return units * 256;
+    }
+    let step = 1usize << (units.ilog2() - 5);
+    units.div_ceil(step) * step * 256
+}
+
+/// Runs `ops` on a pool and the model side by side. `check_every_op`: compare the statistics
+/// after every operation (which merges the reuse cache each time, as [`Pool::stats`] does), or
+/// only at the end and where a call fails (so that freed blocks wait in the cache and are
+/// reused in between).
+fn run_model(ops: &[Op], check_every_op: bool) {
     let pool = Pool::builder(CAP)
         .name("model")
         .log_leaks_on_drop(false)
@@ -294,7 +315,7 @@ fn run_model(ops: &[Op]) {
                     continue;
                 }
                 let reserved = reserved_bytes(size).unwrap();
-                assert_eq!(reserved, size.max(1).div_ceil(256) * 256);
+                assert_eq!(reserved, class_rounded(size));
                 let shown_align = if align == 0 { 256 } else { align };
                 let over_quota = m.in_use[client] + reserved > QUOTAS[client];
                 match result {
@@ -417,8 +438,11 @@ fn run_model(ops: &[Op]) {
                 assert!(what.contains(names[other]) && what.contains(names[block.client]));
             }
         }
-        m.check(&pool);
+        if check_every_op {
+            m.check(&pool);
+        }
     }
+    m.check(&pool);
     // Everything back: one free block of the whole capacity.
     for &addr in m.live.keys() {
         pool.deallocate(addr).unwrap();
@@ -435,7 +459,14 @@ proptest! {
 
     #[test]
     fn random_sequences_match_the_reference_model(ops in prop::collection::vec(op_strategy(), 1..300)) {
-        run_model(&ops);
+        run_model(&ops, true);
+    }
+
+    #[test]
+    fn random_sequences_with_reuse_match_the_reference_model(
+        ops in prop::collection::vec(op_strategy(), 1..300)
+    ) {
+        run_model(&ops, false);
     }
 }
 
@@ -521,7 +552,8 @@ fn the_largest_alignment_on_a_fragmented_pool() {
 fn capacity_is_a_hard_cap_and_the_error_names_the_numbers() {
     let pool = Pool::builder(1 << 20).name("cap").build_host().unwrap();
     let model = pool.client("model-a", usize::MAX);
-    let a = model.allocate(600 << 10, 0).unwrap();
+    // 608 KiB is a size class of its own (a multiple of 1/32 of 512 KiB): it takes exactly that.
+    let a = model.allocate(608 << 10, 0).unwrap();
     let err = model.allocate(500 << 10, 512).unwrap_err();
     assert_eq!(
         err,
@@ -531,21 +563,21 @@ fn capacity_is_a_hard_cap_and_the_error_names_the_numbers() {
             align: 512,
             limit: "capacity",
             limit_bytes: 1 << 20,
-            in_use: 600 << 10,
-            free: 424 << 10,
-            largest_free: 424 << 10,
+            in_use: 608 << 10,
+            free: 416 << 10,
+            largest_free: 416 << 10,
             pending: 0,
         }
     );
     let msg = err.to_string();
     for needle in [
-        "model-a", "512000", "1048576", "614400", "434176", "capacity",
+        "model-a", "512000", "1048576", "622592", "425984", "capacity",
     ] {
         assert!(msg.contains(needle), "{needle} missing from: {msg}");
     }
     // Nothing already allocated was disturbed.
     assert_eq!(pool.leak_report().leaks[0].addr, a);
-    assert_eq!(pool.stats().in_use, 600 << 10);
+    assert_eq!(pool.stats().in_use, 608 << 10);
     // A request larger than the whole pool.
     let err = pool.allocate(usize::MAX, 0).unwrap_err();
     assert!(matches!(
@@ -680,15 +712,16 @@ fn pools_beyond_four_gib() {
         Err(e) => panic!("{e}"),
     };
     let big = pool.allocate(5 << 30, 0).unwrap();
-    let rest = pool.allocate((1 << 30) - 256, 0).unwrap();
+    // 992 MiB and 32 MiB are size classes: they take exactly that.
+    let rest = pool.allocate((1 << 30) - (1 << 25), 0).unwrap();
     assert_eq!((big, rest), (pool.base(), pool.base() + (5 << 30)));
     let s = pool.stats();
     assert_eq!(
         (s.in_use, s.free, s.largest_free),
-        ((6 << 30) - 256, 256, 256)
+        ((6 << 30) - (1 << 25), 1 << 25, 1 << 25)
     );
-    let last = pool.allocate(1, 0).unwrap();
-    assert_eq!(last, pool.base() + (6 << 30) - 256);
+    let last = pool.allocate(1 << 25, 0).unwrap();
+    assert_eq!(last, pool.base() + (6 << 30) - (1 << 25));
     assert!(pool.allocate(1, 0).is_err());
     pool.deallocate(big).unwrap();
     assert_eq!(pool.stats().largest_free, 5 << 30);
@@ -1289,4 +1322,52 @@ fn a_pool_without_a_stream_runtime_treats_all_streams_as_one() {
     let a = pool.allocate_on(4096, 0, StreamId(9)).unwrap();
     pool.deallocate_on(a, StreamId(10)).unwrap();
     assert_eq!(pool.allocate(4096, 0).unwrap(), a);
+}
+
+#[test]
+fn freed_blocks_are_reused_whole_and_merged_before_a_request_would_fail() {
+    let pool = Pool::builder(1 << 20).name("reuse").build_host().unwrap();
+    // A freed block waits whole for the next request of its size class (2900 and 3000 bytes
+    // both take 3072).
+    let a = pool.allocate(3000, 0).unwrap();
+    let neighbour = pool.allocate(256, 0).unwrap();
+    pool.deallocate(a).unwrap();
+    let b = pool.allocate(2900, 0).unwrap();
+    assert_eq!(b, a);
+    let s = pool.stats();
+    assert_eq!(
+        (s.reused, s.in_use, s.requested),
+        (1, 3072 + 256, 2900 + 256)
+    );
+    // Another class does not take it: the block below `a` stays cached and `c` lies elsewhere.
+    pool.deallocate(b).unwrap();
+    let c = pool.allocate(5000, 0).unwrap();
+    assert_ne!(c, a);
+    assert_eq!(pool.stats().reused, 1);
+    // Four-KiB blocks fill the pool, then all are freed: most wait in the cache, but a request
+    // for everything free must still succeed, with every block merged first. (`stats` merges
+    // the cache first, so that the fill starts from one free block.)
+    pool.deallocate(c).unwrap();
+    pool.deallocate(neighbour).unwrap();
+    assert_eq!(pool.stats().free_blocks, 1);
+    let mut blocks = Vec::new();
+    while let Ok(addr) = pool.allocate(4096, 0) {
+        blocks.push(addr);
+    }
+    assert_eq!(blocks.len(), 256);
+    for addr in blocks {
+        pool.deallocate(addr).unwrap();
+    }
+    let all = pool.allocate(1 << 20, 0).unwrap();
+    assert_eq!(all, pool.base());
+    pool.deallocate(all).unwrap();
+    let s = pool.stats();
+    assert_eq!((s.free_blocks, s.largest_free, s.in_use), (1, 1 << 20, 0));
+    // A cached block is free memory for every client: a quota that was full is free again.
+    let small = pool.client("small", 8192);
+    let d = small.allocate(8192, 0).unwrap();
+    small.deallocate(d).unwrap();
+    let e = small.allocate(8192, 0).unwrap();
+    assert_eq!((e, small.stats().in_use), (d, 8192));
+    small.deallocate(e).unwrap();
 }

@@ -12,7 +12,8 @@ use super::stream::StreamId;
 pub struct PoolStats {
     /// Bytes the pool manages: its hard cap.
     pub capacity: usize,
-    /// Bytes held by live allocations, each rounded up to 256 bytes ("reserved").
+    /// Bytes held by live allocations, each rounded up to its size class ("reserved": see
+    /// [`reserved_bytes`](super::reserved_bytes)).
     pub in_use: usize,
     /// Bytes the live allocations asked for (before rounding).
     pub requested: usize,
@@ -35,6 +36,9 @@ pub struct PoolStats {
     pub largest_free: usize,
     /// Number of free blocks (1 for an empty pool; more means fragmentation).
     pub free_blocks: usize,
+    /// Allocations served whole by a block freed earlier and kept for reuse (see
+    /// [`PoolBuilder::reuse`](super::PoolBuilder::reuse)), so far.
+    pub reused: u64,
 }
 
 impl PoolStats {
@@ -48,7 +52,7 @@ impl PoolStats {
         }
     }
 
-    /// Reserved bytes beyond what was asked for: rounding to 256 bytes.
+    /// Reserved bytes beyond what was asked for: rounding to 256 bytes and to size classes.
     pub fn rounding_overhead(&self) -> usize {
         self.in_use - self.requested
     }
@@ -85,7 +89,7 @@ pub struct ClientStats {
     pub name: String,
     /// Its quota in bytes (reserved bytes, like `in_use`).
     pub quota: usize,
-    /// Bytes its live allocations hold (rounded up to 256 bytes each).
+    /// Bytes its live allocations hold (each rounded up to its size class).
     pub in_use: usize,
     /// Bytes its live allocations asked for.
     pub requested: usize,
@@ -126,7 +130,7 @@ pub struct Leak {
     pub addr: u64,
     /// Bytes asked for.
     pub size: usize,
-    /// Bytes it holds (rounded up to 256).
+    /// Bytes it holds (rounded up to its size class).
     pub reserved: usize,
     /// The client that made it.
     pub client: String,

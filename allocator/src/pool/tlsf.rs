@@ -45,6 +45,11 @@ struct Block {
     /// its list needs no second mapping of its size.
     class: u16,
     free: bool,
+    /// Freed by its user but not yet merged: in a [`Cache`] list, neither used nor free.
+    cached: bool,
+    /// Bumped each time the block is cached: tells its current entry in the cache's ring
+    /// from older ones.
+    generation: u32,
 }
 
 impl Block {
@@ -58,6 +63,8 @@ impl Block {
         next_free: NIL,
         class: 0,
         free: false,
+        cached: false,
+        generation: 0,
     };
 }
 
@@ -68,6 +75,34 @@ pub(crate) struct Tlsf {
     size: u64,
     blocks: Vec<Block>,
     lists: Lists,
+    cache: Cache,
+}
+
+/// Blocks freed by their users and kept whole, unmerged, for the next request of the same size
+/// class (deferred coalescing).
+///
+/// Every used block spans a whole size class ([`class_size`]), so a cached block of a request's
+/// class fits it exactly: taking it is a list pop, no search and no split; caching one is a
+/// list push, no merge. A ring of the last [`Cache::ring`]`.len()` blocks cached bounds how many
+/// stay: caching a block overwrites the oldest entry, and the block there, if it is still
+/// cached by that entry (same generation), is merged into the free lists. Each cached block has
+/// its entry in the ring, written when it was cached, which only a later push can overwrite. A
+/// byte limit bounds how much memory waits: a block that would pass it is merged at once.
+#[derive(Debug)]
+struct Cache {
+    /// Head of each class's list of cached blocks (linked through `prev_free`/`next_free`).
+    heads: [u32; FL_ROWS * SL_COUNT],
+    /// The last blocks cached with their generations, oldest at `pos` ([`NIL`] where none was
+    /// yet); a power of two long (0: no cache).
+    ring: Vec<(u32, u32)>,
+    pos: usize,
+    /// Bytes and blocks cached now.
+    bytes: u64,
+    blocks: usize,
+    /// The most bytes cached at once (0 when there is no ring).
+    byte_limit: u64,
+    /// Blocks taken from the cache so far.
+    hits: u64,
 }
 
 /// Everything beside the block array: the free lists, their bitmaps, the spare slots and the
@@ -133,12 +168,41 @@ pub(crate) fn guaranteed_fit(size: u64, align: u64) -> Option<u64> {
     rounded.checked_shl(GRANULE_SHIFT)
 }
 
+/// `bytes` (a multiple of [`GRANULE`]) rounded up to the smallest size of its class: every
+/// block of a class is then one size. Below 32 granules (8 KiB) each size is a class of its
+/// own; above, a class spans 1/32 of a power of two, so the rounding adds less than 1/32.
+/// `None` on overflow.
+#[inline(always)]
+pub(crate) fn class_size(bytes: u64) -> Option<u64> {
+    let units = bytes >> GRANULE_SHIFT;
+    let log2 = 63 - (units | SL_COUNT as u64).leading_zeros();
+    let step = (1u64 << (log2 - SL_SHIFT)) - 1;
+    let rounded = units.checked_add(step)? & !step;
+    rounded.checked_mul(GRANULE)
+}
+
 impl Tlsf {
     /// One free block spanning `base..base + size`. `base` and `size` must be multiples of
-    /// [`GRANULE`] and `size` non-zero.
-    pub(crate) fn new(base: u64, size: u64) -> Self {
+    /// [`GRANULE`] and `size` non-zero. Freed blocks wait unmerged in a cache of at most
+    /// `cache_blocks` (rounded up to a power of two; 0 for none) blocks and `cache_bytes`
+    /// bytes.
+    pub(crate) fn new(base: u64, size: u64, cache_blocks: usize, cache_bytes: u64) -> Self {
         debug_assert!(base % GRANULE == 0 && size % GRANULE == 0 && size > 0);
+        // No ring, no bytes: every release merges at once.
+        let (ring, cache_bytes) = match cache_blocks {
+            0 => (Vec::new(), 0),
+            n => (alloc::vec![(NIL, 0); n.next_power_of_two()], cache_bytes),
+        };
         let mut tlsf = Tlsf {
+            cache: Cache {
+                heads: [NIL; FL_ROWS * SL_COUNT],
+                ring,
+                pos: 0,
+                bytes: 0,
+                blocks: 0,
+                byte_limit: cache_bytes,
+                hits: 0,
+            },
             base,
             size,
             blocks: Vec::with_capacity(256),
@@ -168,12 +232,22 @@ impl Tlsf {
         self.base
     }
 
-    /// Bytes in free blocks.
+    /// Bytes in free and cached blocks: everything no allocation uses.
     pub(crate) fn free_bytes(&self) -> u64 {
-        self.lists.free_bytes
+        self.lists.free_bytes + self.cache.bytes
     }
 
-    /// Number of free blocks.
+    /// Bytes and blocks in the cache.
+    pub(crate) fn cached(&self) -> (u64, usize) {
+        (self.cache.bytes, self.cache.blocks)
+    }
+
+    /// Blocks taken whole from the cache so far.
+    pub(crate) fn reused(&self) -> u64 {
+        self.cache.hits
+    }
+
+    /// Number of free blocks (cached blocks not counted: [`flush`](Self::flush) first).
     pub(crate) fn free_blocks(&self) -> usize {
         self.lists.free_blocks
     }
@@ -184,7 +258,8 @@ impl Tlsf {
         self.blocks[block as usize].size
     }
 
-    /// Size of the largest free block: exact (scans the top size class only).
+    /// Size of the largest free block (cached blocks not counted: [`flush`](Self::flush)
+    /// first): exact (scans the top size class only).
     pub(crate) fn largest_free(&self) -> u64 {
         let lists = &self.lists;
         if lists.fl_bitmap == 0 {
@@ -210,9 +285,15 @@ impl Tlsf {
     /// larger alignment, the head of the smallest class that surely holds `size` plus the
     /// worst padding; then at most [`FALLBACK_SCAN`] blocks of `size`'s own class and of the
     /// largest class. A free block of [`guaranteed_fit`] bytes is always found.
+    ///
+    /// A cached block of `size`'s class at a suitable address is taken first, whole. `size`
+    /// should be a [`class_size`] for that to happen.
     #[inline(always)]
     pub(crate) fn allocate(&mut self, size: u64, align: u64) -> Option<(u32, u64)> {
         debug_assert!(size % GRANULE == 0 && size > 0 && align.is_power_of_two());
+        if let Some(taken) = self.take_cached(size, align) {
+            return Some(taken);
+        }
         if self.lists.spares < SLOTS_PER_ALLOCATION {
             self.add_spares();
         }
@@ -280,6 +361,120 @@ impl Tlsf {
         );
         debug_assert!(block != NIL && self.blocks[block as usize].addr - self.base < self.size);
         self.lists.free(&mut Slots(&mut self.blocks), block)
+    }
+
+    /// The head of the cache list of `size`'s class, when it is `size` bytes at `align`.
+    #[inline(always)]
+    fn take_cached(&mut self, size: u64, align: u64) -> Option<(u32, u64)> {
+        let (fl, sl) = mapping_insert(size >> GRANULE_SHIFT);
+        let class = class(fl, sl);
+        let block = self.cache.heads[class];
+        if block == NIL {
+            return None;
+        }
+        let blocks = &mut Slots(&mut self.blocks);
+        let b = blocks.at_mut(block);
+        debug_assert!(b.cached && !b.free && b.prev_free == NIL);
+        // Every cached block of this class has the class's size when `size` is a class size;
+        // the check keeps other sizes correct.
+        if b.size != size || b.addr & (align - 1) != 0 {
+            return None;
+        }
+        b.cached = false;
+        let (addr, next) = (b.addr, b.next_free);
+        self.cache.heads[class] = next;
+        blocks.at_mut(next).prev_free = NIL;
+        self.cache.bytes -= size;
+        self.cache.blocks -= 1;
+        self.cache.hits += 1;
+        Some((block, addr))
+    }
+
+    /// Returns a block taken by [`allocate`](Self::allocate) to the cache, to be taken whole by
+    /// a request of its size or merged later; merges it at once when the cache is off or full
+    /// in bytes. Returns the block's size.
+    ///
+    /// # Panics
+    ///
+    /// As [`free`](Self::free).
+    #[inline(always)]
+    pub(crate) fn release(&mut self, block: u32) -> u64 {
+        assert!(
+            (block as usize) < self.blocks.len(),
+            "block {block} out of range"
+        );
+        let size = self.blocks[block as usize].size;
+        let cache = &mut self.cache;
+        // (Without a ring the limit is 0.)
+        if cache.bytes + size > cache.byte_limit {
+            return self.lists.free(&mut Slots(&mut self.blocks), block);
+        }
+        let blocks = &mut Slots(&mut self.blocks);
+        let b = blocks.at_mut(block);
+        debug_assert!(!b.free && !b.cached && b.addr - self.base < self.size);
+        let (fl, sl) = mapping_insert(size >> GRANULE_SHIFT);
+        let class = class(fl, sl);
+        let head = cache.heads[class];
+        b.cached = true;
+        b.generation = b.generation.wrapping_add(1);
+        let generation = b.generation;
+        b.class = class as u16;
+        b.prev_free = NIL;
+        b.next_free = head;
+        blocks.at_mut(head).prev_free = block;
+        cache.heads[class] = block;
+        cache.bytes += size;
+        cache.blocks += 1;
+        // The ring's oldest entry gives way; its block, if still cached since that entry was
+        // written, is merged.
+        let mask = cache.ring.len() - 1;
+        let (oldest, then) =
+            core::mem::replace(&mut cache.ring[cache.pos & mask], (block, generation));
+        cache.pos = cache.pos.wrapping_add(1);
+        // `oldest` is a slot index the ring stored (below the length: slots are never
+        // removed), or NIL.
+        let o = blocks.at(oldest);
+        // One branch, not two (`&`, not `&&`): whether the oldest block is still cached is a
+        // coin flip, whether it must go is mostly "no".
+        if o.cached & (o.generation == then) {
+            self.evict(oldest);
+        }
+        size
+    }
+
+    /// Takes a cached block out of the cache and merges it into the free lists.
+    #[inline(never)]
+    fn evict(&mut self, block: u32) {
+        let blocks = &mut Slots(&mut self.blocks);
+        let b = blocks.at_mut(block);
+        debug_assert!(b.cached);
+        b.cached = false;
+        let (prev, next, class, size) = (b.prev_free, b.next_free, b.class as usize, b.size);
+        if prev != NIL {
+            blocks.at_mut(prev).next_free = next;
+        } else {
+            self.cache.heads[class & (FL_ROWS * SL_COUNT - 1)] = next;
+        }
+        blocks.at_mut(next).prev_free = prev;
+        self.cache.bytes -= size;
+        self.cache.blocks -= 1;
+        self.lists.free(blocks, block);
+    }
+
+    /// Merges every cached block into the free lists: afterwards the free lists alone describe
+    /// all free memory (no two free blocks touch). At most the ring's length of merges.
+    pub(crate) fn flush(&mut self) {
+        if self.cache.blocks == 0 {
+            return;
+        }
+        for i in 0..self.cache.ring.len() {
+            let (block, generation) = core::mem::replace(&mut self.cache.ring[i], (NIL, 0));
+            let b = &self.blocks[block as usize];
+            if b.cached && b.generation == generation {
+                self.evict(block);
+            }
+        }
+        debug_assert_eq!((self.cache.blocks, self.cache.bytes), (0, 0));
     }
 
     /// Puts new slots on the spare list, so that the next allocation need not grow the block
@@ -386,6 +581,35 @@ impl Tlsf {
         assert!(lists.sl_bitmap[FL_COUNT..].iter().all(|&row| row == 0));
         assert_eq!(lists.fl_bitmap >> FL_COUNT, 0);
         assert_eq!(listed, lists.free_blocks);
+        // Cache: every cached block is in the chain, in its class's list, not free, and has an
+        // entry in the ring; the counts agree.
+        let cache = &self.cache;
+        let (mut cached_bytes, mut cached_blocks) = (0, 0);
+        for (class_index, &head) in cache.heads.iter().enumerate() {
+            let mut at = head;
+            let mut prev = NIL;
+            while at != NIL {
+                let b = &self.blocks[at as usize];
+                assert!(b.cached && !b.free && in_chain[at as usize]);
+                let (fl, sl) = mapping_insert(b.size >> GRANULE_SHIFT);
+                assert_eq!(class(fl, sl), class_index);
+                assert_eq!(b.class as usize, class_index);
+                assert_eq!(b.prev_free, prev);
+                assert!(
+                    cache.ring.contains(&(at, b.generation)),
+                    "cached block {at} is in the ring"
+                );
+                cached_bytes += b.size;
+                cached_blocks += 1;
+                prev = at;
+                at = b.next_free;
+            }
+        }
+        let flagged = self.blocks.iter().filter(|b| b.cached).count();
+        assert_eq!(flagged, cached_blocks, "every cached block is listed");
+        assert_eq!((cache.bytes, cache.blocks), (cached_bytes, cached_blocks));
+        assert!(cache.bytes <= cache.byte_limit);
+        assert!(cache.byte_limit == 0 || !cache.ring.is_empty());
     }
 }
 
@@ -555,6 +779,8 @@ impl Lists {
             next_free: head,
             class: class as u16,
             free: true,
+            cached: false,
+            generation: 0,
         };
         let b = blocks.at_mut(block);
         b.size = size;
@@ -721,7 +947,7 @@ mod tests {
 
     #[test]
     fn whole_region_and_exact_fits() {
-        let mut t = Tlsf::new(1 << 20, 1000 * GRANULE);
+        let mut t = Tlsf::new(1 << 20, 1000 * GRANULE, 0, 0);
         // A request of the whole region at the largest alignment (the region starts 1 MiB
         // aligned) is found by the fallback even though the padded size does not fit.
         let (b, addr) = t.allocate(1000 * GRANULE, 4096).unwrap();
@@ -736,7 +962,7 @@ mod tests {
 
     #[test]
     fn alignment_padding_returns_to_the_free_lists() {
-        let mut t = Tlsf::new(0, 64 * 4096);
+        let mut t = Tlsf::new(0, 64 * 4096, 0, 0);
         let (small, a) = t.allocate(GRANULE, GRANULE).unwrap();
         assert_eq!(a, 0);
         let (big, b) = t.allocate(4096, 4096).unwrap();
@@ -758,7 +984,7 @@ mod tests {
     fn regions_beyond_four_gib() {
         // One TiB of address space: no memory behind it, the index never touches it.
         let base = 0x7f00_0000_0000;
-        let mut t = Tlsf::new(base, 1 << 40);
+        let mut t = Tlsf::new(base, 1 << 40, 0, 0);
         let (a, addr_a) = t.allocate(5 << 30, 4096).unwrap();
         let (b, addr_b) = t.allocate(300 << 30, 4096).unwrap();
         let (c, addr_c) = t.allocate(GRANULE, 4096).unwrap();
@@ -780,7 +1006,7 @@ mod tests {
     fn guaranteed_fit_is_found() {
         // Fragment a region so that free blocks of many sizes exist, then check that every
         // request whose guaranteed fit is at most the largest free block succeeds.
-        let mut t = Tlsf::new(0, 1 << 26);
+        let mut t = Tlsf::new(0, 1 << 26, 0, 0);
         let mut live = Vec::new();
         let mut x = 0x2545_f491_4f6c_dd1d_u64;
         for _ in 0..2000 {
@@ -814,29 +1040,43 @@ mod tests {
 
     #[test]
     fn random_sequences_keep_every_invariant() {
+        random_sequences(0, 0, 11);
+    }
+
+    #[test]
+    fn random_sequences_with_the_cache_keep_every_invariant() {
+        // A small ring and a byte limit that binds now and then: blocks are taken from the
+        // cache, evicted by the ring, merged at once past the byte limit, and flushed.
+        random_sequences(64, 4 << 20, 12);
+    }
+
+    /// Random requests at every alignment (the head-of-class path at 256, the front split
+    /// above it), frees that merge with either neighbour or both, and now and then a request
+    /// for most of what is free (the fallback scans). After every step: the index's own
+    /// invariants, and against a reference of the live ranges, no overlap, alignment, and exact
+    /// free bytes. With a cache, sizes are class sizes (so that cached blocks are reused),
+    /// frees go through the cache, and a failed request flushes it and tries again, as the pool
+    /// does.
+    fn random_sequences(cache_blocks: usize, cache_bytes: u64, seed: u64) {
         use alloc::collections::BTreeMap;
-        // Random requests at every alignment (the head-of-class path at 256, the front split
-        // above it), frees that merge with either neighbour or both, and now and then a request
-        // for most of what is free (the fallback scans). After every step: the index's own
-        // invariants, and against a reference of the live ranges, no overlap, alignment, and
-        // exact free bytes.
         let region = 1u64 << 24;
         let base = 0x7f00_0000_0000;
-        let mut t = Tlsf::new(base, region);
+        let cached = cache_blocks > 0;
+        let mut t = Tlsf::new(base, region, cache_blocks, cache_bytes);
         let mut live: BTreeMap<u64, (u32, u64)> = BTreeMap::new();
-        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64 ^ seed;
         let mut next = || {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             x
         };
-        let (mut fast, mut aligned, mut edge) = (0, 0, 0);
+        let (mut fast, mut aligned, mut edge, mut reused, mut flushes) = (0, 0, 0, 0, 0);
         for _ in 0..20_000 {
             let r = next();
             if r % 5 < 3 || live.is_empty() {
                 let align = 1u64 << (8 + (r >> 8) % 5);
-                let size = if r % 97 == 0 {
+                let mut size = if r % 97 == 0 {
                     // Near the edge: as large as what is free, rounded down to a granule.
                     edge += 1;
                     (t.largest_free() & !(GRANULE - 1)).max(GRANULE)
@@ -845,9 +1085,23 @@ mod tests {
                     let bits = 1 + (r >> 16) % 12;
                     GRANULE * (1 + (r >> 24) % (1 << bits))
                 };
+                if cached && r % 97 != 0 {
+                    size = class_size(size).unwrap();
+                    assert!(size % GRANULE == 0);
+                }
                 let free_before = t.free_bytes();
-                if let Some((block, addr)) = t.allocate(size, align) {
-                    if align == GRANULE {
+                let cached_before = t.cached().1;
+                let mut taken = t.allocate(size, align);
+                if taken.is_none() && t.cached().1 > 0 {
+                    t.flush();
+                    t.check();
+                    flushes += 1;
+                    taken = t.allocate(size, align);
+                }
+                if let Some((block, addr)) = taken {
+                    if t.cached().1 < cached_before {
+                        reused += 1;
+                    } else if align == GRANULE {
                         fast += 1;
                     } else {
                         aligned += 1;
@@ -873,8 +1127,13 @@ mod tests {
             } else {
                 let nth = (r >> 32) as usize % live.len();
                 let addr = *live.keys().nth(nth).unwrap();
-                let (block, _) = live.remove(&addr).unwrap();
-                t.free(block);
+                let (block, size) = live.remove(&addr).unwrap();
+                let released = if cached {
+                    t.release(block)
+                } else {
+                    t.free(block)
+                };
+                assert_eq!(released, size);
             }
             t.check();
             let used: u64 = live.values().map(|&(_, s)| s).sum();
@@ -884,10 +1143,94 @@ mod tests {
             fast > 1000 && aligned > 1000 && edge > 50,
             "{fast} {aligned} {edge}"
         );
-        for (_, (block, _)) in core::mem::take(&mut live) {
-            t.free(block);
+        if cached {
+            assert!(reused > 300 && flushes > 0, "{reused} {flushes}");
         }
+        for (_, (block, _)) in core::mem::take(&mut live) {
+            t.release(block);
+        }
+        t.flush();
         t.check();
         assert_eq!((t.free_blocks(), t.largest_free()), (1, region));
+        assert_eq!(t.free_bytes(), region);
+    }
+
+    #[test]
+    fn class_sizes_round_up_by_less_than_a_thirty_second() {
+        assert_eq!(class_size(GRANULE), Some(GRANULE));
+        assert_eq!(class_size(31 * GRANULE), Some(31 * GRANULE));
+        assert_eq!(class_size(33 * GRANULE), Some(33 * GRANULE));
+        assert_eq!(class_size(65 * GRANULE), Some(66 * GRANULE));
+        assert_eq!(class_size((1 << 20) + GRANULE), Some((1 << 20) + (1 << 15)));
+        assert_eq!(class_size(!(GRANULE - 1)), None);
+        for units in 1..20_000u64 {
+            let size = class_size(units * GRANULE).unwrap();
+            assert!(size >= units * GRANULE && (size - units * GRANULE) * 32 < units * GRANULE);
+            // A class size is the smallest size of the first class whose every block holds
+            // the request: one granule less is another class.
+            let (fl, sl) = mapping_insert(size >> GRANULE_SHIFT);
+            assert_eq!(mapping_search(units), (fl, sl));
+            assert_ne!(mapping_insert((size >> GRANULE_SHIFT) - 1), (fl, sl));
+            assert_eq!(class_size(size), Some(size));
+        }
+    }
+
+    #[test]
+    fn the_cache_hands_back_whole_blocks_and_merges_what_it_evicts() {
+        let mut t = Tlsf::new(0, 1 << 20, 4, 1 << 20);
+        let size = class_size(3000).unwrap();
+        let (a, addr_a) = t.allocate(size, GRANULE).unwrap();
+        let (b, _) = t.allocate(size, GRANULE).unwrap();
+        t.release(a);
+        t.check();
+        assert_eq!(t.cached(), (size, 1));
+        // Same class: the cached block, whole, at its address.
+        assert_eq!(t.allocate(size, GRANULE), Some((a, addr_a)));
+        assert_eq!(t.cached(), (0, 0));
+        // Another class, or an alignment the cached block does not have: the free lists.
+        t.release(a);
+        let (c, addr_c) = t.allocate(size + GRANULE * 8, GRANULE).unwrap();
+        assert_ne!(c, a);
+        assert_ne!(addr_c, addr_a);
+        if addr_a % 4096 != 0 {
+            let (d, _) = t.allocate(size, 4096).unwrap();
+            assert_ne!(d, a);
+            t.free(d);
+        }
+        assert_eq!(t.cached().1, 1);
+        // Four more releases push `a` out of the ring of four: it is merged.
+        let more: Vec<_> = (0..4)
+            .map(|_| t.allocate(GRANULE, GRANULE).unwrap().0)
+            .collect();
+        for block in more {
+            t.release(block);
+            t.check();
+        }
+        assert!(!t.blocks[a as usize].cached);
+        assert_eq!(t.cached().1, 4);
+        t.release(b);
+        t.release(c);
+        t.flush();
+        t.check();
+        assert_eq!(
+            (t.free_blocks(), t.largest_free(), t.cached()),
+            (1, 1 << 20, (0, 0))
+        );
+    }
+
+    #[test]
+    fn the_byte_limit_merges_at_once() {
+        let mut t = Tlsf::new(0, 1 << 20, 16, 4096);
+        let (a, _) = t.allocate(4096, GRANULE).unwrap();
+        let (b, _) = t.allocate(GRANULE, GRANULE).unwrap();
+        t.release(a);
+        assert_eq!(t.cached(), (4096, 1));
+        // One granule more would pass the limit: merged, not cached.
+        t.release(b);
+        t.check();
+        assert_eq!(t.cached(), (4096, 1));
+        assert_eq!(t.free_blocks(), 1);
+        t.flush();
+        assert_eq!((t.free_blocks(), t.largest_free()), (1, 1 << 20));
     }
 }
