@@ -676,15 +676,22 @@ fn main() {
         } else {
             "-".to_string()
         };
+        // "-" where `--only` left the baseline out.
+        let vs_system = baseline(r.threads) / r.ns;
+        let vs_system = if vs_system.is_nan() {
+            "-".to_string()
+        } else {
+            format!("{vs_system:.2}x")
+        };
         print!(
-            "{:<31} {:>7} {:>10.1} {:>10} {:>15.2} {:>8} {:>10.2}x",
+            "{:<31} {:>7} {:>10.1} {:>10} {:>15.2} {:>8} {:>11}",
             r.name,
             r.threads,
             r.ns,
             cpu,
             r.pairs_per_sec / 1e6,
             overlap,
-            baseline(r.threads) / r.ns
+            vs_system
         );
         if device_ran {
             match async_baseline(r.threads) {
