@@ -1,5 +1,21 @@
 //! Emit: a checked [`Layout`] model → tokens. The emitted code only *calls* devarena's const
 //! fns; no layout arithmetic happens here.
+//!
+//! What a derive generates, and why each item is there:
+//!
+//! * hidden constants holding the `LayoutSpec`, the `FieldSpec`s and the result of
+//!   `devarena::plan::plan` (the one planner), one `const _` check per field and attribute so
+//!   each compile error is spanned on its own tokens, and the `DeviceLayout` impl, the
+//!   `<Name>Offsets` struct and `OFFSETS` constant that read the plan;
+//! * the views struct (`<Name>Views<'a, K>`), generic over devarena's `ViewKind`, so one
+//!   struct serves host and device views, and the `views` fn that slices a region into it;
+//! * `Disjoint` for a layout without stages (no two fields share bytes), and per stage a
+//!   `<Name>Stage<S>Views` struct with its `Stage<S>` impl;
+//! * for named stages only (`#[layout(stages(decode, blur))]`), a `<Name>Stages` trait
+//!   implemented for `devarena::Arena<Name, B>` over any `devarena::Backend`, so that
+//!   `arena.decode_mut()` reads as the stage it names. This is the one place the generated code
+//!   names the arena and the backend: a trait method is the only way a derive can add
+//!   named methods to a type of another crate. It forwards to `Arena::stage_mut::<S>()`.
 
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
