@@ -91,7 +91,7 @@ pub mod pool;
 pub mod report;
 
 pub use arena::{Arena, Disjoint, Stage};
-pub use backend::{Allocation, Backend, BackendStats, HostBackend};
+pub use backend::{Allocation, Backend, BackendStats, HostBackend, MemoryKind};
 pub use builder::{LayoutBuilder, RuntimeField, RuntimeLayout};
 pub use dyn_arena::DynArena;
 pub use error::Error;

@@ -10,8 +10,8 @@ use devarena::pool::{
     PoolStats, StreamId, Tracking, guaranteed_fit, reserved_bytes,
 };
 use devarena::{
-    Allocation, Backend, BackendStats, Error, HostBackend, HostBase, HostMut, HostRef, Pool,
-    PoolClient, PoolSlice,
+    Allocation, Backend, BackendStats, Error, HostBackend, HostBase, HostMut, HostRef, MemoryKind,
+    Pool, PoolClient, PoolSlice,
 };
 use proptest::prelude::*;
 
@@ -67,6 +67,11 @@ unsafe impl Backend for DeviceLike {
 
     fn name(&self) -> &'static str {
         "device-like"
+    }
+    // Claiming device memory for host memory is the safe direction: nothing above the backend
+    // touches it from the host.
+    fn memory(&self) -> MemoryKind {
+        MemoryKind::Device
     }
     fn allocate(&self, bytes: usize, align: usize) -> Result<Allocation, Error> {
         self.0.allocate(bytes, align)

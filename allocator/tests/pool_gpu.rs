@@ -33,8 +33,9 @@ mod gpu {
     use cudarc::driver::result;
     use devarena::backend::cuda::{
         CudaStream, LaunchConfig, PointerMemory, Ptx, PushKernelArg, cuda_stream, mem_info,
-        pointer_info, stream_id,
+        pointer_info,
     };
+    use devarena::pool::cuda::stream_id;
     use devarena::pool::{PoolStats, Tracking};
     use devarena::{Error, Pool};
 

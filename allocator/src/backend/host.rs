@@ -4,7 +4,7 @@ use alloc::alloc::{Layout, alloc_zeroed, dealloc};
 use alloc::format;
 use alloc::sync::Arc;
 
-use super::{Allocation, Backend, BackendStats, Counters};
+use super::{Allocation, Backend, BackendStats, Counters, MemoryKind};
 use crate::error::Error;
 use crate::layout::{HostBase, HostMut, HostRef};
 
@@ -56,6 +56,10 @@ unsafe impl Backend for HostBackend {
 
     fn name(&self) -> &'static str {
         "host"
+    }
+
+    fn memory(&self) -> MemoryKind {
+        MemoryKind::Host
     }
 
     fn allocate(&self, bytes: usize, align: usize) -> Result<Allocation, Error> {

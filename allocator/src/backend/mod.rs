@@ -3,7 +3,12 @@
 //! | backend | allocation |
 //! | --- | --- |
 //! | [`HostBackend`] | aligned, zeroed host memory (`alloc::alloc`): runs anywhere, the reference for tests |
-//! | `CudaBackend` (feature `cuda`) | `cuMemAlloc`, `cuMemAllocAsync`, managed or pinned memory through cudarc |
+//! | `CudaBackend` (feature `cuda`) | `cuMemAlloc` or `cuMemAllocAsync` through cudarc |
+//! | `ManagedBackend` (feature `cuda`) | `cuMemAllocManaged` |
+//! | `PinnedBackend` (feature `cuda`) | `cuMemHostAlloc` |
+//!
+//! A backend knows nothing of the arenas and pools that use it: it hands out allocations,
+//! the bases views are cut from, and says what kind of memory it holds ([`MemoryKind`]).
 
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -30,6 +35,29 @@ pub struct Allocation {
     pub align: usize,
 }
 
+/// What kind of memory a backend hands out: what the code above a backend may do with an
+/// address without asking the driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemoryKind {
+    /// Plain host memory: the CPU may read and write it whenever Rust's borrows allow.
+    Host,
+    /// Device memory (`cuMemAlloc`, `cuMemAllocAsync`): only kernels and copies reach it.
+    Device,
+    /// Managed (unified) memory: one address for the host and the device, migrated on demand.
+    Managed,
+    /// Page-locked host memory: the CPU reaches it, and so do asynchronous copies and kernels
+    /// (through its mapped device address), so host access waits for the stream first.
+    Pinned,
+}
+
+impl MemoryKind {
+    /// Whether device code reaches the memory at the address the backend returned (device and
+    /// managed memory; pinned memory has a device address of its own).
+    pub fn is_device_addressable(self) -> bool {
+        matches!(self, MemoryKind::Device | MemoryKind::Managed)
+    }
+}
+
 /// A source of memory for arenas and pools.
 ///
 /// A backend counts what it does ([`BackendStats`]), so a test can prove that a whole layout
@@ -39,7 +67,8 @@ pub struct Allocation {
 ///
 /// `allocate` must return a region of at least `bytes` bytes aligned to `align` that stays valid
 /// until it is passed to `deallocate`, and no two live regions may overlap. `base_mut` and
-/// `base_ref` must address that region.
+/// `base_ref` must address that region. `memory` must tell the truth: code above the backend
+/// hands out `&mut [T]` over an allocation of [`MemoryKind::Host`].
 pub unsafe trait Backend {
     /// The views a mutable borrow of an arena hands out.
     type Mut: ViewKind;
@@ -48,6 +77,9 @@ pub unsafe trait Backend {
 
     /// A short name for messages and reports ("host", "cuda", ...).
     fn name(&self) -> &'static str;
+
+    /// The kind of memory the allocations are.
+    fn memory(&self) -> MemoryKind;
 
     /// Allocates `bytes` bytes aligned to `align` (a power of two). `bytes` may be zero.
     fn allocate(&self, bytes: usize, align: usize) -> Result<Allocation, Error>;

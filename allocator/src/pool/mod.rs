@@ -45,7 +45,7 @@
 //! [`StreamSync`] ([`PoolBuilder::streams`]); its [`PoolSlice`]s are not host memory and convert
 //! to device views instead. With the `cuda` feature, `Pool::cuda(stream, capacity)` (or
 //! `PoolBuilder::build_cuda(stream)`) does all of that: one `cuMemAlloc` region, the CUDA
-//! events of `backend::cuda::CudaStreams`, `stream` as the home stream; and
+//! events of `pool::cuda::CudaStreams`, `stream` as the home stream; and
 //! `PoolSlice::device_view(&stream)` / `device_view_mut(&stream)` give cudarc views.
 //!
 //! # Performance
@@ -117,16 +117,17 @@ use alloc::format;
 use alloc::string::String;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use core::any::TypeId;
 use core::fmt;
 use std::backtrace::Backtrace;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Instant, SystemTime};
 
-use crate::backend::{Allocation, Backend, HostBackend};
+use crate::backend::{Allocation, Backend, HostBackend, MemoryKind};
 use crate::error::Error;
 
 mod addr_map;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod events;
 mod lock;
 mod slice;
@@ -395,7 +396,7 @@ struct Shared {
     name: String,
     capacity: usize,
     base: u64,
-    host: bool,
+    memory: MemoryKind,
     backend: &'static str,
     tracking: AtomicU8,
     streams: Option<Arc<dyn StreamSync>>,
@@ -1238,7 +1239,7 @@ impl PoolBuilder {
                 self.name, allocation.addr
             )));
         }
-        let host = TypeId::of::<B>() == TypeId::of::<HostBackend>();
+        let memory = region.backend.memory();
         let (reuse_blocks, reuse_bytes) =
             self.reuse.unwrap_or((DEFAULT_REUSE_BLOCKS, capacity / 2));
         let state = State {
@@ -1264,7 +1265,7 @@ impl PoolBuilder {
             name: self.name,
             capacity,
             base,
-            host,
+            memory,
             backend: name,
             tracking: AtomicU8::new(self.tracking as u8),
             streams: self.streams,
@@ -1445,7 +1446,12 @@ impl Pool {
 
     /// Whether the region is host memory that [`PoolSlice`] may hand out as `&mut [T]`.
     pub fn is_host(&self) -> bool {
-        self.own.shared.host
+        self.own.shared.memory == MemoryKind::Host
+    }
+
+    /// The kind of memory the region is.
+    pub fn memory(&self) -> MemoryKind {
+        self.own.shared.memory
     }
 
     /// The stream the pool belongs to ([`StreamId::DEFAULT`] without a stream runtime).
@@ -1540,7 +1546,12 @@ impl PoolClient {
 
     /// Whether the pool's region is host memory.
     pub fn is_host(&self) -> bool {
-        self.shared.host
+        self.shared.memory == MemoryKind::Host
+    }
+
+    /// The kind of memory the pool's region is.
+    pub fn memory(&self) -> MemoryKind {
+        self.shared.memory
     }
 
     /// The pool's backend ("host", "cuda", ...).

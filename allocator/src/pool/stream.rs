@@ -20,7 +20,7 @@
 //! memory has no queued work, so every free is reusable at once.
 //!
 //! The CUDA backend implements [`StreamSync`] with `cuEventRecord` / `cuEventQuery` /
-//! `cuStreamWaitEvent` (`backend::cuda::CudaStreams`); [`ManualStreams`] is a host stand-in whose events complete only when a
+//! `cuStreamWaitEvent` (`pool::cuda::CudaStreams`); [`ManualStreams`] is a host stand-in whose events complete only when a
 //! test says so.
 
 use alloc::boxed::Box;

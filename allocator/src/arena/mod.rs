@@ -7,6 +7,9 @@ use crate::backend::{Allocation, Backend, HostBackend};
 use crate::error::Error;
 use crate::layout::{DeviceLayout, FieldPlacement, ViewKind};
 
+#[cfg(feature = "cuda")]
+mod cuda;
+
 /// Marks layouts in which every field has bytes of its own (no stages, so no sharing): only
 /// these hand out all their views at once. The derive implements it for layouts without
 /// `#[layout(stages = ..)]`.
