@@ -1,0 +1,166 @@
+//! [`PoolBuilder`]: the settings of a pool, and reserving its region.
+
+use alloc::format;
+use alloc::string::String;
+use alloc::sync::Arc;
+use core::fmt;
+
+use super::engine::{Settings, Shared};
+use super::region::Region;
+use super::{BLOCK_GRANULE, DEFAULT_REUSE_BLOCKS, EventSink, Pool, StreamId, StreamSync, Tracking};
+use crate::backend::{Backend, HostBackend};
+use crate::error::Error;
+
+/// Builds a [`Pool`]: capacity, name, tracking, event log, stream runtime.
+///
+/// ```
+/// use std::sync::Arc;
+/// use devarena::pool::{LogEvents, Pool, Tracking};
+///
+/// let pool = Pool::builder(256 << 20)
+///     .name("trt-engine")
+///     .tracking(Tracking::Backtraces)
+///     .events(Arc::new(LogEvents))
+///     .build_host()?;
+/// assert_eq!(pool.name(), "trt-engine");
+/// assert_eq!(pool.capacity(), 256 << 20);
+/// # Ok::<(), devarena::Error>(())
+/// ```
+pub struct PoolBuilder {
+    capacity: usize,
+    name: String,
+    tracking: Tracking,
+    sink: Option<Arc<dyn EventSink>>,
+    streams: Option<Arc<dyn StreamSync>>,
+    home: StreamId,
+    log_leaks_on_drop: bool,
+    reuse: Option<(usize, usize)>,
+}
+
+impl fmt::Debug for PoolBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PoolBuilder")
+            .field("capacity", &self.capacity)
+            .field("name", &self.name)
+            .field("tracking", &self.tracking)
+            .field("events", &self.sink.is_some())
+            .field("streams", &self.streams)
+            .field("home", &self.home)
+            .field("log_leaks_on_drop", &self.log_leaks_on_drop)
+            .field("reuse", &self.reuse)
+            .finish()
+    }
+}
+
+impl PoolBuilder {
+    /// A pool of `capacity` bytes (rounded down to a multiple of 256), named `"pool"`, no
+    /// tracking, no event log, no stream runtime, leaks logged on drop.
+    pub fn new(capacity: usize) -> Self {
+        PoolBuilder {
+            capacity,
+            name: String::from("pool"),
+            tracking: Tracking::Off,
+            sink: None,
+            streams: None,
+            home: StreamId::DEFAULT,
+            log_leaks_on_drop: true,
+            reuse: None,
+        }
+    }
+
+    /// The pool's name: in errors, reports and the event log. Also the name of the pool's own
+    /// client (what [`Pool::allocate`] allocates as).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// What to record about each live allocation.
+    pub fn tracking(mut self, tracking: Tracking) -> Self {
+        self.tracking = tracking;
+        self
+    }
+
+    /// Sends every allocation, free and failure to `sink` ([`LogEvents`], a [`CsvEventLog`], or
+    /// a closure).
+    pub fn events(mut self, sink: Arc<dyn EventSink>) -> Self {
+        self.sink = Some(sink);
+        self
+    }
+
+    /// Makes the pool stream-aware: `home` is the stream the pool belongs to, `sync` records
+    /// and queries events (see [`StreamSync`]).
+    pub fn streams(mut self, sync: Arc<dyn StreamSync>, home: StreamId) -> Self {
+        self.streams = Some(sync);
+        self.home = home;
+        self
+    }
+
+    /// Whether dropping the pool with live allocations logs the leak report at `warn` (on by
+    /// default).
+    pub fn log_leaks_on_drop(mut self, on: bool) -> Self {
+        self.log_leaks_on_drop = on;
+        self
+    }
+
+    /// How many freed blocks, and how many bytes, may wait unmerged for a request of the same
+    /// size class (`0, 0`: none, every free merges at once). By default
+    /// [`DEFAULT_REUSE_BLOCKS`] blocks and half the capacity.
+    ///
+    /// A freed block normally merges with its free neighbours at once. With reuse on, it first
+    /// waits whole: the next request of its size class (see [`reserved_bytes`]) takes it
+    /// without a search or a split, which is most of the cost of an allocation and a free.
+    /// Blocks leave the cache oldest first when `blocks` newer ones have been freed, merge at
+    /// once when they would take the cache past `bytes`, and all merge before a request would
+    /// fail and before [`Pool::stats`] describes the free blocks. Nothing else shows the
+    /// cache: a waiting block is free memory in every count, quotas included, and a request
+    /// that fits in the pool with every free block merged succeeds.
+    ///
+    /// ```
+    /// use devarena::Pool;
+    ///
+    /// let pool = Pool::builder(1 << 20).reuse(0, 0).build_host()?;
+    /// let a = pool.allocate(3000, 0)?;
+    /// pool.deallocate(a)?;
+    /// let b = pool.allocate(3000, 0)?;
+    /// assert_eq!(pool.stats().reused, 0);
+    /// # pool.deallocate(b)?;
+    /// # Ok::<(), devarena::Error>(())
+    /// ```
+    pub fn reuse(mut self, blocks: usize, bytes: usize) -> Self {
+        self.reuse = Some((blocks, bytes));
+        self
+    }
+
+    /// Reserves the region on a fresh [`HostBackend`].
+    pub fn build_host(self) -> Result<Pool, Error> {
+        self.build_in(HostBackend::new())
+    }
+
+    /// Reserves the region on `backend`: one allocation of the capacity, freed when the last
+    /// handle to the pool (the pool, a client, a slice) goes.
+    pub fn build_in<B: Backend + Send + Sync + 'static>(self, backend: B) -> Result<Pool, Error> {
+        let capacity = self.capacity & !(BLOCK_GRANULE - 1);
+        if capacity == 0 {
+            return Err(Error::invalid(format!(
+                "pool `{}`: a capacity of {} bytes is below the smallest block, {BLOCK_GRANULE} \
+                 bytes",
+                self.name, self.capacity
+            )));
+        }
+        let region = Region::reserve(&self.name, backend, capacity)?;
+        let (reuse_blocks, reuse_bytes) =
+            self.reuse.unwrap_or((DEFAULT_REUSE_BLOCKS, capacity / 2));
+        let settings = Settings {
+            name: self.name,
+            tracking: self.tracking,
+            sink: self.sink,
+            streams: self.streams,
+            home: self.home,
+            log_leaks_on_drop: self.log_leaks_on_drop,
+            reuse_blocks,
+            reuse_bytes,
+        };
+        Ok(Pool::from_shared(Arc::new(Shared::new(settings, region))))
+    }
+}

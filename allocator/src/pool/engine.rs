@@ -1,0 +1,888 @@
+//! The engine: everything behind the pool's lock, and the allocation and free paths.
+
+use alloc::boxed::Box;
+use alloc::collections::VecDeque;
+use alloc::format;
+use alloc::string::String;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use std::backtrace::Backtrace;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Instant, SystemTime};
+
+use super::addr_map::AddrMap;
+use super::counters::Counters;
+use super::events::{self, EventSink, PoolAction, PoolEvent};
+use super::lock::{Lock, LockGuard};
+use super::region::{Region, RegionOwner};
+use super::stats::{ClientStats, Leak, LeakReport, PoolStats, Tracking};
+use super::stream::{StreamEvent, StreamId, StreamSync};
+use super::tlsf::Tlsf;
+use super::{AllocRequest, DEFAULT_POOL_ALIGN, MAX_POOL_ALIGN, effective_align, reserved_bytes};
+use crate::backend::MemoryKind;
+use crate::error::Error;
+
+/// What tracking keeps for one allocation.
+struct LiveInfo {
+    tag: Option<String>,
+    at: Instant,
+    backtrace: Option<Backtrace>,
+}
+
+/// One live allocation, kept at its block's index. Plain data (no drop glue), so that writing
+/// it on allocation and reading it on free are a few moves; what tracking records lives in
+/// [`State::info`], touched only for an allocation made with tracking on.
+#[derive(Clone, Copy, Default)]
+struct Live {
+    size: usize,
+    serial: u64,
+    stream: StreamId,
+    client: u32,
+    /// The alignment in effect (at most [`MAX_POOL_ALIGN`]).
+    align: u16,
+    /// Owned by a [`PoolSlice`]: only the slice frees it.
+    owned: bool,
+    /// Its block's entry of [`State::info`] holds what tracking recorded.
+    tracked: bool,
+}
+
+/// A block freed on a stream other than the home stream, waiting for its event.
+struct Parked {
+    block: u32,
+    bytes: usize,
+    event: Box<dyn StreamEvent>,
+}
+
+/// One client: a name, a quota, its counters.
+pub(super) struct ClientState {
+    pub(super) name: Arc<str>,
+    pub(super) quota: usize,
+    pub(super) counts: Counters,
+}
+
+impl ClientState {
+    pub(super) fn new(name: &str, quota: usize) -> Self {
+        ClientState {
+            name: Arc::from(name),
+            quota,
+            counts: Counters::default(),
+        }
+    }
+
+    /// Whether `reserved` more bytes stay within the quota.
+    #[inline(always)]
+    fn allows(&self, reserved: usize) -> bool {
+        self.counts.allows(reserved, self.quota)
+    }
+
+    pub(super) fn stats(&self) -> ClientStats {
+        let c = &self.counts;
+        ClientStats {
+            name: String::from(&*self.name),
+            quota: self.quota,
+            in_use: c.in_use,
+            requested: c.requested,
+            peak: c.peak,
+            allocations: c.allocations,
+            frees: c.frees,
+            failures: c.failures,
+            live: c.live(),
+        }
+    }
+}
+
+/// Everything behind the pool's lock.
+struct State {
+    tlsf: Tlsf,
+    /// Address of every live allocation → its block.
+    live: AddrMap,
+    /// What is known about the live allocation in each block (indexed like the TLSF blocks;
+    /// entries of free blocks are stale).
+    meta: Vec<Live>,
+    /// What tracking recorded, by block, for the live allocations whose `tracked` is set
+    /// (`None` everywhere else; empty while tracking has never been on).
+    info: Vec<Option<Box<LiveInfo>>>,
+    pub(super) clients: Vec<ClientState>,
+    /// The pool's own counters: every client's together.
+    counts: Counters,
+    /// Parked blocks, one FIFO per stream (events on one stream complete in order).
+    parked: Vec<(StreamId, VecDeque<Parked>)>,
+    pending: usize,
+    /// Bumped by every free on the home stream with a stream runtime present.
+    home_epoch: u64,
+    /// For each other stream: the `home_epoch` at its last wait on the home stream.
+    waited: Vec<(StreamId, u64)>,
+    sink: Option<Arc<dyn EventSink>>,
+}
+
+/// What never changes after creation, beside the lock.
+pub(super) struct Shared {
+    state: Lock<State>,
+    pub(super) name: String,
+    pub(super) capacity: usize,
+    pub(super) base: u64,
+    pub(super) memory: MemoryKind,
+    pub(super) backend: &'static str,
+    tracking: AtomicU8,
+    streams: Option<Arc<dyn StreamSync>>,
+    pub(super) home: StreamId,
+    log_leaks_on_drop: bool,
+    // Dropped last: the region outlives every other field.
+    _region: Box<dyn RegionOwner>,
+}
+
+/// The settings a pool is made with, beside its region (see [`PoolBuilder`](super::PoolBuilder)).
+pub(super) struct Settings {
+    pub(super) name: String,
+    pub(super) tracking: Tracking,
+    pub(super) sink: Option<Arc<dyn EventSink>>,
+    pub(super) streams: Option<Arc<dyn StreamSync>>,
+    pub(super) home: StreamId,
+    pub(super) log_leaks_on_drop: bool,
+    pub(super) reuse_blocks: usize,
+    pub(super) reuse_bytes: usize,
+}
+
+/// A block the TLSF index handed out for a request: its index, address and size.
+struct Taken {
+    block: u32,
+    addr: u64,
+    reserved: usize,
+}
+
+/// The parts of a request that an event and an error report.
+#[derive(Clone, Copy)]
+struct Ask {
+    client: u32,
+    size: usize,
+    align: usize,
+    stream: StreamId,
+}
+
+impl Shared {
+    /// A pool over `region`, with one client: the pool's own, named after it, without quota.
+    pub(super) fn new(settings: Settings, region: Region) -> Self {
+        let Region {
+            base,
+            capacity,
+            memory,
+            backend,
+            owner,
+        } = region;
+        let state = State {
+            tlsf: Tlsf::new(
+                base,
+                capacity as u64,
+                settings.reuse_blocks,
+                settings.reuse_bytes as u64,
+            ),
+            live: AddrMap::with_capacity(64),
+            meta: Vec::with_capacity(128),
+            info: Vec::new(),
+            clients: alloc::vec![ClientState::new(&settings.name, usize::MAX)],
+            counts: Counters::default(),
+            parked: Vec::new(),
+            pending: 0,
+            home_epoch: 0,
+            waited: Vec::new(),
+            sink: settings.sink,
+        };
+        Shared {
+            state: Lock::new(state),
+            name: settings.name,
+            capacity,
+            base,
+            memory,
+            backend,
+            tracking: AtomicU8::new(settings.tracking as u8),
+            streams: settings.streams,
+            home: settings.home,
+            log_leaks_on_drop: settings.log_leaks_on_drop,
+            _region: owner,
+        }
+    }
+
+    /// Adds a client; returns its id.
+    pub(super) fn add_client(&self, name: &str, quota: usize) -> u32 {
+        let mut state = self.lock();
+        state.clients.push(ClientState::new(name, quota));
+        (state.clients.len() - 1) as u32
+    }
+
+    /// A client's name.
+    pub(super) fn client_name(&self, client: u32) -> String {
+        String::from(&*self.lock().clients[client as usize].name)
+    }
+
+    /// A client's counters.
+    pub(super) fn client_stats(&self, client: u32) -> ClientStats {
+        self.lock().clients[client as usize].stats()
+    }
+
+    /// Every client's counters, the pool's own client first.
+    pub(super) fn all_client_stats(&self) -> Vec<ClientStats> {
+        self.lock().clients.iter().map(ClientState::stats).collect()
+    }
+
+    /// Replaces the event sink.
+    pub(super) fn set_sink(&self, sink: Option<Arc<dyn EventSink>>) {
+        self.lock().sink = sink;
+    }
+
+    /// Changes what is recorded for new allocations.
+    pub(super) fn set_tracking(&self, tracking: Tracking) {
+        self.tracking.store(tracking as u8, Ordering::Relaxed);
+    }
+
+    /// Returns parked blocks whose events completed; the bytes reclaimed.
+    pub(super) fn reclaim(&self) -> Result<usize, Error> {
+        Self::reclaim_parked(&mut self.lock())
+    }
+
+    #[inline(always)]
+    fn lock(&self) -> LockGuard<'_, State> {
+        // Every user callback (event sinks, stream runtimes) runs when the state is
+        // consistent, so a panic in one unwinds through the guard and leaves nothing
+        // half-done.
+        self.state.lock()
+    }
+
+    pub(super) fn tracking(&self) -> Tracking {
+        match self.tracking.load(Ordering::Relaxed) {
+            0 => Tracking::Off,
+            1 => Tracking::Tags,
+            _ => Tracking::Backtraces,
+        }
+    }
+
+    // Inlined into each public entry point: the call and its argument passing cost about 20
+    // instructions of the fast path.
+    #[inline(always)]
+    pub(super) fn allocate(
+        &self,
+        client: u32,
+        req: AllocRequest<'_>,
+        owned: bool,
+    ) -> Result<u64, Error> {
+        // What the fast path needs that the lock does not protect: tracking off, a valid
+        // alignment, the home stream (or no stream runtime). Where the caller passes no stream
+        // (`allocate`), the compiler knows the last one.
+        let home = match req.stream {
+            None => true,
+            Some(stream) => self.streams.is_none() || stream == self.home,
+        };
+        let align = effective_align(req.align);
+        if let (0, Some(align), true) = (self.tracking.load(Ordering::Relaxed), align, home) {
+            let stream = req.stream.unwrap_or(self.home);
+            let mut state = self.lock();
+            let ask = Ask {
+                client,
+                size: req.size,
+                align,
+                stream,
+            };
+            if let Some(addr) = self.allocate_fast(&mut state, &ask, owned) {
+                return Ok(addr);
+            }
+            // Copies made where they are needed: a reference to `req` itself would have the
+            // compiler store it on the stack on every call.
+            let req = AllocRequest { ..req };
+            return self.allocate_general(&mut state, client, &req, stream, owned, None);
+        }
+        let req = AllocRequest { ..req };
+        self.allocate_other(client, &req, owned)
+    }
+
+    /// An allocation the fast path never takes: tracking on, a bad alignment, another stream.
+    #[inline(never)]
+    fn allocate_other(
+        &self,
+        client: u32,
+        req: &AllocRequest<'_>,
+        owned: bool,
+    ) -> Result<u64, Error> {
+        let stream = req.stream.unwrap_or(self.home);
+        let info = match self.tracking.load(Ordering::Relaxed) {
+            0 => None,
+            _ => Some(self.record_info(req.tag)),
+        };
+        let mut state = self.lock();
+        self.allocate_general(&mut state, client, req, stream, owned, info)
+    }
+
+    /// The common case: a valid alignment, tracking off, the home stream (or no stream
+    /// runtime) (all three checked by the caller), nothing parked, within capacity and quota,
+    /// and a free block found. It changes nothing until it has a block; `None` sends the
+    /// request down [`allocate_general`](Self::allocate_general), which decides the same way
+    /// and reports why a request fails.
+    #[inline(always)]
+    fn allocate_fast(&self, state: &mut State, ask: &Ask, owned: bool) -> Option<u64> {
+        if !state.parked.is_empty() {
+            return None;
+        }
+        let reserved = reserved_bytes(ask.size).filter(|&r| r <= self.capacity)?;
+        if !state.clients[ask.client as usize].allows(reserved) {
+            return None;
+        }
+        let (block, addr) = state.tlsf.allocate(reserved as u64, ask.align as u64)?;
+        let taken = Taken {
+            block,
+            addr,
+            reserved,
+        };
+        self.commit_allocation(state, ask, owned, None, taken);
+        Some(addr)
+    }
+
+    /// Every allocation the fast path does not take: tracking on, a bad alignment, parked
+    /// blocks, another stream, and every failure.
+    #[inline(never)]
+    fn allocate_general(
+        &self,
+        state: &mut State,
+        client: u32,
+        req: &AllocRequest<'_>,
+        stream: StreamId,
+        owned: bool,
+        info: Option<Box<LiveInfo>>,
+    ) -> Result<u64, Error> {
+        let align = effective_align(req.align);
+        let ask = Ask {
+            client,
+            size: req.size,
+            align: align.unwrap_or(req.align),
+            stream,
+        };
+        let result = match align {
+            Some(align) => self.try_allocate(state, &ask, align, owned, info),
+            None => Err(self.unsupported_align(state, &ask)),
+        };
+        result.map_err(|error| self.allocation_failed(state, &ask, req.tag, error))
+    }
+
+    /// What tracking records for a new allocation (outside the lock: a backtrace is slow).
+    #[cold]
+    #[inline(never)]
+    fn record_info(&self, tag: Option<&str>) -> Box<LiveInfo> {
+        Box::new(LiveInfo {
+            tag: tag.map(String::from),
+            at: Instant::now(),
+            backtrace: (self.tracking() == Tracking::Backtraces).then(Backtrace::force_capture),
+        })
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn unsupported_align(&self, state: &State, ask: &Ask) -> Error {
+        Error::invalid(format!(
+            "pool `{}`, client `{}`: alignment {} is not supported (a power of two up to \
+             {MAX_POOL_ALIGN}, or 0 for {DEFAULT_POOL_ALIGN})",
+            self.name, state.clients[ask.client as usize].name, ask.align
+        ))
+    }
+
+    /// Counts and reports a failed allocation; returns its error.
+    #[cold]
+    #[inline(never)]
+    fn allocation_failed(
+        &self,
+        state: &mut State,
+        ask: &Ask,
+        tag: Option<&str>,
+        error: Error,
+    ) -> Error {
+        state.counts.on_failure();
+        state.clients[ask.client as usize].counts.on_failure();
+        self.emit(
+            state,
+            PoolAction::AllocateFailure,
+            ask,
+            0,
+            0,
+            tag,
+            Some(&error),
+        );
+        error
+    }
+
+    /// The allocation itself, at a valid alignment (`align`, at least 256).
+    #[inline(always)]
+    fn try_allocate(
+        &self,
+        state: &mut State,
+        ask: &Ask,
+        align: usize,
+        owned: bool,
+        info: Option<Box<LiveInfo>>,
+    ) -> Result<u64, Error> {
+        if !state.parked.is_empty() {
+            Self::reclaim_parked(state)?;
+        }
+        let reserved = match reserved_bytes(ask.size) {
+            Some(r) if r <= self.capacity => r,
+            _ => return Err(self.exhausted(state, ask, "capacity")),
+        };
+        if !state.clients[ask.client as usize].allows(reserved) {
+            return Err(self.exhausted(state, ask, "quota"));
+        }
+        if let Some(streams) = &self.streams {
+            if ask.stream != self.home {
+                Self::order_after_home(state, &**streams, ask.stream, self.home)?;
+            }
+        }
+        let mut taken = state.tlsf.allocate(reserved as u64, align as u64);
+        if taken.is_none() && state.tlsf.cached().1 > 0 {
+            // Merge what waits in the reuse cache and look again: a request fails only when
+            // it fails with every free byte merged.
+            state.tlsf.flush();
+            taken = state.tlsf.allocate(reserved as u64, align as u64);
+        }
+        let Some((block, addr)) = taken else {
+            return Err(self.exhausted(state, ask, "capacity"));
+        };
+        let taken = Taken {
+            block,
+            addr,
+            reserved,
+        };
+        self.commit_allocation(state, ask, owned, info, taken);
+        Ok(addr)
+    }
+
+    /// Records a block taken for `ask`: the address map, the block's [`Live`], what tracking
+    /// recorded, the counters, the event log.
+    #[inline(always)]
+    fn commit_allocation(
+        &self,
+        state: &mut State,
+        ask: &Ask,
+        owned: bool,
+        info: Option<Box<LiveInfo>>,
+        taken: Taken,
+    ) {
+        let Taken {
+            block,
+            addr,
+            reserved,
+        } = taken;
+        state.counts.on_alloc(reserved, ask.size);
+        state.clients[ask.client as usize]
+            .counts
+            .on_alloc(reserved, ask.size);
+        state.live.insert_new(addr, block);
+        let slot = block as usize;
+        let tracked = info.is_some();
+        let live = Live {
+            size: ask.size,
+            serial: state.counts.allocations,
+            stream: ask.stream,
+            client: ask.client,
+            // At most MAX_POOL_ALIGN (4096).
+            align: ask.align as u16,
+            owned,
+            tracked,
+        };
+        if state.meta.len() <= slot {
+            grow_meta(&mut state.meta, slot);
+        }
+        // Field by field: the compiler builds a whole `Live` on the stack and copies it.
+        let entry = &mut state.meta[slot];
+        entry.size = live.size;
+        entry.serial = live.serial;
+        entry.stream = live.stream;
+        entry.client = live.client;
+        entry.align = live.align;
+        entry.owned = live.owned;
+        entry.tracked = live.tracked;
+        if let Some(info) = info {
+            store_info(&mut state.info, slot, info);
+        }
+        if state.sink.is_some() {
+            let tag = tracked
+                .then(|| state.info[slot].as_ref()?.tag.as_deref())
+                .flatten();
+            // A copy made here: a reference to the caller's would keep it on the stack.
+            let ask = *ask;
+            self.emit(state, PoolAction::Allocate, &ask, addr, reserved, tag, None);
+        }
+    }
+
+    /// Makes `stream` wait for the home stream if the home stream freed anything since its
+    /// last wait.
+    fn order_after_home(
+        state: &mut State,
+        streams: &dyn StreamSync,
+        stream: StreamId,
+        home: StreamId,
+    ) -> Result<(), Error> {
+        let epoch = state.home_epoch;
+        let slot = state.waited.iter().position(|(s, _)| *s == stream);
+        let last = slot.map_or(0, |i| state.waited[i].1);
+        if last < epoch {
+            streams.order_after(stream, home)?;
+            match slot {
+                Some(i) => state.waited[i].1 = epoch,
+                None => state.waited.push((stream, epoch)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns parked blocks whose events completed to the free lists; the bytes reclaimed.
+    fn reclaim_parked(state: &mut State) -> Result<usize, Error> {
+        let mut reclaimed = 0;
+        let mut result = Ok(());
+        for (_, queue) in state.parked.iter_mut() {
+            while let Some(front) = queue.front() {
+                match front.event.is_complete() {
+                    Ok(true) => {
+                        let parked = queue.pop_front().expect("front exists");
+                        state.tlsf.free(parked.block);
+                        state.pending -= parked.bytes;
+                        reclaimed += parked.bytes;
+                    }
+                    Ok(false) => break,
+                    Err(error) => {
+                        result = Err(error);
+                        break;
+                    }
+                }
+            }
+            if result.is_err() {
+                break;
+            }
+        }
+        state.parked.retain(|(_, queue)| !queue.is_empty());
+        result.map(|()| reclaimed)
+    }
+
+    fn exhausted(&self, state: &mut State, ask: &Ask, limit: &'static str) -> Error {
+        // The largest free block counts merged blocks only.
+        state.tlsf.flush();
+        let c = &state.clients[ask.client as usize];
+        let (limit_bytes, in_use) = match limit {
+            "quota" => (c.quota, c.counts.in_use),
+            _ => (self.capacity, state.counts.in_use),
+        };
+        Error::PoolExhausted {
+            client: String::from(&*c.name),
+            requested: ask.size,
+            align: ask.align,
+            limit,
+            limit_bytes,
+            in_use,
+            free: state.tlsf.free_bytes() as usize,
+            largest_free: state.tlsf.largest_free() as usize,
+            pending: state.pending,
+        }
+    }
+
+    /// Frees `addr`. `caller`: the client asking (`None`: the pool itself, which may free any
+    /// allocation). `from_slice`: the call comes from the [`PoolSlice`] that owns it.
+    #[inline(always)]
+    pub(super) fn deallocate(
+        &self,
+        caller: Option<u32>,
+        addr: u64,
+        stream: Option<StreamId>,
+        from_slice: bool,
+    ) -> Result<(), Error> {
+        // As for `allocate`: the home stream or no stream runtime, known before the call
+        // where the caller passes no stream.
+        let home = match stream {
+            None => true,
+            Some(stream) => self.streams.is_none() || stream == self.home,
+        };
+        let stream = stream.unwrap_or(self.home);
+        let mut state = self.lock();
+        if home
+            && self
+                .deallocate_fast(&mut state, caller, addr, stream, from_slice)
+                .is_some()
+        {
+            return Ok(());
+        }
+        let info = self.deallocate_general(&mut state, caller, addr, stream, from_slice)?;
+        drop(state);
+        // The backtrace (if any) is freed outside the lock.
+        drop(info);
+        Ok(())
+    }
+
+    /// The common case: a live allocation that `caller` may free, untracked, freed on the
+    /// home stream or without a stream runtime (checked by the caller). It changes nothing
+    /// unless it frees; `None`
+    /// sends the call down [`deallocate_general`](Self::deallocate_general).
+    #[inline(always)]
+    fn deallocate_fast(
+        &self,
+        state: &mut State,
+        caller: Option<u32>,
+        addr: u64,
+        stream: StreamId,
+        from_slice: bool,
+    ) -> Option<()> {
+        let slot = state.live.find(addr)?;
+        let block = state.live.value_at(slot);
+        let live = state.meta[block as usize];
+        if live.tracked
+            || (live.owned && !from_slice)
+            || caller.is_some_and(|caller| caller != live.client)
+        {
+            return None;
+        }
+        state.live.remove_at(slot);
+        self.commit_free(state, addr, block, &live, stream, None, None);
+        Some(())
+    }
+
+    /// Every free the fast path does not take: tracked allocations, other streams, and every
+    /// refusal. Returns what tracking recorded, to be dropped outside the lock.
+    #[inline(never)]
+    fn deallocate_general(
+        &self,
+        state: &mut State,
+        caller: Option<u32>,
+        addr: u64,
+        stream: StreamId,
+        from_slice: bool,
+    ) -> Result<Option<Box<LiveInfo>>, Error> {
+        let Some(block) = state.live.get(addr) else {
+            return Err(Self::unknown_address(state, caller, addr));
+        };
+        let live = state.meta[block as usize];
+        if (live.owned && !from_slice) || caller.is_some_and(|caller| caller != live.client) {
+            return Err(self.refused_free(state, caller, addr, &live, from_slice));
+        }
+        // Record the event before changing anything, so a failing stream runtime leaves the
+        // allocation live and the pool as it was.
+        let event = match &self.streams {
+            Some(streams) if stream != self.home => Some(streams.record(stream)?),
+            _ => None,
+        };
+        let removed = state.live.remove(addr);
+        debug_assert_eq!(removed, Some(block));
+        let info = if live.tracked {
+            state.info[block as usize].take()
+        } else {
+            None
+        };
+        let tag = info.as_ref().and_then(|i| i.tag.as_deref());
+        self.commit_free(state, addr, block, &live, stream, event, tag);
+        Ok(info)
+    }
+
+    /// Returns the block of a freed allocation (already out of the address map) to the free
+    /// lists, or parks it until `event` completes; counts it; logs it.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn commit_free(
+        &self,
+        state: &mut State,
+        addr: u64,
+        block: u32,
+        live: &Live,
+        stream: StreamId,
+        event: Option<Box<dyn StreamEvent>>,
+        tag: Option<&str>,
+    ) {
+        let reserved = match event {
+            Some(event) => {
+                let reserved = state.tlsf.block_size(block) as usize;
+                Self::park(state, stream, block, reserved, event);
+                reserved
+            }
+            None => {
+                if self.streams.is_some() {
+                    state.home_epoch += 1;
+                }
+                state.tlsf.release(block) as usize
+            }
+        };
+        state.counts.on_free(reserved, live.size);
+        state.clients[live.client as usize]
+            .counts
+            .on_free(reserved, live.size);
+        if state.sink.is_some() {
+            let ask = Ask {
+                client: live.client,
+                size: live.size,
+                align: live.align as usize,
+                stream,
+            };
+            self.emit(state, PoolAction::Free, &ask, addr, reserved, tag, None);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn unknown_address(state: &State, caller: Option<u32>, addr: u64) -> Error {
+        Error::UnknownAddress {
+            addr,
+            client: String::from(&*state.clients[caller.unwrap_or(0) as usize].name),
+        }
+    }
+
+    /// Why `caller` may not free the live allocation at `addr`.
+    #[cold]
+    #[inline(never)]
+    fn refused_free(
+        &self,
+        state: &State,
+        caller: Option<u32>,
+        addr: u64,
+        live: &Live,
+        from_slice: bool,
+    ) -> Error {
+        let owner = &state.clients[live.client as usize].name;
+        if live.owned && !from_slice {
+            return Error::invalid(format!(
+                "pool `{}`: address {addr:#x} belongs to a PoolSlice of client `{owner}`; drop \
+                 the slice to free it",
+                self.name
+            ));
+        }
+        let caller = caller.map_or_else(String::new, |c| {
+            String::from(&*state.clients[c as usize].name)
+        });
+        Error::invalid(format!(
+            "pool `{}`: client `{caller}` cannot free {addr:#x}: it belongs to client `{owner}`",
+            self.name
+        ))
+    }
+
+    /// Parks a block freed on another stream until `event` completes.
+    #[cold]
+    #[inline(never)]
+    fn park(
+        state: &mut State,
+        stream: StreamId,
+        block: u32,
+        bytes: usize,
+        event: Box<dyn StreamEvent>,
+    ) {
+        let parked = Parked {
+            block,
+            bytes,
+            event,
+        };
+        state.pending += bytes;
+        match state.parked.iter_mut().find(|(s, _)| *s == stream) {
+            Some((_, queue)) => queue.push_back(parked),
+            None => state.parked.push((stream, VecDeque::from([parked]))),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn emit(
+        &self,
+        state: &State,
+        action: PoolAction,
+        ask: &Ask,
+        addr: u64,
+        reserved: usize,
+        tag: Option<&str>,
+        error: Option<&Error>,
+    ) {
+        if let Some(sink) = &state.sink {
+            sink.event(&PoolEvent {
+                pool: &self.name,
+                action,
+                addr,
+                size: ask.size,
+                reserved,
+                align: ask.align,
+                client: &state.clients[ask.client as usize].name,
+                tag,
+                stream: ask.stream,
+                time: SystemTime::now(),
+                thread: events::thread_number(),
+                error,
+            });
+        }
+    }
+
+    pub(super) fn stats(&self) -> PoolStats {
+        let mut state = self.lock();
+        // What waits in the reuse cache is merged first, so that the free blocks described are
+        // the ones that exist.
+        state.tlsf.flush();
+        PoolStats {
+            capacity: self.capacity,
+            in_use: state.counts.in_use,
+            requested: state.counts.requested,
+            peak: state.counts.peak,
+            allocations: state.counts.allocations,
+            frees: state.counts.frees,
+            failures: state.counts.failures,
+            live: state.live.len() as u64,
+            free: state.tlsf.free_bytes() as usize,
+            pending: state.pending,
+            largest_free: state.tlsf.largest_free() as usize,
+            free_blocks: state.tlsf.free_blocks(),
+            reused: state.tlsf.reused(),
+        }
+    }
+
+    pub(super) fn leak_report(&self) -> LeakReport {
+        let state = self.lock();
+        let now = Instant::now();
+        let info = |block: u32| -> Option<&LiveInfo> {
+            state.meta[block as usize]
+                .tracked
+                .then(|| state.info[block as usize].as_deref())?
+        };
+        let mut leaks: Vec<Leak> = state
+            .live
+            .iter()
+            .map(|(addr, block)| (addr, block, &state.meta[block as usize]))
+            .map(|(addr, block, live)| Leak {
+                addr,
+                size: live.size,
+                reserved: state.tlsf.block_size(block) as usize,
+                client: String::from(&*state.clients[live.client as usize].name),
+                serial: live.serial,
+                stream: live.stream,
+                tag: info(block).and_then(|i| i.tag.clone()),
+                age: info(block).map(|i| now.duration_since(i.at)),
+                backtrace: info(block)
+                    .and_then(|i| i.backtrace.as_ref())
+                    .map(|b| format!("{b}")),
+            })
+            .collect();
+        leaks.sort_by_key(|l| l.addr);
+        LeakReport {
+            pool: self.name.clone(),
+            capacity: self.capacity,
+            leaks,
+        }
+    }
+}
+
+/// Makes room for `meta[slot]` (the TLSF index made a new block).
+#[cold]
+#[inline(never)]
+fn grow_meta(meta: &mut Vec<Live>, slot: usize) {
+    meta.resize(slot + 1, Live::default());
+}
+
+/// Keeps what tracking recorded for the allocation in block `slot`.
+#[cold]
+#[inline(never)]
+fn store_info(info: &mut Vec<Option<Box<LiveInfo>>>, slot: usize, recorded: Box<LiveInfo>) {
+    if info.len() <= slot {
+        info.resize_with(slot + 1, || None);
+    }
+    info[slot] = Some(recorded);
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if self.log_leaks_on_drop {
+            let live = self.lock().live.len();
+            if live > 0 {
+                log::warn!(target: "devarena::pool", "{}", self.leak_report());
+            }
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! The handles users hold: [`Pool`] and [`PoolClient`].
+
+use alloc::string::String;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::fmt;
+
+use super::engine::Shared;
+use super::{
+    AllocRequest, ClientStats, EventSink, LeakReport, PoolBuilder, PoolSlice, PoolStats, StreamId,
+    Tracking,
+};
+use crate::backend::{Backend, MemoryKind};
+use crate::error::Error;
+
+/// One region, sub-allocated: see the [module docs](self).
+///
+/// `Pool` is `Send + Sync`; [`Pool::client`] hands out cloneable handles that share it. The
+/// region is freed when the pool and every client and slice made from it are gone; live
+/// allocations at that point are logged as leaks.
+pub struct Pool {
+    own: PoolClient,
+}
+
+impl fmt::Debug for Pool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.own.shared;
+        f.debug_struct("Pool")
+            .field("name", &s.name)
+            .field("backend", &s.backend)
+            .field("base", &format_args!("{:#x}", s.base))
+            .field("capacity", &s.capacity)
+            .field("home", &s.home)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pool {
+    pub(super) fn from_shared(shared: Arc<Shared>) -> Pool {
+        Pool {
+            own: PoolClient { shared, id: 0 },
+        }
+    }
+
+    /// A pool of `capacity` bytes of host memory (rounded down to a multiple of 256).
+    pub fn host(capacity: usize) -> Result<Pool, Error> {
+        PoolBuilder::new(capacity).build_host()
+    }
+
+    /// A pool of `capacity` bytes reserved on `backend` with default settings.
+    pub fn new_in<B: Backend + Send + Sync + 'static>(
+        backend: B,
+        capacity: usize,
+    ) -> Result<Pool, Error> {
+        PoolBuilder::new(capacity).build_in(backend)
+    }
+
+    /// A builder for the other settings.
+    pub fn builder(capacity: usize) -> PoolBuilder {
+        PoolBuilder::new(capacity)
+    }
+
+    /// A handle that allocates from this pool as client `name`, under `quota` bytes (counted
+    /// as reserved bytes, like [`PoolStats::in_use`]; `usize::MAX` for none). Clones share the
+    /// client. Quotas may add up to more than the capacity; the capacity stays the hard cap.
+    pub fn client(&self, name: &str, quota: usize) -> PoolClient {
+        let id = self.own.shared.add_client(name, quota);
+        PoolClient {
+            shared: self.own.shared.clone(),
+            id,
+        }
+    }
+
+    /// The pool's own client (named after the pool, no quota: only the capacity limits it):
+    /// what the pool's `allocate` uses.
+    pub fn own_client(&self) -> &PoolClient {
+        &self.own
+    }
+
+    /// Allocates `size` bytes at `align` (0 = 256) for the home stream; returns the address.
+    #[inline]
+    pub fn allocate(&self, size: usize, align: usize) -> Result<u64, Error> {
+        self.own.allocate(size, align)
+    }
+
+    /// Allocates for use on `stream`.
+    pub fn allocate_on(&self, size: usize, align: usize, stream: StreamId) -> Result<u64, Error> {
+        self.own.allocate_on(size, align, stream)
+    }
+
+    /// Allocates with every option ([`AllocRequest`]).
+    pub fn allocate_with(&self, request: AllocRequest<'_>) -> Result<u64, Error> {
+        self.own.allocate_with(request)
+    }
+
+    /// Frees any client's allocation at `addr`, on the home stream. An address the pool did not
+    /// hand out, or already freed, is an [`Error::UnknownAddress`] and changes nothing.
+    #[inline]
+    pub fn deallocate(&self, addr: u64) -> Result<(), Error> {
+        self.own.shared.deallocate(None, addr, None, false)
+    }
+
+    /// Frees any client's allocation at `addr` on `stream` (see [`StreamSync`] for when the
+    /// block is reused).
+    pub fn deallocate_on(&self, addr: u64, stream: StreamId) -> Result<(), Error> {
+        self.own.shared.deallocate(None, addr, Some(stream), false)
+    }
+
+    /// A typed slice of `len` elements from the pool's own client, freed on drop.
+    pub fn alloc_slice<T: crate::Element>(&self, len: usize) -> Result<PoolSlice<T>, Error> {
+        self.own.alloc_slice(len)
+    }
+
+    /// Returns blocks freed on other streams whose events have completed to the free lists
+    /// now (allocation does this too); the bytes reclaimed.
+    pub fn reclaim(&self) -> Result<usize, Error> {
+        self.own.shared.reclaim()
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> PoolStats {
+        self.own.shared.stats()
+    }
+
+    /// Every client's counters, the pool's own client first.
+    pub fn client_stats(&self) -> Vec<ClientStats> {
+        self.own.shared.all_client_stats()
+    }
+
+    /// Every live allocation, by address.
+    pub fn leak_report(&self) -> LeakReport {
+        self.own.shared.leak_report()
+    }
+
+    /// Changes what is recorded for allocations made from now on.
+    pub fn set_tracking(&self, tracking: Tracking) {
+        self.own.shared.set_tracking(tracking);
+    }
+
+    /// What is recorded for new allocations.
+    pub fn tracking(&self) -> Tracking {
+        self.own.shared.tracking()
+    }
+
+    /// Replaces the event sink (`None` stops the event log).
+    pub fn set_events(&self, sink: Option<Arc<dyn EventSink>>) {
+        self.own.shared.set_sink(sink);
+    }
+
+    /// The pool's name.
+    pub fn name(&self) -> &str {
+        &self.own.shared.name
+    }
+
+    /// Bytes the pool manages (its hard cap).
+    pub fn capacity(&self) -> usize {
+        self.own.shared.capacity
+    }
+
+    /// Start address of the region (host address or `CUdeviceptr`).
+    pub fn base(&self) -> u64 {
+        self.own.shared.base
+    }
+
+    /// Whether `addr` lies inside the region (not whether it is live).
+    pub fn contains(&self, addr: u64) -> bool {
+        let s = &self.own.shared;
+        addr >= s.base && addr - s.base < s.capacity as u64
+    }
+
+    /// The backend's name ("host", "cuda", ...).
+    pub fn backend_name(&self) -> &'static str {
+        self.own.shared.backend
+    }
+
+    /// Whether the region is host memory that [`PoolSlice`] may hand out as `&mut [T]`.
+    pub fn is_host(&self) -> bool {
+        self.own.shared.memory == MemoryKind::Host
+    }
+
+    /// The kind of memory the region is.
+    pub fn memory(&self) -> MemoryKind {
+        self.own.shared.memory
+    }
+
+    /// The stream the pool belongs to ([`StreamId::DEFAULT`] without a stream runtime).
+    pub fn home_stream(&self) -> StreamId {
+        self.own.shared.home
+    }
+}
+
+/// A handle on a [`Pool`] for one client: a name and a quota. Cloneable, `Send + Sync`; keeps
+/// the pool's region alive.
+#[derive(Clone)]
+pub struct PoolClient {
+    shared: Arc<Shared>,
+    id: u32,
+}
+
+impl fmt::Debug for PoolClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = self.shared.client_stats(self.id);
+        f.debug_struct("PoolClient")
+            .field("pool", &self.shared.name)
+            .field("name", &c.name)
+            .field("quota", &c.quota)
+            .field("in_use", &c.in_use)
+            .finish()
+    }
+}
+
+impl PoolClient {
+    /// Allocates `size` bytes at `align` (0 = 256) for the home stream; returns the address.
+    #[inline]
+    pub fn allocate(&self, size: usize, align: usize) -> Result<u64, Error> {
+        self.shared
+            .allocate(self.id, AllocRequest::new(size, align), false)
+    }
+
+    /// Allocates for use on `stream`.
+    pub fn allocate_on(&self, size: usize, align: usize, stream: StreamId) -> Result<u64, Error> {
+        self.shared
+            .allocate(self.id, AllocRequest::new(size, align).on(stream), false)
+    }
+
+    /// Allocates with every option ([`AllocRequest`]).
+    pub fn allocate_with(&self, request: AllocRequest<'_>) -> Result<u64, Error> {
+        self.shared.allocate(self.id, request, false)
+    }
+
+    /// Frees this client's allocation at `addr` on the home stream. An address that is not a
+    /// live allocation is an [`Error::UnknownAddress`]; another client's allocation is an
+    /// [`Error::InvalidArgument`]; either changes nothing.
+    #[inline]
+    pub fn deallocate(&self, addr: u64) -> Result<(), Error> {
+        self.shared.deallocate(Some(self.id), addr, None, false)
+    }
+
+    /// Frees this client's allocation at `addr` on `stream`.
+    pub fn deallocate_on(&self, addr: u64, stream: StreamId) -> Result<(), Error> {
+        self.shared
+            .deallocate(Some(self.id), addr, Some(stream), false)
+    }
+
+    /// A typed slice of `len` elements for the home stream, aligned to at least 256 bytes and
+    /// to `T`, freed on drop.
+    pub fn alloc_slice<T: crate::Element>(&self, len: usize) -> Result<PoolSlice<T>, Error> {
+        PoolSlice::new_in(self, len, None)
+    }
+
+    /// A typed slice of `len` elements for use on `stream`, freed on `stream` on drop.
+    pub fn alloc_slice_on<T: crate::Element>(
+        &self,
+        len: usize,
+        stream: StreamId,
+    ) -> Result<PoolSlice<T>, Error> {
+        PoolSlice::new_in(self, len, Some(stream))
+    }
+
+    /// The client's name.
+    pub fn name(&self) -> String {
+        self.shared.client_name(self.id)
+    }
+
+    /// The client's counters.
+    pub fn stats(&self) -> ClientStats {
+        self.shared.client_stats(self.id)
+    }
+
+    /// The whole pool's counters.
+    pub fn pool_stats(&self) -> PoolStats {
+        self.shared.stats()
+    }
+
+    /// Whether the pool's region is host memory.
+    pub fn is_host(&self) -> bool {
+        self.shared.memory == MemoryKind::Host
+    }
+
+    /// The kind of memory the pool's region is.
+    pub fn memory(&self) -> MemoryKind {
+        self.shared.memory
+    }
+
+    /// The pool's backend ("host", "cuda", ...).
+    pub fn backend_name(&self) -> &'static str {
+        self.shared.backend
+    }
+
+    pub(crate) fn allocate_owned(
+        &self,
+        size: usize,
+        align: usize,
+        stream: Option<StreamId>,
+    ) -> Result<u64, Error> {
+        let request = AllocRequest {
+            size,
+            align,
+            stream,
+            tag: None,
+        };
+        self.shared.allocate(self.id, request, true)
+    }
+
+    pub(crate) fn free_owned(&self, addr: u64, stream: StreamId) -> Result<(), Error> {
+        self.shared
+            .deallocate(Some(self.id), addr, Some(stream), true)
+    }
+
+    pub(crate) fn home_stream(&self) -> StreamId {
+        self.shared.home
+    }
+}
