@@ -81,7 +81,7 @@ impl PoolBuilder {
         self
     }
 
-    /// Sends every allocation, free and failure to `sink` ([`LogEvents`], a [`CsvEventLog`], or
+    /// Sends every allocation, free and failure to `sink` ([`LogEvents`](super::LogEvents), a [`CsvEventLog`](super::CsvEventLog), or
     /// a closure).
     pub fn events(mut self, sink: Arc<dyn EventSink>) -> Self {
         self.sink = Some(sink);
@@ -108,7 +108,7 @@ impl PoolBuilder {
     /// [`DEFAULT_REUSE_BLOCKS`] blocks and half the capacity.
     ///
     /// A freed block normally merges with its free neighbours at once. With reuse on, it first
-    /// waits whole: the next request of its size class (see [`reserved_bytes`]) takes it
+    /// waits whole: the next request of its size class (see [`reserved_bytes`](super::reserved_bytes)) takes it
     /// without a search or a split, which is most of the cost of an allocation and a free.
     /// Blocks leave the cache oldest first when `blocks` newer ones have been freed, merge at
     /// once when they would take the cache past `bytes`, and all merge before a request would

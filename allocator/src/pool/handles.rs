@@ -100,7 +100,7 @@ impl Pool {
         self.own.shared.deallocate(None, addr, None, false)
     }
 
-    /// Frees any client's allocation at `addr` on `stream` (see [`StreamSync`] for when the
+    /// Frees any client's allocation at `addr` on `stream` (see [`StreamSync`](super::StreamSync) for when the
     /// block is reused).
     pub fn deallocate_on(&self, addr: u64, stream: StreamId) -> Result<(), Error> {
         self.own.shared.deallocate(None, addr, Some(stream), false)

@@ -4,7 +4,7 @@
 //! Compile-time layouts ([`Arena`](crate::Arena)) serve buffers whose sizes are known ahead.
 //! Memory whose size is known only at run time (weights loaded at start, workspaces that depend
 //! on input shapes) comes from a [`Pool`]: it reserves **one** region on a
-//! [`Backend`] when it is made and hands out pieces of it. It is what a TensorRT
+//! [`Backend`](crate::Backend) when it is made and hands out pieces of it. It is what a TensorRT
 //! `IGpuAllocator` or a PyTorch pluggable allocator needs:
 //!
 //! * `allocate(size, align)` returns an address; `deallocate(addr)` needs no size (the pool
@@ -41,7 +41,7 @@
 //! # Backends and devices
 //!
 //! [`Pool::host`] reserves host memory; [`Pool::new_in`] (or [`PoolBuilder::build_in`]) takes
-//! any [`Backend`] that is `Send + Sync`. A device pool that serves several streams also gets a
+//! any [`Backend`](crate::Backend) that is `Send + Sync`. A device pool that serves several streams also gets a
 //! [`StreamSync`] ([`PoolBuilder::streams`]); its [`PoolSlice`]s are not host memory and convert
 //! to device views instead. With the `cuda` feature, `Pool::cuda(stream, capacity)` (or
 //! `PoolBuilder::build_cuda(stream)`) does all of that: one `cuMemAlloc` region, the CUDA
