@@ -13,7 +13,7 @@ use super::{
 use crate::backend::{Backend, MemoryKind};
 use crate::error::Error;
 
-/// One region, sub-allocated: see the [module docs](self).
+/// One region, sub-allocated: see the [module docs](super).
 ///
 /// `Pool` is `Send + Sync`; [`Pool::client`] hands out cloneable handles that share it. The
 /// region is freed when the pool and every client and slice made from it are gone; live
