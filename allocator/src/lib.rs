@@ -68,6 +68,22 @@
 //!   device views of its slices).
 //!
 //! Without `std` the crate is `#![no_std]` and needs only `alloc`.
+//!
+//! ## The map
+//!
+//! Imports point one way, down: `plan` ← `layout` ← `backend` ← {`arena`, `dyn_arena`,
+//! `builder`, `pool`} ← `report`. Only `backend::cuda` calls cudarc's driver API; the CUDA
+//! conveniences of arenas and pools live beside them and go through it.
+//!
+//! | module | what |
+//! | --- | --- |
+//! | [`plan`] | `const fn` placement math shared by the derive and [`LayoutBuilder`]: alignment arithmetic (`align.rs`, the crate's one home of [`align_up`](plan::align_up) and the 256-byte [`CUDA_ALIGN`](plan::CUDA_ALIGN)), the placement rule, stage aliasing, error messages |
+//! | `layout` | [`DeviceLayout`], [`Element`], view kinds ([`ViewKind`]) |
+//! | [`backend`] | where an allocation comes from: [`HostBackend`], and with `cuda` the device, managed and pinned backends and device views; [`MemoryKind`] says what each hands out |
+//! | `arena` | [`Arena`]: one allocation, typed views, stage views; `arena/cuda.rs`: prefetching and host views of managed arenas, device views of pinned ones |
+//! | `dyn_arena`, `builder` | layouts planned at run time: [`LayoutBuilder`], [`DynArena`] |
+//! | [`pool`] | the run-time [`Pool`]: engine, builder, handles, region, TLSF index, statistics, event log, stream ordering; `pool::cuda` with `cuda` |
+//! | [`report`] | [`LayoutReport`]: tables and SVG maps of a layout |
 #![no_std]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
