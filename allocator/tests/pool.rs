@@ -222,6 +222,7 @@ impl Model {
             live: self.live.len() as u64,
             free: gaps.iter().sum(),
             pending: 0,
+            quarantined: 0,
             largest_free: largest,
             free_blocks: gaps.len(),
             // How many requests a cached block served depends on the order of the frees.

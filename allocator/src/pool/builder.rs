@@ -7,7 +7,10 @@ use core::fmt;
 
 use super::engine::{Settings, Shared};
 use super::region::Region;
-use super::{BLOCK_GRANULE, DEFAULT_REUSE_BLOCKS, EventSink, Pool, StreamId, StreamSync, Tracking};
+use super::{
+    BLOCK_GRANULE, DEFAULT_REUSE_BLOCKS, EventSink, MAX_REUSE_BLOCKS, Pool, StreamId, StreamSync,
+    Tracking,
+};
 use crate::backend::{Backend, HostBackend};
 use crate::error::Error;
 
@@ -110,6 +113,8 @@ impl PoolBuilder {
     /// A freed block normally merges with its free neighbours at once. With reuse on, it first
     /// waits whole: the next request of its size class (see [`reserved_bytes`](super::reserved_bytes)) takes it
     /// without a search or a split, which is most of the cost of an allocation and a free.
+    /// `blocks` is at most [`MAX_REUSE_BLOCKS`](super::MAX_REUSE_BLOCKS) (a larger number is an
+    /// error when the pool is built); `bytes` may be anything, the capacity bounds it anyway.
     /// Blocks leave the cache oldest first when `blocks` newer ones have been freed, merge at
     /// once when they would take the cache past `bytes`, and all merge before a request would
     /// fail and before [`Pool::stats`] describes the free blocks. Nothing else shows the
@@ -148,9 +153,16 @@ impl PoolBuilder {
                 self.name, self.capacity
             )));
         }
-        let region = Region::reserve(&self.name, backend, capacity)?;
         let (reuse_blocks, reuse_bytes) =
             self.reuse.unwrap_or((DEFAULT_REUSE_BLOCKS, capacity / 2));
+        if reuse_blocks > MAX_REUSE_BLOCKS {
+            return Err(Error::invalid(format!(
+                "pool `{}`: reuse of {reuse_blocks} freed blocks is over the most, \
+                 {MAX_REUSE_BLOCKS} (8 bytes of bookkeeping each)",
+                self.name
+            )));
+        }
+        let region = Region::reserve(&self.name, backend, capacity)?;
         let settings = Settings {
             name: self.name,
             tracking: self.tracking,

@@ -7,18 +7,20 @@ use alloc::string::String;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use std::backtrace::Backtrace;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::{Instant, SystemTime};
 
 use super::addr_map::AddrMap;
 use super::counters::Counters;
-use super::events::{self, EventSink, PoolAction, PoolEvent};
-use super::lock::{Lock, LockGuard};
+use super::events::{self, EventSink, PoolAction, Record};
+use super::lock::{Lock, LockGuard, Reentrant};
 use super::region::{Region, RegionOwner};
 use super::stats::{ClientStats, Leak, LeakReport, PoolStats, Tracking};
 use super::stream::{StreamEvent, StreamId, StreamSync};
 use super::tlsf::Tlsf;
-use super::{AllocRequest, DEFAULT_POOL_ALIGN, MAX_POOL_ALIGN, effective_align, reserved_bytes};
+use super::{
+    AllocRequest, DEFAULT_POOL_ALIGN, FreeRequest, MAX_POOL_ALIGN, effective_align, reserved_bytes,
+};
 use crate::backend::MemoryKind;
 use crate::error::Error;
 
@@ -108,11 +110,15 @@ struct State {
     /// Parked blocks, one FIFO per stream (events on one stream complete in order).
     parked: Vec<(StreamId, VecDeque<Parked>)>,
     pending: usize,
+    /// Bytes of parked blocks whose events could not be queried: never handed out again.
+    quarantined: usize,
     /// Bumped by every free on the home stream with a stream runtime present.
     home_epoch: u64,
     /// For each other stream: the `home_epoch` at its last wait on the home stream.
     waited: Vec<(StreamId, u64)>,
     sink: Option<Arc<dyn EventSink>>,
+    /// Events recorded and not yet delivered, in the order the pool did things.
+    outbox: VecDeque<Record>,
 }
 
 /// What never changes after creation, beside the lock.
@@ -127,6 +133,10 @@ pub(super) struct Shared {
     streams: Option<Arc<dyn StreamSync>>,
     pub(super) home: StreamId,
     log_leaks_on_drop: bool,
+    /// A thread is handing the outbox to the sinks (see [`deliver`](Shared::deliver)).
+    delivering: AtomicBool,
+    /// A sink has panicked (reported once).
+    sink_panicked: AtomicBool,
     // Dropped last: the region outlives every other field.
     _region: Box<dyn RegionOwner>,
 }
@@ -183,9 +193,11 @@ impl Shared {
             counts: Counters::default(),
             parked: Vec::new(),
             pending: 0,
+            quarantined: 0,
             home_epoch: 0,
             waited: Vec::new(),
             sink: settings.sink,
+            outbox: VecDeque::new(),
         };
         Shared {
             state: Lock::new(state),
@@ -198,35 +210,41 @@ impl Shared {
             streams: settings.streams,
             home: settings.home,
             log_leaks_on_drop: settings.log_leaks_on_drop,
+            delivering: AtomicBool::new(false),
+            sink_panicked: AtomicBool::new(false),
             _region: owner,
         }
     }
 
     /// Adds a client; returns its id.
     pub(super) fn add_client(&self, name: &str, quota: usize) -> u32 {
-        let mut state = self.lock();
+        let mut state = self.lock_wait();
         state.clients.push(ClientState::new(name, quota));
         (state.clients.len() - 1) as u32
     }
 
     /// A client's name.
     pub(super) fn client_name(&self, client: u32) -> String {
-        String::from(&*self.lock().clients[client as usize].name)
+        String::from(&*self.lock_wait().clients[client as usize].name)
     }
 
     /// A client's counters.
     pub(super) fn client_stats(&self, client: u32) -> ClientStats {
-        self.lock().clients[client as usize].stats()
+        self.lock_wait().clients[client as usize].stats()
     }
 
     /// Every client's counters, the pool's own client first.
     pub(super) fn all_client_stats(&self) -> Vec<ClientStats> {
-        self.lock().clients.iter().map(ClientState::stats).collect()
+        self.lock_wait()
+            .clients
+            .iter()
+            .map(ClientState::stats)
+            .collect()
     }
 
     /// Replaces the event sink.
     pub(super) fn set_sink(&self, sink: Option<Arc<dyn EventSink>>) {
-        self.lock().sink = sink;
+        self.lock_wait().sink = sink;
     }
 
     /// Changes what is recorded for new allocations.
@@ -236,15 +254,52 @@ impl Shared {
 
     /// Returns parked blocks whose events completed; the bytes reclaimed.
     pub(super) fn reclaim(&self) -> Result<usize, Error> {
-        Self::reclaim_parked(&mut self.lock())
+        Ok(self.reclaim_parked(&mut *self.lock()?))
     }
 
+    /// Takes the lock for an allocation, a free or a reclaim: an error instead of waiting for
+    /// ever when the calling thread is inside one of this pool's stream-runtime callbacks.
     #[inline(always)]
-    fn lock(&self) -> LockGuard<'_, State> {
-        // Every user callback (event sinks, stream runtimes) runs when the state is
-        // consistent, so a panic in one unwinds through the guard and leaves nothing
-        // half-done.
-        self.state.lock()
+    fn lock(&self) -> Result<LockGuard<'_, State>, Error> {
+        match self.state.lock() {
+            Ok(guard) => Ok(guard),
+            Err(Reentrant) => Err(self.reentrant()),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn reentrant(&self) -> Error {
+        Error::invalid(format!(
+            "pool `{}` was called from its own stream runtime's callback, which runs while \
+             the pool is locked (a `StreamSync` must not call back into its pool)",
+            self.name
+        ))
+    }
+
+    /// Takes the lock for everything else (statistics, reports, settings). These wait: they
+    /// must not be called from the pool's stream-runtime callbacks (see [`StreamSync`]).
+    fn lock_wait(&self) -> LockGuard<'_, State> {
+        loop {
+            if let Ok(guard) = self.state.lock() {
+                return guard;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Runs a stream-runtime callback under the lock: a panic becomes an error, and a call back
+    /// into the pool fails instead of waiting for ever. The state is consistent whenever a
+    /// callback runs.
+    fn stream_call<R>(&self, what: &str, f: impl FnOnce() -> Result<R, Error>) -> Result<R, Error> {
+        self.state.callback(|| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
+                Err(Error::invalid(format!(
+                    "pool `{}`: the stream runtime panicked in `{what}`",
+                    self.name
+                )))
+            })
+        })
     }
 
     pub(super) fn tracking(&self) -> Tracking {
@@ -274,7 +329,7 @@ impl Shared {
         let align = effective_align(req.align);
         if let (0, Some(align), true) = (self.tracking.load(Ordering::Relaxed), align, home) {
             let stream = req.stream.unwrap_or(self.home);
-            let mut state = self.lock();
+            let mut state = self.lock()?;
             let ask = Ask {
                 client,
                 size: req.size,
@@ -287,7 +342,8 @@ impl Shared {
             // Copies made where they are needed: a reference to `req` itself would have the
             // compiler store it on the stack on every call.
             let req = AllocRequest { ..req };
-            return self.allocate_general(&mut state, client, &req, stream, owned, None);
+            let result = self.allocate_general(&mut state, client, &req, stream, owned, None);
+            return self.unlock_and_deliver(state, result);
         }
         let req = AllocRequest { ..req };
         self.allocate_other(client, &req, owned)
@@ -306,8 +362,20 @@ impl Shared {
             0 => None,
             _ => Some(self.record_info(req.tag)),
         };
-        let mut state = self.lock();
-        self.allocate_general(&mut state, client, req, stream, owned, info)
+        let mut state = self.lock()?;
+        let result = self.allocate_general(&mut state, client, req, stream, owned, info);
+        self.unlock_and_deliver(state, result)
+    }
+
+    /// Releases the lock, then delivers the events the call recorded (if any).
+    #[inline(always)]
+    fn unlock_and_deliver<R>(&self, state: LockGuard<'_, State>, result: R) -> R {
+        let recorded = !state.outbox.is_empty();
+        drop(state);
+        if recorded {
+            self.deliver();
+        }
+        result
     }
 
     /// The common case: a valid alignment, tracking off, the home stream (or no stream
@@ -317,7 +385,7 @@ impl Shared {
     /// and reports why a request fails.
     #[inline(always)]
     fn allocate_fast(&self, state: &mut State, ask: &Ask, owned: bool) -> Option<u64> {
-        if !state.parked.is_empty() {
+        if !state.parked.is_empty() || state.sink.is_some() {
             return None;
         }
         let reserved = reserved_bytes(ask.size).filter(|&r| r <= self.capacity)?;
@@ -416,7 +484,7 @@ impl Shared {
         info: Option<Box<LiveInfo>>,
     ) -> Result<u64, Error> {
         if !state.parked.is_empty() {
-            Self::reclaim_parked(state)?;
+            self.reclaim_parked(state);
         }
         let reserved = match reserved_bytes(ask.size) {
             Some(r) if r <= self.capacity => r,
@@ -427,7 +495,7 @@ impl Shared {
         }
         if let Some(streams) = &self.streams {
             if ask.stream != self.home {
-                Self::order_after_home(state, &**streams, ask.stream, self.home)?;
+                self.order_after_home(state, &**streams, ask.stream, self.home)?;
             }
         }
         let mut taken = state.tlsf.allocate(reserved as u64, align as u64);
@@ -499,10 +567,11 @@ impl Shared {
         }
         if state.sink.is_some() {
             let tag = tracked
-                .then(|| state.info[slot].as_ref()?.tag.as_deref())
+                .then(|| state.info[slot].as_ref()?.tag.clone())
                 .flatten();
             // A copy made here: a reference to the caller's would keep it on the stack.
             let ask = *ask;
+            let tag = tag.as_deref();
             self.emit(state, PoolAction::Allocate, &ask, addr, reserved, tag, None);
         }
     }
@@ -510,6 +579,7 @@ impl Shared {
     /// Makes `stream` wait for the home stream if the home stream freed anything since its
     /// last wait.
     fn order_after_home(
+        &self,
         state: &mut State,
         streams: &dyn StreamSync,
         stream: StreamId,
@@ -519,7 +589,7 @@ impl Shared {
         let slot = state.waited.iter().position(|(s, _)| *s == stream);
         let last = slot.map_or(0, |i| state.waited[i].1);
         if last < epoch {
-            streams.order_after(stream, home)?;
+            self.stream_call("order_after", || streams.order_after(stream, home))?;
             match slot {
                 Some(i) => state.waited[i].1 = epoch,
                 None => state.waited.push((stream, epoch)),
@@ -529,31 +599,53 @@ impl Shared {
     }
 
     /// Returns parked blocks whose events completed to the free lists; the bytes reclaimed.
-    fn reclaim_parked(state: &mut State) -> Result<usize, Error> {
+    ///
+    /// An event that cannot be queried (the driver reports an error, or the stream runtime
+    /// panics) sets aside its own block for good: nothing says the stream is done with it, so
+    /// it is never handed out again. The pool carries on with the rest; the block is logged
+    /// (target `devarena::pool`, level `error`) and counted in [`PoolStats::quarantined`].
+    fn reclaim_parked(&self, state: &mut State) -> usize {
         let mut reclaimed = 0;
-        let mut result = Ok(());
-        for (_, queue) in state.parked.iter_mut() {
+        let State {
+            parked,
+            tlsf,
+            pending,
+            quarantined,
+            ..
+        } = state;
+        for (stream, queue) in parked.iter_mut() {
             while let Some(front) = queue.front() {
-                match front.event.is_complete() {
+                let complete = self.stream_call("is_complete", || front.event.is_complete());
+                match complete {
+                    Ok(false) => break,
                     Ok(true) => {
-                        let parked = queue.pop_front().expect("front exists");
-                        state.tlsf.free(parked.block);
-                        state.pending -= parked.bytes;
+                        let Some(parked) = queue.pop_front() else {
+                            break;
+                        };
+                        tlsf.free(parked.block);
+                        *pending -= parked.bytes;
                         reclaimed += parked.bytes;
                     }
-                    Ok(false) => break,
                     Err(error) => {
-                        result = Err(error);
-                        break;
+                        let Some(parked) = queue.pop_front() else {
+                            break;
+                        };
+                        *pending -= parked.bytes;
+                        *quarantined += parked.bytes;
+                        log::error!(
+                            target: "devarena::pool",
+                            "pool `{}`: the event of a block of {} bytes freed on stream {stream} \
+                             could not be queried ({error}); the block is set aside for good \
+                             and the pool carries on",
+                            self.name,
+                            parked.bytes
+                        );
                     }
                 }
             }
-            if result.is_err() {
-                break;
-            }
         }
-        state.parked.retain(|(_, queue)| !queue.is_empty());
-        result.map(|()| reclaimed)
+        parked.retain(|(_, queue)| !queue.is_empty());
+        reclaimed
     }
 
     fn exhausted(&self, state: &mut State, ask: &Ask, limit: &'static str) -> Error {
@@ -583,10 +675,10 @@ impl Shared {
     pub(super) fn deallocate(
         &self,
         caller: Option<u32>,
-        addr: u64,
-        stream: Option<StreamId>,
+        req: FreeRequest,
         from_slice: bool,
     ) -> Result<(), Error> {
+        let FreeRequest { addr, size, stream } = req;
         // As for `allocate`: the home stream or no stream runtime, known before the call
         // where the caller passes no stream.
         let home = match stream {
@@ -594,19 +686,18 @@ impl Shared {
             Some(stream) => self.streams.is_none() || stream == self.home,
         };
         let stream = stream.unwrap_or(self.home);
-        let mut state = self.lock();
+        let mut state = self.lock()?;
         if home
+            && size.is_none()
             && self
                 .deallocate_fast(&mut state, caller, addr, stream, from_slice)
                 .is_some()
         {
             return Ok(());
         }
-        let info = self.deallocate_general(&mut state, caller, addr, stream, from_slice)?;
-        drop(state);
+        let result = self.deallocate_general(&mut state, caller, addr, size, stream, from_slice);
         // The backtrace (if any) is freed outside the lock.
-        drop(info);
-        Ok(())
+        self.unlock_and_deliver(state, result).map(drop)
     }
 
     /// The common case: a live allocation that `caller` may free, untracked, freed on the
@@ -628,6 +719,7 @@ impl Shared {
         if live.tracked
             || (live.owned && !from_slice)
             || caller.is_some_and(|caller| caller != live.client)
+            || state.sink.is_some()
         {
             return None;
         }
@@ -644,6 +736,7 @@ impl Shared {
         state: &mut State,
         caller: Option<u32>,
         addr: u64,
+        size: Option<usize>,
         stream: StreamId,
         from_slice: bool,
     ) -> Result<Option<Box<LiveInfo>>, Error> {
@@ -654,10 +747,15 @@ impl Shared {
         if (live.owned && !from_slice) || caller.is_some_and(|caller| caller != live.client) {
             return Err(self.refused_free(state, caller, addr, &live, from_slice));
         }
+        if let Some(size) = size.filter(|&size| size != live.size) {
+            return Err(self.wrong_size(state, addr, size, &live));
+        }
         // Record the event before changing anything, so a failing stream runtime leaves the
         // allocation live and the pool as it was.
         let event = match &self.streams {
-            Some(streams) if stream != self.home => Some(streams.record(stream)?),
+            Some(streams) if stream != self.home => {
+                Some(self.stream_call("record", || streams.record(stream))?)
+            }
             _ => None,
         };
         let removed = state.live.remove(addr);
@@ -723,6 +821,20 @@ impl Shared {
         }
     }
 
+    /// A free that names another size than the live allocation at `addr` asked for: most
+    /// likely a stale free of an address that has been handed out again since.
+    #[cold]
+    #[inline(never)]
+    fn wrong_size(&self, state: &State, addr: u64, size: usize, live: &Live) -> Error {
+        let owner = &state.clients[live.client as usize].name;
+        Error::invalid(format!(
+            "pool `{}`: a free of {addr:#x} names {size} bytes, but the live allocation there \
+             (client `{owner}`, allocation #{}) asked for {} bytes: probably a stale free of an \
+             address handed out again; nothing was freed",
+            self.name, live.serial, live.size
+        ))
+    }
+
     /// Why `caller` may not free the live allocation at `addr`.
     #[cold]
     #[inline(never)]
@@ -773,10 +885,13 @@ impl Shared {
         }
     }
 
+    /// Records an event for the sink, to be delivered once the lock is released.
     #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
     fn emit(
         &self,
-        state: &State,
+        state: &mut State,
         action: PoolAction,
         ask: &Ask,
         addr: u64,
@@ -785,25 +900,65 @@ impl Shared {
         error: Option<&Error>,
     ) {
         if let Some(sink) = &state.sink {
-            sink.event(&PoolEvent {
-                pool: &self.name,
+            let record = Record {
+                sink: sink.clone(),
                 action,
                 addr,
                 size: ask.size,
                 reserved,
                 align: ask.align,
-                client: &state.clients[ask.client as usize].name,
-                tag,
+                client: state.clients[ask.client as usize].name.clone(),
+                tag: tag.map(String::from),
                 stream: ask.stream,
                 time: SystemTime::now(),
                 thread: events::thread_number(),
-                error,
-            });
+                error: error.cloned(),
+            };
+            state.outbox.push_back(record);
+        }
+    }
+
+    /// Hands recorded events to their sinks, in order, outside the lock. One thread delivers
+    /// at a time; a thread that finds another delivering leaves its events to it. After it
+    /// stops delivering, a thread looks once more, so that an event recorded while it was
+    /// finishing is not left behind.
+    #[cold]
+    #[inline(never)]
+    fn deliver(&self) {
+        loop {
+            if self
+                .delivering
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                return;
+            }
+            loop {
+                // Taken one at a time, so that a sink that calls the pool finds it unlocked.
+                let Some(record) = self.lock_wait().outbox.pop_front() else {
+                    break;
+                };
+                if !record.deliver(&self.name) && !self.sink_panicked.swap(true, Ordering::Relaxed)
+                {
+                    log::error!(
+                        target: "devarena::pool",
+                        "pool `{}`: the event sink panicked on a `{}` event at {:#x}; the pool \
+                         carries on, and drops each event whose sink panics (reported once)",
+                        self.name,
+                        record.action,
+                        record.addr
+                    );
+                }
+            }
+            self.delivering.store(false, Ordering::Release);
+            if self.lock_wait().outbox.is_empty() {
+                return;
+            }
         }
     }
 
     pub(super) fn stats(&self) -> PoolStats {
-        let mut state = self.lock();
+        let mut state = self.lock_wait();
         // What waits in the reuse cache is merged first, so that the free blocks described are
         // the ones that exist.
         state.tlsf.flush();
@@ -818,6 +973,7 @@ impl Shared {
             live: state.live.len() as u64,
             free: state.tlsf.free_bytes() as usize,
             pending: state.pending,
+            quarantined: state.quarantined,
             largest_free: state.tlsf.largest_free() as usize,
             free_blocks: state.tlsf.free_blocks(),
             reused: state.tlsf.reused(),
@@ -825,7 +981,7 @@ impl Shared {
     }
 
     pub(super) fn leak_report(&self) -> LeakReport {
-        let state = self.lock();
+        let state = self.lock_wait();
         let now = Instant::now();
         let info = |block: u32| -> Option<&LiveInfo> {
             state.meta[block as usize]
@@ -878,8 +1034,11 @@ fn store_info(info: &mut Vec<Option<Box<LiveInfo>>>, slot: usize, recorded: Box<
 
 impl Drop for Shared {
     fn drop(&mut self) {
+        if !self.lock_wait().outbox.is_empty() {
+            self.deliver();
+        }
         if self.log_leaks_on_drop {
-            let live = self.lock().live.len();
+            let live = self.lock_wait().live.len();
             if live > 0 {
                 log::warn!(target: "devarena::pool", "{}", self.leak_report());
             }

@@ -7,8 +7,8 @@ use core::fmt;
 
 use super::engine::Shared;
 use super::{
-    AllocRequest, ClientStats, EventSink, LeakReport, PoolBuilder, PoolSlice, PoolStats, StreamId,
-    Tracking,
+    AllocRequest, ClientStats, EventSink, FreeRequest, LeakReport, PoolBuilder, PoolSlice,
+    PoolStats, StreamId, Tracking,
 };
 use crate::backend::{Backend, MemoryKind};
 use crate::error::Error;
@@ -97,13 +97,22 @@ impl Pool {
     /// hand out, or already freed, is an [`Error::UnknownAddress`] and changes nothing.
     #[inline]
     pub fn deallocate(&self, addr: u64) -> Result<(), Error> {
-        self.own.shared.deallocate(None, addr, None, false)
+        self.own
+            .shared
+            .deallocate(None, FreeRequest::new(addr), false)
     }
 
     /// Frees any client's allocation at `addr` on `stream` (see [`StreamSync`](super::StreamSync) for when the
     /// block is reused).
     pub fn deallocate_on(&self, addr: u64, stream: StreamId) -> Result<(), Error> {
-        self.own.shared.deallocate(None, addr, Some(stream), false)
+        self.own
+            .shared
+            .deallocate(None, FreeRequest::new(addr).on(stream), false)
+    }
+
+    /// Frees with every option ([`FreeRequest`]: a size check, a stream).
+    pub fn deallocate_with(&self, request: FreeRequest) -> Result<(), Error> {
+        self.own.shared.deallocate(None, request, false)
     }
 
     /// A typed slice of `len` elements from the pool's own client, freed on drop.
@@ -233,13 +242,20 @@ impl PoolClient {
     /// [`Error::InvalidArgument`]; either changes nothing.
     #[inline]
     pub fn deallocate(&self, addr: u64) -> Result<(), Error> {
-        self.shared.deallocate(Some(self.id), addr, None, false)
+        self.shared
+            .deallocate(Some(self.id), FreeRequest::new(addr), false)
     }
 
     /// Frees this client's allocation at `addr` on `stream`.
     pub fn deallocate_on(&self, addr: u64, stream: StreamId) -> Result<(), Error> {
         self.shared
-            .deallocate(Some(self.id), addr, Some(stream), false)
+            .deallocate(Some(self.id), FreeRequest::new(addr).on(stream), false)
+    }
+
+    /// Frees this client's allocation with every option ([`FreeRequest`]: a size check, a
+    /// stream).
+    pub fn deallocate_with(&self, request: FreeRequest) -> Result<(), Error> {
+        self.shared.deallocate(Some(self.id), request, false)
     }
 
     /// A typed slice of `len` elements for the home stream, aligned to at least 256 bytes and
@@ -304,7 +320,7 @@ impl PoolClient {
 
     pub(crate) fn free_owned(&self, addr: u64, stream: StreamId) -> Result<(), Error> {
         self.shared
-            .deallocate(Some(self.id), addr, Some(stream), true)
+            .deallocate(Some(self.id), FreeRequest::new(addr).on(stream), true)
     }
 
     pub(crate) fn home_stream(&self) -> StreamId {

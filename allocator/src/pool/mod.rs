@@ -148,6 +148,9 @@ pub const DEFAULT_POOL_ALIGN: usize = CUDA_ALIGN;
 pub const BLOCK_GRANULE: usize = CUDA_ALIGN;
 /// How many freed blocks wait for reuse by default (see [`PoolBuilder::reuse`]).
 pub const DEFAULT_REUSE_BLOCKS: usize = 2048;
+/// The most freed blocks that may wait for reuse (see [`PoolBuilder::reuse`]): the ring that
+/// remembers them takes 8 bytes a block, 8 MiB at this limit.
+pub const MAX_REUSE_BLOCKS: usize = 1 << 20;
 
 /// The smallest free block that guarantees an allocation of `size` bytes at `align` succeeds
 /// (when the client's quota allows it): [`reserved_bytes`] of the size, plus the worst
@@ -201,6 +204,67 @@ fn effective_align(align: usize) -> Option<usize> {
         0 => Some(DEFAULT_POOL_ALIGN),
         a if a.is_power_of_two() && a <= MAX_POOL_ALIGN => Some(a),
         _ => None,
+    }
+}
+
+/// One free, for [`Pool::deallocate_with`] and [`PoolClient::deallocate_with`]: the address,
+/// and optionally the size it was allocated with and the stream of the free.
+///
+/// An address API cannot tell a double free from the free of an address that was handed out
+/// again in between: after `free(a); b = allocate(..)` returns `a` again, a second `free(a)`
+/// frees `b`'s block, as with `cudaFree`. Naming the size catches most such stale frees (the
+/// new allocation rarely asked for the same size); [`PoolSlice`] rules them out, since only
+/// the slice frees its block, once.
+///
+/// ```
+/// use devarena::pool::{FreeRequest, Pool};
+///
+/// let pool = Pool::builder(1 << 20).reuse(0, 0).build_host()?;
+/// let a = pool.allocate(1000, 0)?;
+/// pool.deallocate(a)?;
+/// let b = pool.allocate(3000, 0)?; // the same address, handed out again
+/// assert_eq!(a, b);
+/// // A stale free of `a` names the size `a` had: refused, `b` stays live.
+/// assert!(pool.deallocate_with(FreeRequest::new(a).size(1000)).is_err());
+/// assert_eq!(pool.stats().live, 1);
+/// pool.deallocate_with(FreeRequest::new(b).size(3000))?;
+/// # Ok::<(), devarena::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FreeRequest {
+    /// The address the allocation returned.
+    pub addr: u64,
+    /// The size the allocation asked for; `None` to skip the check.
+    pub size: Option<usize>,
+    /// The stream of the free; `None` for the pool's home stream.
+    pub stream: Option<StreamId>,
+}
+
+impl FreeRequest {
+    /// The free of `addr` on the home stream, without a size check.
+    pub fn new(addr: u64) -> Self {
+        FreeRequest {
+            addr,
+            size: None,
+            stream: None,
+        }
+    }
+
+    /// Checks that the live allocation at the address asked for `size` bytes; refused (and
+    /// nothing freed) when it did not.
+    pub fn size(self, size: usize) -> Self {
+        FreeRequest {
+            size: Some(size),
+            ..self
+        }
+    }
+
+    /// On `stream` (see [`StreamSync`] for when the block is reused).
+    pub fn on(self, stream: StreamId) -> Self {
+        FreeRequest {
+            stream: Some(stream),
+            ..self
+        }
     }
 }
 

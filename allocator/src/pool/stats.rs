@@ -32,6 +32,9 @@ pub struct PoolStats {
     /// Bytes freed on another stream whose event has not completed yet (neither in use nor
     /// free).
     pub pending: usize,
+    /// Bytes freed on another stream whose event could not be queried (a driver error): set
+    /// aside for good, since nothing says the stream is done with them. Normally 0.
+    pub quarantined: usize,
     /// The largest free block.
     pub largest_free: usize,
     /// Number of free blocks (1 for an empty pool; more means fragmentation).

@@ -72,8 +72,12 @@ pub trait StreamEvent: Send + fmt::Debug {
 /// What the pool needs from a stream runtime: record an event, and order one stream after
 /// another. Implemented by the CUDA backend; [`ManualStreams`] is a host stand-in for tests.
 ///
-/// The pool calls these methods while it holds its lock, so they must not call back into the
-/// pool, and they should not block.
+/// The pool calls these methods while it holds its lock, when its state is consistent, so they
+/// should not block, and must not call back into the pool: from inside them, the pool's
+/// allocations, frees and `reclaim` fail with an error, and its statistics and reports wait
+/// for the lock for ever. A panic in them is caught and becomes an error of the pool call
+/// that made it (for [`StreamEvent::is_complete`]: the block is set aside, see
+/// [`PoolStats::quarantined`](super::PoolStats::quarantined)).
 pub trait StreamSync: Send + Sync + fmt::Debug {
     /// Records an event on `stream` that completes when all work queued on it so far has
     /// finished (`cuEventRecord`).
