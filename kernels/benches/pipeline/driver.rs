@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaStream, result, sys};
-use devarena::Error;
+use devarena::{Error, FieldPlacement};
 use devarena_kernels::pipeline::cuda::driver_error;
 
 /// The device, its memory and the driver's CUDA version, for the tables' header.
@@ -27,6 +27,14 @@ pub fn describe(ctx: &Arc<CudaContext>) -> Result<String, Error> {
         version / 1000,
         version % 1000 / 10
     ))
+}
+
+/// The label of the pipeline's `Frame` in every table.
+pub const FRAME: &str = "Frame (1080p pipeline)";
+
+/// The sizes of a layout's buffers, in declaration order.
+pub fn field_sizes(fields: &[FieldPlacement]) -> Vec<usize> {
+    fields.iter().map(|f| f.size).collect()
 }
 
 pub fn median(v: &mut [Duration]) -> Duration {

@@ -9,7 +9,7 @@ use devarena::{Arena, Backend, DeviceLayout, Error, LayoutBuilder};
 use devarena_kernels::pipeline::cuda::driver_error;
 use devarena_kernels::pipeline::{Frame, FrameStaged};
 
-use crate::driver::RawBuffers;
+use crate::driver::{FRAME, RawBuffers, field_sizes};
 use crate::report::{Target, esc};
 
 /// The granularity `cuMemGetInfo` counts in on the target GPU.
@@ -33,89 +33,79 @@ pub fn measure(
 ) -> Result<Vec<FootprintRow>, Error> {
     ctx.bind_to_thread()
         .map_err(|e| driver_error("cuCtxSetCurrent", e))?;
-    let row = |what, method, requested, consumed, baseline, plan_size| FootprintRow {
-        what,
-        method,
-        requested,
-        consumed,
-        baseline,
-        plan_size,
-    };
-    let frame_sizes: Vec<usize> = Frame::FIELDS.iter().map(|f| f.size).collect();
+    let frame_sizes = field_sizes(Frame::FIELDS);
     let tiny_sizes = vec![100usize; 10_000];
     let tiny = (0..10_000)
         .fold(LayoutBuilder::new("TenThousand"), |b, i| {
             b.array::<u8>(format!("b{i}"), 100)
         })
         .build()?;
-    let frame = "Frame (1080p pipeline)";
     let staged = "FrameStaged (aliased)";
-    let small = "10,000 × 100 B";
-    Ok(vec![
+    let mut rows = Vec::from(against_arena(
+        stream,
+        FRAME,
+        &frame_sizes,
+        Frame::SIZE,
+        || footprint_arena::<Frame>(stream, backend),
+    )?);
+    rows.push(FootprintRow {
+        what: staged,
+        method: "arena, aliased (SIZE)",
+        requested: FrameStaged::SIZE,
+        consumed: footprint_arena::<FrameStaged>(stream, backend)?,
+        baseline: true,
+        plan_size: Some(FrameStaged::SIZE),
+    });
+    rows.push(FootprintRow {
+        what: staged,
+        method: "arena, unaliased Frame (UNALIASED_SIZE)",
+        requested: FrameStaged::UNALIASED_SIZE,
+        consumed: footprint_arena::<Frame>(stream, backend)?,
+        baseline: false,
+        plan_size: None,
+    });
+    rows.extend(against_arena(
+        stream,
+        "10,000 × 100 B",
+        &tiny_sizes,
+        tiny.size(),
+        || footprint_runtime_arena(stream, backend, tiny.size(), tiny.align()),
+    )?);
+    Ok(rows)
+}
+
+/// The footprints of the buffers `sizes` of a layout of `SIZE` `size`, in turn: one
+/// `cuMemAlloc` each, one `cuMemAlloc` of `size`, and the layout's arena (`arena`, the
+/// group's baseline).
+fn against_arena(
+    stream: &CudaStream,
+    what: &'static str,
+    sizes: &[usize],
+    size: usize,
+    arena: impl FnOnce() -> Result<usize, Error>,
+) -> Result<[FootprintRow; 3], Error> {
+    let row = |method, requested, consumed, baseline| FootprintRow {
+        what,
+        method,
+        requested,
+        consumed,
+        baseline,
+        plan_size: baseline.then_some(size),
+    };
+    Ok([
         row(
-            frame,
             "one cuMemAlloc per buffer",
-            frame_sizes.iter().sum(),
-            footprint_sync(stream, &frame_sizes)?,
+            sizes.iter().sum(),
+            footprint_sync(stream, sizes)?,
             false,
-            None,
         ),
         row(
-            frame,
             "1 × cuMemAlloc (SIZE)",
-            Frame::SIZE,
-            footprint_sync(stream, &[Frame::SIZE])?,
+            size,
+            footprint_sync(stream, &[size])?,
             false,
-            None,
         ),
-        row(
-            frame,
-            "arena (one allocation)",
-            Frame::SIZE,
-            footprint_arena::<Frame>(stream, backend)?,
-            true,
-            Some(Frame::SIZE),
-        ),
-        row(
-            staged,
-            "arena, aliased (SIZE)",
-            FrameStaged::SIZE,
-            footprint_arena::<FrameStaged>(stream, backend)?,
-            true,
-            Some(FrameStaged::SIZE),
-        ),
-        row(
-            staged,
-            "arena, unaliased Frame (UNALIASED_SIZE)",
-            FrameStaged::UNALIASED_SIZE,
-            footprint_arena::<Frame>(stream, backend)?,
-            false,
-            None,
-        ),
-        row(
-            small,
-            "one cuMemAlloc per buffer",
-            tiny_sizes.iter().sum(),
-            footprint_sync(stream, &tiny_sizes)?,
-            false,
-            None,
-        ),
-        row(
-            small,
-            "1 × cuMemAlloc (SIZE)",
-            tiny.size(),
-            footprint_sync(stream, &[tiny.size()])?,
-            false,
-            None,
-        ),
-        row(
-            small,
-            "arena (one allocation)",
-            tiny.size(),
-            footprint_runtime_arena(stream, backend, tiny.size(), tiny.align())?,
-            true,
-            Some(tiny.size()),
-        ),
+        row("arena (one allocation)", size, arena()?, true),
     ])
 }
 

@@ -6,12 +6,12 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaStream, result};
 use devarena::backend::cuda::CudaBackend;
-use devarena::{Arena, Backend, DeviceLayout, Error, FieldPlacement, LayoutBuilder, RuntimeLayout};
+use devarena::{Arena, Backend, DeviceLayout, Error, LayoutBuilder, RuntimeLayout};
 use devarena_kernels::pipeline::Frame;
 use devarena_kernels::pipeline::cuda::driver_error;
 use devarena_kernels::pipeline::image::{DEFAULT_SEED, SplitMix64};
 
-use crate::driver::{RawBuffers, median, sync};
+use crate::driver::{FRAME, RawBuffers, field_sizes, median, sync};
 use crate::report::{Target, esc, us};
 
 mod test_layouts {
@@ -29,7 +29,7 @@ type Measure<'a> = Box<dyn FnMut() -> Result<(Duration, Duration), Error> + 'a>;
 
 /// A way of making every buffer of a layout, in the order the variants take turns.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Method {
+enum Method {
     PerBuffer,
     PerBufferAsync,
     /// One `cuMemAlloc` of the layout's `SIZE`: the ratios' baseline.
@@ -65,7 +65,8 @@ pub struct SetupRow {
     times: (Duration, Duration),
 }
 
-/// Every layout's four methods, each layout's measured by [`interleaved`] rounds.
+/// The four methods on each layout (the pipeline's `Frame`, 1000 buffers built at run time,
+/// the GPU tests' 1000-field layout), one layout at a time in [`interleaved`] rounds.
 pub fn measure(
     stream: &Arc<CudaStream>,
     backend: &CudaBackend,
@@ -73,11 +74,11 @@ pub fn measure(
 ) -> Result<Vec<SetupRow>, Error> {
     let many = many_buffers_layout()?;
     let many_sizes: Vec<usize> = many.fields().iter().map(|f| f.size).collect();
-    let (frame_sizes, test_sizes) = (sizes(Frame::FIELDS), sizes(Many::FIELDS));
+    let (frame_sizes, test_sizes) = (field_sizes(Frame::FIELDS), field_sizes(Many::FIELDS));
     let mut rows = four_methods(
         stream,
         rounds,
-        "Frame (1080p pipeline)",
+        FRAME,
         &frame_sizes,
         Frame::SIZE,
         Box::new(|| arena_setup::<Frame>(backend)),
@@ -99,10 +100,6 @@ pub fn measure(
         Box::new(|| arena_setup::<Many>(backend)),
     )?);
     Ok(rows)
-}
-
-fn sizes(fields: &[FieldPlacement]) -> Vec<usize> {
-    fields.iter().map(|f| f.size).collect()
 }
 
 /// A layout of 1000 buffers: sizes 16 B … 192 KiB (log-uniform), alignments 1 … 4096.

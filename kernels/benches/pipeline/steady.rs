@@ -13,7 +13,7 @@ use devarena_kernels::pipeline::{
     FRAME_SIZE, Frame, FrameBuffers, FramePaged, FrameStaged, HIST_BINS, PIXELS,
 };
 
-use crate::driver::{RawBuffers, median, sync};
+use crate::driver::{RawBuffers, field_sizes, median, sync};
 use crate::report::{Target, esc, us};
 
 type Runner<'k> = Box<dyn FnMut() -> Result<(), Error> + 'k>;
@@ -140,8 +140,7 @@ pub fn measure(
     };
 
     // The floor: `Frame`'s eight buffers allocated once, raw pointers, no checks.
-    let sizes: Vec<usize> = Frame::FIELDS.iter().map(|f| f.size).collect();
-    let floor_buffers = RawBuffers::alloc(&sizes)?;
+    let floor_buffers = RawBuffers::alloc(&field_sizes(Frame::FIELDS))?;
     let raw = raw_frame(|name| field(Frame::FIELDS, name).map(|(i, _)| floor_buffers.0[i]))?;
     upload(raw.rgb)?;
     // The resident input of the allocate-around-each-kernel methods and the source of the
