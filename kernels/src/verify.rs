@@ -1,12 +1,11 @@
 //! The hardware verifier: PTX kernels that prove, on a real GPU, that every view of an arena
-//! keeps its alignment promise and that no two views overlap.
+//! keeps its alignment promise and that no two views overlap. Any `#[derive(DeviceLayout)]`
+//! layout will do; here, the image pipeline's:
 //!
 //! ```no_run
+//! use devarena::Arena;
 //! use devarena::backend::cuda::{cuda_stream, CudaBackend};
-//! use devarena::{Arena, DeviceLayout};
-//!
-//! #[derive(DeviceLayout)]
-//! struct Frame { rgb: [u8; 1920 * 1080 * 3], gray: [f32; 1920 * 1080], hist: [u32; 256] }
+//! use devarena_kernels::pipeline::Frame;
 //!
 //! let stream = cuda_stream(0)?;
 //! let mut arena = Arena::<Frame, _>::new_in(CudaBackend::new(stream))?;

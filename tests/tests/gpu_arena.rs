@@ -13,18 +13,9 @@ mod gpu {
         CudaBackend, DevicePtr, ManagedBackend, PinnedBackend, PushKernelArg, mem_info,
     };
     use devarena::{Arena, DeviceLayout, Error};
+    use devarena_kernels::pipeline::Frame;
     use devarena_kernels::verify::{Region, TmaCheck, Verifier, regions, tag_byte};
     use devarena_tests::{Many, gpu_stream};
-
-    /// The 1080p pipeline layout of the issue: every stage buffer in one allocation.
-    #[derive(DeviceLayout)]
-    struct Pipeline1080 {
-        rgb: [u8; 1920 * 1080 * 3],
-        gray: [f32; 1920 * 1080],
-        scratch_a: [f32; 1920 * 1080],
-        scratch_b: [f32; 1920 * 1080],
-        hist: [u32; 256],
-    }
 
     #[derive(DeviceLayout)]
     struct Params {
@@ -100,12 +91,12 @@ mod gpu {
     fn pipeline_1080p_is_one_allocation_and_passes_the_verifier() {
         let Some(stream) = gpu_stream() else { return };
         let backend = CudaBackend::new(stream.clone());
-        let mut arena = Arena::<Pipeline1080, _>::new_in(backend.clone()).unwrap();
+        let mut arena = Arena::<Frame, _>::new_in(backend.clone()).unwrap();
         assert_eq!(backend.stats().allocations, 1);
-        assert_eq!(arena.addr() % Pipeline1080::ALIGN as u64, 0);
+        assert_eq!(arena.addr() % Frame::ALIGN as u64, 0);
         let report = devarena_kernels::verify(&mut arena).unwrap();
         check_report(&report, is_sm90(&stream));
-        assert_eq!(report.fields.len(), 5);
+        assert_eq!(report.fields.len(), 8); // the frame's eight buffers
         drop(arena);
         assert_eq!(backend.stats().frees, 1);
     }

@@ -16,7 +16,9 @@
 //! [`FrameStaged`], planned with stages so that buffers whose live ranges never meet share
 //! bytes (60% less memory); on it each stage reaches its buffers only through its own stage
 //! views ([`host::run_frame_staged`], and `cuda::PipelineKernels::run_frame_staged`), and the
-//! results are bit-identical to [`Frame`]'s.
+//! results are bit-identical to [`Frame`]'s. [`Frame`] is the one 1080p layout of the
+//! workspace: the example, the benchmarks and the tests all use it; [`FramePaged`] holds the
+//! same buffers on separate 2 MiB pages, for the benchmark's diagnostics.
 //!
 //! [`host`] is the reference implementation (plain Rust, always compiled); `cuda` (feature
 //! `cuda`) runs the same stages as PTX kernels. The floating-point stages are written so the
@@ -86,6 +88,51 @@ pub struct Frame {
     /// round trip.
     threshold: [u32; 1],
     /// Binary edge mask: 0 or 255.
+    mask: [u8; PIXELS],
+}
+
+/// The alignment of every [`FramePaged`] buffer: the 2 MiB page that sizes over 2 MiB take on
+/// the target GPU, so each buffer starts a page of its own, as a separate `cuMemAlloc` of it
+/// would.
+pub const PAGE_ALIGN: usize = 2 << 20;
+
+/// [`Frame`]'s buffers, each on a 2 MiB page of its own: a diagnostic layout, not one to run a
+/// pipeline on (it spends up to 2 MiB of padding per buffer).
+///
+/// Separate `cuMemAlloc`s of the frame's buffers land on separate pages; one [`Frame`] arena
+/// packs them. Running a frame on both tells how much of a difference in frame time is the
+/// buffers' placement rather than the arena (the pipeline benchmark's "every field 2
+/// MiB-aligned" row). Same fields, same order, same sizes as [`Frame`]:
+///
+/// ```
+/// use devarena::DeviceLayout;
+/// use devarena_kernels::pipeline::{Frame, FramePaged, PAGE_ALIGN};
+///
+/// assert_eq!(FramePaged::FIELDS.len(), Frame::FIELDS.len());
+/// for (paged, frame) in FramePaged::FIELDS.iter().zip(Frame::FIELDS) {
+///     assert_eq!((paged.name, paged.size), (frame.name, frame.size));
+///     assert_eq!(paged.offset % PAGE_ALIGN, 0);
+/// }
+/// ```
+#[derive(Debug, DeviceLayout)]
+#[layout(align = PAGE_ALIGN)]
+#[allow(dead_code)]
+pub struct FramePaged {
+    /// As [`Frame`]'s.
+    rgb: [u8; PIXELS * 3],
+    /// As [`Frame`]'s.
+    gray: [f32; PIXELS],
+    /// As [`Frame`]'s.
+    scratch: [f32; PIXELS],
+    /// As [`Frame`]'s.
+    blurred: [f32; PIXELS],
+    /// As [`Frame`]'s.
+    magnitude: [f32; PIXELS],
+    /// As [`Frame`]'s.
+    hist: [u32; HIST_BINS],
+    /// As [`Frame`]'s.
+    threshold: [u32; 1],
+    /// As [`Frame`]'s.
     mask: [u8; PIXELS],
 }
 
