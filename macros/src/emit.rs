@@ -324,7 +324,7 @@ pub fn emit(layout: &Layout) -> TokenStream {
             let mut tgenerics = layout.generics.clone();
             tgenerics
                 .params
-                .push(syn::parse_quote!(__DevarenaB: ::devarena::Backend));
+                .push(syn::parse_quote!(__DevarenaB: ::devarena::backend::DirectViews));
             let (timpl_g, tty_g, _) = tgenerics.split_for_impl();
             let twhere = where_c;
             stage_items.push(quote! {

@@ -351,13 +351,13 @@ mod gpu {
         let mut staging = Arena::<Small, _>::new_in(PinnedBackend::new(stream.clone())).unwrap();
         let mut device = Arena::<Small, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
         {
-            let v = staging.views_mut();
+            let v = staging.try_views_mut().unwrap();
             for (i, x) in v.input.iter_mut().enumerate() {
                 *x = (i as u32).wrapping_mul(2_654_435_761);
             }
         }
         {
-            let s = staging.views();
+            let s = staging.try_views().unwrap();
             let mut d = device.views_mut();
             stream.memcpy_htod(s.input, &mut d.input).unwrap();
         }

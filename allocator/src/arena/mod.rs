@@ -3,7 +3,7 @@
 use core::fmt;
 use core::marker::PhantomData;
 
-use crate::backend::{Allocation, Backend, HostBackend};
+use crate::backend::{Allocation, Backend, DirectViews, HostBackend};
 use crate::error::Error;
 use crate::layout::{DeviceLayout, FieldPlacement, ViewKind};
 
@@ -87,10 +87,11 @@ impl<L: DeviceLayout, B: Backend> Arena<L, B> {
     pub fn views_mut(&mut self) -> L::Views<'_, B::Mut>
     where
         L: Disjoint,
+        B: DirectViews,
     {
         // SAFETY: the allocation is live while `self` is borrowed, is `L::SIZE` bytes at
         // `L::ALIGN`, and the `&mut self` borrow makes these the only views; `L: Disjoint`
-        // means no two fields share bytes.
+        // means no two fields share bytes; `B: DirectViews` needs no `ready` first.
         unsafe { L::views::<B::Mut>(self.backend.base_mut(&self.allocation)) }
     }
 
@@ -98,10 +99,33 @@ impl<L: DeviceLayout, B: Backend> Arena<L, B> {
     pub fn views(&self) -> L::Views<'_, B::Ref>
     where
         L: Disjoint,
+        B: DirectViews,
     {
         // SAFETY: the allocation is live while `self` is borrowed and nothing can write it
-        // through the arena during a shared borrow.
+        // through the arena during a shared borrow; `B: DirectViews` needs no `ready` first.
         unsafe { L::views::<B::Ref>(self.backend.base_ref(&self.allocation)) }
+    }
+
+    /// Mutable views of every field on any backend: first [`Backend::ready`] (pinned memory
+    /// waits for its stream), and its error, if any, instead of views.
+    pub fn try_views_mut(&mut self) -> Result<L::Views<'_, B::Mut>, Error>
+    where
+        L: Disjoint,
+    {
+        self.backend.ready(&self.allocation)?;
+        // SAFETY: as `views_mut`, and `ready` returned `Ok` under this exclusive borrow.
+        Ok(unsafe { L::views::<B::Mut>(self.backend.base_mut(&self.allocation)) })
+    }
+
+    /// Shared views of every field on any backend, after [`Backend::ready`].
+    pub fn try_views(&self) -> Result<L::Views<'_, B::Ref>, Error>
+    where
+        L: Disjoint,
+    {
+        self.backend.ready(&self.allocation)?;
+        // SAFETY: as `views`, and `ready` returned `Ok` after the last write (nothing writes
+        // through a shared borrow).
+        Ok(unsafe { L::views::<B::Ref>(self.backend.base_ref(&self.allocation)) })
     }
 
     /// Mutable views of the fields live in stage `S` of a layout with stages.
@@ -146,9 +170,10 @@ impl<L: DeviceLayout, B: Backend> Arena<L, B> {
     pub fn stage_mut<const S: usize>(&mut self) -> <L as Stage<S>>::StageViews<'_, B::Mut>
     where
         L: Stage<S>,
+        B: DirectViews,
     {
         // SAFETY: the allocation is live and exclusively borrowed; the fields of one stage are
-        // disjoint (`Stage`'s contract).
+        // disjoint (`Stage`'s contract); `B: DirectViews` needs no `ready` first.
         unsafe { L::stage_views::<B::Mut>(self.backend.base_mut(&self.allocation)) }
     }
 
@@ -156,10 +181,35 @@ impl<L: DeviceLayout, B: Backend> Arena<L, B> {
     pub fn stage<const S: usize>(&self) -> <L as Stage<S>>::StageViews<'_, B::Ref>
     where
         L: Stage<S>,
+        B: DirectViews,
     {
         // SAFETY: the allocation is live; a shared borrow lets nothing write it through the
-        // arena.
+        // arena; `B: DirectViews` needs no `ready` first.
         unsafe { L::stage_views::<B::Ref>(self.backend.base_ref(&self.allocation)) }
+    }
+
+    /// [`stage_mut`](Self::stage_mut) on any backend, after [`Backend::ready`].
+    pub fn try_stage_mut<const S: usize>(
+        &mut self,
+    ) -> Result<<L as Stage<S>>::StageViews<'_, B::Mut>, Error>
+    where
+        L: Stage<S>,
+    {
+        self.backend.ready(&self.allocation)?;
+        // SAFETY: as `stage_mut`, and `ready` returned `Ok` under this exclusive borrow.
+        Ok(unsafe { L::stage_views::<B::Mut>(self.backend.base_mut(&self.allocation)) })
+    }
+
+    /// [`stage`](Self::stage) on any backend, after [`Backend::ready`].
+    pub fn try_stage<const S: usize>(
+        &self,
+    ) -> Result<<L as Stage<S>>::StageViews<'_, B::Ref>, Error>
+    where
+        L: Stage<S>,
+    {
+        self.backend.ready(&self.allocation)?;
+        // SAFETY: as `stage`, and `ready` returned `Ok` after the last write.
+        Ok(unsafe { L::stage_views::<B::Ref>(self.backend.base_ref(&self.allocation)) })
     }
 
     /// The backend the allocation came from.

@@ -4,7 +4,7 @@ use alloc::alloc::{Layout, alloc_zeroed, dealloc};
 use alloc::format;
 use alloc::sync::Arc;
 
-use super::{Allocation, Backend, BackendStats, Counters, MemoryKind};
+use super::{Allocation, Backend, BackendStats, Counters, DirectViews, MemoryKind};
 use crate::error::Error;
 use crate::layout::{HostBase, HostMut, HostRef};
 
@@ -46,6 +46,9 @@ impl HostBackend {
         self.counters.snapshot()
     }
 }
+
+// SAFETY: nothing but the borrow checker stands between the host and its own memory.
+unsafe impl DirectViews for HostBackend {}
 
 // SAFETY: `allocate` returns a fresh region from the global allocator with the requested size
 // and alignment (or a dangling, aligned address for zero bytes, which no view dereferences);

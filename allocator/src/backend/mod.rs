@@ -92,23 +92,52 @@ pub unsafe trait Backend {
     /// of it may be used afterwards.
     unsafe fn deallocate(&self, allocation: &Allocation) -> Result<(), Error>;
 
+    /// Makes `allocation` ready for views: waits for whatever may still use it where the
+    /// views give the host direct access (pinned memory waits for its stream). An error (a
+    /// failed wait) means no view may be made. Nothing to do for most backends, which
+    /// implement [`DirectViews`].
+    fn ready(&self, allocation: &Allocation) -> Result<(), Error> {
+        let _ = allocation;
+        Ok(())
+    }
+
     /// The base of an allocation for mutable views.
     ///
     /// # Safety
     ///
     /// `allocation` must be live for `'a`, and the caller must hold it exclusively for `'a`.
+    /// Unless the backend implements [`DirectViews`], [`ready`](Self::ready) must have returned
+    /// `Ok` for it under the same exclusive hold.
     unsafe fn base_mut<'a>(&'a self, allocation: &Allocation) -> <Self::Mut as ViewKind>::Base<'a>;
 
     /// The base of an allocation for shared views.
     ///
     /// # Safety
     ///
-    /// `allocation` must be live for `'a`, and nothing may write it during `'a`.
+    /// `allocation` must be live for `'a`, and nothing may write it during `'a`. Unless the
+    /// backend implements [`DirectViews`], [`ready`](Self::ready) must have returned `Ok` for
+    /// it since anything last wrote it.
     unsafe fn base_ref<'a>(&'a self, allocation: &Allocation) -> <Self::Ref as ViewKind>::Base<'a>;
 
     /// What the backend has done so far.
     fn stats(&self) -> BackendStats;
 }
+
+/// A backend whose views need no fallible step first: [`Backend::ready`] always succeeds and
+/// [`Backend::base_mut`] / [`Backend::base_ref`] may be called without it. Arenas on these
+/// backends hand out views infallibly (`Arena::views_mut`); on the others (pinned memory,
+/// which waits for its stream before the host touches it) through `Arena::try_views_mut`.
+///
+/// # Safety
+///
+/// `ready` must have nothing to do: views made from `base_mut`/`base_ref` alone must be sound
+/// under the borrows the caller holds.
+#[diagnostic::on_unimplemented(
+    message = "views of `{Self}` memory need a fallible step first",
+    label = "the host reaches this memory only after waiting for its stream",
+    note = "use `try_views_mut()` / `try_views()` (or `try_stage_mut::<S>()`), which return the wait's error"
+)]
+pub unsafe trait DirectViews: Backend {}
 
 /// Counters every backend keeps.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -36,8 +36,9 @@ use cudarc::driver::{
     DeviceSlice, LaunchConfig, PushKernelArg, result, sys,
 };
 use cudarc::nvrtc::Ptx;
+use devarena::backend::DirectViews;
 use devarena::backend::cuda::{CudaMut, DeviceViewMut};
-use devarena::{Arena, Backend, Error};
+use devarena::{Arena, Error};
 
 use super::{
     FRAME_SIZE, FrameBuffers, FrameOutputs, FrameStaged, FrameStagedStages, HIST_BINS, ImageSize,
@@ -493,7 +494,7 @@ impl PipelineKernels {
     /// and end are recorded for [`StageEvents::elapsed_ms`]. With `outputs`, each stage
     /// output is downloaded in the last stage it is live in; the downloads wait for the
     /// stream, so a frame that copies its outputs out should not be timed.
-    pub fn run_frame_staged<B: Backend<Mut = CudaMut>>(
+    pub fn run_frame_staged<B: DirectViews<Mut = CudaMut>>(
         &self,
         arena: &mut Arena<FrameStaged, B>,
         decode: impl FnOnce(&Arc<CudaStream>, &mut DeviceViewMut<'_, u8>) -> Result<(), Error>,

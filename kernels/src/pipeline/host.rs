@@ -8,7 +8,8 @@
 
 use std::time::{Duration, Instant};
 
-use devarena::{Arena, Backend, Error, HostMut};
+use devarena::backend::DirectViews;
+use devarena::{Arena, Error, HostMut};
 
 use super::{
     BLUR_TAPS, FRAME_SIZE, FrameBuffers, FrameOutputs, FrameStaged, FrameStagedStages, HIST_BINS,
@@ -338,7 +339,7 @@ fn time<R>(
 /// assert!(out.mask.iter().all(|&m| m == 0));
 /// # Ok::<(), devarena::Error>(())
 /// ```
-pub fn run_frame_staged<B: Backend<Mut = HostMut>>(
+pub fn run_frame_staged<B: DirectViews<Mut = HostMut>>(
     arena: &mut Arena<FrameStaged, B>,
     decode: impl FnOnce(&mut [u8]) -> Result<(), Error>,
     mut outputs: Option<&mut FrameOutputs>,

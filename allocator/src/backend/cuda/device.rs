@@ -7,7 +7,7 @@ use cudarc::driver::{CudaStream, result};
 use super::core::CudaCore;
 use super::driver::{alloc_error, drv};
 use super::view::{CudaBase, CudaMut, CudaRef};
-use crate::backend::{Allocation, Backend, BackendStats, MemoryKind};
+use crate::backend::{Allocation, Backend, BackendStats, DirectViews, MemoryKind};
 use crate::error::Error;
 use crate::plan::CUDA_ALIGN;
 
@@ -60,6 +60,10 @@ impl CudaBackend {
         self.core.stats()
     }
 }
+
+// SAFETY: its views are device views, ordered on the backend's stream: the host never
+// touches the memory through them, so there is nothing to wait for.
+unsafe impl DirectViews for CudaBackend {}
 
 // SAFETY: `allocate` returns a fresh driver allocation at least `bytes` long from an address
 // aligned to `align` (over-allocating when the driver guarantees less); `base_*` address it;

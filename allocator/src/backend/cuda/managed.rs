@@ -7,7 +7,7 @@ use cudarc::driver::{CudaStream, result, sys};
 use super::core::CudaCore;
 use super::driver::{alloc_error, bind, drv};
 use super::view::{CudaBase, CudaMut, CudaRef};
-use crate::backend::{Allocation, Backend, BackendStats, MemoryKind};
+use crate::backend::{Allocation, Backend, BackendStats, DirectViews, MemoryKind};
 use crate::error::Error;
 use crate::layout::HostBase;
 use crate::plan::CUDA_ALIGN;
@@ -91,6 +91,10 @@ impl ManagedBackend {
         self.core.synchronize()
     }
 }
+
+// SAFETY: its views are device views, ordered on the backend's stream: the host never
+// touches the memory through them, so there is nothing to wait for.
+unsafe impl DirectViews for ManagedBackend {}
 
 // SAFETY: as for `CudaBackend`, with `cuMemAllocManaged`; the memory is managed memory.
 unsafe impl Backend for ManagedBackend {

@@ -17,7 +17,8 @@ const PINNED_GUARANTEED_ALIGN: usize = 4096;
 
 /// Page-locked host memory, `cuMemHostAlloc` (portable, device-mapped): staging for
 /// asynchronous copies. Views are host slices; handing them out first waits for the stream,
-/// so no queued copy still reads or writes them.
+/// so no queued copy still reads or writes them, and a failed wait is an error: arenas on it
+/// hand out views through `Arena::try_views_mut` / `try_views`.
 #[derive(Debug, Clone)]
 pub struct PinnedBackend {
     core: CudaCore,
@@ -114,19 +115,23 @@ unsafe impl Backend for PinnedBackend {
         })
     }
 
+    fn ready(&self, allocation: &Allocation) -> Result<(), Error> {
+        let _ = allocation;
+        // Copies and mapped kernels queued on the stream may still read or write the memory:
+        // wait for them. A failed wait (a broken context, a fault in a kernel) leaves the
+        // host without views.
+        self.core.synchronize()
+    }
+
     unsafe fn base_mut<'a>(&'a self, allocation: &Allocation) -> HostBase<'a> {
-        // Copies queued on the stream may still read or write the memory: wait for them. A
-        // failure is kept in the context's error state (cudarc's `check_err`).
-        let stream = &self.core.stream;
-        stream.context().record_err(stream.synchronize());
-        // SAFETY: the caller keeps the allocation live and exclusively borrowed for `'a`.
+        // SAFETY: the caller keeps the allocation live and exclusively borrowed for `'a`, and
+        // `ready` waited for the stream.
         unsafe { HostBase::new(allocation.addr as usize as *mut u8) }
     }
 
     unsafe fn base_ref<'a>(&'a self, allocation: &Allocation) -> HostBase<'a> {
-        let stream = &self.core.stream;
-        stream.context().record_err(stream.synchronize());
-        // SAFETY: the caller keeps the allocation live and unwritten for `'a`.
+        // SAFETY: the caller keeps the allocation live and unwritten for `'a`, and `ready`
+        // waited for the stream.
         unsafe { HostBase::new(allocation.addr as usize as *mut u8) }
     }
 
