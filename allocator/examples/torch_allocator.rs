@@ -168,6 +168,18 @@ fn pool_for(device: i32) -> Option<&'static Pool> {
     slot.as_ref().ok()
 }
 
+/// Registers a stream PyTorch hands over with the pool's stream runtime, the first time.
+fn register(pool: &Pool, stream: StreamId) {
+    if let Some(streams) = pool.cuda_streams() {
+        if !streams.is_registered(stream) {
+            // SAFETY: PyTorch passes the current stream of `device`, a live stream of the
+            // primary context the pool was made in; PyTorch keeps its streams for the life of
+            // the process (they come from its stream pool and are never destroyed).
+            unsafe { streams.register_raw(stream) };
+        }
+    }
+}
+
 /// An existing pool of `device` (frees and queries never create one).
 fn existing_pool(device: i32) -> Option<&'static Pool> {
     let index = usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES)?;
@@ -185,6 +197,7 @@ pub extern "C" fn devarena_torch_alloc(
     let stream = StreamId(stream as usize as u64);
     let result = catch_unwind(|| {
         let pool = pool_for(device)?;
+        register(pool, stream);
         // The tag names the stream in the leak report.
         let tag = format!("stream {stream}");
         let request = AllocRequest::new(size, SEGMENT_ALIGN).on(stream).tag(&tag);
@@ -229,6 +242,7 @@ pub extern "C" fn devarena_torch_free(
             );
             return;
         };
+        register(pool, stream);
         if let Err(error) = pool.deallocate_on(addr, stream) {
             eprintln!("devarena: devarena_torch_free({addr:#x}, {size}, cuda:{device}): {error}");
         }

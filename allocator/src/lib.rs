@@ -106,6 +106,8 @@ pub mod plan;
 pub mod pool;
 pub mod report;
 
+#[cfg(feature = "cuda")]
+pub use arena::OnStream;
 pub use arena::{Arena, Disjoint, Stage};
 pub use backend::{Allocation, Backend, BackendStats, HostBackend, MemoryKind};
 pub use builder::{LayoutBuilder, RuntimeField, RuntimeLayout};

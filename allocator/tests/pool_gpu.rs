@@ -225,10 +225,20 @@ mod gpu {
             err.to_string().contains("was allocated for stream"),
             "{err}"
         );
-        // A slice allocated for the other stream gives views there.
-        let mut z = pool
+        // A stream that is not registered never reaches the driver: an error, nothing changes.
+        let live = pool.stats().live;
+        let err = pool
             .own_client()
             .alloc_slice_on::<u32>(16, stream_id(&other))
+            .unwrap_err();
+        assert!(err.to_string().contains("is not registered"), "{err}");
+        assert_eq!(pool.stats().live, live);
+        // A slice allocated for the registered other stream gives views there.
+        let other_id = pool.register_stream(&other).unwrap();
+        assert_eq!(other_id, stream_id(&other));
+        let mut z = pool
+            .own_client()
+            .alloc_slice_on::<u32>(16, other_id)
             .unwrap();
         z.device_view_mut(&other).unwrap().upload(&[5; 16]).unwrap();
         assert_eq!(z.device_view(&other).unwrap().to_vec().unwrap(), [5; 16]);
@@ -252,6 +262,7 @@ mod gpu {
         let other = home.context().new_stream().unwrap();
         let capacity = 4 << 20;
         let pool = Pool::cuda(home.clone(), capacity).unwrap();
+        pool.register_stream(&other).unwrap();
 
         // `other` still has work queued (a host function held at a gate) when the block is
         // freed there: the event recorded at the free cannot complete.
@@ -281,6 +292,7 @@ mod gpu {
         let other = home.context().new_stream().unwrap();
         let capacity = 4 << 20;
         let pool = Pool::cuda(home.clone(), capacity).unwrap();
+        pool.register_stream(&other).unwrap();
 
         // The home stream is busy, yet its own free is reusable at once: later work on the
         // home stream runs after the work that used the block.

@@ -9,6 +9,8 @@ use crate::layout::{DeviceLayout, FieldPlacement, ViewKind};
 
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+pub use cuda::OnStream;
 
 /// Marks layouts in which every field has bytes of its own (no stages, so no sharing): only
 /// these hand out all their views at once. The derive implements it for layouts without

@@ -5,6 +5,9 @@
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::any::Any;
+use std::sync::Mutex;
 
 use super::{Pool, PoolBuilder, PoolSlice, StreamEvent, StreamId, StreamSync};
 use crate::backend::cuda::event::RecordedEvent;
@@ -24,23 +27,89 @@ pub fn stream_id(stream: &CudaStream) -> StreamId {
 /// `cuEventRecord` + `cuStreamWaitEvent` to order a stream after the home stream.
 ///
 /// Streams are named by their raw handles ([`StreamId`]), so streams that cudarc does not own
-/// (a `cudaStream_t` from PyTorch, the legacy default stream `0`, the per-thread default stream
-/// `2`) work too; they must belong to this context. Every call binds the context to the calling
-/// thread first, never blocks the host and never calls back into the pool.
-#[derive(Debug, Clone)]
+/// (a `cudaStream_t` from PyTorch) work too. A raw handle reaches the driver only once the
+/// stream is **registered**: [`register`](Self::register) (or [`Pool::register_stream`]) keeps
+/// a cudarc stream alive for as long as the runtime lives; [`register_raw`](Self::register_raw)
+/// takes the caller's word for a handle. The special handles `0` and `1` (the legacy default
+/// stream) and `2` (the per-thread default stream) need no registration. Any other handle is
+/// an error naming it: a number made up in safe code never reaches `cuEventRecord`.
+///
+/// Every call binds the context to the calling thread first, never blocks the host and never
+/// calls back into the pool.
+#[derive(Debug)]
 pub struct CudaStreams {
     ctx: Arc<CudaContext>,
+    /// Registered streams; the cudarc ones are kept alive here.
+    known: Mutex<Vec<(StreamId, Option<Arc<CudaStream>>)>>,
 }
 
+/// Handles every context knows: the legacy default stream (`0`, `CU_STREAM_LEGACY` = `1`) and
+/// the per-thread default stream (`CU_STREAM_PER_THREAD` = `2`).
+const SPECIAL_STREAMS: [u64; 3] = [0, 1, 2];
+
 impl CudaStreams {
-    /// A stream runtime for streams of `ctx`.
+    /// A stream runtime for streams of `ctx`, with no stream registered yet.
     pub fn new(ctx: Arc<CudaContext>) -> Self {
-        CudaStreams { ctx }
+        CudaStreams {
+            ctx,
+            known: Mutex::new(Vec::new()),
+        }
     }
 
     /// The context the streams belong to.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+
+    fn known(&self) -> std::sync::MutexGuard<'_, Vec<(StreamId, Option<Arc<CudaStream>>)>> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a stream of this runtime's context (kept alive while the runtime lives);
+    /// returns its id. An error for a stream of another device.
+    pub fn register(&self, stream: &Arc<CudaStream>) -> Result<StreamId, Error> {
+        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+            return Err(Error::invalid(format!(
+                "stream {} belongs to device {}'s context, not to the pool's (device {})",
+                stream_id(stream),
+                stream.context().ordinal(),
+                self.ctx.ordinal()
+            )));
+        }
+        let id = stream_id(stream);
+        let mut known = self.known();
+        if !known.iter().any(|(k, _)| *k == id) {
+            known.push((id, Some(stream.clone())));
+        }
+        Ok(id)
+    }
+
+    /// Registers a raw stream handle.
+    ///
+    /// # Safety
+    ///
+    /// `stream` must be a stream of this runtime's context that stays alive for as long as
+    /// this runtime (and the pool it serves) may be asked to use it.
+    pub unsafe fn register_raw(&self, stream: StreamId) {
+        let mut known = self.known();
+        if !known.iter().any(|(k, _)| *k == stream) {
+            known.push((stream, None));
+        }
+    }
+
+    /// Whether the driver may be handed `stream`: a special handle or a registered stream.
+    pub fn is_registered(&self, stream: StreamId) -> bool {
+        SPECIAL_STREAMS.contains(&stream.raw()) || self.known().iter().any(|(k, _)| *k == stream)
+    }
+
+    fn check(&self, stream: StreamId) -> Result<(), Error> {
+        if self.is_registered(stream) {
+            return Ok(());
+        }
+        Err(Error::invalid(format!(
+            "stream {stream} is not registered with the pool's stream runtime: register it \
+             with `Pool::register_stream` (or `CudaStreams::register`) before using it"
+        )))
     }
 }
 
@@ -56,13 +125,18 @@ impl StreamEvent for CudaPoolEvent {
 
 impl StreamSync for CudaStreams {
     fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
-        // SAFETY: the stream handle is one the caller named as a stream of this context.
+        self.check(stream)?;
+        // SAFETY: the handle is a special handle or a registered stream of this context,
+        // alive (kept here, or vouched for by `register_raw`'s caller).
         let event = unsafe { RecordedEvent::record(&self.ctx, stream.raw())? };
         Ok(Box::new(CudaPoolEvent(event)))
     }
 
     fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
-        // SAFETY: both handles are ones the caller named as streams of this context.
+        self.check(waiter)?;
+        self.check(producer)?;
+        // SAFETY: both handles are special handles or registered, live streams of this
+        // context.
         unsafe { RecordedEvent::record(&self.ctx, producer.raw())?.make_wait(waiter.raw()) }
     }
 }
@@ -84,8 +158,8 @@ impl PoolBuilder {
     /// # Ok::<(), devarena::Error>(())
     /// ```
     pub fn build_cuda(self, stream: Arc<CudaStream>) -> Result<Pool, Error> {
-        let home = stream_id(&stream);
         let streams = Arc::new(CudaStreams::new(stream.context().clone()));
+        let home = streams.register(&stream)?;
         self.streams(streams, home)
             .build_in(CudaBackend::new(stream))
     }
@@ -115,6 +189,43 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// The pool's stream runtime, when it is [`CudaStreams`] (pools made by
+    /// [`Pool::cuda`] and [`PoolBuilder::build_cuda`]).
+    pub fn cuda_streams(&self) -> Option<&CudaStreams> {
+        let streams: &dyn Any = self.stream_runtime()?.as_ref();
+        streams.downcast_ref::<CudaStreams>()
+    }
+
+    /// Registers `stream` with the pool's stream runtime, so that blocks may be allocated for
+    /// it and freed on it (see [`CudaStreams`]); returns its id. An error for a pool without
+    /// [`CudaStreams`] and for a stream of another device.
+    ///
+    /// ```no_run
+    /// use devarena::backend::cuda::cuda_stream;
+    /// use devarena::Pool;
+    ///
+    /// let stream = cuda_stream(0)?;
+    /// let pool = Pool::cuda(stream.clone(), 64 << 20)?;
+    /// let copy_stream = stream.context().new_stream().map_err(|e| {
+    ///     devarena::backend::cuda::driver_error("cuStreamCreate", e)
+    /// })?;
+    /// let id = pool.register_stream(&copy_stream)?;
+    /// let addr = pool.allocate_on(1 << 20, 0, id)?;
+    /// pool.deallocate_on(addr, id)?;
+    /// # Ok::<(), devarena::Error>(())
+    /// ```
+    pub fn register_stream(&self, stream: &Arc<CudaStream>) -> Result<StreamId, Error> {
+        match self.cuda_streams() {
+            Some(streams) => streams.register(stream),
+            None => Err(Error::invalid(format!(
+                "pool `{}` has no CUDA stream runtime to register a stream with",
+                self.name()
+            ))),
+        }
+    }
+}
+
 impl<T: Element> PoolSlice<T> {
     /// Checks that the slice may be viewed on `stream` and returns its device address.
     fn device_addr_for(&self, stream: &CudaStream) -> Result<u64, Error> {
@@ -130,8 +241,8 @@ impl<T: Element> PoolSlice<T> {
         if id != self.stream() {
             return Err(Error::invalid(format!(
                 "pool slice at {:#x} was allocated for stream {}, not stream {id}: a view is \
-                 ordered on its slice's stream (allocate it with `alloc_slice_on` for the other \
-                 stream, or pass the view to work on the other stream, which then waits)",
+                 ordered on its slice's stream, and kernels launched on another stream with it \
+                 would not be (allocate the slice with `alloc_slice_on` for the other stream)",
                 self.addr(),
                 self.stream()
             )));

@@ -130,7 +130,7 @@ pub(super) struct Shared {
     pub(super) memory: MemoryKind,
     pub(super) backend: &'static str,
     tracking: AtomicU8,
-    streams: Option<Arc<dyn StreamSync>>,
+    pub(super) streams: Option<Arc<dyn StreamSync>>,
     pub(super) home: StreamId,
     log_leaks_on_drop: bool,
     /// A thread is handing the outbox to the sinks (see [`deliver`](Shared::deliver)).

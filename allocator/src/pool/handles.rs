@@ -8,7 +8,7 @@ use core::fmt;
 use super::engine::Shared;
 use super::{
     AllocRequest, ClientStats, EventSink, FreeRequest, LeakReport, PoolBuilder, PoolSlice,
-    PoolStats, StreamId, Tracking,
+    PoolStats, StreamId, StreamSync, Tracking,
 };
 use crate::backend::{Backend, MemoryKind};
 use crate::error::Error;
@@ -190,6 +190,11 @@ impl Pool {
     /// The kind of memory the region is.
     pub fn memory(&self) -> MemoryKind {
         self.own.shared.memory
+    }
+
+    /// The pool's stream runtime, if it has one ([`PoolBuilder::streams`]).
+    pub fn stream_runtime(&self) -> Option<&Arc<dyn StreamSync>> {
+        self.own.shared.streams.as_ref()
     }
 
     /// The stream the pool belongs to ([`StreamId::DEFAULT`] without a stream runtime).

@@ -26,6 +26,7 @@
 use alloc::boxed::Box;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
+use core::any::Any;
 use core::fmt;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -78,7 +79,7 @@ pub trait StreamEvent: Send + fmt::Debug {
 /// for the lock for ever. A panic in them is caught and becomes an error of the pool call
 /// that made it (for [`StreamEvent::is_complete`]: the block is set aside, see
 /// [`PoolStats::quarantined`](super::PoolStats::quarantined)).
-pub trait StreamSync: Send + Sync + fmt::Debug {
+pub trait StreamSync: Any + Send + Sync + fmt::Debug {
     /// Records an event on `stream` that completes when all work queued on it so far has
     /// finished (`cuEventRecord`).
     fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error>;

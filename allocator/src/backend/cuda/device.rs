@@ -132,3 +132,9 @@ unsafe impl Backend for CudaBackend {
         self.core.stats()
     }
 }
+
+impl super::event::StreamOrdered for CudaBackend {
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.core.stream
+    }
+}

@@ -5,7 +5,7 @@
 
 use alloc::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaEvent, result, sys};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result, sys};
 
 use super::driver::drv;
 use crate::error::Error;
@@ -68,4 +68,19 @@ impl RecordedEvent {
         }
         .map_err(drv("cuStreamWaitEvent"))
     }
+}
+
+/// Makes `waiter` wait for everything queued on `producer` so far (an event recorded on
+/// `producer`, waited on by `waiter`); nothing when they are the same stream.
+pub fn order_streams(waiter: &CudaStream, producer: &CudaStream) -> Result<(), Error> {
+    if waiter.cu_stream() == producer.cu_stream() {
+        return Ok(());
+    }
+    waiter.join(producer).map_err(drv("cuStreamWaitEvent"))
+}
+
+/// A backend whose device views are ordered on one stream.
+pub trait StreamOrdered {
+    /// The stream the backend's views are ordered on.
+    fn stream(&self) -> &Arc<CudaStream>;
 }

@@ -138,3 +138,9 @@ unsafe impl Backend for ManagedBackend {
         self.core.stats()
     }
 }
+
+impl super::event::StreamOrdered for ManagedBackend {
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.core.stream
+    }
+}

@@ -35,11 +35,20 @@
 //!
 //! # Streams
 //!
-//! Every view carries the stream of its arena. Work queued on that stream is ordered by the
-//! stream itself, so a view needs no events there. When cudarc uses a view on *another* stream
-//! (`DevicePtr::device_ptr(.., other)`), that stream first waits for the arena's stream and is
-//! synchronized when the operation has been queued: correct, but serial. Pipelines that run on
-//! several streams should give each stream its own arena, or order the streams themselves.
+//! Every view carries a stream: its arena's, unless it was made for another one. What holds:
+//!
+//! * Work queued on the view's own stream is ordered by the stream: devarena's copies
+//!   (`upload`, `download`, `fill_bytes`) run there, and so do kernels launched on it.
+//! * cudarc's copy functions on *another* stream ask the view for its pointer on that stream
+//!   (`DevicePtr::device_ptr(.., other)`): `other` first waits for the view's stream and is
+//!   synchronized once the copy is queued. Correct, but serial.
+//! * A view pushed as a kernel argument (`launch_builder(..).arg(&view)`) records and waits
+//!   on nothing: cudarc's `launch` is `unsafe`, and a launch on a stream other than the
+//!   view's is ordered only if the caller orders it. To run an arena's kernels on another
+//!   stream, take views made for that stream: `Arena::views_mut_on(&other)` (and
+//!   `stage_mut_on`) makes `other` wait for the arena's stream first, hands out views whose
+//!   stream is `other`, and makes the arena's stream wait for `other` when they are dropped.
+//!   [`order_streams`] orders two streams by hand.
 
 pub use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice,
@@ -60,6 +69,7 @@ pub use driver::{
     PointerInfo, PointerMemory, cuda_stream, default_stream, describe_device, device_count,
     driver_error, driver_present, mem_info, pointer_info,
 };
+pub use event::{StreamOrdered, order_streams};
 pub use managed::ManagedBackend;
 pub use pinned::PinnedBackend;
 pub use view::{CudaBase, CudaMut, CudaRef, DeviceView, DeviceViewMut};
