@@ -124,6 +124,10 @@ impl StreamEvent for CudaPoolEvent {
 }
 
 impl StreamSync for CudaStreams {
+    fn validate(&self, stream: StreamId) -> Result<(), Error> {
+        self.check(stream)
+    }
+
     fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
         self.check(stream)?;
         // SAFETY: the handle is a special handle or a registered stream of this context,

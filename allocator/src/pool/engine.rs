@@ -495,6 +495,7 @@ impl Shared {
         }
         if let Some(streams) = &self.streams {
             if ask.stream != self.home {
+                self.stream_call("validate", || streams.validate(ask.stream))?;
                 self.order_after_home(state, &**streams, ask.stream, self.home)?;
             }
         }

@@ -84,6 +84,14 @@ pub trait StreamSync: Any + Send + Sync + fmt::Debug {
     /// finished (`cuEventRecord`).
     fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error>;
 
+    /// Whether the runtime can serve `stream`: the pool asks before it hands out a block for a
+    /// stream other than its home stream, or takes a free on one, so that a stream the
+    /// runtime cannot use fails at once and changes nothing. Every stream by default.
+    fn validate(&self, stream: StreamId) -> Result<(), Error> {
+        let _ = stream;
+        Ok(())
+    }
+
     /// Makes work queued on `waiter` from now on wait for all work queued on `producer` so far
     /// (`cuEventRecord` on `producer`, then `cuStreamWaitEvent` on `waiter`). Must not block
     /// the host.
