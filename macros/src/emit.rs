@@ -214,7 +214,11 @@ pub fn emit(layout: &Layout) -> TokenStream {
         .map(|ns| ns.iter().map(|n| n.to_string()).collect())
         .unwrap_or_default();
     let disjoint = if layout.stages.is_none() {
-        quote!(impl #impl_g ::devarena::Disjoint for #name #ty_g #where_c {})
+        quote!(
+            // SAFETY: no stages, so the planner placed every field in bytes of its own, and
+            // the generated `views` slices each field's view from its own placement.
+            unsafe impl #impl_g ::devarena::Disjoint for #name #ty_g #where_c {}
+        )
     } else {
         quote!()
     };
