@@ -9,8 +9,10 @@ fn gpu_tests_need_the_cuda_feature() {
 }
 
 #[cfg(feature = "cuda")]
+// `deliberate_*`: it provokes a misaligned-address fault on purpose, which compute-sanitizer reports;
+// scripts/gpu-sanitize.sh skips it.
 #[test]
-fn a_misaligned_view_fails_the_hardware_check() {
+fn deliberate_fault_a_misaligned_view_fails_the_hardware_check() {
     use devarena::backend::cuda::CudaBackend;
     use devarena::{Arena, DeviceLayout, Error};
     use devarena_kernels::verify::{Region, Verifier};
