@@ -166,7 +166,9 @@ pub extern "C" fn devarena_torch_free(
         }
     });
     if outcome.is_err() {
-        report_stderr(&format!("devarena_torch_free({addr:#x}): a panic was caught"));
+        report_stderr(&format!(
+            "devarena_torch_free({addr:#x}): a panic was caught"
+        ));
     }
 }
 

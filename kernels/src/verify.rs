@@ -468,9 +468,7 @@ impl Verifier {
             });
         }
         if theirs.cu_stream() != self.stream.cu_stream() {
-            self.stream
-                .join(theirs)
-                .map_err(drv("cuStreamWaitEvent"))?;
+            self.stream.join(theirs).map_err(drv("cuStreamWaitEvent"))?;
         }
         Ok(())
     }
@@ -553,8 +551,12 @@ impl Verifier {
             let aligns =
                 self.upload(&regions.iter().map(|r| r.align as u64).collect::<Vec<_>>())?;
             let sizes = self.upload(&regions.iter().map(|r| r.size as u64).collect::<Vec<_>>())?;
-            let heads =
-                self.upload(&regions.iter().map(|r| r.size.min(16) as u64).collect::<Vec<_>>())?;
+            let heads = self.upload(
+                &regions
+                    .iter()
+                    .map(|r| r.size.min(16) as u64)
+                    .collect::<Vec<_>>(),
+            )?;
             let mut residues = self
                 .stream
                 .alloc_zeros::<u64>(n)

@@ -55,7 +55,10 @@ fn still_serves(pool: &Pool) {
 fn pool_sizes_and_builders_at_the_edges() {
     for capacity in [0, 1, 255] {
         let err = Pool::host(capacity).unwrap_err();
-        assert!(err.to_string().contains("below the smallest block"), "{err}");
+        assert!(
+            err.to_string().contains("below the smallest block"),
+            "{err}"
+        );
     }
     // Overflowing capacities are refused with the numbers.
     for capacity in [usize::MAX, usize::MAX - 255, isize::MAX as usize] {
@@ -142,7 +145,15 @@ fn pool_requests_at_the_edges() {
         pool.deallocate(a).unwrap();
     }
     // Frees of addresses the pool never handed out.
-    for addr in [0, 1, u64::MAX, base + 1, base + 255, base + MIB as u64, zero + 1] {
+    for addr in [
+        0,
+        1,
+        u64::MAX,
+        base + 1,
+        base + 255,
+        base + MIB as u64,
+        zero + 1,
+    ] {
         match pool.deallocate(addr) {
             Err(Error::UnknownAddress { addr: a, .. }) => assert_eq!(a, addr),
             other => panic!("{addr:#x}: {other:?}"),
@@ -177,7 +188,10 @@ fn pool_requests_at_the_edges() {
     pool.deallocate(one).unwrap();
     assert!(pool.reclaim().is_ok());
     let stats = pool.stats();
-    assert_eq!(events.load(Ordering::Relaxed) as u64, 2 * stats.allocations - stats.live + stats.failures);
+    assert_eq!(
+        events.load(Ordering::Relaxed) as u64,
+        2 * stats.allocations - stats.live + stats.failures
+    );
     still_serves(&pool);
     drop((none, all));
 }
@@ -194,7 +208,10 @@ fn stream_pools_at_the_edges() {
     let other = StreamId(0);
     let a = pool.allocate_on(MIB, 0, other).unwrap();
     pool.deallocate_on(a, other).unwrap();
-    assert!(exhausted(&pool.allocate(0, 0), "capacity"), "parked until its event");
+    assert!(
+        exhausted(&pool.allocate(0, 0), "capacity"),
+        "parked until its event"
+    );
     assert_eq!(pool.reclaim(), Ok(0));
     streams.complete(other);
     assert_eq!(pool.reclaim(), Ok(MIB));
@@ -206,7 +223,13 @@ fn stream_pools_at_the_edges() {
     assert!(pool.deallocate_on(b, other).is_err());
     assert!(pool.allocate_on(1, 0, other).is_err() || pool.stats().live == 2);
     streams.fail_with(None);
-    for addr in pool.leak_report().leaks.iter().map(|l| l.addr).collect::<Vec<_>>() {
+    for addr in pool
+        .leak_report()
+        .leaks
+        .iter()
+        .map(|l| l.addr)
+        .collect::<Vec<_>>()
+    {
         pool.deallocate(addr).unwrap();
     }
     still_serves(&pool);
@@ -237,10 +260,11 @@ fn builder_and_dyn_arena_at_the_edges() {
     let m = plan_error(LayoutBuilder::new("edges").array::<u8>("a", usize::MAX));
     assert!(m.contains("edges") && m.contains('a'), "{m}");
     plan_error(LayoutBuilder::new("edges").array::<u64>("a", usize::MAX / 8 + 1));
-    plan_error(LayoutBuilder::new("edges").array::<u8>("a", isize::MAX as usize).array::<u8>(
-        "b",
-        isize::MAX as usize,
-    ));
+    plan_error(
+        LayoutBuilder::new("edges")
+            .array::<u8>("a", isize::MAX as usize)
+            .array::<u8>("b", isize::MAX as usize),
+    );
     plan_error(LayoutBuilder::new("edges").array::<u8>("a", 0));
     // Alignments: 0, not a power of two, above the largest (2^30), usize::MAX.
     for align in [0, 3, 1 << 31, 1 << 63, usize::MAX] {
@@ -277,7 +301,11 @@ fn builder_and_dyn_arena_at_the_edges() {
         .live(4095, 4095)
         .build()
         .unwrap();
-    assert_eq!(many.fields()[0].offset, many.fields()[1].offset, "never live together");
+    assert_eq!(
+        many.fields()[0].offset,
+        many.fields()[1].offset,
+        "never live together"
+    );
     // A layout larger than this machine: an error from the backend (or, with overcommit, an
     // arena whose views are never touched).
     let big = LayoutBuilder::new("edges")
@@ -296,7 +324,10 @@ fn builder_and_dyn_arena_at_the_edges() {
         .build()
         .unwrap();
     let mut arena = DynArena::new(layout).unwrap();
-    assert!(arena.view::<u32>("bytes").is_err(), "3 bytes are not whole u32s");
+    assert!(
+        arena.view::<u32>("bytes").is_err(),
+        "3 bytes are not whole u32s"
+    );
     assert!(arena.view::<u8>("").is_err());
     assert!(arena.views_mut::<u8, 2>(["bytes", "bytes"]).is_err());
     let [a, b] = arena.views_mut::<u8, 2>(["bytes", "odd"]).unwrap();
@@ -323,7 +354,10 @@ fn arenas_and_the_host_backend_at_the_edges() {
     }
     let host = HostBackend::new();
     for (bytes, align) in [(1, 0), (1, 3), (usize::MAX, 1), (isize::MAX as usize, 2)] {
-        assert!(is_invalid(&host.allocate(bytes, align)), "{bytes} at {align}");
+        assert!(
+            is_invalid(&host.allocate(bytes, align)),
+            "{bytes} at {align}"
+        );
     }
     match host.allocate(1, 1 << 62) {
         Err(Error::OutOfMemory { .. }) | Err(Error::InvalidArgument { .. }) => {}
@@ -346,13 +380,14 @@ fn arenas_and_the_host_backend_at_the_edges() {
 #[test]
 #[ignore = "pool fix pending: PoolBuilder::reuse is not validated"]
 fn reuse_usize_max_blocks_is_an_error_or_serves() {
-    let outcome = std::panic::catch_unwind(|| {
-        match Pool::builder(MIB).reuse(usize::MAX, 0).build_host() {
-            Err(Error::InvalidArgument { what }) => assert!(what.contains("reuse"), "{what}"),
-            Err(other) => panic!("{other:?}"),
-            Ok(pool) => still_serves(&pool),
-        }
-    });
+    let outcome =
+        std::panic::catch_unwind(
+            || match Pool::builder(MIB).reuse(usize::MAX, 0).build_host() {
+                Err(Error::InvalidArgument { what }) => assert!(what.contains("reuse"), "{what}"),
+                Err(other) => panic!("{other:?}"),
+                Ok(pool) => still_serves(&pool),
+            },
+        );
     assert!(outcome.is_ok(), "reuse(usize::MAX, 0) panicked");
 }
 
@@ -421,15 +456,17 @@ fn a_panicking_sink_leaks_nothing() {
         }))
         .build_host()
         .unwrap();
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        pool.allocate(12345, 0)
-    }));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pool.allocate(12345, 0)));
     match result {
         Ok(Ok(addr)) => pool.deallocate(addr).unwrap(),
         Ok(Err(e)) => panic!("{e}"),
         Err(_) => {}
     }
-    assert_eq!(pool.stats().live, 0, "the block of a call that panicked stays live");
+    assert_eq!(
+        pool.stats().live,
+        0,
+        "the block of a call that panicked stays live"
+    );
 }
 
 /// A sink that calls back into the pool: it must work or get an error, never hang.

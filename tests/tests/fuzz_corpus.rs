@@ -27,7 +27,9 @@ fn inputs(dir: &Path) -> Vec<PathBuf> {
 #[test]
 fn every_corpus_input_passes() {
     if let Ok(one) = std::env::var("DEVARENA_FUZZ_INPUT") {
-        let (target, file) = one.split_once(':').expect("DEVARENA_FUZZ_INPUT=<target>:<file>");
+        let (target, file) = one
+            .split_once(':')
+            .expect("DEVARENA_FUZZ_INPUT=<target>:<file>");
         let (_, run) = TARGETS
             .iter()
             .find(|(name, _)| *name == target)
@@ -41,7 +43,11 @@ fn every_corpus_input_passes() {
         for file in &files {
             let data = std::fs::read(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
             let outcome = std::panic::catch_unwind(|| run(&data));
-            assert!(outcome.is_ok(), "fuzz target `{target}` fails on {}", file.display());
+            assert!(
+                outcome.is_ok(),
+                "fuzz target `{target}` fails on {}",
+                file.display()
+            );
         }
         println!("{target}: {} inputs passed", files.len());
     }

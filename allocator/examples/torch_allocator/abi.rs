@@ -185,7 +185,13 @@ impl Pools {
     /// Frees `addr` on `device`, on `stream`, given the `size` it was allocated with. Null is
     /// ignored. An address not handed out on that device (or freed already), or a size other
     /// than the one recorded, is refused: nothing changes and the reason comes back.
-    pub fn free(&self, addr: u64, size: usize, device: i32, stream: StreamId) -> Result<(), String> {
+    pub fn free(
+        &self,
+        addr: u64,
+        size: usize,
+        device: i32,
+        stream: StreamId,
+    ) -> Result<(), String> {
         if addr == 0 {
             return Ok(());
         }
@@ -335,9 +341,16 @@ mod tests {
     #[test]
     fn capacity_reads_the_variable_or_falls_back() {
         assert_eq!(capacity(Ok("2M".into()), || Ok(7)), Ok(2 << 20));
-        assert_eq!(capacity(Err(std::env::VarError::NotPresent), || Ok(7)), Ok(7));
+        assert_eq!(
+            capacity(Err(std::env::VarError::NotPresent), || Ok(7)),
+            Ok(7)
+        );
         let bad = std::env::VarError::NotUnicode(std::ffi::OsString::from("x"));
-        assert!(capacity(Err(bad), || Ok(7)).unwrap_err().contains("DEVARENA_POOL_BYTES"));
+        assert!(
+            capacity(Err(bad), || Ok(7))
+                .unwrap_err()
+                .contains("DEVARENA_POOL_BYTES")
+        );
         assert!(capacity(Ok("1X".into()), || Ok(7)).is_err());
     }
 
@@ -345,7 +358,9 @@ mod tests {
     fn a_free_with_another_size_is_refused_and_changes_nothing() {
         let pools = Pools::new();
         let s = StreamId(0);
-        let a = pools.alloc(3 << 20, 0, s, host(64 << 20), false, &quiet).unwrap();
+        let a = pools
+            .alloc(3 << 20, 0, s, host(64 << 20), false, &quiet)
+            .unwrap();
         assert_eq!(a % SEGMENT_ALIGN as u64, 0);
         let before = pools.stats(0).unwrap();
         let err = pools.free(a, 2 << 20, 0, s).unwrap_err();
@@ -353,7 +368,11 @@ mod tests {
             err.contains("allocated with 3145728 bytes, freed with 2097152"),
             "{err}"
         );
-        assert_eq!(pools.stats(0).unwrap(), before, "a refused free changes nothing");
+        assert_eq!(
+            pools.stats(0).unwrap(),
+            before,
+            "a refused free changes nothing"
+        );
         assert_eq!(pools.existing(0).unwrap().segments(), 1);
         pools.free(a, 3 << 20, 0, s).unwrap();
         assert_eq!(pools.stats(0).unwrap().live, 0);
@@ -368,7 +387,9 @@ mod tests {
         let pools = Pools::new();
         let s = StreamId(0);
         // Room for one 512-aligned segment of 4 MiB wherever the host region starts.
-        let a = pools.alloc(4 << 20, 0, s, host((4 << 20) + 4096), false, &quiet).unwrap();
+        let a = pools
+            .alloc(4 << 20, 0, s, host((4 << 20) + 4096), false, &quiet)
+            .unwrap();
         pools.free(a, 4 << 20, 0, s).unwrap();
         // The same address goes to a segment of another size...
         let b = pools.alloc(2 << 20, 0, s, host(0), false, &quiet).unwrap();
@@ -385,9 +406,19 @@ mod tests {
         let s = StreamId(0);
         assert_eq!(pools.free(0, 0, 5, s), Ok(()), "null is ignored");
         assert!(pools.free(0x1000, 1, 5, s).unwrap_err().contains("no pool"));
-        assert!(pools.free(0x1000, 1, -1, s).unwrap_err().contains("no pool"));
-        let a = pools.alloc(1000, 1, s, host(1 << 20), false, &quiet).unwrap();
-        assert!(pools.free(a, 1000, 0, s).is_err(), "another device's pointer");
+        assert!(
+            pools
+                .free(0x1000, 1, -1, s)
+                .unwrap_err()
+                .contains("no pool")
+        );
+        let a = pools
+            .alloc(1000, 1, s, host(1 << 20), false, &quiet)
+            .unwrap();
+        assert!(
+            pools.free(a, 1000, 0, s).is_err(),
+            "another device's pointer"
+        );
         pools.free(a, 1000, 1, s).unwrap();
         assert!(
             pools
@@ -407,17 +438,29 @@ mod tests {
         assert_eq!(pools.stats(-1), Err(STATS_INVALID_ARGUMENT));
         assert_eq!(pools.stats(MAX_DEVICES as i32), Err(STATS_INVALID_ARGUMENT));
         let failing = |_| Err::<Pool, _>("DEVARENA_POOL_BYTES=\"8 furlongs\": unknown unit".into());
-        let err = pools.alloc(4096, 0, StreamId(0), failing, false, &report).unwrap_err();
+        let err = pools
+            .alloc(4096, 0, StreamId(0), failing, false, &report)
+            .unwrap_err();
         assert!(err.contains("furlongs"), "{err}");
         assert_eq!(pools.stats(0), Err(STATS_POOL_FAILED));
-        assert_eq!(said.borrow().len(), 1, "the failure is reported once: {said:?}");
+        assert_eq!(
+            said.borrow().len(),
+            1,
+            "the failure is reported once: {said:?}"
+        );
         assert!(said.borrow()[0].contains("no pool for cuda:0"));
         // Later allocations fail without creating or reporting again.
-        assert!(pools.alloc(4096, 0, StreamId(0), host(1 << 20), false, &report).is_err());
+        assert!(
+            pools
+                .alloc(4096, 0, StreamId(0), host(1 << 20), false, &report)
+                .is_err()
+        );
         assert_eq!(said.borrow().len(), 1);
         assert_eq!(pools.stats(0), Err(STATS_POOL_FAILED));
         // Another device is unaffected; creating it verbosely says so once.
-        pools.alloc(4096, 1, StreamId(0), host(1 << 20), true, &report).unwrap();
+        pools
+            .alloc(4096, 1, StreamId(0), host(1 << 20), true, &report)
+            .unwrap();
         assert_eq!(said.borrow().len(), 2);
         let stats = pools.stats(1).unwrap();
         assert_eq!((stats.live, stats.capacity), (1, 1 << 20));
@@ -430,11 +473,17 @@ mod tests {
     fn an_exhausted_pool_returns_an_error_and_keeps_serving() {
         let pools = Pools::new();
         let s = StreamId(0);
-        let a = pools.alloc(512 << 10, 0, s, host(1 << 20), false, &quiet).unwrap();
-        let err = pools.alloc(600 << 10, 0, s, host(0), false, &quiet).unwrap_err();
+        let a = pools
+            .alloc(512 << 10, 0, s, host(1 << 20), false, &quiet)
+            .unwrap();
+        let err = pools
+            .alloc(600 << 10, 0, s, host(0), false, &quiet)
+            .unwrap_err();
         assert!(err.contains("capacity"), "{err}");
         pools.free(a, 512 << 10, 0, s).unwrap();
-        let b = pools.alloc(600 << 10, 0, s, host(0), false, &quiet).unwrap();
+        let b = pools
+            .alloc(600 << 10, 0, s, host(0), false, &quiet)
+            .unwrap();
         pools.free(b, 600 << 10, 0, s).unwrap();
         assert_eq!(pools.stats(0).unwrap().failures, 1);
     }

@@ -227,7 +227,10 @@ fn check_log(text: &str, expected: &[Expected], may_be_cut: bool) {
         assert_eq!(fields[5], format!("{:#x}", e.stream.0), "{line:?}");
     }
     threads.dedup();
-    assert!(threads.len() <= 1, "one thread wrote every line: {threads:?}");
+    assert!(
+        threads.len() <= 1,
+        "one thread wrote every line: {threads:?}"
+    );
 }
 
 /// `HH:MM:SS.ffffff`.
@@ -242,7 +245,10 @@ fn check_time_field(time: &str) {
         }
     }
     let field = |r: std::ops::Range<usize>| time[r].parse::<u64>().expect("digits");
-    assert!(field(0..2) < 24 && field(3..5) < 60 && field(6..8) < 60, "{time:?}");
+    assert!(
+        field(0..2) < 24 && field(3..5) < 60 && field(6..8) < 60,
+        "{time:?}"
+    );
 }
 
 /// `format_time` against a clock's arithmetic, for any time (before the epoch it reads 0).

@@ -106,7 +106,10 @@ pub fn run(data: &[u8]) {
     match builder.build() {
         Ok(layout) => check_layout(&layout, &asked, max_bytes, stages, &mut input),
         Err(Error::Plan { error, message }) => {
-            assert!(message.contains(&name), "{message:?} does not name `{name}`");
+            assert!(
+                message.contains(&name),
+                "{message:?} does not name `{name}`"
+            );
             if let Some(field) = error.field {
                 assert!(field < asked.len(), "{error:?}");
             }
@@ -137,20 +140,28 @@ fn check_layout(
         requested += f.size;
         assert!(f.align.is_power_of_two(), "{f:?}");
         assert!(f.align <= layout.align(), "{f:?}");
-        assert!(f.align >= a.elem_align, "{f:?} below its element's alignment");
+        assert!(
+            f.align >= a.elem_align,
+            "{f:?} below its element's alignment"
+        );
         if let Some(own) = a.align {
             assert_eq!(f.align, own, "{f:?} asked for {own}");
         }
         assert_eq!(f.offset % f.align, 0, "{f:?}");
         assert!(
-            f.offset.checked_add(f.size).is_some_and(|end| end <= layout.size()),
+            f.offset
+                .checked_add(f.size)
+                .is_some_and(|end| end <= layout.size()),
             "{f:?} outside SIZE {}",
             layout.size()
         );
         if stages == 0 {
             assert_eq!(f.live, LiveRange::ALL);
         } else {
-            assert!(f.live.first <= f.live.last && f.live.first < stages, "{f:?}");
+            assert!(
+                f.live.first <= f.live.last && f.live.first < stages,
+                "{f:?}"
+            );
         }
     }
     assert_eq!(totals.requested, requested);
@@ -183,7 +194,9 @@ fn check_arena(layout: RuntimeLayout, stages: usize, input: &mut Input<'_>) {
     // Views of every type at the right address, or refused for the right reason.
     for &i in &reachable {
         let f = &fields[i];
-        let view = arena.view::<u8>(&f.name).expect("every field is whole bytes");
+        let view = arena
+            .view::<u8>(&f.name)
+            .expect("every field is whole bytes");
         assert_eq!(view.len(), f.size);
         assert_eq!(view.as_ptr() as u64, base + f.offset as u64);
         let fits = f.size % 4 == 0 && (base + f.offset as u64) % 4 == 0;

@@ -298,7 +298,11 @@ impl World {
     /// Checks a block the pool just handed out and records it.
     fn take(&mut self, addr: u64, align: usize, mut block: Block) {
         let end = self.base + self.capacity as u64;
-        assert_eq!(addr % align.max(256) as u64, 0, "{addr:#x} breaks align {align}");
+        assert_eq!(
+            addr % align.max(256) as u64,
+            0,
+            "{addr:#x} breaks align {align}"
+        );
         assert!(
             addr >= self.base && addr + block.reserved as u64 <= end,
             "block {addr:#x}+{} outside the region {:#x}+{}",
@@ -397,7 +401,12 @@ impl World {
                     }
                     (Some("injected"), e) => assert_eq!(*e, injected()),
                     (Some(limit), Error::PoolExhausted { limit: l, .. }) => assert_eq!(limit, *l),
-                    (None, Error::PoolExhausted { limit: "capacity", .. }) => {}
+                    (
+                        None,
+                        Error::PoolExhausted {
+                            limit: "capacity", ..
+                        },
+                    ) => {}
                     (why, e) => panic!("expected a failure ({why:?}), got {e:?}"),
                 }
                 self.failures += 1;
@@ -720,7 +729,11 @@ impl World {
             assert_eq!(stats.live, model.allocations - model.frees);
         }
         if let Some(streams) = &self.streams {
-            assert_eq!(streams.waits().len(), self.waits, "waits on the home stream");
+            assert_eq!(
+                streams.waits().len(),
+                self.waits,
+                "waits on the home stream"
+            );
             assert!(streams.waits().iter().all(|&(w, p)| p == HOME && w != HOME));
         }
         assert_eq!(self.sink.get(), self.expected_events, "events");
@@ -793,7 +806,10 @@ impl World {
         // A capacity whose size class is itself (a multiple of 256 up to 8 KiB, a class
         // boundary above) can be taken whole.
         if orphaned == 0 && reserved_bytes(self.capacity) == Some(self.capacity) {
-            let all = self.pool.allocate(self.capacity, 0).expect("the whole region");
+            let all = self
+                .pool
+                .allocate(self.capacity, 0)
+                .expect("the whole region");
             assert_eq!(all, self.base);
             self.pool.deallocate(all).expect("free the whole region");
         }

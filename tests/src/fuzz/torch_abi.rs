@@ -41,7 +41,10 @@ pub fn run(data: &[u8]) {
 /// An independent reading of the grammar: blanks, decimal digits, blanks, a unit.
 fn reference_parse(text: &str) -> Option<u128> {
     let t = text.trim();
-    let end = t.bytes().position(|b| !b.is_ascii_digit()).unwrap_or(t.len());
+    let end = t
+        .bytes()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(t.len());
     if end == 0 || end > 39 {
         return None;
     }
@@ -205,9 +208,10 @@ fn calls(input: &mut Input<'_>) {
                 let live: Vec<(i32, u64, usize)> = model
                     .iter()
                     .flat_map(|(&d, s)| match s {
-                        Device::Ready { segments, .. } => {
-                            segments.iter().map(|(&a, &z)| (d, a, z)).collect::<Vec<_>>()
-                        }
+                        Device::Ready { segments, .. } => segments
+                            .iter()
+                            .map(|(&a, &z)| (d, a, z))
+                            .collect::<Vec<_>>(),
                         _ => Vec::new(),
                     })
                     .collect();
