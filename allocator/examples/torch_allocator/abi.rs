@@ -238,8 +238,9 @@ impl Pools {
         let torch = self.existing(device)?;
         let stats = torch.pool.stats();
         let text = format!(
-            "pool `{}`: {stats}\n{}",
+            "pool `{}`: {stats}; {} segments held by PyTorch\n{}",
             torch.pool.name(),
+            torch.segments(),
             torch.pool.leak_report()
         );
         Some((text, stats.live as i64))
@@ -464,7 +465,9 @@ mod tests {
         assert_eq!(said.borrow().len(), 2);
         let stats = pools.stats(1).unwrap();
         assert_eq!((stats.live, stats.capacity), (1, 1 << 20));
-        assert_eq!(pools.report(1).unwrap().1, 1);
+        let (text, live) = pools.report(1).unwrap();
+        assert_eq!(live, 1);
+        assert!(text.contains("1 segments held by PyTorch"), "{text}");
         assert!(pools.report(0).is_none());
         assert_ne!(STATS_NO_POOL_YET, STATS_POOL_FAILED);
     }

@@ -19,8 +19,11 @@ pub mod layout;
 pub mod pool_ops;
 pub mod torch_abi;
 
+/// A target's logic: runs one input, panics on a defect.
+pub type Target = fn(&[u8]);
+
 /// The names of the targets (the folders of `fuzz/corpus/`), with their functions.
-pub const TARGETS: [(&str, fn(&[u8])); 4] = [
+pub const TARGETS: [(&str, Target); 4] = [
     ("pool_ops", pool_ops::run),
     ("layout", layout::run),
     ("torch_abi", torch_abi::run),
