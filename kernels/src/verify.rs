@@ -343,6 +343,11 @@ pub fn tag_byte(i: u32, j: u64) -> u8 {
 /// [`CudaBackend`] (device memory, `cuMemAlloc` or stream-ordered) and [`ManagedBackend`]
 /// (managed memory); sealed, because a backend whose memory the device cannot address (host
 /// memory) would make a safe call launch kernels on addresses the device does not own.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not device memory the verifier's kernels may write",
+    label = "the verifier runs on device arenas",
+    note = "verify an arena on `CudaBackend` or `ManagedBackend`"
+)]
 pub trait VerifyTarget: Backend + sealed::Sealed {
     /// The stream the arena's work is ordered on.
     fn stream(&self) -> &Arc<CudaStream>;
