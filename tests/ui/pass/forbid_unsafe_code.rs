@@ -30,7 +30,7 @@ struct Rgba {
 
 #[derive(DeviceLayout)]
 struct Image {
-    pixels: [Rgba; 16],
+    pixels: [Rgba; 64],
 }
 
 fn main() {
@@ -43,5 +43,5 @@ fn main() {
     staged.stage_mut::<1>().b[0] = 2;
     let mut image = Arena::<Image>::new().unwrap();
     image.views_mut().pixels[0].a = 255;
-    assert_eq!(Image::SIZE, 64);
+    assert_eq!(Image::SIZE, 256);
 }
