@@ -44,7 +44,7 @@ for san in "${sanitizers[@]}"; do
     fi
   }
   mkdir -p "$dir"
-  cargo_test=(cargo +nightly test -Zbuild-std --target "$target")
+  cargo_test=(cargo +nightly test -Zbuild-std --target "$target" --no-fail-fast)
   # The pool (its unit tests: TLSF, address map, lock, events; its integration tests), the
   # static and runtime arenas, stages, extremes, and the fuzz corpora replayed.
   run devarena "${cargo_test[@]}" -p devarena --no-default-features --features std --lib --test pool
