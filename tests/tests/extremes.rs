@@ -216,12 +216,27 @@ fn stream_pools_at_the_edges() {
     streams.complete(other);
     assert_eq!(pool.reclaim(), Ok(MIB));
     // A stream runtime that fails: the calls that need it fail, nothing else changes.
+    let c = pool.allocate(1, 0).unwrap();
+    pool.deallocate(c).unwrap(); // a home-stream free: the next allocation for `other` waits
     streams.fail_with(Some(Error::NoDevice {
         reason: "test".into(),
     }));
     let b = pool.allocate(1, 0).unwrap();
-    assert!(pool.deallocate_on(b, other).is_err());
-    assert!(pool.allocate_on(1, 0, other).is_err() || pool.stats().live == 2);
+    let before = pool.stats();
+    assert!(matches!(
+        pool.deallocate_on(b, other),
+        Err(Error::NoDevice { .. })
+    ));
+    assert!(matches!(
+        pool.allocate_on(1, 0, other),
+        Err(Error::NoDevice { .. })
+    ));
+    let after = pool.stats();
+    assert_eq!(
+        (after.live, after.in_use, after.frees),
+        (before.live, before.in_use, before.frees)
+    );
+    assert_eq!(after.failures, before.failures + 1);
     streams.fail_with(None);
     for addr in pool
         .leak_report()
