@@ -11,7 +11,7 @@
 # On the GPU machine, from the project root, after ../shared/gpu/stage and copying this file:
 #   bash .gpu/gpu-sanitize.sh                       # all four tools, every binary
 #   bash .gpu/gpu-sanitize.sh initcheck memcheck    # some tools
-#   GPU_SANITIZE_ONLY=gpu_arena bash .gpu/gpu-sanitize.sh   # binaries whose name matches
+#   GPU_SANITIZE_ONLY='gpu|pipeline' bash .gpu/gpu-sanitize.sh   # binaries matching a regex
 #   GPU_LOG_DIR=/tmp/san bash .gpu/gpu-sanitize.sh  # keep each run's full output
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -34,7 +34,7 @@ for tool in "${tools[@]}"; do
   for t in .gpu/bin/test-*; do
     name=$(basename "$t")
     case "$name" in *-ui) continue;; esac
-    [[ -n "${GPU_SANITIZE_ONLY:-}" && "$name" != *"$GPU_SANITIZE_ONLY"* ]] && continue
+    [[ -n "${GPU_SANITIZE_ONLY:-}" && ! "$name" =~ $GPU_SANITIZE_ONLY ]] && continue
     log="$log_dir/$tool-$name.log"
     start=$(date +%s)
     # shellcheck disable=SC2086
