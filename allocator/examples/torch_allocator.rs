@@ -50,12 +50,21 @@
 //!   allocation with the pool's reason (client, request, what is free).
 //! * `DEVARENA_EVENT_LOG=path`: every allocation and free in RMM's replay-log CSV
 //!   (`Thread,Time,Action,Pointer,Size,Stream`); with several devices, `path.<device>`.
-//! * [`devarena_torch_stats`] fills a C struct with a pool's counters; [`devarena_torch_report`]
-//!   prints the counters and the leak report (every live allocation with its size, age and
-//!   stream) on stderr.
+//! * [`devarena_torch_stats`] fills a C struct with a pool's counters, and its return code
+//!   tells a device that has no pool yet (1) from one whose pool could not be created (2);
+//!   [`devarena_torch_report`] prints the counters and the leak report (every live allocation
+//!   with its size, age and stream) on stderr.
+//! * [`devarena_torch_free`] checks every free against the segments handed out: an address
+//!   not handed out on that device (or freed already), or a size other than the one PyTorch
+//!   allocated it with, is refused and said on stderr. A stale pointer whose address was
+//!   handed out again is caught whenever the new segment's size differs.
 //!
 //! No function here unwinds into C: every entry point catches panics and turns them into a
-//! null, an error code, or a line on stderr.
+//! null, an error code, or a line on stderr, and a line on stderr is written so that a failing
+//! stderr loses it instead of panicking.
+//!
+//! The logic behind the entry points (`torch_allocator/abi.rs`) needs no GPU: its tests, and
+//! the fuzz target `torch_abi`, run it on host pools.
 
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -63,69 +72,36 @@ use std::sync::{Arc, OnceLock};
 
 use devarena::Pool;
 use devarena::backend::cuda::{default_stream, mem_info};
-use devarena::pool::{AllocRequest, CsvEventLog, StreamId, Tracking};
+use devarena::pool::{CsvEventLog, StreamId, Tracking};
 
-/// Devices with a pool slot.
-const MAX_DEVICES: usize = 64;
-/// Alignment of every segment handed to PyTorch. The caching allocator places tensors at
-/// multiples of 512 bytes inside a segment; 512-aligned segments keep every tensor 512-aligned,
-/// as with `cudaMalloc`.
-const SEGMENT_ALIGN: usize = 512;
+#[path = "torch_allocator/abi.rs"]
+mod abi;
+pub use abi::{
+    DevarenaTorchStats, MAX_DEVICES, SEGMENT_ALIGN, STATS_INVALID_ARGUMENT, STATS_NO_POOL_YET,
+    STATS_OK, STATS_PANIC, STATS_POOL_FAILED,
+};
+use abi::{Pools, report_stderr};
+
 /// The default capacity's share of the free memory, in percent.
 const DEFAULT_SHARE_PERCENT: usize = 80;
 /// The default capacity is rounded down to this.
 const DEFAULT_ROUNDING: usize = 2 << 20;
 
-/// A device's pool, or why there is none.
-type Slot = OnceLock<Result<Pool, String>>;
-
-static POOLS: [Slot; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
+static POOLS: Pools = Pools::new();
 
 fn verbose() -> bool {
     static VERBOSE: OnceLock<bool> = OnceLock::new();
     *VERBOSE.get_or_init(|| std::env::var("DEVARENA_VERBOSE").is_ok_and(|v| v == "1"))
 }
 
-/// Parses `DEVARENA_POOL_BYTES`: digits and an optional binary suffix.
-fn parse_bytes(text: &str) -> Result<usize, String> {
-    let t = text.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (number, suffix) = t.split_at(digits);
-    let shift = match suffix.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        other => {
-            return Err(format!(
-                "DEVARENA_POOL_BYTES={text:?}: unknown unit {other:?} (use bytes, or K, M, G, T)"
-            ));
-        }
-    };
-    let n: usize = number.parse().map_err(|_| {
-        format!("DEVARENA_POOL_BYTES={text:?}: expected a number of bytes, e.g. 8G or 536870912")
-    })?;
-    n.checked_mul(1usize << shift)
-        .ok_or_else(|| format!("DEVARENA_POOL_BYTES={text:?} overflows usize"))
-}
-
-/// The capacity of a new pool on the device of `stream`.
-fn capacity(stream: &devarena::backend::cuda::CudaStream) -> Result<usize, String> {
-    match std::env::var("DEVARENA_POOL_BYTES") {
-        Ok(text) => parse_bytes(&text),
-        Err(std::env::VarError::NotPresent) => {
-            let (free, _) = mem_info(stream).map_err(|e| e.to_string())?;
-            let bytes = free / 100 * DEFAULT_SHARE_PERCENT / DEFAULT_ROUNDING * DEFAULT_ROUNDING;
-            Ok(bytes)
-        }
-        Err(e) => Err(format!("DEVARENA_POOL_BYTES: {e}")),
-    }
-}
-
+/// Creates the pool of `device`: its capacity from `DEVARENA_POOL_BYTES` or the free memory,
+/// its event log from `DEVARENA_EVENT_LOG`.
 fn create_pool(device: usize) -> Result<Pool, String> {
     let stream = default_stream(device).map_err(|e| e.to_string())?;
-    let capacity = capacity(&stream)?;
+    let capacity = abi::capacity(std::env::var("DEVARENA_POOL_BYTES"), || {
+        let (free, _) = mem_info(&stream).map_err(|e| e.to_string())?;
+        Ok(free / 100 * DEFAULT_SHARE_PERCENT / DEFAULT_ROUNDING * DEFAULT_ROUNDING)
+    })?;
     let mut builder = Pool::builder(capacity)
         .name(format!("torch-cuda:{device}"))
         .tracking(Tracking::Tags)
@@ -142,50 +118,6 @@ fn create_pool(device: usize) -> Result<Pool, String> {
     builder.build_cuda(stream).map_err(|e| e.to_string())
 }
 
-/// The pool of `device`, created on first use; `None` (reported once) when it cannot be.
-fn pool_for(device: i32) -> Option<&'static Pool> {
-    let Some(index) = usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES) else {
-        eprintln!("devarena: device {device} is outside 0..{MAX_DEVICES}");
-        return None;
-    };
-    let slot = POOLS[index].get_or_init(|| {
-        let result = create_pool(index);
-        match &result {
-            Ok(pool) if verbose() => eprintln!(
-                "devarena: pool `{}`: {} bytes ({:.2} GiB) of device memory at {:#x}",
-                pool.name(),
-                pool.capacity(),
-                pool.capacity() as f64 / (1u64 << 30) as f64,
-                pool.base()
-            ),
-            Ok(_) => {}
-            Err(reason) => eprintln!(
-                "devarena: no pool for cuda:{index}, every allocation there returns null: {reason}"
-            ),
-        }
-        result
-    });
-    slot.as_ref().ok()
-}
-
-/// Registers a stream PyTorch hands over with the pool's stream runtime, the first time.
-fn register(pool: &Pool, stream: StreamId) {
-    if let Some(streams) = pool.cuda_streams() {
-        if !streams.is_registered(stream) {
-            // SAFETY: PyTorch passes the current stream of `device`, a live stream of the
-            // primary context the pool was made in; PyTorch keeps its streams for the life of
-            // the process (they come from its stream pool and are never destroyed).
-            unsafe { streams.register_raw(stream) };
-        }
-    }
-}
-
-/// An existing pool of `device` (frees and queries never create one).
-fn existing_pool(device: i32) -> Option<&'static Pool> {
-    let index = usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES)?;
-    POOLS[index].get()?.as_ref().ok()
-}
-
 /// Allocates `size` bytes on `device` for use on `stream` (a `cudaStream_t`); null on failure
 /// (the pool's capacity is exhausted, no pool could be made) and for a panic.
 #[unsafe(no_mangle)]
@@ -196,32 +128,29 @@ pub extern "C" fn devarena_torch_alloc(
 ) -> *mut c_void {
     let stream = StreamId(stream as usize as u64);
     let result = catch_unwind(|| {
-        let pool = pool_for(device)?;
-        register(pool, stream);
-        // The tag names the stream in the leak report.
-        let tag = format!("stream {stream}");
-        let request = AllocRequest::new(size, SEGMENT_ALIGN).on(stream).tag(&tag);
-        match pool.allocate_with(request) {
-            Ok(addr) => Some(addr),
-            Err(error) => {
+        match POOLS.alloc(size, device, stream, create_pool, verbose(), &report_stderr) {
+            Ok(addr) => addr,
+            Err(reason) => {
                 if verbose() {
-                    eprintln!(
-                        "devarena: devarena_torch_alloc({size}, cuda:{device}, stream {stream}) \
-                         failed: {error}"
-                    );
+                    report_stderr(&reason);
                 }
-                None
+                0
             }
         }
     });
     match result {
-        Ok(Some(addr)) => addr as usize as *mut c_void,
-        Ok(None) | Err(_) => std::ptr::null_mut(),
+        Ok(addr) => addr as usize as *mut c_void,
+        Err(_) => {
+            report_stderr("devarena_torch_alloc: a panic was caught; returning null");
+            std::ptr::null_mut()
+        }
     }
 }
 
-/// Frees `ptr` (from [`devarena_torch_alloc`] on `device`) on `stream`. A null is ignored; an
-/// address the pool does not know is reported on stderr and changes nothing.
+/// Frees `ptr` (from [`devarena_torch_alloc`] on `device`, of `size` bytes) on `stream`. A null
+/// is ignored. An address this library did not hand out on `device`, or freed already, or a
+/// `size` other than the one it was allocated with (a stale or foreign pointer), is reported on
+/// stderr and changes nothing.
 #[unsafe(no_mangle)]
 pub extern "C" fn devarena_torch_free(
     ptr: *mut c_void,
@@ -231,89 +160,46 @@ pub extern "C" fn devarena_torch_free(
 ) {
     let addr = ptr as usize as u64;
     let stream = StreamId(stream as usize as u64);
-    if addr == 0 {
-        return;
-    }
     let outcome = catch_unwind(|| {
-        let Some(pool) = existing_pool(device) else {
-            eprintln!(
-                "devarena: devarena_torch_free({addr:#x}, {size}, cuda:{device}): that device \
-                 has no pool"
-            );
-            return;
-        };
-        register(pool, stream);
-        if let Err(error) = pool.deallocate_on(addr, stream) {
-            eprintln!("devarena: devarena_torch_free({addr:#x}, {size}, cuda:{device}): {error}");
+        if let Err(reason) = POOLS.free(addr, size, device, stream) {
+            report_stderr(&reason);
         }
     });
     if outcome.is_err() {
-        eprintln!("devarena: devarena_torch_free({addr:#x}): a panic was caught");
+        report_stderr(&format!(
+            "devarena_torch_free({addr:#x}): a panic was caught"
+        ));
     }
 }
 
-/// A pool's counters, for C and Python (`ctypes`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DevarenaTorchStats {
-    /// Start of the pool's region (a `CUdeviceptr`).
-    pub base: u64,
-    /// Bytes the pool manages.
-    pub capacity: u64,
-    /// Bytes held by live allocations (rounded up to 256 each).
-    pub in_use: u64,
-    /// Most bytes ever held at once.
-    pub peak: u64,
-    /// Successful allocations so far.
-    pub allocations: u64,
-    /// Frees so far.
-    pub frees: u64,
-    /// Failed allocations so far.
-    pub failures: u64,
-    /// Live allocations.
-    pub live: u64,
-    /// The largest free block.
-    pub largest_free: u64,
-    /// Bytes freed on other streams, waiting for their events.
-    pub pending: u64,
-}
-
-/// Fills `*out` with the counters of `device`'s pool. Returns 0 on success, 1 when the device
-/// has no pool (yet), -1 for a null `out`, a device out of range, or a panic.
+/// Fills `*out` with the counters of `device`'s pool. Returns:
+///
+/// | code | constant | meaning |
+/// | ---: | --- | --- |
+/// | 0 | [`STATS_OK`] | `*out` holds the counters |
+/// | 1 | [`STATS_NO_POOL_YET`] | nothing was allocated on the device yet, so it has no pool |
+/// | 2 | [`STATS_POOL_FAILED`] | creating the device's pool failed (said on stderr then) |
+/// | -1 | [`STATS_INVALID_ARGUMENT`] | `out` is null, or `device` is outside `0..64` |
+/// | -2 | [`STATS_PANIC`] | a panic was caught |
+///
+/// `*out` is written only for 0.
 ///
 /// # Safety
 ///
 /// `out` must be null or point to writable memory for one `DevarenaTorchStats`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn devarena_torch_stats(device: i32, out: *mut DevarenaTorchStats) -> i32 {
-    if out.is_null() || usize::try_from(device).map_or(true, |d| d >= MAX_DEVICES) {
-        return -1;
+    if out.is_null() {
+        return STATS_INVALID_ARGUMENT;
     }
-    let stats = catch_unwind(|| {
-        existing_pool(device).map(|pool| {
-            let s = pool.stats();
-            DevarenaTorchStats {
-                base: pool.base(),
-                capacity: s.capacity as u64,
-                in_use: s.in_use as u64,
-                peak: s.peak as u64,
-                allocations: s.allocations,
-                frees: s.frees,
-                failures: s.failures,
-                live: s.live,
-                largest_free: s.largest_free as u64,
-                pending: s.pending as u64,
-            }
-        })
-    });
-    match stats {
-        Ok(Some(stats)) => {
+    match catch_unwind(|| POOLS.stats(device)) {
+        Ok(Ok(stats)) => {
             // SAFETY: `out` is non-null and, by the caller's contract, writable for one value.
             unsafe { out.write(stats) };
-            0
+            STATS_OK
         }
-        Ok(None) => 1,
-        Err(_) => -1,
+        Ok(Err(code)) => code,
+        Err(_) => STATS_PANIC,
     }
 }
 
@@ -323,36 +209,9 @@ pub unsafe extern "C" fn devarena_torch_stats(device: i32, out: *mut DevarenaTor
 #[unsafe(no_mangle)]
 pub extern "C" fn devarena_torch_report(device: i32) -> i64 {
     let result = catch_unwind(AssertUnwindSafe(|| {
-        let pool = existing_pool(device)?;
-        let stats = pool.stats();
-        eprintln!("devarena: pool `{}`: {stats}", pool.name());
-        eprintln!("{}", pool.leak_report());
-        Some(stats.live as i64)
+        let (text, live) = POOLS.report(device)?;
+        report_stderr(&text);
+        Some(live)
     }));
     result.ok().flatten().unwrap_or(-1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_bytes;
-
-    #[test]
-    fn pool_bytes_parse_with_binary_units() {
-        assert_eq!(parse_bytes("1073741824"), Ok(1 << 30));
-        assert_eq!(parse_bytes("64M"), Ok(64 << 20));
-        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
-        assert_eq!(parse_bytes(" 8 GiB "), Ok(8 << 30));
-        assert_eq!(parse_bytes("512k"), Ok(512 << 10));
-        assert!(
-            parse_bytes("8 furlongs")
-                .unwrap_err()
-                .contains("unknown unit")
-        );
-        assert!(parse_bytes("").unwrap_err().contains("expected a number"));
-        assert!(
-            parse_bytes("99999999999T")
-                .unwrap_err()
-                .contains("overflows")
-        );
-    }
 }

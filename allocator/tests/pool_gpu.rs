@@ -421,8 +421,10 @@ mod gpu {
         );
     }
 
+    // `deliberate_*`: it provokes an out-of-memory error on purpose, which compute-sanitizer reports;
+    // scripts/gpu-sanitize.sh skips it.
     #[test]
-    fn a_device_pool_larger_than_the_device_is_an_out_of_memory_error() {
+    fn deliberate_oom_a_device_pool_larger_than_the_device_is_an_error() {
         let Some((_device, stream)) = gpu() else {
             return;
         };

@@ -21,7 +21,7 @@ pub mod pipeline;
 pub mod verify;
 
 #[cfg(feature = "cuda")]
-pub use verify::{Report, StagesReport, Verifier, verify, verify_stages};
+pub use verify::{Report, StagesReport, Verifier, VerifyTarget, verify, verify_stages};
 
 /// The cudarc this crate's launch wrappers are written against (0.19), for naming its traits
 /// (`DevicePtr`, `DevicePtrMut`) and types without a separate dependency.

@@ -9,7 +9,8 @@
 //!   `<Name>Offsets` struct and `OFFSETS` constant that read the plan;
 //! * the views struct (`<Name>Views<'a, K>`), generic over devarena's `ViewKind`, so one
 //!   struct serves host and device views, and the `views` fn that slices a region into it;
-//! * `Disjoint` for a layout without stages (no two fields share bytes), and per stage a
+//! * `unsafe impl Disjoint` for a layout without stages (no two fields share bytes: the
+//!   planner's promise, which `Disjoint`'s contract asks for), and per stage a
 //!   `<Name>Stage<S>Views` struct with its `Stage<S>` impl;
 //! * for named stages only (`#[layout(stages(decode, blur))]`), a `<Name>Stages` trait
 //!   implemented for `devarena::Arena<Name, B>` over any `devarena::Backend`, so that
@@ -214,7 +215,11 @@ pub fn emit(layout: &Layout) -> TokenStream {
         .map(|ns| ns.iter().map(|n| n.to_string()).collect())
         .unwrap_or_default();
     let disjoint = if layout.stages.is_none() {
-        quote!(impl #impl_g ::devarena::Disjoint for #name #ty_g #where_c {})
+        quote!(
+            // SAFETY: no stages, so the planner placed every field in bytes of its own, and
+            // the generated `views` slices each field's view from its own placement.
+            unsafe impl #impl_g ::devarena::Disjoint for #name #ty_g #where_c {}
+        )
     } else {
         quote!()
     };

@@ -11,6 +11,7 @@
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
 
+pub mod fuzz;
 mod many_fields;
 pub use many_fields::Many;
 

@@ -14,7 +14,7 @@ mod gpu {
     };
     use devarena::{Arena, DeviceLayout, Error};
     use devarena_kernels::pipeline::Frame;
-    use devarena_kernels::verify::{Region, TmaCheck, Verifier, regions, tag_byte};
+    use devarena_kernels::verify::{Region, TmaCheck, Verifier, tag_byte};
     use devarena_tests::{Many, gpu_stream};
 
     #[derive(DeviceLayout)]
@@ -225,8 +225,10 @@ mod gpu {
         check_report(&report, is_sm90(&stream));
     }
 
+    // `deliberate_*`: it provokes out-of-memory errors on purpose, which compute-sanitizer reports;
+    // scripts/gpu-sanitize.sh skips it.
     #[test]
-    fn out_of_memory_is_an_error_and_the_device_stays_usable() {
+    fn deliberate_oom_is_an_error_and_the_device_stays_usable() {
         let Some(stream) = gpu_stream() else { return };
         let backend = CudaBackend::new(stream.clone());
         let err = Arena::<TooBig, _>::new_in(backend.clone()).unwrap_err();
@@ -322,8 +324,7 @@ mod gpu {
         assert!(got.iter().enumerate().all(|(i, &x)| x == i as u32 * 3));
         // The device writes (the verifier's tags); the host reads them after prefetching back.
         let verifier = Verifier::new(&stream).unwrap();
-        let regions = regions(&arena);
-        let report = verifier.run(arena.addr(), regions).unwrap();
+        let report = verifier.verify(&mut arena).unwrap();
         check_report(&report, is_sm90(&stream));
         arena.prefetch_to_host().unwrap();
         let v = arena.host_views().unwrap();
@@ -374,6 +375,22 @@ mod gpu {
     }
 
     #[test]
+    fn a_verifier_on_another_stream_waits_for_the_arenas_stream() {
+        let Some(stream) = gpu_stream() else { return };
+        let other = stream.context().new_stream().unwrap();
+        let mut arena = Arena::<Mixed, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        arena.views_mut().b.upload(&[1.5; 1000]).unwrap();
+        let verifier = Verifier::new(&other).unwrap();
+        let report = verifier.verify(&mut arena).unwrap();
+        check_report(&report, is_sm90(&stream));
+        // The verifier's kernels have finished: the arena's own stream reads the tags.
+        let bytes = arena.views().a.to_vec().unwrap();
+        // `a` is field 0 and 3 bytes long: below 16, so no TMA round trip changed its tags.
+        let want: Vec<u8> = (0..3).map(|j| tag_byte(0, j)).collect();
+        assert_eq!(bytes, want);
+    }
+
+    #[test]
     fn the_verifier_reports_an_overlapping_pair() {
         let Some(stream) = gpu_stream() else { return };
         let arena = Arena::<Small, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
@@ -402,7 +419,10 @@ mod gpu {
             },
         ];
         let verifier = Verifier::new(&stream).unwrap();
-        let mismatches = verifier.disjoint(&overlapping).unwrap();
+        // SAFETY: the three regions lie inside the arena's live device allocation (1 MiB +
+        // 1 KiB of its 8 MiB); no view of the arena exists while the call runs, and the call
+        // returns after its kernels.
+        let mismatches = unsafe { verifier.disjoint(&overlapping) }.unwrap();
         println!("mismatches per region: {mismatches:?}");
         assert!(
             mismatches[0] + mismatches[1] > 0,

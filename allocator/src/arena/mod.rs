@@ -15,12 +15,20 @@ pub use cuda::OnStream;
 /// Marks layouts in which every field has bytes of its own (no stages, so no sharing): only
 /// these hand out all their views at once. The derive implements it for layouts without
 /// `#[layout(stages = ..)]`.
+///
+/// # Safety
+///
+/// [`Arena::views_mut`] hands out a `&mut` view of every field at once, so an implementation
+/// promises that no two fields of [`DeviceLayout::FIELDS`] share a byte (their
+/// `offset..offset + size` ranges are pairwise disjoint) and that [`DeviceLayout::views`] makes
+/// each view from its own field's range. A layout with stages shares bytes between fields and
+/// must not implement it; leave the impl to `#[derive(DeviceLayout)]`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` shares bytes between fields whose stages never meet",
     label = "its views are handed out per stage",
     note = "use the arena's stage views (`stage_mut::<K>()`) for a layout with stages"
 )]
-pub trait Disjoint: DeviceLayout {}
+pub unsafe trait Disjoint: DeviceLayout {}
 
 /// The fields of a layout live in stage `S`: what `#[derive(DeviceLayout)]` generates for each
 /// stage of a `#[layout(stages = N)]` layout. Fields live in the same stage all meet, so the
