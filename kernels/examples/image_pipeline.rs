@@ -1004,3 +1004,137 @@ fn load_png(path: &Path) -> Result<Input> {
     );
     fit_input(rgb, size, source)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh directory for one test's files.
+    fn scratch_dir(test: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "devarena-image-pipeline-{}-{test}",
+            std::process::id()
+        ));
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Writes an 8-bit PNG of `size` and `color` (`data` holds its samples).
+    fn png_file(
+        dir: &Path,
+        name: &str,
+        size: ImageSize,
+        data: &[u8],
+        color: png::ColorType,
+    ) -> PathBuf {
+        write_png(dir, name, size, data, color).unwrap()
+    }
+
+    /// The size a PNG file says it has.
+    fn png_size(path: &Path) -> ImageSize {
+        let reader = png::Decoder::new(BufReader::new(File::open(path).unwrap()))
+            .read_info()
+            .unwrap();
+        let info = reader.info();
+        ImageSize::new(info.width as usize, info.height as usize)
+    }
+
+    #[test]
+    fn sizes_parse_and_bad_ones_are_named() {
+        assert_eq!(parse_size("1920x1080").unwrap(), ImageSize::new(1920, 1080));
+        assert_eq!(parse_size("7×5").unwrap(), ImageSize::new(7, 5));
+        let e = parse_size("640by480").unwrap_err();
+        assert!(e.to_string().contains("`640by480`"), "{e}");
+        let e = parse_size("0x5").unwrap_err();
+        assert!(e.to_string().contains("0×5"), "{e}");
+    }
+
+    #[test]
+    fn a_truncated_png_is_an_error_naming_the_file() {
+        let dir = scratch_dir("truncated");
+        let size = ImageSize::new(64, 48);
+        let rgb: Vec<u8> = (0..size.pixels() * 3)
+            .map(|i| (i * 7 % 251) as u8)
+            .collect();
+        let path = png_file(&dir, "whole.png", size, &rgb, png::ColorType::Rgb);
+        let bytes = fs::read(&path).unwrap();
+        let cut = dir.join("cut.png");
+        fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).unwrap();
+        let e = load_png(&cut).err().expect("a truncated PNG must not load");
+        assert!(e.to_string().contains(&cut.display().to_string()), "{e}");
+        // Cut inside the header too.
+        fs::write(&cut, &bytes[..20]).unwrap();
+        let e = load_png(&cut)
+            .err()
+            .expect("a truncated header must not load");
+        assert!(e.to_string().contains(&cut.display().to_string()), "{e}");
+        // The whole file loads, at its own size.
+        let input = load_png(&path).unwrap();
+        assert_eq!((input.size, &input.rgb), (size, &rgb));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn small_and_odd_images_run_and_are_written_at_their_own_size() {
+        let dir = scratch_dir("odd");
+        for size in [
+            ImageSize::new(1, 1),
+            ImageSize::new(7, 5),
+            ImageSize::new(3, 11),
+        ] {
+            let gray: Vec<u8> = (0..size.pixels()).map(|i| (i * 37 % 256) as u8).collect();
+            let path = png_file(&dir, "in.png", size, &gray, png::ColorType::Grayscale);
+            let input = load_png(&path).unwrap();
+            assert_eq!(input.size, size);
+            assert!(!input.source.contains("downscaled"), "{}", input.source);
+            let mut outputs = Vec::new();
+            for layout in [Layout::Unaliased, Layout::Aliased] {
+                let run = run_host(layout, &input.rgb, input.size, 2).unwrap();
+                assert_eq!(run.outputs.size, size);
+                assert_eq!(run.allocations_after_setup, 0);
+                outputs.push(run.outputs);
+            }
+            assert_eq!(outputs[0].first_difference(&outputs[1]), None, "{size}");
+            for (name, data) in output_images(&outputs[0]) {
+                let written =
+                    write_png(&dir, name, size, &data, png::ColorType::Grayscale).unwrap();
+                assert_eq!(png_size(&written), size, "{name}");
+            }
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_image_larger_than_the_maximum_is_downscaled_keeping_its_aspect_ratio() {
+        let dir = scratch_dir("large");
+        let size = ImageSize::new(5000, 3000);
+        // Dark left half, bright right half: compresses well, and its edge must stay central.
+        let gray: Vec<u8> = (0..size.pixels())
+            .map(|i| if i % 5000 < 2500 { 30 } else { 220 })
+            .collect();
+        let path = png_file(&dir, "large.png", size, &gray, png::ColorType::Grayscale);
+        let input = load_png(&path).unwrap();
+        assert_eq!(input.size, ImageSize::new(3718, 2230));
+        assert_eq!(input.rgb.len(), input.size.pixels() * 3);
+        assert!(
+            input.source.contains("downscaled") && input.source.contains("aspect ratio kept"),
+            "{}",
+            input.source
+        );
+        let row = &input.rgb[..input.size.width * 3];
+        let half = input.size.width / 2;
+        assert_eq!(row[(half - 3) * 3], 30);
+        assert_eq!(row[(half + 3) * 3], 220);
+        // An image that fits is not touched, however it is shaped.
+        let tall = ImageSize::new(3, 4000);
+        let path = png_file(
+            &dir,
+            "tall.png",
+            tall,
+            &vec![9; tall.pixels()],
+            png::ColorType::Grayscale,
+        );
+        assert_eq!(load_png(&path).unwrap().size, tall);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

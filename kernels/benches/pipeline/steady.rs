@@ -95,8 +95,8 @@ unsafe fn copy_input(
         .map_err(|e| driver_error("cuMemcpyDtoDAsync", e))
 }
 
-/// One frame with an allocation around every kernel: each stage allocates its output and
-/// frees the buffers no later stage reads. `cuMemFree` waits for the device before it
+/// Queues one frame with an allocation around every kernel: each stage allocates its output
+/// and frees the buffers no later stage reads. `cuMemFree` waits for the device before it
 /// frees (the implicit synchronization that makes this pattern slow), so nothing is freed
 /// under a running kernel; the async variant orders its frees on the stream instead.
 ///
@@ -138,7 +138,8 @@ unsafe fn frame_alloc_each(
         // The result has been consumed (a real program would download it first).
         free(mask)?;
     }
-    sync(stream)
+    // The caller waits for the stream (the frame's end, after its submit time).
+    Ok(())
 }
 
 /// A graph of `record`'s launches on `stream`, captured through cudarc (the raw floor's graph):
