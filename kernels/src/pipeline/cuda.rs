@@ -1038,7 +1038,7 @@ pub fn download_mask_stage<B: DirectViews<Mut = CudaMut> + StreamOrdered>(
 }
 
 /// One cudarc allocation per frame buffer: the way device buffers are usually made, and the
-/// baseline a [`Frame`](super::Frame) arena replaces with a single allocation.
+/// baseline a [`Frame`] arena replaces with a single allocation.
 #[derive(Debug)]
 pub struct FrameSlices {
     /// `3 · pixels` bytes.
