@@ -372,6 +372,28 @@ mod gpu {
     }
 
     #[test]
+    fn a_replay_is_never_recorded_into_another_capture() {
+        let Some(stream) = gpu_stream() else { return };
+        let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        let mut graph = arena
+            .capture(|c| c.views_mut().output.fill_bytes(4))
+            .unwrap();
+        // Someone else's capture of the arena's stream, through cudarc.
+        let mode = devarena_kernels::cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        stream.begin_capture(mode).unwrap();
+        let e = graph.launch().unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+        let flags = devarena_kernels::cudarc::driver::sys::CUgraphInstantiate_flags(0);
+        drop(stream.end_capture(flags).unwrap());
+        assert!(!is_capturing(&stream).unwrap());
+        graph.launch().unwrap();
+        assert_eq!(
+            graph.arena().views().output.to_vec().unwrap(),
+            vec![0x0404_0404; N]
+        );
+    }
+
+    #[test]
     fn an_empty_capture_replays_nothing() {
         let Some(stream) = gpu_stream() else { return };
         let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(stream.clone())).unwrap();

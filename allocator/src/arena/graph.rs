@@ -66,6 +66,17 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
         F: FnOnce(&mut Capture<'_, L, B>) -> Result<(), Error>,
     {
         let stream = self.backend.stream().clone();
+        // The views must queue their work where the capture records: on the backend's stream.
+        // SAFETY: `self` is borrowed exclusively and the base only read for its stream; no view
+        // is made from it.
+        let base = unsafe { self.backend.base_mut(&self.allocation) };
+        if base.stream().cu_stream() != stream.cu_stream() {
+            return Err(Error::invalid(alloc::format!(
+                "arena of `{}`: its backend's views are not ordered on the backend's stream, \
+                 so a capture on that stream would not record them",
+                L::NAME
+            )));
+        }
         // Declared before the capture handle, so that during a panic in `record` it is dropped
         // after it and ends the capture.
         let session = StreamCapture::begin(&stream)?;

@@ -245,7 +245,9 @@ pub(crate) struct GraphExec {
 
 impl GraphExec {
     /// Queues one replay on the capture's stream (`cuGraphLaunch`): ordered after everything
-    /// queued on the stream before, and before everything queued after.
+    /// queued on the stream before, and before everything queued after. A stream that is
+    /// capturing (someone else's capture, begun through cudarc) is refused: the replay would be
+    /// recorded into a graph that outlives what this one's owner keeps alive.
     ///
     /// # Safety
     ///
@@ -254,6 +256,15 @@ impl GraphExec {
     /// completes.
     pub(crate) unsafe fn launch(&self) -> Result<(), Error> {
         bind(&self.stream)?;
+        // SAFETY: the stream is alive (held) and its context bound.
+        let status = unsafe { result::stream::is_capturing(self.stream.cu_stream()) }
+            .map_err(drv("cuStreamIsCapturing"))?;
+        if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return Err(Error::invalid(
+                "a graph replay was launched on a stream that is capturing: it would be recorded \
+                 into another graph instead of running",
+            ));
+        }
         // SAFETY: a live executable graph of the stream's context; the caller vouches for the
         // memory it reaches.
         unsafe { result::graph::launch(self.exec, self.stream.cu_stream()) }
