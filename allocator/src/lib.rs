@@ -65,7 +65,9 @@
 //!   `IGpuAllocator` contract, with caps, statistics, leak reports and an event log).
 //! * `cuda`: the CUDA backends through cudarc (device memory, stream-ordered, managed, pinned),
 //!   and the pool on device memory (`Pool::cuda`, with CUDA events for stream ordering and
-//!   device views of its slices).
+//!   device views of its slices); CUDA graphs of arenas (`Arena::capture` records a frame's
+//!   work on the arena's stream once, `ArenaGraph::launch` replays it with one call, and the
+//!   graph borrows the arena for as long as it lives).
 //!
 //! Without `std` the crate is `#![no_std]` and needs only `alloc`.
 //!
@@ -80,7 +82,7 @@
 //! | [`plan`] | `const fn` placement math shared by the derive and [`LayoutBuilder`]: alignment arithmetic (`align.rs`, the crate's one home of [`align_up`](plan::align_up) and the 256-byte [`CUDA_ALIGN`](plan::CUDA_ALIGN)), the placement rule, stage aliasing, error messages |
 //! | `layout` | [`DeviceLayout`], [`Element`], view kinds ([`ViewKind`]) |
 //! | [`backend`] | where an allocation comes from: [`HostBackend`], and with `cuda` the device, managed and pinned backends and device views; [`MemoryKind`] says what each hands out |
-//! | `arena` | [`Arena`]: one allocation, typed views, stage views; `arena/cuda.rs`: prefetching and host views of managed arenas, device views of pinned ones |
+//! | `arena` | [`Arena`]: one allocation, typed views, stage views; `arena/cuda.rs`: prefetching and host views of managed arenas, device views of pinned ones; `arena/graph.rs`: `Arena::capture`, `ArenaGraph` |
 //! | `dyn_arena`, `builder` | layouts planned at run time: [`LayoutBuilder`], [`DynArena`] |
 //! | [`pool`] | the run-time [`Pool`]: engine, builder, handles, region, TLSF index, statistics, event log, stream ordering; `pool::cuda` with `cuda` |
 //! | [`report`] | [`LayoutReport`]: tables and SVG maps of a layout |
@@ -106,9 +108,9 @@ pub mod plan;
 pub mod pool;
 pub mod report;
 
-#[cfg(feature = "cuda")]
-pub use arena::OnStream;
 pub use arena::{Arena, Disjoint, Stage};
+#[cfg(feature = "cuda")]
+pub use arena::{ArenaGraph, Capture, OnStream};
 pub use backend::{Allocation, Backend, BackendStats, HostBackend, MemoryKind};
 pub use builder::{LayoutBuilder, RuntimeField, RuntimeLayout};
 pub use dyn_arena::DynArena;

@@ -6,7 +6,7 @@
 
 use devarena::plan::{FieldSpec, PlanErrorKind};
 use devarena::{DeviceLayout, Error, LayoutBuilder, RuntimeLayout};
-use devarena_kernels::pipeline::{Frame, HIST_BINS, PIXELS};
+use devarena_kernels::pipeline::{Frame, HIST_BINS, MAX_PIXELS};
 use devarena_tests::fixtures::Mixed;
 use proptest::prelude::*;
 
@@ -414,16 +414,16 @@ fn assert_same<L: DeviceLayout>(built: &RuntimeLayout) {
 }
 
 #[test]
-fn derive_and_builder_agree_on_the_1080p_pipeline() {
+fn derive_and_builder_agree_on_the_pipeline_frame() {
     let built = LayoutBuilder::new("Frame")
-        .array::<u8>("rgb", PIXELS * 3)
-        .array::<f32>("gray", PIXELS)
-        .array::<f32>("scratch", PIXELS)
-        .array::<f32>("blurred", PIXELS)
-        .array::<f32>("magnitude", PIXELS)
+        .array::<u8>("rgb", MAX_PIXELS * 3)
+        .array::<f32>("gray", MAX_PIXELS)
+        .array::<f32>("scratch", MAX_PIXELS)
+        .array::<f32>("blurred", MAX_PIXELS)
+        .array::<f32>("magnitude", MAX_PIXELS)
         .array::<u32>("hist", HIST_BINS)
         .array::<u32>("threshold", 1)
-        .array::<u8>("mask", PIXELS)
+        .array::<u8>("mask", MAX_PIXELS)
         .build()
         .unwrap();
     assert_same::<Frame>(&built);

@@ -88,7 +88,7 @@ mod gpu {
     }
 
     #[test]
-    fn pipeline_1080p_is_one_allocation_and_passes_the_verifier() {
+    fn pipeline_frame_is_one_allocation_and_passes_the_verifier() {
         let Some(stream) = gpu_stream() else { return };
         let backend = CudaBackend::new(stream.clone());
         let mut arena = Arena::<Frame, _>::new_in(backend.clone()).unwrap();

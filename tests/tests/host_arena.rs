@@ -2,7 +2,7 @@
 //! pattern written into every view survives intact, and the allocation is freed exactly once.
 
 use devarena::{Arena, Backend, DeviceLayout, Error, HostBackend};
-use devarena_kernels::pipeline::{Frame, PIXELS};
+use devarena_kernels::pipeline::{Frame, MAX_PIXELS};
 use devarena_tests::fixtures::{Empty, Inner, Middle, Outer};
 
 /// A value that names its field and its index: any overlap or misplaced view changes it.
@@ -29,7 +29,7 @@ fn assert_placed<T>(view: &[T], base: u64, offset: usize, size: usize, name: &st
 }
 
 #[test]
-fn pipeline_1080p_views_hold_distinct_patterns() {
+fn pipeline_frame_views_hold_distinct_patterns() {
     let backend = HostBackend::new();
     {
         let mut arena = Arena::<Frame>::new_in(backend.clone()).unwrap();
@@ -55,7 +55,16 @@ fn pipeline_1080p_views_hold_distinct_patterns() {
                 v.threshold.len(),
                 v.mask.len()
             ],
-            [PIXELS * 3, PIXELS, PIXELS, PIXELS, PIXELS, 256, 1, PIXELS]
+            [
+                MAX_PIXELS * 3,
+                MAX_PIXELS,
+                MAX_PIXELS,
+                MAX_PIXELS,
+                MAX_PIXELS,
+                256,
+                1,
+                MAX_PIXELS
+            ]
         );
         assert_placed(v.rgb, base, o.rgb, size, "rgb");
         assert_placed(v.gray, base, o.gray, size, "gray");

@@ -20,28 +20,28 @@ fn placement(name: &'static str, offset: usize, size: usize, align: usize) -> Fi
     }
 }
 
-// ---- the 1080p pipeline's Frame -----------------------------------------------------------------
+// ---- the pipeline's Frame, planned for 3840×2160 ------------------------------------------------
 
-// rgb 1920*1080*3 = 6_220_800 B; gray, scratch, blurred and magnitude 1920*1080*4 = 8_294_400 B;
-// hist 1024 B; threshold 4 B; mask 1920*1080 = 2_073_600 B. Every size but threshold's is a
-// multiple of 256: the only padding is the 252 bytes after threshold.
-const_assert_eq!(Frame::SIZE, 41_473_280); // 6_220_800 + 4 * 8_294_400 + 1024 + 256 + 2_073_600
+// MAX_PIXELS = 3840*2160 = 8_294_400. rgb 8_294_400*3 = 24_883_200 B; gray, scratch, blurred and
+// magnitude 8_294_400*4 = 33_177_600 B; hist 1024 B; threshold 4 B; mask 8_294_400 B. Every size
+// but threshold's is a multiple of 256: the only padding is the 252 bytes after threshold.
+const_assert_eq!(Frame::SIZE, 165_889_280); // 24_883_200 + 4 * 33_177_600 + 1024 + 256 + 8_294_400
 const_assert_eq!(Frame::ALIGN, 256);
 const_assert!(Frame::SIZE % Frame::ALIGN == 0);
 
 #[test]
-fn pipeline_1080p_offsets() {
+fn pipeline_frame_offsets() {
     assert_eq!(
         Frame::FIELDS,
         &[
-            placement("rgb", 0, 6_220_800, 256),                // 1920*1080*3
-            placement("gray", 6_220_800, 8_294_400, 256),       // 6_220_800 = 24_300 * 256
-            placement("scratch", 14_515_200, 8_294_400, 256),   // 6_220_800 + 8_294_400
-            placement("blurred", 22_809_600, 8_294_400, 256),   // 14_515_200 + 8_294_400
-            placement("magnitude", 31_104_000, 8_294_400, 256), // 22_809_600 + 8_294_400
-            placement("hist", 39_398_400, 1024, 256),           // 31_104_000 + 8_294_400
-            placement("threshold", 39_399_424, 4, 256),         // 39_398_400 + 1024
-            placement("mask", 39_399_680, 2_073_600, 256),      // 39_399_428 rounded up to 256
+            placement("rgb", 0, 24_883_200, 256),              // 3840*2160*3
+            placement("gray", 24_883_200, 33_177_600, 256),    // 24_883_200 = 97_200 * 256
+            placement("scratch", 58_060_800, 33_177_600, 256), // 24_883_200 + 33_177_600
+            placement("blurred", 91_238_400, 33_177_600, 256), // 58_060_800 + 33_177_600
+            placement("magnitude", 124_416_000, 33_177_600, 256), // 91_238_400 + 33_177_600
+            placement("hist", 157_593_600, 1024, 256),         // 124_416_000 + 33_177_600
+            placement("threshold", 157_594_624, 4, 256),       // 157_593_600 + 1024
+            placement("mask", 157_594_880, 8_294_400, 256),    // 157_594_628 rounded up to 256
         ]
     );
     let o = Frame::OFFSETS;
@@ -57,7 +57,14 @@ fn pipeline_1080p_offsets() {
             o.mask
         ),
         (
-            0, 6_220_800, 14_515_200, 22_809_600, 31_104_000, 39_398_400, 39_399_424, 39_399_680
+            0,
+            24_883_200,
+            58_060_800,
+            91_238_400,
+            124_416_000,
+            157_593_600,
+            157_594_624,
+            157_594_880
         )
     );
     assert_eq!(Frame::NAME, "Frame");

@@ -72,17 +72,17 @@ fn table_lists_every_field_and_the_totals() {
     assert_eq!(lines.len(), 6);
 }
 
-/// The 1080p pipeline's `Frame`: every size but threshold's 4 bytes is a multiple of 256, so its
-/// only padding is the 252 bytes between threshold and mask. Requested
-/// 6_220_800 + 4 * 8_294_400 + 1024 + 4 + 2_073_600 = 41_473_028 of SIZE 41_473_280.
+/// The pipeline's `Frame` (planned for 3840×2160): every size but threshold's 4 bytes is a
+/// multiple of 256, so its only padding is the 252 bytes between threshold and mask. Requested
+/// 24_883_200 + 4 * 33_177_600 + 1024 + 4 + 8_294_400 = 165_889_028 of SIZE 165_889_280.
 #[test]
-fn table_of_the_1080p_pipeline_pads_only_before_the_mask() {
+fn table_of_the_pipeline_frame_pads_only_before_the_mask() {
     let report = LayoutReport::of::<Frame>();
     assert_eq!(report.padding_bytes(), 252);
-    assert_eq!(report.totals.requested, 41_473_028);
+    assert_eq!(report.totals.requested, 165_889_028);
     let table = report.to_string();
     assert!(
-        table.ends_with("requested 41473028 bytes, padding 252 bytes (0.00%)"),
+        table.ends_with("requested 165889028 bytes, padding 252 bytes (0.00%)"),
         "{table}"
     );
     for f in Frame::FIELDS {

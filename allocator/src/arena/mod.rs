@@ -10,7 +10,11 @@ use crate::layout::{DeviceLayout, FieldPlacement, ViewKind};
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "cuda")]
+mod graph;
+#[cfg(feature = "cuda")]
 pub use cuda::OnStream;
+#[cfg(feature = "cuda")]
+pub use graph::{ArenaGraph, Capture};
 
 /// Marks layouts in which every field has bytes of its own (no stages, so no sharing): only
 /// these hand out all their views at once. The derive implements it for layouts without

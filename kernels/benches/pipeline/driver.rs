@@ -30,7 +30,7 @@ pub fn describe(ctx: &Arc<CudaContext>) -> Result<String, Error> {
 }
 
 /// The label of the pipeline's `Frame` in every table.
-pub const FRAME: &str = "Frame (1080p pipeline)";
+pub const FRAME: &str = "Frame (pipeline, up to 3840×2160)";
 
 /// The sizes of a layout's buffers, in declaration order.
 pub fn field_sizes(fields: &[FieldPlacement]) -> Vec<usize> {

@@ -17,22 +17,30 @@
 //!   round, in an order that rotates from round to round, so drift hits them alike. Medians of
 //!   `--rounds` (≥ 20, default 51) rounds after 3 warm-up rounds.
 //! * **steady state** (`steady.rs`): one pipeline frame (7 kernels and the histogram reset,
-//!   from a resident 1080p input, ending with a stream synchronize), on buffers allocated once
+//!   from a resident input, ending with a stream synchronize), on buffers allocated once
 //!   by hand (raw cudarc: the floor), on the arena, on one cudarc `CudaSlice` per buffer, and
 //!   with `cuMemAlloc`/`cuMemFree` or `cuMemAllocAsync`/`cuMemFreeAsync` around every kernel
-//!   (each stage allocates its output and frees what no later stage reads). Then the aliased
+//!   (each stage allocates its output and frees what no later stage reads) — and **replayed
+//!   from a CUDA graph**: the arena's (`PipelineKernels::capture_frame`, one
+//!   `ArenaGraph::launch` per frame) and, as its floor, one captured from the raw buffers
+//!   through cudarc. All at 1920×1080 and, where launch overhead dominates, at 256×256 (the
+//!   buffers have room for 3840×2160 and are used at the frame's size). Then the aliased
 //!   `FrameStaged` arena, whose input buffer shares bytes with later stages and so is written
-//!   every frame (a 6 MB device-to-device copy from a resident input), against the floor
-//!   doing the same copy. `--frames` (default 500) frames per method, run in passes of 10
-//!   that alternate between the methods; the medians give frames/s and the overhead over the
-//!   floor.
+//!   every frame (a 6 MB device-to-device copy from a resident input), eagerly and from a graph
+//!   that captures the copy too, against the floor doing the same copy. Every row reports the
+//!   median frame time, its ratio to the eager floor of its group, and the median **submit
+//!   time**: the CPU time to queue the frame (the launches, or one `graph.launch()`), before the
+//!   wait. `--frames` (default 500) frames per method, run in passes of 10 that alternate
+//!   between the methods.
 //! * **footprint** (`footprint.rs`): device memory consumed (`cuMemGetInfo` free before −
 //!   after) by the pipeline's buffers and by 10,000 buffers of 100 B: one allocation per
 //!   buffer against one arena (and one plain `cuMemAlloc` of the same `SIZE`); and the aliased
 //!   `FrameStaged` arena (`SIZE`) against the unaliased `Frame` arena (`UNALIASED_SIZE`).
 //!
-//! The last table checks the targets: arena setup ≤ 1.1 × one `cuMemAlloc` of the same size,
-//! arena frame time within 1% of the floor, arena footprint within one 2 MiB page of `SIZE`.
+//! The last table checks the targets: arena setup ≤ 1.1 × one `cuMemAlloc` of the same size;
+//! the eager arena's frame time within 1% of the floor; the graph-replayed arena at ≤ 0.85 ×
+//! the eager floor at 1920×1080 and ≤ 0.55 × at 256×256, each replay submitted in ≤ 3 µs;
+//! arena footprint within one 2 MiB page of `SIZE`.
 //! `report.rs` prints the tables (or `--json`); `driver.rs` holds the driver calls the
 //! measurements share.
 //!

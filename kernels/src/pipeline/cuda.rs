@@ -10,24 +10,53 @@
 //! use devarena::Arena;
 //! use devarena::backend::cuda::{CudaBackend, cuda_stream};
 //! use devarena_kernels::pipeline::cuda::PipelineKernels;
-//! use devarena_kernels::pipeline::{FRAME_SIZE, Frame, FrameBuffers, PIXELS};
+//! use devarena_kernels::pipeline::{Frame, FrameBuffers, ImageSize};
 //!
-//! let rgb = vec![128u8; PIXELS * 3];
+//! let size = ImageSize::new(640, 480); // any size up to `MAX_PIXELS` pixels
+//! let rgb = vec![128u8; size.pixels() * 3];
 //! let stream = cuda_stream(0)?;
 //! let kernels = PipelineKernels::load(stream.context())?;
 //! let mut arena = Arena::<Frame, _>::new_in(CudaBackend::new(stream.clone()))?;
 //! let mut views = arena.views_mut();
-//! views.rgb.upload(&rgb)?;
-//! kernels.run_frame(&stream, FRAME_SIZE, FrameBuffers::from(&mut views), None)?;
+//! views.rgb.slice_mut(..rgb.len())?.upload(&rgb)?;
+//! kernels.run_frame(&stream, size, FrameBuffers::from(&mut views), None)?;
 //! # Ok::<(), devarena::Error>(())
 //! ```
 //!
 //! [`PipelineKernels::run_frame_staged`] runs the same kernels on an aliased
 //! [`FrameStaged`] arena, each stage on its own stage views.
 //!
+//! **Graphs.** [`PipelineKernels::capture_frame`] and [`PipelineKernels::capture_frame_staged`]
+//! capture the same launches, for one image size, into a CUDA graph of the arena
+//! ([`ArenaGraph`]): the input is uploaded between replays ([`upload_input`],
+//! [`upload_input_staged`]) and each frame is then one `graph.launch()`. The graph runs the very
+//! kernels with the very arguments of an eager frame, in the same order on the same stream, so
+//! its outputs are bit-identical to the eager run's:
+//!
+//! ```no_run
+//! use devarena::Arena;
+//! use devarena::backend::cuda::{CudaBackend, cuda_stream};
+//! use devarena_kernels::pipeline::cuda::{PipelineKernels, upload_input};
+//! use devarena_kernels::pipeline::{Frame, ImageSize};
+//!
+//! let size = ImageSize::new(256, 256);
+//! let stream = cuda_stream(0)?;
+//! let kernels = PipelineKernels::load(stream.context())?;
+//! let mut arena = Arena::<Frame, _>::new_in(CudaBackend::new(stream))?;
+//! let mut graph = kernels.capture_frame(&mut arena, size)?;
+//! for frame in 0..100u8 {
+//!     upload_input(&mut graph, size, &vec![frame; size.pixels() * 3])?;
+//!     graph.launch()?;
+//! }
+//! graph.synchronize()?;
+//! # Ok::<(), devarena::Error>(())
+//! ```
+//!
 //! The kernels compute the same bits as [`super::host`] (see `kernels/cuda/pipeline.cu`).
 //! Every wrapper checks buffer lengths and contexts first and returns
-//! [`Error::InvalidArgument`]; driver failures come back as [`Error::Driver`].
+//! [`Error::InvalidArgument`]; driver failures come back as [`Error::Driver`]. The per-stage
+//! wrappers take buffers of exactly the image's size (cut a larger view with `slice`/
+//! `slice_mut`); the frame-level entry points take buffers of at least that size and cut them.
 
 use std::sync::Arc;
 
@@ -37,12 +66,12 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 use devarena::backend::DirectViews;
-use devarena::backend::cuda::{CudaMut, DeviceViewMut};
-use devarena::{Arena, Error};
+use devarena::backend::cuda::{CudaMut, DeviceViewMut, StreamOrdered};
+use devarena::{Arena, ArenaGraph, Capture, Error, Stage as LayoutStage};
 
 use super::{
-    FRAME_SIZE, FrameBuffers, FrameOutputs, FrameStaged, FrameStagedStages, HIST_BINS, ImageSize,
-    Stage, check_len, invalid,
+    BLOCK_2D, Frame, FrameBuffers, FrameOutputs, FrameStaged, HIST_BINS, ImageSize, MAX_ROWS,
+    Stage, check_len, check_room, invalid,
 };
 
 /// The pipeline's PTX (compute_75, JIT-compiled by the driver for the GPU at hand), generated
@@ -51,8 +80,6 @@ pub const PTX: &str = include_str!("../../ptx/pipeline.ptx");
 
 /// Threads per block of the 1-D kernels.
 const BLOCK_1D: u32 = 256;
-/// Block shape of the 2-D kernels.
-const BLOCK_2D: (u32, u32) = (32, 8);
 /// Most blocks the grid-stride histogram launches.
 const HIST_MAX_BLOCKS: u32 = 1024;
 
@@ -60,8 +87,9 @@ const HIST_MAX_BLOCKS: u32 = 1024;
 /// name and text (devarena's own conversion).
 pub use devarena::backend::cuda::driver_error;
 
-/// Downloads every stage output of a frame's device buffers (cudarc slices, arena views) into
-/// `outputs`, and waits for the copies.
+/// Downloads every stage output of a frame of `outputs.size` from a frame's device buffers
+/// (cudarc slices, arena views, each holding at least that frame: the first `pixels` elements
+/// are copied) into `outputs`, and waits for the copies.
 pub fn download_outputs<B8, BF, BU>(
     stream: &Arc<CudaStream>,
     b: &FrameBuffers<'_, B8, BF, BU>,
@@ -72,43 +100,47 @@ where
     BF: DevicePtr<f32>,
     BU: DevicePtr<u32>,
 {
-    const STAGE: &str = "outputs";
     let o = outputs;
-    check_len(STAGE, "gray", b.gray.len(), o.gray.len(), None)?;
-    check_len(STAGE, "scratch", b.scratch.len(), o.scratch.len(), None)?;
-    check_len(STAGE, "blurred", b.blurred.len(), o.blurred.len(), None)?;
-    check_len(
-        STAGE,
-        "magnitude",
-        b.magnitude.len(),
-        o.magnitude.len(),
-        None,
-    )?;
-    check_len(STAGE, "hist", b.hist.len(), o.hist.len(), None)?;
-    check_len(STAGE, "threshold", b.threshold.len(), 1, None)?;
-    check_len(STAGE, "mask", b.mask.len(), o.mask.len(), None)?;
-    let dtoh = |e| driver_error("cuMemcpyDtoHAsync", e);
+    let size = o.size;
+    check_len("outputs", "hist", b.hist.len(), o.hist.len(), None)?;
+    check_len("outputs", "threshold", b.threshold.len(), 1, None)?;
     let mut threshold = [0u32];
-    stream.memcpy_dtoh(&*b.gray, &mut o.gray).map_err(dtoh)?;
-    stream
-        .memcpy_dtoh(&*b.scratch, &mut o.scratch)
-        .map_err(dtoh)?;
-    stream
-        .memcpy_dtoh(&*b.blurred, &mut o.blurred)
-        .map_err(dtoh)?;
-    stream
-        .memcpy_dtoh(&*b.magnitude, &mut o.magnitude)
-        .map_err(dtoh)?;
-    stream.memcpy_dtoh(&*b.hist, &mut o.hist).map_err(dtoh)?;
-    stream
-        .memcpy_dtoh(&*b.threshold, &mut threshold)
-        .map_err(dtoh)?;
-    stream.memcpy_dtoh(&*b.mask, &mut o.mask).map_err(dtoh)?;
+    download_prefix(stream, "gray", &*b.gray, &mut o.gray, size)?;
+    download_prefix(stream, "scratch", &*b.scratch, &mut o.scratch, size)?;
+    download_prefix(stream, "blurred", &*b.blurred, &mut o.blurred, size)?;
+    download_prefix(stream, "magnitude", &*b.magnitude, &mut o.magnitude, size)?;
+    download_prefix(stream, "hist", &*b.hist, &mut o.hist, size)?;
+    download_prefix(stream, "threshold", &*b.threshold, &mut threshold, size)?;
+    download_prefix(stream, "mask", &*b.mask, &mut o.mask, size)?;
     stream
         .synchronize()
         .map_err(|e| driver_error("cuStreamSynchronize", e))?;
     o.threshold = threshold[0];
     Ok(())
+}
+
+/// Queues a copy of the first `dst.len()` elements of `src` into `dst` on `stream`; the caller
+/// synchronizes the stream before it releases `dst`.
+fn download_prefix<T>(
+    stream: &CudaStream,
+    name: &str,
+    src: &impl DevicePtr<T>,
+    dst: &mut [T],
+    size: ImageSize,
+) -> Result<(), Error> {
+    check_room("outputs", name, src.len(), dst.len(), size)?;
+    if dst.is_empty() {
+        return Ok(());
+    }
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| driver_error("cuCtxSetCurrent", e))?;
+    let (ptr, _read) = src.device_ptr(stream);
+    // SAFETY: `src` holds at least `dst.len()` elements of `T` in the stream's context, ordered
+    // on `stream` by the guard; `dst` stays borrowed until the caller's synchronize.
+    unsafe { result::memcpy_dtoh_async(dst, ptr, stream.cu_stream()) }
+        .map_err(|e| driver_error("cuMemcpyDtoHAsync", e))
 }
 
 /// Raw device addresses of every buffer of one frame, for [`PipelineKernels::run_frame_raw`].
@@ -253,6 +285,19 @@ impl PipelineKernels {
         self.check_context(stage, name, buffer)
     }
 
+    /// [`check_room`] and the buffer's context.
+    fn check_room<T>(
+        &self,
+        stage: &str,
+        name: &str,
+        buffer: &impl DeviceSlice<T>,
+        needed: usize,
+        size: ImageSize,
+    ) -> Result<(), Error> {
+        check_room(stage, name, buffer.len(), needed, size)?;
+        self.check_context(stage, name, buffer)
+    }
+
     fn check_context<T>(
         &self,
         stage: &str,
@@ -271,10 +316,9 @@ impl PipelineKernels {
 
     fn check_size(stage: &str, size: ImageSize) -> Result<(), Error> {
         size.check(stage)?;
-        let max_height = 65_535 * BLOCK_2D.1 as usize;
-        if size.height > max_height {
+        if size.height > MAX_ROWS {
             return Err(invalid(format!(
-                "{stage}: image of {size} pixels is taller than the {max_height} rows one launch \
+                "{stage}: image of {size} pixels is taller than the {MAX_ROWS} rows one launch \
                  covers"
             )));
         }
@@ -422,10 +466,14 @@ impl PipelineKernels {
         unsafe { self.edge_mask_raw(stream, pixels, m, t, k) }
     }
 
-    /// Runs every stage on one frame, queued on `stream` (nothing waits for it). With `events`,
-    /// records each stage's start and end for [`StageEvents::elapsed_ms`].
+    /// Runs every stage on one frame of `size`, queued on `stream` (nothing waits for it).
+    /// With `events`, records each stage's start and end for [`StageEvents::elapsed_ms`].
     ///
-    /// The threshold stays on the device (`buffers.threshold`), where the mask stage reads it.
+    /// Every image buffer must hold at least the frame (`3 · pixels` bytes of `rgb`, `pixels`
+    /// elements of the others): the kernels take the real size and touch the first `pixels`
+    /// elements of each, so buffers planned for a larger frame ([`Frame`]'s) serve any smaller
+    /// one. The threshold stays on the device (`buffers.threshold`), where the mask stage reads
+    /// it.
     pub fn run_frame<B8, BF, BU>(
         &self,
         stream: &CudaStream,
@@ -442,19 +490,18 @@ impl PipelineKernels {
         self.check_stream(STAGE, stream)?;
         Self::check_size(STAGE, size)?;
         let px = size.pixels();
-        let s = Some(size);
-        self.check_buffer(STAGE, "rgb", &*b.rgb, px * 3, s)?;
+        self.check_room(STAGE, "rgb", &*b.rgb, px * 3, size)?;
         for (name, buf) in [
             ("gray", &*b.gray),
             ("scratch", &*b.scratch),
             ("blurred", &*b.blurred),
             ("magnitude", &*b.magnitude),
         ] {
-            self.check_buffer(STAGE, name, buf, px, s)?;
+            self.check_room(STAGE, name, buf, px, size)?;
         }
         self.check_buffer(STAGE, "hist", &*b.hist, HIST_BINS, None)?;
         self.check_buffer(STAGE, "threshold", &*b.threshold, 1, None)?;
-        self.check_buffer(STAGE, "mask", &*b.mask, px, s)?;
+        self.check_room(STAGE, "mask", &*b.mask, px, size)?;
         let (rgb, _g0) = b.rgb.device_ptr(stream);
         let (gray, _g1) = b.gray.device_ptr_mut(stream);
         let (scratch, _g2) = b.scratch.device_ptr_mut(stream);
@@ -473,35 +520,64 @@ impl PipelineKernels {
             threshold,
             mask,
         };
-        // SAFETY: every buffer was checked above to have its frame size and to live in the
-        // kernels' context; the guards keep them ordered on `stream` until all launches are
-        // queued, and the `&mut` borrows keep the host side from touching them meanwhile.
+        // SAFETY: every buffer was checked above to hold at least its part of a `size` frame
+        // (the kernels touch no more) and to live in the kernels' context; the guards keep them
+        // ordered on `stream` until all launches are queued, and the `&mut` borrows keep the
+        // host side from touching them meanwhile.
         unsafe { self.run_frame_raw(stream, size, &raw, events) }
     }
 
-    /// Runs one 1920×1080 frame on an aliased [`FrameStaged`] arena, queued on the arena's
+    /// Captures one frame of `size` on a [`Frame`] arena into a graph of the arena: the
+    /// launches of [`run_frame`](Self::run_frame), recorded once. Replay it with
+    /// `graph.launch()` after uploading each frame's input ([`upload_input`]); read the outputs
+    /// through `graph.views_mut()` ([`download_outputs`]) between replays. A graph is made for
+    /// one size: capture another for another size.
+    pub fn capture_frame<'a, B: DirectViews<Mut = CudaMut> + StreamOrdered>(
+        &self,
+        arena: &'a mut Arena<Frame, B>,
+        size: ImageSize,
+    ) -> Result<ArenaGraph<'a, Frame, B>, Error> {
+        arena.capture(|capture| self.record_frame(capture, size))
+    }
+
+    /// Records the launches of one frame of `size` into a capture of a [`Frame`] arena
+    /// ([`Arena::capture`]), after whatever the capture recorded before (a copy of the input
+    /// from a resident buffer, say): [`capture_frame`](Self::capture_frame) is this alone.
+    pub fn record_frame<B: DirectViews<Mut = CudaMut> + StreamOrdered>(
+        &self,
+        capture: &mut Capture<'_, Frame, B>,
+        size: ImageSize,
+    ) -> Result<(), Error> {
+        let stream = capture.stream().clone();
+        let mut views = capture.views_mut();
+        self.run_frame(&stream, size, FrameBuffers::from(&mut views), None)
+    }
+
+    /// Runs one frame of `size` on an aliased [`FrameStaged`] arena, queued on the arena's
     /// stream.
     ///
     /// Every stage gets its buffers only from the views of its own stage (`arena.gray_mut()`,
-    /// `arena.blur_rows_mut()`, ...), which hold exactly the buffers live in it, so no kernel
-    /// is handed a buffer outside its live range. Reusing bytes is sound on one stream: the
-    /// kernels of a later stage run after those of earlier stages, in stream order. The kernels
-    /// and their bits are those of [`run_frame`](Self::run_frame).
+    /// `arena.blur_rows_mut()`, ...), which hold exactly the buffers live in it, each cut to
+    /// the frame, so no kernel is handed a buffer outside its live range. Reusing bytes is
+    /// sound on one stream: the kernels of a later stage run after those of earlier stages, in
+    /// stream order. The kernels and their bits are those of [`run_frame`](Self::run_frame).
     ///
-    /// `decode` writes the frame's input into `rgb` in stage `decode` (an upload, or a copy
-    /// from a resident device buffer), on the stream it is given: the input's bytes are reused
-    /// by later stages, so every frame starts by decoding. With `events`, each stage's start
-    /// and end are recorded for [`StageEvents::elapsed_ms`]. With `outputs`, each stage
-    /// output is downloaded in the last stage it is live in; the downloads wait for the
-    /// stream, so a frame that copies its outputs out should not be timed.
+    /// `decode` writes the frame's input into `rgb` (cut to `3 · pixels` bytes) in stage
+    /// `decode` (an upload, or a copy from a resident device buffer), on the stream it is given:
+    /// the input's bytes are reused by later stages, so every frame starts by decoding. With
+    /// `events`, each stage's start and end are recorded for [`StageEvents::elapsed_ms`]. With
+    /// `outputs` (made for `size`), each stage output is downloaded in the last stage it is live
+    /// in; the downloads wait for the stream, so a frame that copies its outputs out should not
+    /// be timed.
     pub fn run_frame_staged<B: DirectViews<Mut = CudaMut>>(
         &self,
         arena: &mut Arena<FrameStaged, B>,
+        size: ImageSize,
         decode: impl FnOnce(&Arc<CudaStream>, &mut DeviceViewMut<'_, u8>) -> Result<(), Error>,
         events: Option<&StageEvents>,
-        mut outputs: Option<&mut FrameOutputs>,
+        outputs: Option<&mut FrameOutputs>,
     ) -> Result<(), Error> {
-        let size = FRAME_SIZE;
+        Self::check_size("frame", size)?;
         if let Some(o) = &outputs {
             if o.size != size {
                 return Err(invalid(format!(
@@ -510,56 +586,114 @@ impl PipelineKernels {
                 )));
             }
         }
-        let mut s = arena.decode_mut();
+        let mut s = arena.stage_mut::<DECODE>();
         let stream = s.rgb.stream().clone();
         self.check_stream("frame", &stream)?;
-        decode(&stream, &mut s.rgb)?;
-        let mark = |i: usize| events.map_or(Ok(()), |e| e.record(i, &stream));
+        decode(&stream, &mut image(&mut s.rgb, "rgb", 3, size)?)?;
+        self.stages(arena, &stream, size, events, outputs)
+    }
+
+    /// Captures one frame of `size` on an aliased [`FrameStaged`] arena into a graph of the
+    /// arena: the stages of [`run_frame_staged`](Self::run_frame_staged) from `gray` to `mask`,
+    /// recorded through each stage's own views in stage order on the arena's stream, so the
+    /// graph is one chain in stage order and a buffer's bytes are reused only after its last
+    /// reader ran. Stage `decode` stays outside: upload each frame's input between replays
+    /// ([`upload_input_staged`]); after a replay, the outputs live in stage `mask` are there to
+    /// read ([`download_mask_stage`]).
+    pub fn capture_frame_staged<'a, B: DirectViews<Mut = CudaMut> + StreamOrdered>(
+        &self,
+        arena: &'a mut Arena<FrameStaged, B>,
+        size: ImageSize,
+    ) -> Result<ArenaGraph<'a, FrameStaged, B>, Error> {
+        arena.capture(|capture| self.record_frame_staged(capture, size))
+    }
+
+    /// Records the stages `gray` … `mask` of one frame of `size` into a capture of a
+    /// [`FrameStaged`] arena, after whatever the capture recorded before — stage `decode`'s
+    /// copy of the input from a resident device buffer, say, which then replays with the rest:
+    /// [`capture_frame_staged`](Self::capture_frame_staged) is this alone.
+    pub fn record_frame_staged<B: DirectViews<Mut = CudaMut> + StreamOrdered>(
+        &self,
+        capture: &mut Capture<'_, FrameStaged, B>,
+        size: ImageSize,
+    ) -> Result<(), Error> {
+        Self::check_size("frame", size)?;
+        let stream = capture.stream().clone();
+        self.check_stream("frame", &stream)?;
+        self.stages(capture, &stream, size, None, None)
+    }
+
+    /// The stages `gray` … `mask` of a frame of `size` on the stage views of `frames` (an arena
+    /// or a capture of one), every buffer cut to the frame.
+    fn stages(
+        &self,
+        frames: &mut impl StagedViews,
+        stream: &Arc<CudaStream>,
+        size: ImageSize,
+        events: Option<&StageEvents>,
+        mut outputs: Option<&mut FrameOutputs>,
+    ) -> Result<(), Error> {
+        let mark = |i: usize| events.map_or(Ok(()), |e| e.record(i, stream));
 
         mark(0)?;
-        let mut s = arena.gray_mut();
-        self.rgb_to_gray(&stream, size, &s.rgb, &mut s.gray)?;
+        let mut s = frames.stage::<GRAY>();
+        let rgb = image(&mut s.rgb, "rgb", 3, size)?;
+        self.rgb_to_gray(
+            stream,
+            size,
+            &rgb,
+            &mut image(&mut s.gray, "gray", 1, size)?,
+        )?;
         mark(1)?;
 
-        let mut s = arena.blur_rows_mut();
-        self.blur_rows(&stream, size, &s.gray, &mut s.scratch)?;
+        let mut s = frames.stage::<BLUR_ROWS>();
+        let gray = image(&mut s.gray, "gray", 1, size)?;
+        self.blur_rows(
+            stream,
+            size,
+            &gray,
+            &mut image(&mut s.scratch, "scratch", 1, size)?,
+        )?;
         mark(2)?;
         if let Some(o) = outputs.as_deref_mut() {
-            s.gray.download(&mut o.gray)?;
+            gray.download(&mut o.gray)?;
         }
 
-        let mut s = arena.blur_columns_mut();
-        self.blur_columns(&stream, size, &s.scratch, &mut s.blurred)?;
+        let mut s = frames.stage::<BLUR_COLUMNS>();
+        let scratch = image(&mut s.scratch, "scratch", 1, size)?;
+        let mut blurred = image(&mut s.blurred, "blurred", 1, size)?;
+        self.blur_columns(stream, size, &scratch, &mut blurred)?;
         mark(3)?;
         if let Some(o) = outputs.as_deref_mut() {
-            s.scratch.download(&mut o.scratch)?;
+            scratch.download(&mut o.scratch)?;
         }
 
-        let mut s = arena.sobel_mut();
-        self.sobel(&stream, size, &s.blurred, &mut s.magnitude)?;
+        let mut s = frames.stage::<SOBEL>();
+        let blurred = image(&mut s.blurred, "blurred", 1, size)?;
+        let mut magnitude = image(&mut s.magnitude, "magnitude", 1, size)?;
+        self.sobel(stream, size, &blurred, &mut magnitude)?;
         mark(4)?;
         if let Some(o) = outputs.as_deref_mut() {
-            s.blurred.download(&mut o.blurred)?;
+            blurred.download(&mut o.blurred)?;
         }
 
-        let mut s = arena.threshold_mut();
-        self.histogram(&stream, &s.magnitude, &mut s.hist)?;
+        let mut s = frames.stage::<THRESHOLD>();
+        let magnitude = image(&mut s.magnitude, "magnitude", 1, size)?;
+        self.histogram(stream, &magnitude, &mut s.hist)?;
         mark(5)?;
-        self.otsu_threshold(&stream, &s.hist, &mut s.threshold)?;
+        self.otsu_threshold(stream, &s.hist, &mut s.threshold)?;
         mark(6)?;
         if let Some(o) = outputs.as_deref_mut() {
             s.hist.download(&mut o.hist)?;
         }
 
-        let mut s = arena.mask_mut();
-        self.edge_mask(&stream, &s.magnitude, &s.threshold, &mut s.mask)?;
+        let mut s = frames.stage::<MASK>();
+        let magnitude = image(&mut s.magnitude, "magnitude", 1, size)?;
+        let mut mask = image(&mut s.mask, "mask", 1, size)?;
+        self.edge_mask(stream, &magnitude, &s.threshold, &mut mask)?;
         mark(7)?;
         if let Some(o) = outputs {
-            s.magnitude.download(&mut o.magnitude)?;
-            let mut threshold = [0u32];
-            s.threshold.download(&mut threshold)?;
-            o.threshold = threshold[0];
-            s.mask.download(&mut o.mask)?;
+            download_mask_outputs(&magnitude, &s.threshold, &mask, o)?;
         }
         Ok(())
     }
@@ -799,8 +933,112 @@ fn check_pixels(stage: &str, len: usize) -> Result<u32, Error> {
     })
 }
 
+/// [`FrameStaged`]'s stages, by index (the order of `#[layout(stages(..))]`).
+const DECODE: usize = 0;
+const GRAY: usize = 1;
+const BLUR_ROWS: usize = 2;
+const BLUR_COLUMNS: usize = 3;
+const SOBEL: usize = 4;
+const THRESHOLD: usize = 5;
+const MASK: usize = 6;
+
+/// The stage views of a [`FrameStaged`] arena, from the arena itself (an eager frame) or from
+/// a capture of it (a frame recorded into a graph): one frame's code serves both.
+trait StagedViews {
+    /// The device views of the fields live in stage `S`.
+    fn stage<const S: usize>(&mut self) -> <FrameStaged as LayoutStage<S>>::StageViews<'_, CudaMut>
+    where
+        FrameStaged: LayoutStage<S>;
+}
+
+impl<B: DirectViews<Mut = CudaMut>> StagedViews for Arena<FrameStaged, B> {
+    fn stage<const S: usize>(&mut self) -> <FrameStaged as LayoutStage<S>>::StageViews<'_, CudaMut>
+    where
+        FrameStaged: LayoutStage<S>,
+    {
+        self.stage_mut::<S>()
+    }
+}
+
+impl<B: DirectViews<Mut = CudaMut> + StreamOrdered> StagedViews for Capture<'_, FrameStaged, B> {
+    fn stage<const S: usize>(&mut self) -> <FrameStaged as LayoutStage<S>>::StageViews<'_, CudaMut>
+    where
+        FrameStaged: LayoutStage<S>,
+    {
+        self.stage_mut::<S>()
+    }
+}
+
+/// The first `per_pixel · pixels` elements of an image buffer's view: the view cut to a frame of
+/// `size`.
+fn image<'v, T>(
+    view: &'v mut DeviceViewMut<'_, T>,
+    name: &str,
+    per_pixel: usize,
+    size: ImageSize,
+) -> Result<DeviceViewMut<'v, T>, Error> {
+    let needed = per_pixel * size.pixels();
+    check_room("frame", name, view.len(), needed, size)?;
+    view.slice_mut(..needed)
+}
+
+/// Downloads what a frame leaves in stage `mask` of a [`FrameStaged`] arena (magnitude,
+/// threshold, mask, each cut to `outputs.size`) into `outputs`.
+fn download_mask_outputs(
+    magnitude: &DeviceViewMut<'_, f32>,
+    threshold: &DeviceViewMut<'_, u32>,
+    mask: &DeviceViewMut<'_, u8>,
+    outputs: &mut FrameOutputs,
+) -> Result<(), Error> {
+    let size = outputs.size;
+    check_room("outputs", "magnitude", magnitude.len(), size.pixels(), size)?;
+    check_room("outputs", "mask", mask.len(), size.pixels(), size)?;
+    magnitude
+        .slice(..size.pixels())?
+        .download(&mut outputs.magnitude)?;
+    let mut t = [0u32];
+    threshold.download(&mut t)?;
+    outputs.threshold = t[0];
+    mask.slice(..size.pixels())?.download(&mut outputs.mask)
+}
+
+/// Uploads a frame's input (`3 · pixels` bytes of RGB for a frame of `size`) into the `rgb`
+/// buffer of a [`Frame`] graph, between replays, and waits for the copy.
+pub fn upload_input<B: DirectViews<Mut = CudaMut> + StreamOrdered>(
+    graph: &mut ArenaGraph<'_, Frame, B>,
+    size: ImageSize,
+    rgb: &[u8],
+) -> Result<(), Error> {
+    check_len("upload", "input", rgb.len(), 3 * size.pixels(), Some(size))?;
+    image(&mut graph.views_mut().rgb, "rgb", 3, size)?.upload(rgb)
+}
+
+/// Uploads a frame's input into stage `decode` of a [`FrameStaged`] graph, between replays
+/// (its bytes are reused by later stages, so every frame needs it again), and waits for the
+/// copy.
+pub fn upload_input_staged<B: DirectViews<Mut = CudaMut> + StreamOrdered>(
+    graph: &mut ArenaGraph<'_, FrameStaged, B>,
+    size: ImageSize,
+    rgb: &[u8],
+) -> Result<(), Error> {
+    check_len("upload", "input", rgb.len(), 3 * size.pixels(), Some(size))?;
+    image(&mut graph.stage_mut::<DECODE>().rgb, "rgb", 3, size)?.upload(rgb)
+}
+
+/// Downloads the outputs a replay of a [`FrameStaged`] graph leaves in stage `mask` (the last
+/// one): magnitude, threshold and mask, cut to `outputs.size`. The other buffers' bytes have
+/// been reused by then (run [`PipelineKernels::run_frame_staged`] with `outputs` for all of
+/// them).
+pub fn download_mask_stage<B: DirectViews<Mut = CudaMut> + StreamOrdered>(
+    graph: &mut ArenaGraph<'_, FrameStaged, B>,
+    outputs: &mut FrameOutputs,
+) -> Result<(), Error> {
+    let s = graph.stage_mut::<MASK>();
+    download_mask_outputs(&s.magnitude, &s.threshold, &s.mask, outputs)
+}
+
 /// One cudarc allocation per frame buffer: the way device buffers are usually made, and the
-/// baseline a [`Frame`](super::Frame) arena replaces with a single allocation.
+/// baseline a [`Frame`] arena replaces with a single allocation.
 #[derive(Debug)]
 pub struct FrameSlices {
     /// `3 · pixels` bytes.

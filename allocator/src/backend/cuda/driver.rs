@@ -91,6 +91,12 @@ pub(crate) fn bind(stream: &CudaStream) -> Result<(), Error> {
         .map_err(drv("cuCtxSetCurrent"))
 }
 
+/// Waits for everything queued on `stream` (`cuStreamSynchronize`).
+pub(crate) fn synchronize(stream: &CudaStream) -> Result<(), Error> {
+    bind(stream)?;
+    stream.synchronize().map_err(drv("cuStreamSynchronize"))
+}
+
 /// Free and total bytes of the stream's device (`cuMemGetInfo`).
 pub fn mem_info(stream: &CudaStream) -> Result<(usize, usize), Error> {
     bind(stream)?;

@@ -15,6 +15,7 @@
 //! | `pinned.rs` | [`PinnedBackend`]: `cuMemHostAlloc` and its mapped device address |
 //! | `view.rs` | [`DeviceView`], [`DeviceViewMut`] and the view kinds [`CudaMut`], [`CudaRef`] |
 //! | `event.rs` | [`RecordedEvent`](event::RecordedEvent): events on raw stream handles, for stream ordering |
+//! | `graph.rs` | CUDA graphs by stream capture: begin, end, instantiate, launch, and the capture mode (thread-local), for `Arena::capture`; [`is_capturing`] |
 //!
 //! ```no_run
 //! use devarena::backend::cuda::{cuda_stream, CudaBackend};
@@ -60,16 +61,20 @@ mod core;
 mod device;
 mod driver;
 pub mod event;
+mod graph;
 mod managed;
 mod pinned;
 mod view;
 
 pub use device::{CudaBackend, DeviceAlloc};
+pub(crate) use driver::synchronize;
 pub use driver::{
     PointerInfo, PointerMemory, cuda_stream, default_stream, describe_device, device_count,
     driver_error, driver_present, mem_info, pointer_info,
 };
 pub use event::{StreamOrdered, order_streams};
+pub use graph::is_capturing;
+pub(crate) use graph::{GraphExec, StreamCapture};
 pub use managed::ManagedBackend;
 pub use pinned::PinnedBackend;
 pub use view::{CudaBase, CudaMut, CudaRef, DeviceView, DeviceViewMut};

@@ -380,6 +380,11 @@ impl<'a> CudaBase<'a> {
     pub fn addr(&self) -> u64 {
         self.ptr
     }
+
+    /// The stream views cut from this base are ordered on.
+    pub fn stream(&self) -> &'a Arc<CudaStream> {
+        self.stream
+    }
 }
 
 /// Device views you can write: [`DeviceViewMut`] per field.
