@@ -9,10 +9,11 @@ use alloc::vec::Vec;
 use core::any::Any;
 use std::sync::Mutex;
 
-use super::{Pool, PoolBuilder, PoolSlice, StreamEvent, StreamId, StreamSync};
-use crate::backend::cuda::event::RecordedEvent;
+use super::{Pool, PoolBuilder, PoolSlice, RegionKind, StreamEvent, StreamId, StreamSync};
+use crate::backend::cuda::event::{RecordedEvent, synchronize_raw};
 use crate::backend::cuda::{
-    CudaBackend, CudaContext, CudaStream, DeviceView, DeviceViewMut, pointer_info,
+    CudaBackend, CudaContext, CudaStream, CudaVirtualMemory, DeviceView, DeviceViewMut,
+    pointer_info,
 };
 use crate::error::Error;
 use crate::layout::Element;
@@ -34,8 +35,9 @@ pub fn stream_id(stream: &CudaStream) -> StreamId {
 /// stream) and `2` (the per-thread default stream) need no registration. Any other handle is
 /// an error naming it: a number made up in safe code never reaches `cuEventRecord`.
 ///
-/// Every call binds the context to the calling thread first, never blocks the host and never
-/// calls back into the pool.
+/// Every call binds the context to the calling thread first and never calls back into the
+/// pool; none blocks the host but [`synchronize`](StreamSync::synchronize), which waits for
+/// the stream (`cuStreamSynchronize`).
 #[derive(Debug)]
 pub struct CudaStreams {
     ctx: Arc<CudaContext>,
@@ -143,11 +145,21 @@ impl StreamSync for CudaStreams {
         // context.
         unsafe { RecordedEvent::record(&self.ctx, producer.raw())?.make_wait(waiter.raw()) }
     }
+
+    fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
+        self.check(stream)?;
+        // SAFETY: a special handle or a registered, live stream of this context.
+        unsafe { synchronize_raw(&self.ctx, stream.raw()) }
+    }
 }
 
 impl PoolBuilder {
-    /// Reserves the region with `cuMemAlloc` on `stream`'s device ([`CudaBackend::new`]) and
-    /// makes the pool stream-aware ([`CudaStreams`]) with `stream` as its home stream.
+    /// A pool on `stream`'s device, stream-aware ([`CudaStreams`]) with `stream` as its home
+    /// stream. The region is growable by default: addresses for the whole capacity reserved
+    /// with the virtual memory API ([`CudaVirtualMemory`]), device memory mapped in chunks of
+    /// [`chunk`](Self::chunk) bytes (2 MiB on an H200) as allocations reach them, given back by
+    /// [`Pool::trim`]. With [`RegionKind::Classic`] it is one `cuMemAlloc` of the capacity
+    /// ([`CudaBackend::new`]), made up front: what RDMA registration and CUDA IPC need.
     ///
     /// ```no_run
     /// use devarena::backend::cuda::cuda_stream;
@@ -164,18 +176,29 @@ impl PoolBuilder {
     pub fn build_cuda(self, stream: Arc<CudaStream>) -> Result<Pool, Error> {
         let streams = Arc::new(CudaStreams::new(stream.context().clone()));
         let home = streams.register(&stream)?;
-        self.streams(streams, home)
-            .build_in(CudaBackend::new(stream))
+        let builder = self.streams(streams, home);
+        match builder.region_or(RegionKind::Growable) {
+            RegionKind::Growable => {
+                let vm = CudaVirtualMemory::new(stream)?;
+                builder.build_mapped(vm)
+            }
+            RegionKind::Classic => builder.build_in(CudaBackend::new(stream)),
+        }
     }
 }
 
 impl Pool {
-    /// A pool of `capacity` bytes of device memory: one `cuMemAlloc` on `stream`'s device,
-    /// home stream `stream` (see [`PoolBuilder::build_cuda`] for the other settings).
+    /// A pool of up to `capacity` bytes of device memory on `stream`'s device, home stream
+    /// `stream`: a growable region, whose device memory follows its use (see
+    /// [`PoolBuilder::build_cuda`] for a classic region and the other settings). Nothing is
+    /// mapped until allocations reach it, so `capacity` may be as large as the device: it is
+    /// the hard cap, and costs only address space.
     ///
-    /// Allocation and free never call the driver, except to record an event when a block is
-    /// freed on another stream (see [`crate::pool::stream`]). [`PoolSlice::device_view`] and
-    /// [`PoolSlice::device_view_mut`] turn typed slices into views for cudarc.
+    /// Allocation and free call the driver only to map memory where the pool grows into space
+    /// it never used (or gave back), and to record an event when a block is freed on another
+    /// stream (see [`crate::pool::stream`]). [`Pool::trim`] gives back chunks with no live byte.
+    /// [`PoolSlice::device_view`] and [`PoolSlice::device_view_mut`] turn typed slices into
+    /// views for cudarc.
     ///
     /// ```no_run
     /// use devarena::backend::cuda::cuda_stream;

@@ -127,12 +127,14 @@ mod slice;
 mod stats;
 pub mod stream;
 mod tlsf;
+mod vmm;
 
 pub use builder::PoolBuilder;
 pub use events::{
     CSV_HEADER, CsvEventLog, EventSink, LogEvents, PoolAction, PoolEvent, format_time,
 };
 pub use handles::{Pool, PoolClient};
+pub use region::RegionKind;
 pub use slice::PoolSlice;
 pub use stats::{ClientStats, Leak, LeakReport, PoolStats, Tracking};
 pub use stream::{ManualStreams, StreamEvent, StreamId, StreamSync};
