@@ -102,17 +102,22 @@ fn the_reuse_cache_is_merged_before_the_pool_grows() {
     }
     let mapped = pool.stats().mapped;
     assert_eq!(mapped, 4 * MIB);
+    let map_calls = maps(&vm);
     // 3 MiB (another size class) fits only in merged memory: the cache is merged, no chunk
     // mapped.
     let c = pool.allocate(3 * MIB, 0).unwrap();
     assert_eq!(pool.stats().mapped, mapped);
+    assert_eq!(maps(&vm), map_calls);
     assert_eq!(c, pool.base());
     pool.deallocate(c).unwrap();
 }
 
+/// What the event sink saw: each event's action and error.
+type Seen = Arc<Mutex<Vec<(PoolAction, Option<String>)>>>;
+
 #[test]
 fn a_failed_map_fails_the_request_and_changes_nothing() {
-    let seen: Arc<Mutex<Vec<(PoolAction, Option<String>)>>> = Arc::default();
+    let seen: Seen = Arc::default();
     let sink = {
         let seen = seen.clone();
         move |e: &PoolEvent<'_>| {

@@ -428,7 +428,7 @@ mod host_stand_in {
         unsafe fn map(&self, addr: u64, chunk: usize, count: usize) -> Result<(), Error> {
             let g = self.granularity;
             let mut inner = self.lock();
-            let bytes = chunk.checked_mul(count).unwrap_or(usize::MAX);
+            let bytes = chunk.saturating_mul(count);
             if chunk == 0 || chunk % g != 0 || addr % g as u64 != 0 || count == 0 {
                 return Err(Error::invalid(format!(
                     "host virtual memory: {count} chunks of {chunk} bytes at {addr:#x} are not \
