@@ -93,22 +93,33 @@ fn nothing_is_mapped_until_an_allocation_reaches_it() {
 }
 
 #[test]
-fn the_reuse_cache_is_merged_before_the_pool_grows() {
+fn a_failed_map_merges_the_reuse_cache_and_looks_again() {
     let (pool, vm) = growable(64 * MIB);
     // Four blocks of 1 MiB map 4 MiB; freed, they wait whole in the reuse cache.
     let blocks: Vec<u64> = (0..4).map(|_| pool.allocate(MIB, 0).unwrap()).collect();
-    for b in blocks {
+    for &b in &blocks {
         pool.deallocate(b).unwrap();
     }
-    let mapped = pool.stats().mapped;
-    assert_eq!(mapped, 4 * MIB);
-    let map_calls = maps(&vm);
-    // 3 MiB (another size class) fits only in merged memory: the cache is merged, no chunk
-    // mapped.
+    assert_eq!(vm.mapped_bytes(), 4 * MIB);
+    // 3 MiB (another size class) fits in no free block as they stand: the pool would grow,
+    // but the device is out of memory. Merged, the cached blocks hold it.
+    vm.fail_maps(0, 1);
     let c = pool.allocate(3 * MIB, 0).unwrap();
-    assert_eq!(pool.stats().mapped, mapped);
-    assert_eq!(maps(&vm), map_calls);
-    assert_eq!(c, pool.base());
+    assert_eq!(c, blocks[0]);
+    assert_eq!(vm.mapped_bytes(), 4 * MIB);
+    let calls = vm.calls();
+    assert!(
+        matches!(calls.last(), Some(VmCall::MapFailed { .. })),
+        "{calls:?}"
+    );
+    let s = pool.stats();
+    assert_eq!((s.mapped, s.failures, s.live), (4 * MIB, 0, 1));
+    // Without cached blocks to merge, the failure is the request's.
+    vm.fail_maps(0, 1);
+    assert!(matches!(
+        pool.allocate(3 * MIB, 0),
+        Err(Error::OutOfMemory { .. })
+    ));
     pool.deallocate(c).unwrap();
 }
 

@@ -535,7 +535,7 @@ impl Shared {
         let (block, addr) = if state.mapping.covers(addr, reserved as u64) {
             (block, addr)
         } else {
-            self.map_block(state, ask, block, addr, reserved, align)?
+            self.map_block(state, block, addr, reserved, align)?
         };
         let taken = Taken {
             block,
@@ -547,38 +547,42 @@ impl Shared {
     }
 
     /// Maps the memory behind a block whose chunks are not all mapped (a growable region
-    /// grows). Freed blocks waiting in the reuse cache are merged first and the request looks
-    /// again, so that memory already mapped is used before new memory is: the cache delays
-    /// merging, and must not make the pool grow. When mapping fails, the block goes back to
-    /// the free lists and the pool is as it was (but for the merged cache), and the error
-    /// (`OutOfMemory` with the driver's error name, when the device is out of memory) fails the
-    /// request.
+    /// grows). When that fails (the device is out of memory), the block goes back to the free
+    /// lists; if freed blocks wait in the reuse cache (all of them mapped), they are merged and
+    /// the request looks once more, where it may find mapped memory. When that fails too, the
+    /// pool is as it was (but for the merged cache) and the error (`OutOfMemory` with the
+    /// driver's error name, when the device is out of memory) fails the request.
+    ///
+    /// The cache is not merged before the pool grows: merging it resets what it learned, and
+    /// on the pool benchmark's workload that halves its hits for a third of the memory (see
+    /// `BENCHMARKS.md`). A growable region so maps the addresses a classic region of the same
+    /// workload would touch, no more.
     #[cold]
     #[inline(never)]
     fn map_block(
         &self,
         state: &mut State,
-        ask: &Ask,
         block: u32,
         addr: u64,
         reserved: usize,
         align: usize,
     ) -> Result<(u32, u64), Error> {
-        let (mut block, mut addr) = (block, addr);
-        if state.tlsf.cached().1 > 0 {
-            state.tlsf.free(block);
-            state.tlsf.flush();
-            let Some(taken) = state.tlsf.allocate(reserved as u64, align as u64) else {
-                return Err(self.exhausted(state, ask, "capacity"));
-            };
-            (block, addr) = taken;
-            if state.mapping.covers(addr, reserved as u64) {
-                return Ok((block, addr));
-            }
-        }
-        if let Err(error) = state.mapping.ensure(addr, reserved as u64) {
-            state.tlsf.free(block);
+        let Err(error) = state.mapping.ensure(addr, reserved as u64) else {
+            return Ok((block, addr));
+        };
+        state.tlsf.free(block);
+        if state.tlsf.cached().1 == 0 {
             return Err(error);
+        }
+        state.tlsf.flush();
+        let Some((block, addr)) = state.tlsf.allocate(reserved as u64, align as u64) else {
+            return Err(error);
+        };
+        if !state.mapping.covers(addr, reserved as u64) {
+            if let Err(error) = state.mapping.ensure(addr, reserved as u64) {
+                state.tlsf.free(block);
+                return Err(error);
+            }
         }
         Ok((block, addr))
     }
