@@ -21,17 +21,26 @@
 //!
 //! # One pool per device
 //!
-//! The first allocation on a device creates its pool (thread-safe, once): one `cuMemAlloc`
-//! of the capacity in the device's **primary context**, the context the CUDA runtime and so
-//! PyTorch use, so the addresses are valid in PyTorch's kernels. The capacity comes from the
-//! environment:
+//! The first allocation on a device creates its pool (thread-safe, once), in the device's
+//! **primary context**, the context the CUDA runtime and so PyTorch use, so the addresses are
+//! valid in PyTorch's kernels. The pool's region is growable: addresses for the whole capacity
+//! are reserved up front and device memory is mapped under them in 2 MiB chunks as allocations
+//! reach them, so the pool holds what PyTorch uses, not its capacity. The environment says:
 //!
-//! * `DEVARENA_POOL_BYTES`: bytes, with an optional binary suffix (`K`, `M`, `G`, `T`, also
-//!   written `KiB`, `MiB`, ...): `8G`, `512MiB`, `1073741824`. A hard cap: beyond it
-//!   allocations fail (PyTorch raises `torch.OutOfMemoryError`).
-//! * unset: 80% of the device's free memory when the pool is created, rounded down to 2 MiB.
+//! * `DEVARENA_POOL_BYTES`: the capacity, in bytes, with an optional binary suffix (`K`, `M`,
+//!   `G`, `T`, also written `KiB`, `MiB`, ...): `8G`, `512MiB`, `1073741824`. A hard cap:
+//!   beyond it allocations fail (PyTorch raises `torch.OutOfMemoryError`). Unset: the device's
+//!   total memory (it costs nothing until used), rounded down to 2 MiB.
+//! * `DEVARENA_REGION=classic`: one `cuMemAlloc` of the whole capacity when the pool is made,
+//!   instead (for memory that must be one classic allocation: RDMA registration, CUDA IPC);
+//!   with `DEVARENA_POOL_BYTES` unset, the capacity is then 80% of the device's free memory.
 //!
-//! A pool that cannot be created (bad variable, no device, `cuMemAlloc` failing) is reported
+//! When the device runs out of memory while the pool maps a chunk, the allocation returns null
+//! and PyTorch raises `torch.OutOfMemoryError`, as it does at the cap; the pool is unchanged.
+//! [`devarena_torch_trim`] gives back the memory of every chunk that no live allocation uses
+//! (after `torch.cuda.empty_cache()` has returned PyTorch's cached segments, for instance).
+//!
+//! A pool that cannot be created (bad variable, no device, the driver failing) is reported
 //! once on stderr and every allocation on that device returns null.
 //!
 //! # Streams
@@ -50,9 +59,9 @@
 //!   allocation with the pool's reason (client, request, what is free).
 //! * `DEVARENA_EVENT_LOG=path`: every allocation and free in RMM's replay-log CSV
 //!   (`Thread,Time,Action,Pointer,Size,Stream`); with several devices, `path.<device>`.
-//! * [`devarena_torch_stats`] fills a C struct with a pool's counters; [`devarena_torch_report`]
-//!   prints the counters and the leak report (every live allocation with its size, age and
-//!   stream) on stderr.
+//! * [`devarena_torch_stats`] fills a C struct with a pool's counters (memory mapped now and at
+//!   most included); [`devarena_torch_report`] prints the counters and the leak report (every
+//!   live allocation with its size, age and stream) on stderr.
 //!
 //! No function here unwinds into C: every entry point catches panics and turns them into a
 //! null, an error code, or a line on stderr.
@@ -63,7 +72,7 @@ use std::sync::{Arc, OnceLock};
 
 use devarena::Pool;
 use devarena::backend::cuda::{default_stream, mem_info};
-use devarena::pool::{AllocRequest, CsvEventLog, StreamId, Tracking};
+use devarena::pool::{AllocRequest, CsvEventLog, RegionKind, StreamId, Tracking};
 
 /// Devices with a pool slot.
 const MAX_DEVICES: usize = 64;
@@ -71,7 +80,7 @@ const MAX_DEVICES: usize = 64;
 /// multiples of 512 bytes inside a segment; 512-aligned segments keep every tensor 512-aligned,
 /// as with `cudaMalloc`.
 const SEGMENT_ALIGN: usize = 512;
-/// The default capacity's share of the free memory, in percent.
+/// The default capacity of a classic region: this share of the free memory, in percent.
 const DEFAULT_SHARE_PERCENT: usize = 80;
 /// The default capacity is rounded down to this.
 const DEFAULT_ROUNDING: usize = 2 << 20;
@@ -110,14 +119,41 @@ fn parse_bytes(text: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("DEVARENA_POOL_BYTES={text:?} overflows usize"))
 }
 
-/// The capacity of a new pool on the device of `stream`.
-fn capacity(stream: &devarena::backend::cuda::CudaStream) -> Result<usize, String> {
+/// Parses `DEVARENA_REGION`: `growable` (the default) or `classic`.
+fn parse_region(text: &str) -> Result<RegionKind, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "growable" | "" => Ok(RegionKind::Growable),
+        "classic" => Ok(RegionKind::Classic),
+        other => Err(format!(
+            "DEVARENA_REGION={other:?}: expected `growable` (the default) or `classic`"
+        )),
+    }
+}
+
+/// The region kind of a new pool.
+fn region() -> Result<RegionKind, String> {
+    match std::env::var("DEVARENA_REGION") {
+        Ok(text) => parse_region(&text),
+        Err(std::env::VarError::NotPresent) => Ok(RegionKind::Growable),
+        Err(e) => Err(format!("DEVARENA_REGION: {e}")),
+    }
+}
+
+/// The capacity of a new pool of `kind` on the device of `stream`.
+fn capacity(
+    stream: &devarena::backend::cuda::CudaStream,
+    kind: RegionKind,
+) -> Result<usize, String> {
     match std::env::var("DEVARENA_POOL_BYTES") {
         Ok(text) => parse_bytes(&text),
         Err(std::env::VarError::NotPresent) => {
-            let (free, _) = mem_info(stream).map_err(|e| e.to_string())?;
-            let bytes = free / 100 * DEFAULT_SHARE_PERCENT / DEFAULT_ROUNDING * DEFAULT_ROUNDING;
-            Ok(bytes)
+            let (free, total) = mem_info(stream).map_err(|e| e.to_string())?;
+            let bytes = match kind {
+                // Addresses only: the whole device costs nothing until used.
+                RegionKind::Growable => total,
+                RegionKind::Classic => free / 100 * DEFAULT_SHARE_PERCENT,
+            };
+            Ok(bytes / DEFAULT_ROUNDING * DEFAULT_ROUNDING)
         }
         Err(e) => Err(format!("DEVARENA_POOL_BYTES: {e}")),
     }
@@ -125,9 +161,11 @@ fn capacity(stream: &devarena::backend::cuda::CudaStream) -> Result<usize, Strin
 
 fn create_pool(device: usize) -> Result<Pool, String> {
     let stream = default_stream(device).map_err(|e| e.to_string())?;
-    let capacity = capacity(&stream)?;
+    let kind = region()?;
+    let capacity = capacity(&stream, kind)?;
     let mut builder = Pool::builder(capacity)
         .name(format!("torch-cuda:{device}"))
+        .region(kind)
         .tracking(Tracking::Tags)
         .log_leaks_on_drop(false);
     if let Some(path) = std::env::var_os("DEVARENA_EVENT_LOG") {
@@ -152,11 +190,18 @@ fn pool_for(device: i32) -> Option<&'static Pool> {
         let result = create_pool(index);
         match &result {
             Ok(pool) if verbose() => eprintln!(
-                "devarena: pool `{}`: {} bytes ({:.2} GiB) of device memory at {:#x}",
+                "devarena: pool `{}`: {} bytes ({:.2} GiB) of device memory at {:#x}, {}",
                 pool.name(),
                 pool.capacity(),
                 pool.capacity() as f64 / (1u64 << 30) as f64,
-                pool.base()
+                pool.base(),
+                match pool.region_kind() {
+                    RegionKind::Growable => format!(
+                        "growable: mapped in chunks of {} bytes as used",
+                        pool.stats().chunk
+                    ),
+                    RegionKind::Classic => "classic: one cuMemAlloc, held".to_string(),
+                }
             ),
             Ok(_) => {}
             Err(reason) => eprintln!(
@@ -276,6 +321,16 @@ pub struct DevarenaTorchStats {
     pub largest_free: u64,
     /// Bytes freed on other streams, waiting for their events.
     pub pending: u64,
+    /// Bytes of device memory the pool holds now (the capacity for a classic region).
+    pub mapped: u64,
+    /// The most it has held.
+    pub peak_mapped: u64,
+    /// Bytes per chunk of mapping (the capacity for a classic region).
+    pub chunk: u64,
+    /// Chunks mapped so far.
+    pub maps: u64,
+    /// Chunks unmapped so far.
+    pub unmaps: u64,
 }
 
 /// Fills `*out` with the counters of `device`'s pool. Returns 0 on success, 1 when the device
@@ -303,6 +358,11 @@ pub unsafe extern "C" fn devarena_torch_stats(device: i32, out: *mut DevarenaTor
                 live: s.live,
                 largest_free: s.largest_free as u64,
                 pending: s.pending as u64,
+                mapped: s.mapped as u64,
+                peak_mapped: s.peak_mapped as u64,
+                chunk: s.chunk as u64,
+                maps: s.maps,
+                unmaps: s.unmaps,
             }
         })
     });
@@ -315,6 +375,26 @@ pub unsafe extern "C" fn devarena_torch_stats(device: i32, out: *mut DevarenaTor
         Ok(None) => 1,
         Err(_) => -1,
     }
+}
+
+/// Gives back the device memory of every chunk of `device`'s pool that no live allocation
+/// uses, until at most `keep` bytes stay mapped (0: all it can); waits for the pool's home
+/// stream (the legacy default stream) first. Returns the bytes given back, or -1 when the
+/// device has no pool, the trim failed (reported on stderr) or a panic was caught.
+#[unsafe(no_mangle)]
+pub extern "C" fn devarena_torch_trim(device: i32, keep: u64) -> i64 {
+    let result = catch_unwind(|| {
+        let pool = existing_pool(device)?;
+        let keep = usize::try_from(keep).unwrap_or(usize::MAX);
+        match pool.trim_to(keep) {
+            Ok(bytes) => Some(bytes as i64),
+            Err(error) => {
+                eprintln!("devarena: devarena_torch_trim(cuda:{device}): {error}");
+                None
+            }
+        }
+    });
+    result.ok().flatten().unwrap_or(-1)
 }
 
 /// Prints the counters and the leak report (every live allocation: address, size, stream) of
@@ -334,7 +414,18 @@ pub extern "C" fn devarena_torch_report(device: i32) -> i64 {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::{RegionKind, parse_bytes, parse_region};
+
+    #[test]
+    fn the_region_kind_parses() {
+        assert_eq!(parse_region("growable"), Ok(RegionKind::Growable));
+        assert_eq!(parse_region(" Classic "), Ok(RegionKind::Classic));
+        assert!(
+            parse_region("elastic")
+                .unwrap_err()
+                .contains("DEVARENA_REGION")
+        );
+    }
 
     #[test]
     fn pool_bytes_parse_with_binary_units() {
