@@ -35,6 +35,9 @@
 //!   instead (for memory that must be one classic allocation: RDMA registration, CUDA IPC);
 //!   with `DEVARENA_POOL_BYTES` unset, the capacity is then 80% of the device's free memory.
 //!
+//! Freed blocks merge with their free neighbours at once (no reuse cache): PyTorch's calls come
+//! microseconds apart, and the footprint is what this library is for.
+//!
 //! When the device runs out of memory while the pool maps a chunk, the allocation returns null
 //! and PyTorch raises `torch.OutOfMemoryError`, as it does at the cap; the pool is unchanged.
 //! [`devarena_torch_trim`] gives back the memory of every chunk that no live allocation uses
@@ -166,6 +169,10 @@ fn create_pool(device: usize) -> Result<Pool, String> {
     let mut builder = Pool::builder(capacity)
         .name(format!("torch-cuda:{device}"))
         .region(kind)
+        // Every free merges at once: the tightest footprint. PyTorch's calls come microseconds
+        // apart, so what the reuse cache saves (tens of nanoseconds a pair) does not show, and
+        // blocks waiting unmerged would keep address space, and so memory, from other sizes.
+        .reuse(0, 0)
         .tracking(Tracking::Tags)
         .log_leaks_on_drop(false);
     if let Some(path) = std::env::var_os("DEVARENA_EVENT_LOG") {
