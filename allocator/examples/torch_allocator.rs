@@ -17,7 +17,17 @@
 //! Used through `MemPool` / `use_mem_pool`, PyTorch's caching allocator asks this library for
 //! its segments (2 MiB, 20 MiB, or the size of a large tensor rounded to 2 MiB) and
 //! sub-allocates tensors inside them; a null from [`devarena_torch_alloc`] becomes a
-//! `torch.OutOfMemoryError` there.
+//! `torch.OutOfMemoryError` there. As PyTorch's allocator itself, set before anything touches
+//! the device, every tensor comes from the pool and goes back to it when freed, with no cache
+//! in between, so the device holds what the tensors need:
+//!
+//! ```python
+//! import torch
+//! alloc = torch.cuda.memory.CUDAPluggableAllocator(
+//!     "libtorch_allocator.so", "devarena_torch_alloc", "devarena_torch_free")
+//! torch.cuda.memory.change_current_allocator(alloc)   # first: PyTorch swaps only an unused one
+//! x = torch.randn(1 << 20, device="cuda")             # memory from devarena's pool
+//! ```
 //!
 //! # One pool per device
 //!
