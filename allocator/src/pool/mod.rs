@@ -76,7 +76,7 @@
 //! Freed blocks that wait in the reuse cache stay mapped, and while they wait, requests of
 //! other sizes are placed around them: a growable region maps the addresses a classic one
 //! would touch, which with the cache can be well above the peak in use (the pool benchmark's
-//! random workload: about 3 x with the cache, 1.13 x without; see `BENCHMARKS.md`).
+//! random workload: 3.4 x with the cache, 1.08 x without; see `BENCHMARKS.md`).
 //! [`PoolBuilder::reuse`]`(0, 0)` keeps the footprint tight where that matters more than the
 //! cache's nanoseconds.
 //!
