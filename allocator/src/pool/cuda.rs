@@ -163,14 +163,22 @@ impl PoolBuilder {
     ///
     /// ```no_run
     /// use devarena::backend::cuda::cuda_stream;
-    /// use devarena::pool::{Pool, Tracking};
+    /// use devarena::pool::{Pool, RegionKind, Tracking};
     ///
     /// let stream = cuda_stream(0)?;
     /// let pool = Pool::builder(1 << 30)
     ///     .name("engines")
     ///     .tracking(Tracking::Tags)
+    ///     .build_cuda(stream.clone())?;
+    /// assert_eq!(pool.backend_name(), "cuda-vmm");
+    /// assert_eq!(pool.stats().mapped, 0); // nothing until an allocation reaches it
+    ///
+    /// // One cuMemAlloc of the capacity, up front (for RDMA or IPC).
+    /// let classic = Pool::builder(1 << 30)
+    ///     .region(RegionKind::Classic)
     ///     .build_cuda(stream)?;
-    /// assert_eq!(pool.backend_name(), "cuda");
+    /// assert_eq!(classic.backend_name(), "cuda");
+    /// assert_eq!(classic.stats().mapped, 1 << 30);
     /// # Ok::<(), devarena::Error>(())
     /// ```
     pub fn build_cuda(self, stream: Arc<CudaStream>) -> Result<Pool, Error> {
