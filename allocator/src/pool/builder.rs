@@ -244,10 +244,16 @@ impl PoolBuilder {
         self.finish(region)
     }
 
-    /// The region kind asked for, or `default` when none was.
+    /// The pool's name, as set so far.
     #[cfg(feature = "cuda")]
-    pub(super) fn region_or(&self, default: RegionKind) -> RegionKind {
-        self.region.unwrap_or(default)
+    pub(super) fn pool_name(&self) -> &str {
+        &self.name
+    }
+
+    /// The region kind asked for, if any.
+    #[cfg(feature = "cuda")]
+    pub(super) fn region_asked(&self) -> Option<RegionKind> {
+        self.region
     }
 
     /// Checks the settings before anything is reserved; returns the capacity rounded down to

@@ -159,7 +159,9 @@ impl PoolBuilder {
     /// with the virtual memory API ([`CudaVirtualMemory`]), device memory mapped in chunks of
     /// [`chunk`](Self::chunk) bytes (2 MiB on an H200) as allocations reach them, given back by
     /// [`Pool::trim`]. With [`RegionKind::Classic`] it is one `cuMemAlloc` of the capacity
-    /// ([`CudaBackend::new`]), made up front: what RDMA registration and CUDA IPC need.
+    /// ([`CudaBackend::new`]), made up front: what RDMA registration and CUDA IPC need. A device
+    /// without the virtual memory API gets a classic region unless a growable one was asked
+    /// for (then it is an error), and a warning in the log.
     ///
     /// ```no_run
     /// use devarena::backend::cuda::cuda_stream;
@@ -185,11 +187,23 @@ impl PoolBuilder {
         let streams = Arc::new(CudaStreams::new(stream.context().clone()));
         let home = streams.register(&stream)?;
         let builder = self.streams(streams, home);
-        match builder.region_or(RegionKind::Growable) {
-            RegionKind::Growable => {
-                let vm = CudaVirtualMemory::new(stream)?;
-                builder.build_mapped(vm)
+        let kind = match builder.region_asked() {
+            Some(kind) => kind,
+            // A device without the virtual memory API gets the classic region it can have.
+            None if !CudaVirtualMemory::supported(&stream)? => {
+                log::warn!(
+                    target: "devarena::pool",
+                    "device {} has no virtual memory API: pool `{}` takes its capacity in one \
+                     cuMemAlloc",
+                    stream.context().ordinal(),
+                    builder.pool_name()
+                );
+                RegionKind::Classic
             }
+            None => RegionKind::Growable,
+        };
+        match kind {
+            RegionKind::Growable => builder.build_mapped(CudaVirtualMemory::new(stream)?),
             RegionKind::Classic => builder.build_in(CudaBackend::new(stream)),
         }
     }

@@ -49,14 +49,8 @@ impl CudaVirtualMemory {
     /// management (`CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`) or the driver
     /// reports no granularity.
     pub fn new(stream: Arc<CudaStream>) -> Result<Self, Error> {
-        bind(&stream)?;
         let ctx = stream.context();
-        let supported = ctx
-            .attribute(
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-            )
-            .map_err(drv("cuDeviceGetAttribute"))?;
-        if supported == 0 {
+        if !Self::supported(&stream)? {
             return Err(Error::invalid(format!(
                 "device {} does not support the CUDA virtual memory API; use a classic region \
                  (`RegionKind::Classic`)",
@@ -96,6 +90,19 @@ impl CudaVirtualMemory {
             granularity,
             recommended,
         })
+    }
+
+    /// Whether `stream`'s device has the virtual memory API
+    /// (`CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`).
+    pub fn supported(stream: &CudaStream) -> Result<bool, Error> {
+        bind(stream)?;
+        let supported = stream
+            .context()
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+            )
+            .map_err(drv("cuDeviceGetAttribute"))?;
+        Ok(supported != 0)
     }
 
     /// The stream whose device and context the memory belongs to.
