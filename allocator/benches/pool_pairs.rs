@@ -11,11 +11,16 @@
 //! a machine with few or busy CPUs one thread may run its whole script before another starts,
 //! and then neither figure measures contention).
 //!
-//! With the `cuda` feature and a GPU, two device columns run in the same process: a
-//! `devarena::Pool` whose region is one `cuMemAlloc` on the device, and `cuMemAllocAsync` /
-//! `cuMemFreeAsync` (each thread on its own stream, the device's memory pool with its release
-//! threshold raised to `u64::MAX` so freed memory stays pooled; the stream is synchronized at
-//! the end of the timed part). Without a GPU they are skipped with a note.
+//! With the `cuda` feature and a GPU, three device columns run in the same process: a
+//! `devarena::Pool` whose region is one `cuMemAlloc` on the device (classic, "cuda"), the same
+//! pool on a growable region ("cuda-vmm": addresses reserved, device memory mapped in chunks
+//! as the workload first reaches it, so the warm-up round maps and the timed rounds should
+//! not), and `cuMemAllocAsync` / `cuMemFreeAsync` (each thread on its own stream, the device's
+//! memory pool with its release threshold raised to `u64::MAX` so freed memory stays pooled;
+//! the stream is synchronized at the end of the timed part). After the table: the growable
+//! pool's ns/pair over the classic one's, and what growing and trimming cost: 1 GiB allocated
+//! as 64 blocks of 16 MiB into a fresh growable pool, for several chunk sizes, then freed and
+//! trimmed, beside one `cuMemAlloc` of 1 GiB. Without a GPU they are skipped with a note.
 //!
 //! ```text
 //! cargo bench -p devarena --bench pool_pairs                   # host columns, table
@@ -27,8 +32,13 @@
 //!
 //! Host columns: the system allocator (the baseline), a `devarena::Pool` on host memory as
 //! built by default, the same pool with its reuse cache off (`PoolBuilder::reuse(0, 0)`: every
-//! free merges at once), and the `offset-allocator` crate behind a mutex. After the table, each
-//! pool reports how many of its allocations took a freed block whole from the reuse cache.
+//! free merges at once), the `offset-allocator` crate behind a mutex, and the pool on a growable
+//! region over `HostVirtualMemory` (the host stand-in for a device's virtual memory, 2 MiB
+//! chunks), with and without the reuse cache: what checking chunks adds to a pair, and how much
+//! memory a growable region maps for this workload. (The stand-in fills every chunk it maps,
+//! which page-faults it in: a map costs far more there than on a device, so any mapping left in
+//! the timed rounds shows.) After the table, each pool reports how many of its allocations took
+//! a freed block whole from the reuse cache and, when it grew, what it mapped.
 //!
 //! Every allocator is an [`AllocatorUnderTest`] measured by [`measure`]; [`allocators`] lists
 //! them.
@@ -40,6 +50,7 @@ use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use devarena::Pool;
+use devarena::backend::HostVirtualMemory;
 use devarena::pool::PoolClient;
 
 /// An allocator the benchmark can drive.
@@ -91,13 +102,26 @@ impl AllocatorUnderTest for DevarenaPool {
     fn summary(&self) -> Option<String> {
         let s = self.pool.stats();
         (s.allocations > 0).then(|| {
-            format!(
+            let mut line = format!(
                 "{}: {} of {} allocations ({:.1}%) took a freed block whole from the reuse cache",
                 self.name(),
                 s.reused,
                 s.allocations,
                 100.0 * s.reused as f64 / s.allocations as f64,
-            )
+            );
+            if s.maps > 0 {
+                // Every chunk mapped once and never unmapped: mapping happened on growth only.
+                line += &format!(
+                    "; {} chunks of {} MiB mapped in all ({} MiB mapped now, {} unmapped), \
+                     peak in use {} MiB",
+                    s.maps,
+                    s.chunk >> 20,
+                    s.mapped >> 20,
+                    s.unmaps,
+                    s.peak >> 20
+                );
+            }
+            line
         })
     }
 }
@@ -215,6 +239,24 @@ fn allocators(capacity: usize, notes: &mut Vec<String>) -> Vec<Box<dyn Allocator
             label: ", no reuse",
         }),
         Box::new(OffsetAllocator::new(capacity)),
+        // The pool on a growable region over the host stand-in for a device's virtual memory:
+        // what checking (and, in the warm-up round, mapping) chunks adds to each pair.
+        Box::new(DevarenaPool {
+            pool: Pool::builder(capacity)
+                .name("bench-vm")
+                .build_mapped(HostVirtualMemory::new(2 << 20).expect("a valid granularity"))
+                .expect("reserve the pool's addresses"),
+            label: "",
+        }),
+        // The same without the reuse cache: the memory a growable region then holds.
+        Box::new(DevarenaPool {
+            pool: Pool::builder(capacity)
+                .name("bench-vm-no-reuse")
+                .reuse(0, 0)
+                .build_mapped(HostVirtualMemory::new(2 << 20).expect("a valid granularity"))
+                .expect("reserve the pool's addresses"),
+            label: ", no reuse",
+        }),
     ];
     device::push_columns(capacity, &mut all, notes);
     all
@@ -225,6 +267,8 @@ mod device {
     use super::AllocatorUnderTest;
 
     pub const ASYNC_NAME: &str = "cuMemAllocAsync";
+    pub const CLASSIC_NAME: &str = "devarena Pool (cuda)";
+    pub const GROWABLE_NAME: &str = "devarena Pool (cuda-vmm)";
 
     pub fn push_columns(
         _capacity: usize,
@@ -242,14 +286,20 @@ mod device {
 
     use std::sync::Arc;
 
+    use std::time::Instant;
+
     use cudarc::driver::{CudaContext, result, sys};
     use devarena::Pool;
     use devarena::backend::cuda::{CudaStream, cuda_stream, describe_device, driver_error};
+    use devarena::pool::RegionKind;
 
     use super::{AllocatorUnderTest, DevarenaPool, Worker};
 
     /// The column name of `cuMemAllocAsync` / `cuMemFreeAsync`.
     pub const ASYNC_NAME: &str = "cuMemAllocAsync";
+    /// The column names of the device pools, classic and growable.
+    pub const CLASSIC_NAME: &str = "devarena Pool (cuda)";
+    pub const GROWABLE_NAME: &str = "devarena Pool (cuda-vmm)";
 
     pub fn push_columns(
         capacity: usize,
@@ -269,14 +319,101 @@ mod device {
         }
         match Pool::builder(capacity)
             .name("bench-cuda")
+            .region(RegionKind::Classic)
             .build_cuda(stream.clone())
         {
             Ok(pool) => all.push(Box::new(DevarenaPool { pool, label: "" })),
-            Err(e) => notes.push(format!("devarena Pool (cuda) skipped: {e}")),
+            Err(e) => notes.push(format!("{CLASSIC_NAME} skipped: {e}")),
         }
+        match Pool::builder(capacity)
+            .name("bench-cuda-vmm")
+            .region(RegionKind::Growable)
+            .build_cuda(stream.clone())
+        {
+            Ok(pool) => all.push(Box::new(DevarenaPool { pool, label: "" })),
+            Err(e) => notes.push(format!("{GROWABLE_NAME} skipped: {e}")),
+        }
+        growth_notes(&stream, notes);
         match StreamOrdered::new(&stream) {
             Ok(async_alloc) => all.push(Box::new(async_alloc)),
             Err(e) => notes.push(format!("{ASYNC_NAME} skipped: {e}")),
+        }
+    }
+
+    /// What growing and trimming cost: 1 GiB as 64 blocks of 16 MiB into a fresh growable pool
+    /// (every block maps its chunks), freed and trimmed, per chunk size; and one `cuMemAlloc`
+    /// of 1 GiB (a classic region of that size) beside it. One line each in `notes`.
+    fn growth_notes(stream: &std::sync::Arc<CudaStream>, notes: &mut Vec<String>) {
+        const GIB: usize = 1 << 30;
+        const BLOCK: usize = 16 << 20;
+        let t = Instant::now();
+        match Pool::builder(GIB)
+            .region(RegionKind::Classic)
+            .build_cuda(stream.clone())
+        {
+            Ok(pool) => {
+                let made = t.elapsed();
+                let t = Instant::now();
+                drop(pool);
+                notes.push(format!(
+                    "growth: a classic region of 1 GiB (one cuMemAlloc): {:.2} ms to make, \
+                     {:.2} ms to free",
+                    made.as_secs_f64() * 1e3,
+                    t.elapsed().as_secs_f64() * 1e3
+                ));
+            }
+            Err(e) => notes.push(format!("growth: classic region skipped: {e}")),
+        }
+        for chunk in [2usize << 20, 8 << 20, 32 << 20, 128 << 20] {
+            let pool = match Pool::builder(2 * GIB)
+                .chunk(chunk)
+                .build_cuda(stream.clone())
+            {
+                Ok(pool) => pool,
+                Err(e) => {
+                    notes.push(format!(
+                        "growth with {} MiB chunks skipped: {e}",
+                        chunk >> 20
+                    ));
+                    continue;
+                }
+            };
+            let t = Instant::now();
+            let blocks: Result<Vec<u64>, _> =
+                (0..GIB / BLOCK).map(|_| pool.allocate(BLOCK, 0)).collect();
+            let grew = t.elapsed();
+            let blocks = match blocks {
+                Ok(blocks) => blocks,
+                Err(e) => {
+                    notes.push(format!(
+                        "growth with {} MiB chunks failed: {e}",
+                        chunk >> 20
+                    ));
+                    continue;
+                }
+            };
+            for b in blocks {
+                pool.deallocate(b).expect("free a live block");
+            }
+            let t = Instant::now();
+            let trimmed = pool.trim();
+            let trim = t.elapsed();
+            let s = pool.stats();
+            notes.push(format!(
+                "growth: 1 GiB as {} blocks of 16 MiB, {} MiB chunks: {:.2} ms mapping {} chunks \
+                 ({:.1} us per chunk, {:.2} ms per GiB); trim {:.2} ms{}",
+                GIB / BLOCK,
+                chunk >> 20,
+                grew.as_secs_f64() * 1e3,
+                s.maps,
+                grew.as_secs_f64() * 1e6 / s.maps.max(1) as f64,
+                grew.as_secs_f64() * 1e3 * GIB as f64 / s.peak_mapped.max(1) as f64,
+                trim.as_secs_f64() * 1e3,
+                match trimmed {
+                    Ok(bytes) => format!(" ({} MiB unmapped)", bytes >> 20),
+                    Err(e) => format!(" (failed: {e})"),
+                }
+            ));
         }
     }
 
@@ -662,7 +799,7 @@ fn main() {
     println!();
     let device_ran = rows.iter().any(|r| r.name == device::ASYNC_NAME);
     print!(
-        "{:<31} {:>7} {:>10} {:>10} {:>15} {:>8} {:>11}",
+        "{:<34} {:>7} {:>10} {:>10} {:>15} {:>8} {:>11}",
         "allocator", "threads", "ns/pair", "cpu ns", "Mpairs/s (all)", "overlap", "vs system"
     );
     if device_ran {
@@ -684,7 +821,7 @@ fn main() {
             format!("{vs_system:.2}x")
         };
         print!(
-            "{:<31} {:>7} {:>10.1} {:>10} {:>15.2} {:>8} {:>11}",
+            "{:<34} {:>7} {:>10.1} {:>10} {:>15.2} {:>8} {:>11}",
             r.name,
             r.threads,
             r.ns,
@@ -710,7 +847,38 @@ fn main() {
     if threads.iter().any(|&t| t > 1) {
         println!("overlap: rounds in which every thread had started before the first one finished");
     }
+    for line in growable_vs_classic(&rows, &threads) {
+        println!("{line}");
+    }
 }
+
+/// The growable pools' ns/pair over the classic ones', per thread count (where both ran).
+fn growable_vs_classic(rows: &[Row], threads: &[usize]) -> Vec<String> {
+    let ns = |name: &str, t: usize| {
+        rows.iter()
+            .find(|r| r.threads == t && r.name == name)
+            .map(|r| r.ns)
+    };
+    let pairs = [
+        (HOST_GROWABLE_NAME, HOST_CLASSIC_NAME),
+        (device::GROWABLE_NAME, device::CLASSIC_NAME),
+    ];
+    pairs
+        .iter()
+        .flat_map(|&pair| threads.iter().map(move |&t| (pair, t)))
+        .filter_map(|((growable, classic), t)| {
+            let (g, c) = (ns(growable, t)?, ns(classic, t)?);
+            Some(format!(
+                "{growable} vs {classic}, {t} thread(s): {g:.1} / {c:.1} ns per pair = {:.3}x",
+                g / c
+            ))
+        })
+        .collect()
+}
+
+/// The column names of the host pool, classic and on the stand-in's growable region.
+const HOST_CLASSIC_NAME: &str = "devarena Pool (host)";
+const HOST_GROWABLE_NAME: &str = "devarena Pool (host-vm)";
 
 /// One line of the table.
 struct Row {

@@ -17,21 +17,43 @@
 //! Used through `MemPool` / `use_mem_pool`, PyTorch's caching allocator asks this library for
 //! its segments (2 MiB, 20 MiB, or the size of a large tensor rounded to 2 MiB) and
 //! sub-allocates tensors inside them; a null from [`devarena_torch_alloc`] becomes a
-//! `torch.OutOfMemoryError` there.
+//! `torch.OutOfMemoryError` there. As PyTorch's allocator itself, set before anything touches
+//! the device, every tensor comes from the pool and goes back to it when freed, with no cache
+//! in between, so the device holds what the tensors need:
+//!
+//! ```python
+//! import torch
+//! alloc = torch.cuda.memory.CUDAPluggableAllocator(
+//!     "libtorch_allocator.so", "devarena_torch_alloc", "devarena_torch_free")
+//! torch.cuda.memory.change_current_allocator(alloc)   # first: PyTorch swaps only an unused one
+//! x = torch.randn(1 << 20, device="cuda")             # memory from devarena's pool
+//! ```
 //!
 //! # One pool per device
 //!
-//! The first allocation on a device creates its pool (thread-safe, once): one `cuMemAlloc`
-//! of the capacity in the device's **primary context**, the context the CUDA runtime and so
-//! PyTorch use, so the addresses are valid in PyTorch's kernels. The capacity comes from the
-//! environment:
+//! The first allocation on a device creates its pool (thread-safe, once), in the device's
+//! **primary context**, the context the CUDA runtime and so PyTorch use, so the addresses are
+//! valid in PyTorch's kernels. The pool's region is growable: addresses for the whole capacity
+//! are reserved up front and device memory is mapped under them in 2 MiB chunks as allocations
+//! reach them, so the pool holds what PyTorch uses, not its capacity. The environment says:
 //!
-//! * `DEVARENA_POOL_BYTES`: bytes, with an optional binary suffix (`K`, `M`, `G`, `T`, also
-//!   written `KiB`, `MiB`, ...): `8G`, `512MiB`, `1073741824`. A hard cap: beyond it
-//!   allocations fail (PyTorch raises `torch.OutOfMemoryError`).
-//! * unset: 80% of the device's free memory when the pool is created, rounded down to 2 MiB.
+//! * `DEVARENA_POOL_BYTES`: the capacity, in bytes, with an optional binary suffix (`K`, `M`,
+//!   `G`, `T`, also written `KiB`, `MiB`, ...): `8G`, `512MiB`, `1073741824`. A hard cap:
+//!   beyond it allocations fail (PyTorch raises `torch.OutOfMemoryError`). Unset: the device's
+//!   total memory (it costs nothing until used), rounded down to 2 MiB.
+//! * `DEVARENA_REGION=classic`: one `cuMemAlloc` of the whole capacity when the pool is made,
+//!   instead (for memory that must be one classic allocation: RDMA registration, CUDA IPC);
+//!   with `DEVARENA_POOL_BYTES` unset, the capacity is then 80% of the device's free memory.
 //!
-//! A pool that cannot be created (bad variable, no device, `cuMemAlloc` failing) is reported
+//! Freed blocks merge with their free neighbours at once (no reuse cache): PyTorch's calls come
+//! microseconds apart, and the footprint is what this library is for.
+//!
+//! When the device runs out of memory while the pool maps a chunk, the allocation returns null
+//! and PyTorch raises `torch.OutOfMemoryError`, as it does at the cap; the pool is unchanged.
+//! [`devarena_torch_trim`] gives back the memory of every chunk that no live allocation uses
+//! (after `torch.cuda.empty_cache()` has returned PyTorch's cached segments, for instance).
+//!
+//! A pool that cannot be created (bad variable, no device, the driver failing) is reported
 //! once on stderr and every allocation on that device returns null.
 //!
 //! # Streams
@@ -50,14 +72,14 @@
 //!   allocation with the pool's reason (client, request, what is free).
 //! * `DEVARENA_EVENT_LOG=path`: every allocation and free in RMM's replay-log CSV
 //!   (`Thread,Time,Action,Pointer,Size,Stream`); with several devices, `path.<device>`.
-//! * [`devarena_torch_stats`] fills a C struct with a pool's counters, and its return code
-//!   tells a device that has no pool yet (1) from one whose pool could not be created (2);
-//!   [`devarena_torch_report`] prints the counters and the leak report (every live allocation
-//!   with its size, age and stream) on stderr.
-//! * [`devarena_torch_free`] checks every free against the segments handed out: an address
-//!   not handed out on that device (or freed already), or a size other than the one PyTorch
-//!   allocated it with, is refused and said on stderr. A stale pointer whose address was
-//!   handed out again is caught whenever the new segment's size differs.
+//! * [`devarena_torch_stats`] fills a C struct with a pool's counters (memory mapped now and at
+//!   most included), and its return code tells a device that has no pool yet (1) from one
+//!   whose pool could not be created (2); [`devarena_torch_report`] prints the counters and the
+//!   leak report (every live allocation with its size, age and stream) on stderr.
+//! * [`devarena_torch_free`] checks every free against the pool: an address not handed out on
+//!   that device (or freed already), or a size other than the one PyTorch allocated it with, is
+//!   refused and said on stderr. A stale pointer whose address was handed out again is caught
+//!   whenever the new segment's size differs.
 //!
 //! No function here unwinds into C: every entry point catches panics and turns them into a
 //! null, an error code, or a line on stderr, and a line on stderr is written so that a failing
@@ -72,7 +94,7 @@ use std::sync::{Arc, OnceLock};
 
 use devarena::Pool;
 use devarena::backend::cuda::{default_stream, mem_info};
-use devarena::pool::{CsvEventLog, StreamId, Tracking};
+use devarena::pool::{CsvEventLog, RegionKind, StreamId, Tracking};
 
 #[path = "torch_allocator/abi.rs"]
 mod abi;
@@ -80,9 +102,9 @@ pub use abi::{
     DevarenaTorchStats, MAX_DEVICES, SEGMENT_ALIGN, STATS_INVALID_ARGUMENT, STATS_NO_POOL_YET,
     STATS_OK, STATS_PANIC, STATS_POOL_FAILED,
 };
-use abi::{Pools, report_stderr};
+use abi::{Pools, parse_region, report_stderr};
 
-/// The default capacity's share of the free memory, in percent.
+/// The default capacity of a classic region: this share of the free memory, in percent.
 const DEFAULT_SHARE_PERCENT: usize = 80;
 /// The default capacity is rounded down to this.
 const DEFAULT_ROUNDING: usize = 2 << 20;
@@ -94,16 +116,31 @@ fn verbose() -> bool {
     *VERBOSE.get_or_init(|| std::env::var("DEVARENA_VERBOSE").is_ok_and(|v| v == "1"))
 }
 
-/// Creates the pool of `device`: its capacity from `DEVARENA_POOL_BYTES` or the free memory,
-/// its event log from `DEVARENA_EVENT_LOG`.
+/// Creates the pool of `device`: its region from `DEVARENA_REGION`, its capacity from
+/// `DEVARENA_POOL_BYTES` or the device's memory, its event log from `DEVARENA_EVENT_LOG`.
 fn create_pool(device: usize) -> Result<Pool, String> {
     let stream = default_stream(device).map_err(|e| e.to_string())?;
+    let kind = match std::env::var("DEVARENA_REGION") {
+        Ok(text) => parse_region(&text)?,
+        Err(std::env::VarError::NotPresent) => RegionKind::Growable,
+        Err(e) => return Err(format!("DEVARENA_REGION: {e}")),
+    };
     let capacity = abi::capacity(std::env::var("DEVARENA_POOL_BYTES"), || {
-        let (free, _) = mem_info(&stream).map_err(|e| e.to_string())?;
-        Ok(free / 100 * DEFAULT_SHARE_PERCENT / DEFAULT_ROUNDING * DEFAULT_ROUNDING)
+        let (free, total) = mem_info(&stream).map_err(|e| e.to_string())?;
+        let bytes = match kind {
+            // Addresses only: the whole device costs nothing until used.
+            RegionKind::Growable => total,
+            RegionKind::Classic => free / 100 * DEFAULT_SHARE_PERCENT,
+        };
+        Ok(bytes / DEFAULT_ROUNDING * DEFAULT_ROUNDING)
     })?;
     let mut builder = Pool::builder(capacity)
         .name(format!("torch-cuda:{device}"))
+        .region(kind)
+        // Every free merges at once: the tightest footprint. PyTorch's calls come microseconds
+        // apart, so what the reuse cache saves (tens of nanoseconds a pair) does not show, and
+        // blocks waiting unmerged would keep address space, and so memory, from other sizes.
+        .reuse(0, 0)
         .tracking(Tracking::Tags)
         .log_leaks_on_drop(false);
     if let Some(path) = std::env::var_os("DEVARENA_EVENT_LOG") {
@@ -213,5 +250,24 @@ pub extern "C" fn devarena_torch_report(device: i32) -> i64 {
         report_stderr(&text);
         Some(live)
     }));
+    result.ok().flatten().unwrap_or(-1)
+}
+
+/// Gives back the device memory of every chunk of `device`'s pool that no live allocation
+/// uses, until at most `keep` bytes stay mapped (0: all it can); waits for the pool's home
+/// stream (the legacy default stream) first. Returns the bytes given back, or -1 when the
+/// device has no pool, the trim failed (reported on stderr) or a panic was caught.
+#[unsafe(no_mangle)]
+pub extern "C" fn devarena_torch_trim(device: i32, keep: u64) -> i64 {
+    let result = catch_unwind(|| {
+        let keep = usize::try_from(keep).unwrap_or(usize::MAX);
+        match POOLS.trim(device, keep) {
+            Ok(bytes) => Some(i64::try_from(bytes).unwrap_or(i64::MAX)),
+            Err(reason) => {
+                report_stderr(&reason);
+                None
+            }
+        }
+    });
     result.ok().flatten().unwrap_or(-1)
 }

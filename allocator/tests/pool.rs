@@ -227,6 +227,12 @@ impl Model {
             free_blocks: gaps.len(),
             // How many requests a cached block served depends on the order of the frees.
             reused: stats.reused,
+            // A classic region: mapped whole, one chunk.
+            mapped: CAP,
+            peak_mapped: CAP,
+            chunk: CAP,
+            maps: 0,
+            unmaps: 0,
         };
         assert_eq!(stats, expected);
         assert!(stats.reused <= stats.allocations);

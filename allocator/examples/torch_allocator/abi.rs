@@ -9,7 +9,7 @@ use std::io::Write;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::OnceLock;
 
-use devarena::pool::{AllocRequest, FreeRequest, StreamId};
+use devarena::pool::{AllocRequest, FreeRequest, RegionKind, StreamId};
 use devarena::{Error, Pool};
 
 /// Devices with a pool slot.
@@ -55,6 +55,16 @@ pub struct DevarenaTorchStats {
     pub largest_free: u64,
     /// Bytes freed on other streams, waiting for their events.
     pub pending: u64,
+    /// Bytes of device memory the pool holds now (the capacity for a classic region).
+    pub mapped: u64,
+    /// The most it has held.
+    pub peak_mapped: u64,
+    /// Bytes per chunk of mapping (the capacity for a classic region).
+    pub chunk: u64,
+    /// Chunks mapped so far.
+    pub maps: u64,
+    /// Chunks unmapped so far.
+    pub unmaps: u64,
 }
 
 /// A device's pool. Each segment handed to PyTorch is a live allocation of the pool that
@@ -106,6 +116,11 @@ impl TorchPool {
             live: s.live,
             largest_free: s.largest_free as u64,
             pending: s.pending as u64,
+            mapped: s.mapped as u64,
+            peak_mapped: s.peak_mapped as u64,
+            chunk: s.chunk as u64,
+            maps: s.maps,
+            unmaps: s.unmaps,
         }
     }
 }
@@ -218,6 +233,19 @@ impl Pools {
             })
     }
 
+    /// Gives back the memory of the chunks of `device`'s pool that no live allocation uses,
+    /// until at most `keep` bytes stay mapped; the bytes given back.
+    pub fn trim(&self, device: i32, keep: usize) -> Result<usize, String> {
+        let call = format!("devarena_torch_trim(cuda:{device}, {keep})");
+        let torch = self
+            .existing(device)
+            .ok_or_else(|| format!("{call}: that device has no pool"))?;
+        torch
+            .pool
+            .trim_to(keep)
+            .map_err(|error| format!("{call}: {error}"))
+    }
+
     /// The counters of `device`'s pool, or the code that says why there are none
     /// ([`STATS_NO_POOL_YET`], [`STATS_POOL_FAILED`], [`STATS_INVALID_ARGUMENT`]).
     pub fn stats(&self, device: i32) -> Result<DevarenaTorchStats, i32> {
@@ -276,6 +304,17 @@ pub fn parse_bytes(text: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("DEVARENA_POOL_BYTES={text:?} overflows usize"))
 }
 
+/// Parses `DEVARENA_REGION`: `growable` (the default) or `classic`.
+pub fn parse_region(text: &str) -> Result<RegionKind, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "growable" | "" => Ok(RegionKind::Growable),
+        "classic" => Ok(RegionKind::Classic),
+        other => Err(format!(
+            "DEVARENA_REGION={other:?}: expected `growable` (the default) or `classic`"
+        )),
+    }
+}
+
 /// The capacity of a new pool: `DEVARENA_POOL_BYTES` parsed when set (`var` is what
 /// `std::env::var` returned), else `default()` (a share of the device's free memory).
 pub fn capacity(
@@ -307,6 +346,17 @@ mod tests {
     }
 
     fn quiet(_: &str) {}
+
+    #[test]
+    fn the_region_kind_parses() {
+        assert_eq!(parse_region("growable"), Ok(RegionKind::Growable));
+        assert_eq!(parse_region(" Classic "), Ok(RegionKind::Classic));
+        assert!(
+            parse_region("elastic")
+                .unwrap_err()
+                .contains("DEVARENA_REGION")
+        );
+    }
 
     #[test]
     fn pool_bytes_parse_with_binary_units() {

@@ -9,6 +9,10 @@
 //!
 //! A backend knows nothing of the arenas and pools that use it: it hands out allocations,
 //! the bases views are cut from, and says what kind of memory it holds ([`MemoryKind`]).
+//!
+//! Beside the backends, [`VirtualMemory`]: address space reserved once and backed in chunks
+//! on demand, what a growable pool region is made of (`CudaVirtualMemory` with `cuda`, and a
+//! host stand-in for tests, [`HostVirtualMemory`]).
 
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -16,7 +20,11 @@ use crate::error::Error;
 use crate::layout::ViewKind;
 
 mod host;
+mod virtual_memory;
 pub use host::HostBackend;
+pub use virtual_memory::VirtualMemory;
+#[cfg(feature = "std")]
+pub use virtual_memory::{HostVirtualMemory, VmCall};
 
 #[cfg(feature = "cuda")]
 pub mod cuda;

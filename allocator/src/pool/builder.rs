@@ -6,12 +6,12 @@ use alloc::sync::Arc;
 use core::fmt;
 
 use super::engine::{Settings, Shared};
-use super::region::Region;
+use super::region::{Region, RegionKind};
 use super::{
     BLOCK_GRANULE, DEFAULT_REUSE_BLOCKS, EventSink, MAX_REUSE_BLOCKS, Pool, StreamId, StreamSync,
     Tracking,
 };
-use crate::backend::{Backend, HostBackend};
+use crate::backend::{Backend, HostBackend, VirtualMemory};
 use crate::error::Error;
 
 /// Builds a [`Pool`]: capacity, name, tracking, event log, stream runtime.
@@ -38,6 +38,9 @@ pub struct PoolBuilder {
     home: StreamId,
     log_leaks_on_drop: bool,
     reuse: Option<(usize, usize)>,
+    region: Option<RegionKind>,
+    chunk: Option<usize>,
+    release_threshold: usize,
 }
 
 impl fmt::Debug for PoolBuilder {
@@ -51,6 +54,9 @@ impl fmt::Debug for PoolBuilder {
             .field("home", &self.home)
             .field("log_leaks_on_drop", &self.log_leaks_on_drop)
             .field("reuse", &self.reuse)
+            .field("region", &self.region)
+            .field("chunk", &self.chunk)
+            .field("release_threshold", &self.release_threshold)
             .finish()
     }
 }
@@ -68,6 +74,9 @@ impl PoolBuilder {
             home: StreamId::DEFAULT,
             log_leaks_on_drop: true,
             reuse: None,
+            region: None,
+            chunk: None,
+            release_threshold: usize::MAX,
         }
     }
 
@@ -137,14 +146,119 @@ impl PoolBuilder {
         self
     }
 
+    /// How the region holds its memory: [`RegionKind::Growable`] (reserved addresses, memory
+    /// mapped on demand) or [`RegionKind::Classic`] (one allocation of the capacity, made up
+    /// front). By default device pools ([`build_cuda`](Self::build_cuda)) grow, and
+    /// [`build_in`](Self::build_in) (a [`Backend`] makes single allocations) is classic;
+    /// [`build_mapped`](Self::build_mapped) is growable by nature.
+    ///
+    /// ```
+    /// use devarena::pool::{Pool, RegionKind};
+    ///
+    /// let pool = Pool::builder(1 << 20).region(RegionKind::Classic).build_host()?;
+    /// assert_eq!(pool.region_kind(), RegionKind::Classic);
+    /// // A single-allocation backend cannot grow a region: refused with the reason.
+    /// let err = Pool::builder(1 << 20).region(RegionKind::Growable).build_host().unwrap_err();
+    /// assert!(err.to_string().contains("build_mapped"));
+    /// # Ok::<(), devarena::Error>(())
+    /// ```
+    pub fn region(mut self, kind: RegionKind) -> Self {
+        self.region = Some(kind);
+        self
+    }
+
+    /// Bytes per chunk of a growable region: a power of two, a multiple of the granularity of
+    /// the virtual memory (an error at build otherwise). By default what the virtual memory
+    /// recommends (2 MiB on an H200). The device memory a growable pool holds stays within
+    /// the bytes its live blocks touch, rounded out to chunks: larger chunks mean fewer
+    /// driver calls when the pool grows, and more memory held around the blocks.
+    pub fn chunk(mut self, bytes: usize) -> Self {
+        self.chunk = Some(bytes);
+        self
+    }
+
+    /// Bytes of free memory a growable pool keeps mapped when it synchronizes
+    /// ([`Pool::synchronize`]), as `cudaMemPoolAttrReleaseThreshold` does for the driver's
+    /// pools: chunks with no live byte beyond it are unmapped there. By default `usize::MAX`
+    /// (keep everything: memory goes back only on [`Pool::trim`]); `0` gives back every free
+    /// chunk at each synchronize. [`Pool::set_release_threshold`] changes it later.
+    pub fn release_threshold(mut self, bytes: usize) -> Self {
+        self.release_threshold = bytes;
+        self
+    }
+
     /// Reserves the region on a fresh [`HostBackend`].
     pub fn build_host(self) -> Result<Pool, Error> {
         self.build_in(HostBackend::new())
     }
 
     /// Reserves the region on `backend`: one allocation of the capacity, freed when the last
-    /// handle to the pool (the pool, a client, a slice) goes.
+    /// handle to the pool (the pool, a client, a slice) goes. A classic region: asking for a
+    /// [`RegionKind::Growable`] one here is an error (see [`build_mapped`](Self::build_mapped)).
     pub fn build_in<B: Backend + Send + Sync + 'static>(self, backend: B) -> Result<Pool, Error> {
+        if self.region == Some(RegionKind::Growable) {
+            return Err(Error::invalid(format!(
+                "pool `{}`: backend `{}` makes single allocations and cannot grow a region; \
+                 use `build_mapped` with a `VirtualMemory` (or `build_cuda`), or \
+                 `RegionKind::Classic`",
+                self.name,
+                backend.name()
+            )));
+        }
+        let capacity = self.checked_capacity()?;
+        let region = Region::reserve(&self.name, backend, capacity)?;
+        self.finish(region)
+    }
+
+    /// Reserves addresses for the capacity on `vm` and maps memory under them in chunks as
+    /// allocations reach them (a [`RegionKind::Growable`] region): the pool holds the memory
+    /// its live blocks touch, rounded out to chunks, and [`Pool::trim`] gives back chunks with
+    /// no live byte. The reservation is freed when the last handle to the pool goes.
+    ///
+    /// ```
+    /// use devarena::backend::HostVirtualMemory;
+    /// use devarena::pool::{Pool, RegionKind};
+    ///
+    /// // 64 MiB of addresses, mapped in 64 KiB chunks on demand.
+    /// let pool = Pool::builder(64 << 20).build_mapped(HostVirtualMemory::new(64 << 10)?)?;
+    /// assert_eq!(pool.region_kind(), RegionKind::Growable);
+    /// assert_eq!(pool.stats().mapped, 0);
+    /// let a = pool.allocate(100 << 10, 0)?; // 100 KiB: two chunks
+    /// assert_eq!(pool.stats().mapped, 128 << 10);
+    /// pool.deallocate(a)?;
+    /// assert_eq!(pool.trim()?, 128 << 10);
+    /// assert_eq!(pool.stats().mapped, 0);
+    /// # Ok::<(), devarena::Error>(())
+    /// ```
+    pub fn build_mapped<V: VirtualMemory + 'static>(self, vm: V) -> Result<Pool, Error> {
+        if self.region == Some(RegionKind::Classic) {
+            return Err(Error::invalid(format!(
+                "pool `{}`: `{}` maps memory on demand and makes no classic region; use \
+                 `build_in` with a `Backend` for `RegionKind::Classic`",
+                self.name,
+                vm.name()
+            )));
+        }
+        let capacity = self.checked_capacity()?;
+        let region = Region::reserve_mapped(&self.name, vm, capacity, self.chunk)?;
+        self.finish(region)
+    }
+
+    /// The pool's name, as set so far.
+    #[cfg(feature = "cuda")]
+    pub(super) fn pool_name(&self) -> &str {
+        &self.name
+    }
+
+    /// The region kind asked for, if any.
+    #[cfg(feature = "cuda")]
+    pub(super) fn region_asked(&self) -> Option<RegionKind> {
+        self.region
+    }
+
+    /// Checks the settings before anything is reserved; returns the capacity rounded down to
+    /// a multiple of [`BLOCK_GRANULE`].
+    fn checked_capacity(&self) -> Result<usize, Error> {
         let capacity = self.capacity & !(BLOCK_GRANULE - 1);
         if capacity == 0 {
             return Err(Error::invalid(format!(
@@ -153,16 +267,21 @@ impl PoolBuilder {
                 self.name, self.capacity
             )));
         }
-        let (reuse_blocks, reuse_bytes) =
-            self.reuse.unwrap_or((DEFAULT_REUSE_BLOCKS, capacity / 2));
-        if reuse_blocks > MAX_REUSE_BLOCKS {
+        if let Some((blocks, _)) = self.reuse.filter(|&(blocks, _)| blocks > MAX_REUSE_BLOCKS) {
             return Err(Error::invalid(format!(
-                "pool `{}`: reuse of {reuse_blocks} freed blocks is over the most, \
+                "pool `{}`: reuse of {blocks} freed blocks is over the most, \
                  {MAX_REUSE_BLOCKS} (8 bytes of bookkeeping each)",
                 self.name
             )));
         }
-        let region = Region::reserve(&self.name, backend, capacity)?;
+        Ok(capacity)
+    }
+
+    /// The pool over `region`, with the other settings.
+    fn finish(self, region: Region) -> Result<Pool, Error> {
+        let (reuse_blocks, reuse_bytes) = self
+            .reuse
+            .unwrap_or((DEFAULT_REUSE_BLOCKS, region.capacity / 2));
         let settings = Settings {
             name: self.name,
             tracking: self.tracking,
@@ -172,6 +291,7 @@ impl PoolBuilder {
             log_leaks_on_drop: self.log_leaks_on_drop,
             reuse_blocks,
             reuse_bytes,
+            release_threshold: self.release_threshold,
         };
         Ok(Pool::from_shared(Arc::new(Shared::new(settings, region))))
     }

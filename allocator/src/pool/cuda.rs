@@ -9,10 +9,11 @@ use alloc::vec::Vec;
 use core::any::Any;
 use std::sync::Mutex;
 
-use super::{Pool, PoolBuilder, PoolSlice, StreamEvent, StreamId, StreamSync};
-use crate::backend::cuda::event::RecordedEvent;
+use super::{Pool, PoolBuilder, PoolSlice, RegionKind, StreamEvent, StreamId, StreamSync};
+use crate::backend::cuda::event::{RecordedEvent, synchronize_raw};
 use crate::backend::cuda::{
-    CudaBackend, CudaContext, CudaStream, DeviceView, DeviceViewMut, pointer_info,
+    CudaBackend, CudaContext, CudaStream, CudaVirtualMemory, DeviceView, DeviceViewMut,
+    pointer_info,
 };
 use crate::error::Error;
 use crate::layout::Element;
@@ -34,8 +35,9 @@ pub fn stream_id(stream: &CudaStream) -> StreamId {
 /// stream) and `2` (the per-thread default stream) need no registration. Any other handle is
 /// an error naming it: a number made up in safe code never reaches `cuEventRecord`.
 ///
-/// Every call binds the context to the calling thread first, never blocks the host and never
-/// calls back into the pool.
+/// Every call binds the context to the calling thread first and never calls back into the
+/// pool; none blocks the host but [`synchronize`](StreamSync::synchronize), which waits for
+/// the stream (`cuStreamSynchronize`).
 #[derive(Debug)]
 pub struct CudaStreams {
     ctx: Arc<CudaContext>,
@@ -143,39 +145,82 @@ impl StreamSync for CudaStreams {
         // context.
         unsafe { RecordedEvent::record(&self.ctx, producer.raw())?.make_wait(waiter.raw()) }
     }
+
+    fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
+        self.check(stream)?;
+        // SAFETY: a special handle or a registered, live stream of this context.
+        unsafe { synchronize_raw(&self.ctx, stream.raw()) }
+    }
 }
 
 impl PoolBuilder {
-    /// Reserves the region with `cuMemAlloc` on `stream`'s device ([`CudaBackend::new`]) and
-    /// makes the pool stream-aware ([`CudaStreams`]) with `stream` as its home stream.
+    /// A pool on `stream`'s device, stream-aware ([`CudaStreams`]) with `stream` as its home
+    /// stream. The region is growable by default: addresses for the whole capacity reserved
+    /// with the virtual memory API ([`CudaVirtualMemory`]), device memory mapped in chunks of
+    /// [`chunk`](Self::chunk) bytes (2 MiB on an H200) as allocations reach them, given back by
+    /// [`Pool::trim`]. With [`RegionKind::Classic`] it is one `cuMemAlloc` of the capacity
+    /// ([`CudaBackend::new`]), made up front: what RDMA registration and CUDA IPC need. A device
+    /// without the virtual memory API gets a classic region unless a growable one was asked
+    /// for (then it is an error), and a warning in the log.
     ///
     /// ```no_run
     /// use devarena::backend::cuda::cuda_stream;
-    /// use devarena::pool::{Pool, Tracking};
+    /// use devarena::pool::{Pool, RegionKind, Tracking};
     ///
     /// let stream = cuda_stream(0)?;
     /// let pool = Pool::builder(1 << 30)
     ///     .name("engines")
     ///     .tracking(Tracking::Tags)
+    ///     .build_cuda(stream.clone())?;
+    /// assert_eq!(pool.backend_name(), "cuda-vmm");
+    /// assert_eq!(pool.stats().mapped, 0); // nothing until an allocation reaches it
+    ///
+    /// // One cuMemAlloc of the capacity, up front (for RDMA or IPC).
+    /// let classic = Pool::builder(1 << 30)
+    ///     .region(RegionKind::Classic)
     ///     .build_cuda(stream)?;
-    /// assert_eq!(pool.backend_name(), "cuda");
+    /// assert_eq!(classic.backend_name(), "cuda");
+    /// assert_eq!(classic.stats().mapped, 1 << 30);
     /// # Ok::<(), devarena::Error>(())
     /// ```
     pub fn build_cuda(self, stream: Arc<CudaStream>) -> Result<Pool, Error> {
         let streams = Arc::new(CudaStreams::new(stream.context().clone()));
         let home = streams.register(&stream)?;
-        self.streams(streams, home)
-            .build_in(CudaBackend::new(stream))
+        let builder = self.streams(streams, home);
+        let kind = match builder.region_asked() {
+            Some(kind) => kind,
+            // A device without the virtual memory API gets the classic region it can have.
+            None if !CudaVirtualMemory::supported(&stream)? => {
+                log::warn!(
+                    target: "devarena::pool",
+                    "device {} has no virtual memory API: pool `{}` takes its capacity in one \
+                     cuMemAlloc",
+                    stream.context().ordinal(),
+                    builder.pool_name()
+                );
+                RegionKind::Classic
+            }
+            None => RegionKind::Growable,
+        };
+        match kind {
+            RegionKind::Growable => builder.build_mapped(CudaVirtualMemory::new(stream)?),
+            RegionKind::Classic => builder.build_in(CudaBackend::new(stream)),
+        }
     }
 }
 
 impl Pool {
-    /// A pool of `capacity` bytes of device memory: one `cuMemAlloc` on `stream`'s device,
-    /// home stream `stream` (see [`PoolBuilder::build_cuda`] for the other settings).
+    /// A pool of up to `capacity` bytes of device memory on `stream`'s device, home stream
+    /// `stream`: a growable region, whose device memory follows its use (see
+    /// [`PoolBuilder::build_cuda`] for a classic region and the other settings). Nothing is
+    /// mapped until allocations reach it, so `capacity` may be as large as the device: it is
+    /// the hard cap, and costs only address space.
     ///
-    /// Allocation and free never call the driver, except to record an event when a block is
-    /// freed on another stream (see [`crate::pool::stream`]). [`PoolSlice::device_view`] and
-    /// [`PoolSlice::device_view_mut`] turn typed slices into views for cudarc.
+    /// Allocation and free call the driver only to map memory where the pool grows into space
+    /// it never used (or gave back), and to record an event when a block is freed on another
+    /// stream (see [`crate::pool::stream`]). [`Pool::trim`] gives back chunks with no live byte.
+    /// [`PoolSlice::device_view`] and [`PoolSlice::device_view_mut`] turn typed slices into
+    /// views for cudarc.
     ///
     /// ```no_run
     /// use devarena::backend::cuda::cuda_stream;

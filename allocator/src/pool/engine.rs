@@ -18,11 +18,16 @@ use super::region::{Region, RegionOwner};
 use super::stats::{ClientStats, Leak, LeakReport, PoolStats, Tracking};
 use super::stream::{StreamEvent, StreamId, StreamSync};
 use super::tlsf::Tlsf;
+use super::vmm::Mapping;
 use super::{
     AllocRequest, DEFAULT_POOL_ALIGN, FreeRequest, MAX_POOL_ALIGN, effective_align, reserved_bytes,
 };
 use crate::backend::MemoryKind;
 use crate::error::Error;
+
+/// How often [`Shared::trim_to`] waits for the home stream outside the lock before it waits
+/// under it (each retry means a free on the home stream came in during the wait).
+const TRIM_TRIES: usize = 3;
 
 /// What tracking keeps for one allocation.
 struct LiveInfo {
@@ -119,6 +124,8 @@ struct State {
     sink: Option<Arc<dyn EventSink>>,
     /// Events recorded and not yet delivered, in the order the pool did things.
     outbox: VecDeque<Record>,
+    /// Which chunks of the region are backed by memory (all of a classic region).
+    mapping: Mapping,
 }
 
 /// What never changes after creation, beside the lock.
@@ -137,8 +144,11 @@ pub(super) struct Shared {
     delivering: AtomicBool,
     /// A sink has panicked (reported once).
     sink_panicked: AtomicBool,
-    // Dropped last: the region outlives every other field.
-    _region: Box<dyn RegionOwner>,
+    /// Whether memory is mapped on demand (and can be trimmed).
+    pub(super) growable: bool,
+    // Dropped last: the region outlives every other field (a growable region's reservation
+    // lives in the state's mapping, dropped with the state).
+    _region: Option<Box<dyn RegionOwner>>,
 }
 
 /// The settings a pool is made with, beside its region (see [`PoolBuilder`](super::PoolBuilder)).
@@ -151,6 +161,7 @@ pub(super) struct Settings {
     pub(super) log_leaks_on_drop: bool,
     pub(super) reuse_blocks: usize,
     pub(super) reuse_bytes: usize,
+    pub(super) release_threshold: usize,
 }
 
 /// A block the TLSF index handed out for a request: its index, address and size.
@@ -178,7 +189,10 @@ impl Shared {
             memory,
             backend,
             owner,
+            mut mapping,
         } = region;
+        let growable = mapping.is_growable();
+        mapping.release_threshold = settings.release_threshold;
         let state = State {
             tlsf: Tlsf::new(
                 base,
@@ -198,6 +212,7 @@ impl Shared {
             waited: Vec::new(),
             sink: settings.sink,
             outbox: VecDeque::new(),
+            mapping,
         };
         Shared {
             state: Lock::new(state),
@@ -212,6 +227,7 @@ impl Shared {
             log_leaks_on_drop: settings.log_leaks_on_drop,
             delivering: AtomicBool::new(false),
             sink_panicked: AtomicBool::new(false),
+            growable,
             _region: owner,
         }
     }
@@ -393,6 +409,11 @@ impl Shared {
             return None;
         }
         let (block, addr) = state.tlsf.allocate(reserved as u64, ask.align as u64)?;
+        // Memory behind the block: mapped already, or the general path maps it.
+        if !state.mapping.covers(addr, reserved as u64) {
+            state.tlsf.free(block);
+            return None;
+        }
         let taken = Taken {
             block,
             addr,
@@ -509,6 +530,13 @@ impl Shared {
         let Some((block, addr)) = taken else {
             return Err(self.exhausted(state, ask, "capacity"));
         };
+        // Memory behind the block: map what is missing; when that fails, the block goes back
+        // and the pool is as it was.
+        let (block, addr) = if state.mapping.covers(addr, reserved as u64) {
+            (block, addr)
+        } else {
+            self.map_block(state, block, addr, reserved, align)?
+        };
         let taken = Taken {
             block,
             addr,
@@ -516,6 +544,47 @@ impl Shared {
         };
         self.commit_allocation(state, ask, owned, info, taken);
         Ok(addr)
+    }
+
+    /// Maps the memory behind a block whose chunks are not all mapped (a growable region
+    /// grows). When that fails (the device is out of memory), the block goes back to the free
+    /// lists; if freed blocks wait in the reuse cache (all of them mapped), they are merged and
+    /// the request looks once more, where it may find mapped memory. When that fails too, the
+    /// pool is as it was (but for the merged cache) and the error (`OutOfMemory` with the
+    /// driver's error name, when the device is out of memory) fails the request.
+    ///
+    /// The cache is not merged before the pool grows: merging it resets what it learned, and
+    /// on the pool benchmark's workload that cut its hits from 93% to 28% and doubled the time
+    /// of a pair, for a quarter of the memory mapped (see `BENCHMARKS.md`). A growable region so
+    /// maps the addresses a classic region of the same workload would touch, no more.
+    #[cold]
+    #[inline(never)]
+    fn map_block(
+        &self,
+        state: &mut State,
+        block: u32,
+        addr: u64,
+        reserved: usize,
+        align: usize,
+    ) -> Result<(u32, u64), Error> {
+        let Err(error) = state.mapping.ensure(addr, reserved as u64) else {
+            return Ok((block, addr));
+        };
+        state.tlsf.free(block);
+        if state.tlsf.cached().1 == 0 {
+            return Err(error);
+        }
+        state.tlsf.flush();
+        let Some((block, addr)) = state.tlsf.allocate(reserved as u64, align as u64) else {
+            return Err(error);
+        };
+        if !state.mapping.covers(addr, reserved as u64) {
+            if let Err(error) = state.mapping.ensure(addr, reserved as u64) {
+                state.tlsf.free(block);
+                return Err(error);
+            }
+        }
+        Ok((block, addr))
     }
 
     /// Records a block taken for `ask`: the address map, the block's [`Live`], what tracking
@@ -958,11 +1027,106 @@ impl Shared {
         }
     }
 
+    /// Unmaps chunks of a growable region that hold no live byte until at most `keep` bytes
+    /// stay mapped; returns the bytes unmapped (always 0 for a classic region).
+    ///
+    /// Stream order: a block freed on the home stream is free at once, while work queued
+    /// there may still use it; a block freed on another stream is parked until its event
+    /// completes, so it is safe once free. The home stream is therefore synchronized before
+    /// anything is unmapped, outside the lock so that other threads keep allocating; if a free
+    /// on the home stream came in meanwhile (its work may be queued after the wait), the wait
+    /// is repeated, and after [`TRIM_TRIES`] tries done under the lock.
+    pub(super) fn trim_to(&self, keep: usize) -> Result<usize, Error> {
+        if !self.growable {
+            return Ok(0);
+        }
+        for _ in 0..TRIM_TRIES {
+            let epoch = {
+                let mut state = self.lock()?;
+                if !self.prepare_trim(&mut state, keep) {
+                    return Ok(0);
+                }
+                state.home_epoch
+            };
+            self.synchronize_home()?;
+            let mut state = self.lock()?;
+            if state.home_epoch == epoch {
+                return Self::unmap_free(&mut state, keep);
+            }
+        }
+        let mut state = self.lock()?;
+        if !self.prepare_trim(&mut state, keep) {
+            return Ok(0);
+        }
+        if let Some(streams) = &self.streams {
+            self.stream_call("synchronize", || streams.synchronize(self.home))?;
+        }
+        Self::unmap_free(&mut state, keep)
+    }
+
+    /// Merges what waits in the reuse cache and takes back parked blocks whose events have
+    /// completed; whether more than `keep` bytes are mapped.
+    fn prepare_trim(&self, state: &mut State, keep: usize) -> bool {
+        state.tlsf.flush();
+        if !state.parked.is_empty() {
+            self.reclaim_parked(state);
+        }
+        state.mapping.mapped_bytes() > keep
+    }
+
+    /// Unmaps the chunks inside free blocks (none of which queued work can still touch).
+    fn unmap_free(state: &mut State, keep: usize) -> Result<usize, Error> {
+        state.tlsf.flush();
+        let State { tlsf, mapping, .. } = state;
+        mapping.trim(tlsf.free_ranges(), keep)
+    }
+
+    /// Waits for everything queued on the home stream so far, without the lock (nothing to
+    /// wait for without a stream runtime: frees are then reusable at once).
+    fn synchronize_home(&self) -> Result<(), Error> {
+        let Some(streams) = &self.streams else {
+            return Ok(());
+        };
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            streams.synchronize(self.home)
+        }))
+        .unwrap_or_else(|_| {
+            Err(Error::invalid(format!(
+                "pool `{}`: the stream runtime panicked in `synchronize`",
+                self.name
+            )))
+        })
+    }
+
+    /// Waits for the home stream, takes back parked blocks whose events have completed, and
+    /// trims to the release threshold; returns the bytes unmapped.
+    pub(super) fn synchronize(&self) -> Result<usize, Error> {
+        self.synchronize_home()?;
+        let keep = {
+            let mut state = self.lock()?;
+            if !state.parked.is_empty() {
+                self.reclaim_parked(&mut state);
+            }
+            state.mapping.release_threshold
+        };
+        self.trim_to(keep)
+    }
+
+    /// Bytes [`synchronize`](Self::synchronize) leaves mapped.
+    pub(super) fn release_threshold(&self) -> usize {
+        self.lock_wait().mapping.release_threshold
+    }
+
+    pub(super) fn set_release_threshold(&self, bytes: usize) {
+        self.lock_wait().mapping.release_threshold = bytes;
+    }
+
     pub(super) fn stats(&self) -> PoolStats {
         let mut state = self.lock_wait();
         // What waits in the reuse cache is merged first, so that the free blocks described are
         // the ones that exist.
         state.tlsf.flush();
+        let mapping = state.mapping.stats();
         PoolStats {
             capacity: self.capacity,
             in_use: state.counts.in_use,
@@ -978,6 +1142,11 @@ impl Shared {
             largest_free: state.tlsf.largest_free() as usize,
             free_blocks: state.tlsf.free_blocks(),
             reused: state.tlsf.reused(),
+            mapped: mapping.mapped,
+            peak_mapped: mapping.peak_mapped,
+            chunk: mapping.chunk,
+            maps: mapping.maps,
+            unmaps: mapping.unmaps,
         }
     }
 

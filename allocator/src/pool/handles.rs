@@ -8,7 +8,7 @@ use core::fmt;
 use super::engine::Shared;
 use super::{
     AllocRequest, ClientStats, EventSink, FreeRequest, LeakReport, PoolBuilder, PoolSlice,
-    PoolStats, StreamId, StreamSync, Tracking,
+    PoolStats, RegionKind, StreamId, StreamSync, Tracking,
 };
 use crate::backend::{Backend, MemoryKind};
 use crate::error::Error;
@@ -17,7 +17,8 @@ use crate::error::Error;
 ///
 /// `Pool` is `Send + Sync`; [`Pool::client`] hands out cloneable handles that share it. The
 /// region is freed when the pool and every client and slice made from it are gone; live
-/// allocations at that point are logged as leaks.
+/// allocations at that point are logged as leaks. A growable region ([`RegionKind`]) maps
+/// memory as allocations reach it; [`Pool::trim`] and [`Pool::synchronize`] give it back.
 pub struct Pool {
     own: PoolClient,
 }
@@ -30,6 +31,7 @@ impl fmt::Debug for Pool {
             .field("backend", &s.backend)
             .field("base", &format_args!("{:#x}", s.base))
             .field("capacity", &s.capacity)
+            .field("growable", &s.growable)
             .field("home", &s.home)
             .finish_non_exhaustive()
     }
@@ -124,6 +126,84 @@ impl Pool {
     /// now (allocation does this too); the bytes reclaimed.
     pub fn reclaim(&self) -> Result<usize, Error> {
         self.own.shared.reclaim()
+    }
+
+    /// Gives back the memory of every chunk of a growable region that holds no live byte;
+    /// returns the bytes unmapped (always 0 for a classic region, which holds its capacity
+    /// until the pool goes). Addresses do not move: the region is mapped again where
+    /// allocations reach it later.
+    ///
+    /// Stream order holds: blocks freed on the home stream may still be in use by work queued
+    /// there, so `trim` first waits for the home stream ([`StreamSync::synchronize`]; it
+    /// blocks the calling thread, without the pool's lock held); blocks freed on other streams
+    /// count as free only once their events have completed. Blocks waiting in the reuse cache
+    /// are merged first. An error from the stream runtime or the driver stops the trim; what
+    /// was unmapped before stays unmapped and the pool keeps serving.
+    ///
+    /// ```
+    /// use devarena::backend::HostVirtualMemory;
+    /// use devarena::Pool;
+    ///
+    /// let pool = Pool::builder(16 << 20).build_mapped(HostVirtualMemory::new(1 << 20)?)?;
+    /// let a = pool.allocate(3 << 20, 0)?; // chunks 0..3
+    /// let b = pool.allocate(1 << 20, 0)?; // chunk 3
+    /// pool.deallocate(a)?;
+    /// assert_eq!(pool.stats().mapped, 4 << 20);
+    /// assert_eq!(pool.trim()?, 3 << 20); // `b`'s chunk stays
+    /// assert_eq!(pool.stats().mapped, 1 << 20);
+    /// # pool.deallocate(b)?;
+    /// # Ok::<(), devarena::Error>(())
+    /// ```
+    pub fn trim(&self) -> Result<usize, Error> {
+        self.own.shared.trim_to(0)
+    }
+
+    /// As [`trim`](Self::trim), but stops once at most `keep` bytes stay mapped (free chunks at
+    /// the highest addresses go first).
+    pub fn trim_to(&self, keep: usize) -> Result<usize, Error> {
+        self.own.shared.trim_to(keep)
+    }
+
+    /// Waits for the home stream's work, takes back blocks freed on other streams whose events
+    /// have completed, and applies the release threshold: free chunks are unmapped until at
+    /// most [`release_threshold`](Self::release_threshold) bytes stay mapped. Returns the
+    /// bytes unmapped. Blocks the calling thread (see [`trim`](Self::trim)).
+    ///
+    /// ```
+    /// use devarena::backend::HostVirtualMemory;
+    /// use devarena::Pool;
+    ///
+    /// let pool = Pool::builder(16 << 20)
+    ///     .release_threshold(2 << 20)
+    ///     .build_mapped(HostVirtualMemory::new(1 << 20)?)?;
+    /// let a = pool.allocate(6 << 20, 0)?;
+    /// pool.deallocate(a)?;
+    /// assert_eq!(pool.synchronize()?, 4 << 20); // 2 MiB stay mapped for what comes next
+    /// assert_eq!(pool.stats().mapped, 2 << 20);
+    /// # Ok::<(), devarena::Error>(())
+    /// ```
+    pub fn synchronize(&self) -> Result<usize, Error> {
+        self.own.shared.synchronize()
+    }
+
+    /// Bytes of free memory [`synchronize`](Self::synchronize) keeps mapped (see
+    /// [`PoolBuilder::release_threshold`]).
+    pub fn release_threshold(&self) -> usize {
+        self.own.shared.release_threshold()
+    }
+
+    /// Changes the release threshold (see [`PoolBuilder::release_threshold`]).
+    pub fn set_release_threshold(&self, bytes: usize) {
+        self.own.shared.set_release_threshold(bytes);
+    }
+
+    /// How the region holds its memory.
+    pub fn region_kind(&self) -> RegionKind {
+        if self.own.shared.growable {
+            RegionKind::Growable
+        } else {
+            RegionKind::Classic
+        }
     }
 
     /// A snapshot of the counters.

@@ -1,5 +1,5 @@
-//! A runtime pool: one region reserved at creation, sub-allocated under the TensorRT
-//! `IGpuAllocator` contract.
+//! A runtime pool: one region reserved at creation (whole, or as addresses that are backed by
+//! memory as they are used), sub-allocated under the TensorRT `IGpuAllocator` contract.
 //!
 //! Compile-time layouts ([`Arena`](crate::Arena)) serve buffers whose sizes are known ahead.
 //! Memory whose size is known only at run time (weights loaded at start, workspaces that depend
@@ -44,9 +44,41 @@
 //! any [`Backend`](crate::Backend) that is `Send + Sync`. A device pool that serves several streams also gets a
 //! [`StreamSync`] ([`PoolBuilder::streams`]); its [`PoolSlice`]s are not host memory and convert
 //! to device views instead. With the `cuda` feature, `Pool::cuda(stream, capacity)` (or
-//! `PoolBuilder::build_cuda(stream)`) does all of that: one `cuMemAlloc` region, the CUDA
-//! events of `pool::cuda::CudaStreams`, `stream` as the home stream; and
+//! `PoolBuilder::build_cuda(stream)`) does all of that: a growable region on the device (see
+//! below), the CUDA events of `pool::cuda::CudaStreams`, `stream` as the home stream; and
 //! `PoolSlice::device_view(&stream)` / `device_view_mut(&stream)` give cudarc views.
+//!
+//! # Regions: classic and growable
+//!
+//! A pool's region is one of two [`RegionKind`]s. Both keep the addresses where they are for
+//! the pool's life (views, slices and captured CUDA graphs stay valid), the capacity as a hard
+//! cap, and O(1) calls.
+//!
+//! * **Classic**: one backend allocation of the whole capacity, made with the pool and held
+//!   until it goes. Host pools and [`PoolBuilder::build_in`] make one; so does
+//!   `build_cuda` with `.region(RegionKind::Classic)` (one `cuMemAlloc`), for memory that
+//!   must be a single classic allocation (RDMA registration, CUDA IPC).
+//! * **Growable**, the default of device pools: addresses for the whole capacity are
+//!   reserved on a [`VirtualMemory`](crate::backend::VirtualMemory) (for CUDA,
+//!   `cuMemAddressReserve`, which costs no device memory), and memory is mapped under them in
+//!   chunks ([`PoolBuilder::chunk`]; 2 MiB on an H200) when an allocation first reaches them:
+//!   a check of one bitmap word on the fast path, driver calls only when the pool grows. So the
+//!   capacity can be the whole device, and the pool holds what its blocks touch.
+//!   [`Pool::trim`] unmaps every chunk that holds no live byte, once the home stream has run
+//!   past the frees (blocks freed on other streams count only once their events have
+//!   completed); [`Pool::synchronize`] does so down to a release threshold
+//!   ([`PoolBuilder::release_threshold`]), as `cudaMemPoolAttrReleaseThreshold` does. When the
+//!   device has no memory left for a chunk, the request fails with
+//!   [`Error::OutOfMemory`](crate::Error::OutOfMemory) naming the driver's error, and the pool
+//!   is as it was. [`PoolStats`] count the bytes mapped, their peak, and the chunks mapped and
+//!   unmapped; `cuMemGetInfo` sees exactly the mapped bytes.
+//!
+//! Freed blocks that wait in the reuse cache stay mapped, and while they wait, requests of
+//! other sizes are placed around them: a growable region maps the addresses a classic one
+//! would touch, which with the cache can be well above the peak in use (the pool benchmark's
+//! random workload: 3.4 x with the cache, 1.08 x without; see `BENCHMARKS.md`).
+//! [`PoolBuilder::reuse`]`(0, 0)` keeps the footprint tight where that matters more than the
+//! cache's nanoseconds.
 //!
 //! # Performance
 //!
@@ -127,12 +159,14 @@ mod slice;
 mod stats;
 pub mod stream;
 mod tlsf;
+mod vmm;
 
 pub use builder::PoolBuilder;
 pub use events::{
     CSV_HEADER, CsvEventLog, EventSink, LogEvents, PoolAction, PoolEvent, format_time,
 };
 pub use handles::{Pool, PoolClient};
+pub use region::RegionKind;
 pub use slice::PoolSlice;
 pub use stats::{ClientStats, Leak, LeakReport, PoolStats, Tracking};
 pub use stream::{ManualStreams, StreamEvent, StreamId, StreamSync};

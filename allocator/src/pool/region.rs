@@ -1,13 +1,37 @@
-//! The region a pool sub-allocates: reserved once on a backend, freed once when the last handle
-//! to the pool goes.
+//! The region a pool sub-allocates: reserved once, freed once when the last handle to the pool
+//! goes. Either one backend allocation of the whole capacity (classic) or addresses reserved on
+//! a [`VirtualMemory`] and mapped in chunks on demand (growable, see [`super::vmm`]).
 
 use alloc::boxed::Box;
 use alloc::format;
 
 use super::BLOCK_GRANULE;
-use crate::backend::{Allocation, Backend, MemoryKind};
+use super::vmm::Mapping;
+use crate::backend::{Allocation, Backend, MemoryKind, VirtualMemory};
 use crate::error::Error;
 use crate::plan::align_up_u64;
+
+/// How a pool's region holds its memory.
+///
+/// Both kinds keep what the pool promises: addresses that never move, the capacity as a hard
+/// cap, O(1) allocation and free. They differ in when memory is taken from the device:
+///
+/// * [`Growable`](Self::Growable) reserves *addresses* for the whole capacity (free of physical
+///   cost) and maps memory under them in chunks when allocations first reach there; `trim()`
+///   and the release threshold give chunks with no live byte back. The footprint follows the
+///   use, so the capacity can be as large as the device. The default of device pools
+///   (`Pool::cuda`, `PoolBuilder::build_cuda`).
+/// * [`Classic`](Self::Classic) takes the whole capacity in one backend allocation when the pool
+///   is made and holds it until the pool goes: what memory that must be one contiguous classic
+///   allocation needs (registered for RDMA, shared through CUDA IPC), and what host pools and
+///   [`PoolBuilder::build_in`](super::PoolBuilder::build_in) do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RegionKind {
+    /// One backend allocation of the whole capacity, made up front.
+    Classic,
+    /// Addresses reserved up front, memory mapped in chunks on demand.
+    Growable,
+}
 
 /// The alignment the pool asks its backend for (it aligns the region itself).
 const REGION_ALIGN: usize = 16;
@@ -45,7 +69,10 @@ pub(super) struct Region {
     pub(super) capacity: usize,
     pub(super) memory: MemoryKind,
     pub(super) backend: &'static str,
-    pub(super) owner: Box<dyn RegionOwner>,
+    /// The classic region's one allocation (`None` for a growable region, whose mapping owns
+    /// its reservation).
+    pub(super) owner: Option<Box<dyn RegionOwner>>,
+    pub(super) mapping: Mapping,
 }
 
 impl Region {
@@ -86,7 +113,28 @@ impl Region {
             capacity,
             memory,
             backend: name,
-            owner,
+            owner: Some(owner),
+            mapping: Mapping::whole(base, capacity),
+        })
+    }
+
+    /// Reserves addresses for `capacity` bytes (a non-zero multiple of [`BLOCK_GRANULE`]) on
+    /// `vm`, mapped in chunks of `chunk` bytes on demand, for the pool `pool`.
+    pub(super) fn reserve_mapped<V: VirtualMemory + 'static>(
+        pool: &str,
+        vm: V,
+        capacity: usize,
+        chunk: Option<usize>,
+    ) -> Result<Region, Error> {
+        let (memory, backend) = (vm.memory(), vm.name());
+        let mapping = Mapping::reserve(pool, Box::new(vm), capacity, chunk)?;
+        Ok(Region {
+            base: mapping.base(),
+            capacity,
+            memory,
+            backend,
+            owner: None,
+            mapping,
         })
     }
 }

@@ -96,10 +96,24 @@ pub trait StreamSync: Any + Send + Sync + fmt::Debug {
     /// (`cuEventRecord` on `producer`, then `cuStreamWaitEvent` on `waiter`). Must not block
     /// the host.
     fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error>;
+
+    /// Blocks the calling thread until all work queued on `stream` so far has finished
+    /// (`cuStreamSynchronize`). The pool calls it, without its lock held when it can, before
+    /// it unmaps memory freed on its home stream (`Pool::trim`, `Pool::synchronize`). By
+    /// default: an event recorded on `stream`, polled until it completes.
+    fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
+        let event = self.record(stream)?;
+        while !event.is_complete()? {
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
 }
 
 /// A host stand-in for a stream runtime: events complete only when the test calls
-/// [`complete`](Self::complete); every [`order_after`](StreamSync::order_after) is recorded.
+/// [`complete`](Self::complete) (or the pool [synchronizes](StreamSync::synchronize) their
+/// stream, which completes them: the host waited for the stream to drain); every
+/// [`order_after`](StreamSync::order_after) and every synchronize is recorded.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -126,6 +140,7 @@ pub struct ManualStreams {
 struct ManualInner {
     events: Vec<(StreamId, Arc<AtomicBool>)>,
     waits: Vec<(StreamId, StreamId)>,
+    synchronized: Vec<StreamId>,
     fail_with: Option<Error>,
 }
 
@@ -186,7 +201,12 @@ impl ManualStreams {
         self.lock().waits.clone()
     }
 
-    /// Makes every later `record` and `order_after` fail with `error` (until called with
+    /// Every stream passed to [`synchronize`](StreamSync::synchronize), in order.
+    pub fn synchronized(&self) -> Vec<StreamId> {
+        self.lock().synchronized.clone()
+    }
+
+    /// Makes every later `record`, `order_after` and `synchronize` fail with `error` (until called with
     /// `None`): for testing that a failing stream runtime disturbs nothing.
     pub fn fail_with(&self, error: Option<Error>) {
         self.lock().fail_with = error;
@@ -210,6 +230,15 @@ impl StreamSync for ManualStreams {
             return Err(error.clone());
         }
         inner.waits.push((waiter, producer));
+        Ok(())
+    }
+
+    fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
+        if let Some(error) = &self.lock().fail_with {
+            return Err(error.clone());
+        }
+        self.complete(stream);
+        self.lock().synchronized.push(stream);
         Ok(())
     }
 }

@@ -84,3 +84,16 @@ pub trait StreamOrdered {
     /// The stream the backend's views are ordered on.
     fn stream(&self) -> &Arc<CudaStream>;
 }
+
+/// Blocks the calling thread until everything queued so far on the stream whose raw handle is
+/// `stream` has finished (`cuStreamSynchronize`).
+///
+/// # Safety
+///
+/// `stream` must be a live stream of `ctx` (or one of the special handles `0`, `1`, `2`).
+pub unsafe fn synchronize_raw(ctx: &Arc<CudaContext>, stream: u64) -> Result<(), Error> {
+    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    // SAFETY: the caller vouches for the handle, a stream of this context, which is bound.
+    unsafe { result::stream::synchronize(stream as usize as sys::CUstream) }
+        .map_err(drv("cuStreamSynchronize"))
+}

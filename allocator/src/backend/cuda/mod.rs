@@ -1,6 +1,7 @@
 //! The CUDA backends, through cudarc: device memory (`cuMemAlloc`), stream-ordered device
-//! memory (`cuMemAllocAsync`), managed memory (`cuMemAllocManaged`) and pinned host memory
-//! (`cuMemHostAlloc`).
+//! memory (`cuMemAllocAsync`), managed memory (`cuMemAllocManaged`), pinned host memory
+//! (`cuMemHostAlloc`), and device memory mapped on demand under reserved addresses (the
+//! virtual memory API, [`CudaVirtualMemory`]).
 //!
 //! This folder and `devarena-kernels` are the only code that calls cudarc's driver API; the
 //! arena's and the pool's CUDA conveniences (`Arena::prefetch_to_device`, `Pool::cuda`, ...)
@@ -14,6 +15,7 @@
 //! | `managed.rs` | [`ManagedBackend`]: `cuMemAllocManaged` and prefetching |
 //! | `pinned.rs` | [`PinnedBackend`]: `cuMemHostAlloc` and its mapped device address |
 //! | `view.rs` | [`DeviceView`], [`DeviceViewMut`] and the view kinds [`CudaMut`], [`CudaRef`] |
+//! | `vmm.rs` | [`CudaVirtualMemory`]: `cuMemAddressReserve`, `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, `cuMemUnmap`: the growable pool region |
 //! | `event.rs` | [`RecordedEvent`](event::RecordedEvent): events on raw stream handles, for stream ordering |
 //! | `graph.rs` | CUDA graphs by stream capture: begin, end, instantiate, launch, and the capture mode (thread-local), for `Arena::capture`; [`is_capturing`] |
 //!
@@ -65,6 +67,7 @@ mod graph;
 mod managed;
 mod pinned;
 mod view;
+mod vmm;
 
 pub use device::{CudaBackend, DeviceAlloc};
 pub(crate) use driver::synchronize;
@@ -78,3 +81,4 @@ pub(crate) use graph::{GraphExec, StreamCapture};
 pub use managed::ManagedBackend;
 pub use pinned::PinnedBackend;
 pub use view::{CudaBase, CudaMut, CudaRef, DeviceView, DeviceViewMut};
+pub use vmm::CudaVirtualMemory;

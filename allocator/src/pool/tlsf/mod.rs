@@ -231,6 +231,15 @@ impl Tlsf {
         self.lists.free_blocks
     }
 
+    /// Every free block, `(address, bytes)`, in no particular order (cached blocks not
+    /// counted: [`flush`](Self::flush) first). No two of them touch.
+    pub(crate) fn free_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.blocks
+            .iter()
+            .filter(|b| b.free)
+            .map(|b| (b.addr, b.size))
+    }
+
     /// Size of a block.
     #[inline]
     pub(crate) fn block_size(&self, block: u32) -> u64 {
