@@ -313,7 +313,7 @@ mod gpu {
     }
 
     #[test]
-    fn a_map_that_fails_under_real_exhaustion_is_out_of_memory_and_changes_nothing() {
+    fn deliberate_oom_a_map_that_fails_under_real_exhaustion_is_out_of_memory_and_changes_nothing() {
         let Some((_device, stream)) = gpu() else {
             return;
         };

@@ -12,7 +12,7 @@ fn gpu_tests_need_the_cuda_feature() {
 
 #[cfg(feature = "cuda")]
 #[test]
-fn pinned_views_after_a_failed_wait_are_errors() {
+fn deliberate_fault_pinned_views_after_a_failed_wait_are_errors() {
     use devarena::backend::cuda::{LaunchConfig, PinnedBackend, Ptx};
     use devarena::{Arena, DeviceLayout, Error};
 

@@ -239,7 +239,7 @@ mod gpu {
     }
 
     #[test]
-    fn a_synchronous_copy_during_capture_is_an_error_and_the_stream_stays_usable() {
+    fn deliberate_api_error_a_synchronous_copy_during_capture_is_an_error_and_the_stream_stays_usable() {
         let Some(stream) = gpu_stream() else { return };
         let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
         let data = input(1);
@@ -272,7 +272,7 @@ mod gpu {
     }
 
     #[test]
-    fn an_allocation_during_capture_is_an_error() {
+    fn deliberate_api_error_an_allocation_during_capture_is_an_error() {
         let Some(stream) = gpu_stream() else { return };
         let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
         let inner = CudaBackend::new(stream.clone());
@@ -305,7 +305,7 @@ mod gpu {
     }
 
     #[test]
-    fn a_swallowed_error_still_fails_the_capture() {
+    fn deliberate_api_error_a_swallowed_error_still_fails_the_capture() {
         let Some(stream) = gpu_stream() else { return };
         let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
         let data = input(2);
@@ -348,7 +348,7 @@ mod gpu {
     }
 
     #[test]
-    fn an_arena_on_the_legacy_default_stream_cannot_capture() {
+    fn deliberate_api_error_an_arena_on_the_legacy_default_stream_cannot_capture() {
         let Some(stream) = gpu_stream() else { return };
         let legacy = default_stream(stream.context().ordinal()).unwrap();
         let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(legacy.clone())).unwrap();
@@ -372,7 +372,7 @@ mod gpu {
     }
 
     #[test]
-    fn a_replay_is_never_recorded_into_another_capture() {
+    fn deliberate_api_error_a_replay_is_never_recorded_into_another_capture() {
         let Some(stream) = gpu_stream() else { return };
         let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
         let mut graph = arena
