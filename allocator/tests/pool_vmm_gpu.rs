@@ -36,7 +36,12 @@ mod gpu {
         let pool = Pool::cuda(stream.clone(), 64 * MIB).unwrap();
         let mut s = pool.alloc_slice::<u32>(MIB).unwrap();
         s.device_view_mut(stream).unwrap().fill_bytes(1).unwrap();
-        s.device_view_mut(stream).unwrap().upload(&[2; 16]).unwrap();
+        s.device_view_mut(stream)
+            .unwrap()
+            .slice_mut(..16)
+            .unwrap()
+            .upload(&[2; 16])
+            .unwrap();
         assert_eq!(
             s.device_view(stream).unwrap().to_vec().unwrap()[16],
             0x0101_0101
@@ -313,7 +318,8 @@ mod gpu {
     }
 
     #[test]
-    fn deliberate_oom_a_map_that_fails_under_real_exhaustion_is_out_of_memory_and_changes_nothing() {
+    fn deliberate_oom_a_map_that_fails_under_real_exhaustion_is_out_of_memory_and_changes_nothing()
+    {
         let Some((_device, stream)) = gpu() else {
             return;
         };

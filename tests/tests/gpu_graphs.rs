@@ -239,7 +239,8 @@ mod gpu {
     }
 
     #[test]
-    fn deliberate_api_error_a_synchronous_copy_during_capture_is_an_error_and_the_stream_stays_usable() {
+    fn deliberate_api_error_a_synchronous_copy_during_capture_is_an_error_and_the_stream_stays_usable()
+     {
         let Some(stream) = gpu_stream() else { return };
         let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
         let data = input(1);
