@@ -8,8 +8,8 @@ use core::fmt;
 use super::engine::{Settings, Shared};
 use super::region::Region;
 use super::{
-    BLOCK_GRANULE, DEFAULT_REUSE_BLOCKS, EventSink, MAX_REUSE_BLOCKS, Pool, StreamId, StreamSync,
-    Tracking,
+    BLOCK_GRANULE, DEFAULT_REUSE_BLOCKS, DEFAULT_THREAD_HEAP_SHARE, EventSink, MAX_REUSE_BLOCKS,
+    Pool, StreamId, StreamSync, Tracking,
 };
 use crate::backend::{Backend, HostBackend};
 use crate::error::Error;
@@ -38,6 +38,7 @@ pub struct PoolBuilder {
     home: StreamId,
     log_leaks_on_drop: bool,
     reuse: Option<(usize, usize)>,
+    thread_heaps: Option<usize>,
 }
 
 impl fmt::Debug for PoolBuilder {
@@ -51,6 +52,7 @@ impl fmt::Debug for PoolBuilder {
             .field("home", &self.home)
             .field("log_leaks_on_drop", &self.log_leaks_on_drop)
             .field("reuse", &self.reuse)
+            .field("thread_heaps", &self.thread_heaps)
             .finish()
     }
 }
@@ -68,6 +70,7 @@ impl PoolBuilder {
             home: StreamId::DEFAULT,
             log_leaks_on_drop: true,
             reuse: None,
+            thread_heaps: None,
         }
     }
 
@@ -137,6 +140,46 @@ impl PoolBuilder {
         self
     }
 
+    /// How many free bytes a thread heap may keep (`0`: no thread heaps, every thread uses the
+    /// pool's own index under its lock). By default an eighth of the capacity
+    /// ([`DEFAULT_THREAD_HEAP_SHARE`](super::DEFAULT_THREAD_HEAP_SHARE)).
+    ///
+    /// A thread that finds the pool's lock taken by another gets a heap of its own: spans of
+    /// the region (half this bound at a time, or what a larger request needs) where it
+    /// allocates and frees under a lock of its own, so that threads sharing a pool stop
+    /// waiting for each other. A heap asks the pool for more only now and then: a span, a
+    /// lease of bytes under the peak and the quotas, a batch of serial numbers. When more than
+    /// this many bytes are free in its spans, it gives back spans nothing uses, then the
+    /// spans with the most free bytes, in pieces. Before a request would fail, and before
+    /// [`Pool::stats`] describes the free blocks, every heap gives all its spans back (other
+    /// threads' included), and a thread that exits gives its heaps back: heaps change the cost
+    /// of a call, not what succeeds, nor any count. See the [module docs](super) for what each
+    /// path does.
+    ///
+    /// ```
+    /// use devarena::Pool;
+    ///
+    /// let pool = Pool::builder(64 << 20).thread_heaps(16 << 20).build_host()?;
+    /// std::thread::scope(|s| {
+    ///     for _ in 0..4 {
+    ///         s.spawn(|| {
+    ///             for i in 0..1000 {
+    ///                 let a = pool.allocate(256 << (i % 8), 0).unwrap();
+    ///                 pool.deallocate(a).unwrap();
+    ///             }
+    ///         });
+    ///     }
+    /// });
+    /// let stats = pool.stats();
+    /// assert_eq!((stats.allocations, stats.frees, stats.in_use), (4000, 4000, 0));
+    /// assert_eq!(stats.largest_free, 64 << 20);
+    /// # Ok::<(), devarena::Error>(())
+    /// ```
+    pub fn thread_heaps(mut self, max_free_bytes: usize) -> Self {
+        self.thread_heaps = Some(max_free_bytes);
+        self
+    }
+
     /// Reserves the region on a fresh [`HostBackend`].
     pub fn build_host(self) -> Result<Pool, Error> {
         self.build_in(HostBackend::new())
@@ -172,7 +215,12 @@ impl PoolBuilder {
             log_leaks_on_drop: self.log_leaks_on_drop,
             reuse_blocks,
             reuse_bytes,
+            heap_bytes: self
+                .thread_heaps
+                .unwrap_or(capacity / DEFAULT_THREAD_HEAP_SHARE),
         };
-        Ok(Pool::from_shared(Arc::new(Shared::new(settings, region))))
+        Ok(Pool::from_shared(Arc::new_cyclic(|this| {
+            Shared::new(settings, region, this.clone())
+        })))
     }
 }

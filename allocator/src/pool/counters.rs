@@ -17,6 +17,10 @@ pub(super) struct Counters {
     pub(super) frees: u64,
     /// Failed allocations so far.
     pub(super) failures: u64,
+    /// Bytes leased to thread heaps: what their live allocations hold plus the headroom they
+    /// may still use without asking. `in_use + leased` never passes `peak`, so that a thread
+    /// heap allocates within its lease without changing the peak, and the peak stays exact.
+    pub(super) leased: usize,
 }
 
 impl Counters {
@@ -25,8 +29,21 @@ impl Counters {
     pub(super) fn on_alloc(&mut self, reserved: usize, requested: usize) {
         self.in_use += reserved;
         self.requested += requested;
-        self.peak = self.peak.max(self.in_use);
+        self.peak = self.peak.max(self.in_use + self.leased);
         self.allocations += 1;
+    }
+
+    /// Whether an allocation of `reserved` bytes keeps the peak exact as
+    /// [`on_alloc`](Self::on_alloc) counts it: no lease, or no new peak. Otherwise the leases'
+    /// headroom must be taken back first (it would count as in use).
+    #[inline(always)]
+    pub(super) fn admits(&self, reserved: usize) -> bool {
+        self.leased == 0 || self.in_use + self.leased + reserved <= self.peak
+    }
+
+    /// Headroom below the peak that no lease holds.
+    pub(super) fn headroom(&self) -> usize {
+        self.peak.saturating_sub(self.in_use + self.leased)
     }
 
     /// The free of an allocation counted by [`on_alloc`](Self::on_alloc) with the same numbers.
@@ -47,10 +64,33 @@ impl Counters {
         self.allocations - self.frees
     }
 
-    /// Whether `reserved` more bytes stay within `limit` (a quota or the capacity): the one
-    /// check both allocation paths make.
+    /// Whether `reserved` more bytes stay within `limit` (a quota or the capacity), the
+    /// leases counted as in use (exact once they are taken back): the one check every
+    /// allocation path makes.
     #[inline(always)]
     pub(super) fn allows(&self, reserved: usize, limit: usize) -> bool {
-        reserved <= limit.saturating_sub(self.in_use)
+        reserved <= limit.saturating_sub(self.in_use + self.leased)
+    }
+}
+
+/// A thread heap's share of the pool's (or a client's) bytes: it may hold up to `cap` bytes
+/// in live allocations without asking the pool, and holds `used`. The pool counts `cap` in
+/// [`Counters::leased`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Lease {
+    pub(super) cap: usize,
+    pub(super) used: usize,
+}
+
+impl Lease {
+    /// Whether `reserved` more bytes fit in the lease.
+    #[inline(always)]
+    pub(super) fn fits(&self, reserved: usize) -> bool {
+        self.used + reserved <= self.cap
+    }
+
+    /// Headroom the lease holds and does not use.
+    pub(super) fn slack(&self) -> usize {
+        self.cap - self.used
     }
 }

@@ -231,6 +231,11 @@ impl Tlsf {
         self.cache.hits
     }
 
+    /// [`reused`](Self::reused), counting from 0 again.
+    pub(crate) fn take_reused(&mut self) -> u64 {
+        core::mem::take(&mut self.cache.hits)
+    }
+
     /// Number of free blocks (cached blocks not counted: [`flush`](Self::flush) first).
     pub(crate) fn free_blocks(&self) -> usize {
         self.lists.free_blocks

@@ -154,4 +154,20 @@ impl Tlsf {
             }
         }
     }
+
+    /// The blocks of the span whose first block is `first`, in address order, into `out`;
+    /// nothing changes.
+    pub(crate) fn span_blocks(&self, first: u32, out: &mut Vec<Piece>) {
+        let mut at = first;
+        while at != NIL {
+            let b = &self.blocks[at as usize];
+            out.push(Piece {
+                addr: b.addr,
+                size: b.size,
+                block: at,
+                free: b.free,
+            });
+            at = b.next_phys;
+        }
+    }
 }
