@@ -39,6 +39,7 @@ pub struct PoolBuilder {
     log_leaks_on_drop: bool,
     reuse: Option<(usize, usize)>,
     thread_heaps: Option<usize>,
+    eager_thread_heaps: bool,
 }
 
 impl fmt::Debug for PoolBuilder {
@@ -53,6 +54,7 @@ impl fmt::Debug for PoolBuilder {
             .field("log_leaks_on_drop", &self.log_leaks_on_drop)
             .field("reuse", &self.reuse)
             .field("thread_heaps", &self.thread_heaps)
+            .field("eager_thread_heaps", &self.eager_thread_heaps)
             .finish()
     }
 }
@@ -71,6 +73,7 @@ impl PoolBuilder {
             log_leaks_on_drop: true,
             reuse: None,
             thread_heaps: None,
+            eager_thread_heaps: false,
         }
     }
 
@@ -180,6 +183,25 @@ impl PoolBuilder {
         self
     }
 
+    /// Whether every thread gets its heap at its first allocation, instead of the first time it
+    /// finds the pool's lock taken (off by default). For pools known to serve several threads
+    /// at once; a pool used this way by one thread places its blocks in spans, not as the
+    /// pool's own index would.
+    ///
+    /// ```
+    /// use devarena::Pool;
+    ///
+    /// let pool = Pool::builder(1 << 20).eager_thread_heaps(true).build_host()?;
+    /// let a = pool.allocate(1000, 0)?;
+    /// assert_eq!(pool.thread_heaps(), 1);
+    /// pool.deallocate(a)?;
+    /// # Ok::<(), devarena::Error>(())
+    /// ```
+    pub fn eager_thread_heaps(mut self, on: bool) -> Self {
+        self.eager_thread_heaps = on;
+        self
+    }
+
     /// Reserves the region on a fresh [`HostBackend`].
     pub fn build_host(self) -> Result<Pool, Error> {
         self.build_in(HostBackend::new())
@@ -218,6 +240,7 @@ impl PoolBuilder {
             heap_bytes: self
                 .thread_heaps
                 .unwrap_or(capacity / DEFAULT_THREAD_HEAP_SHARE),
+            eager_heaps: self.eager_thread_heaps,
         };
         Ok(Pool::from_shared(Arc::new_cyclic(|this| {
             Shared::new(settings, region, this.clone())

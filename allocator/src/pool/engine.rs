@@ -17,7 +17,7 @@ use super::lock::{Lock, LockGuard, Reentrant};
 use super::region::{Region, RegionOwner};
 use super::stats::{ClientStats, Leak, LeakReport, PoolStats, Tracking};
 use super::stream::{StreamEvent, StreamId, StreamSync};
-use super::thread_heap::{self, ThreadHeap};
+use super::thread_heap::{self, HeapEntry, ThreadHeap};
 use super::tlsf::Tlsf;
 use super::{
     AllocRequest, BLOCK_GRANULE, DEFAULT_POOL_ALIGN, DEFAULT_REUSE_BLOCKS, FreeRequest,
@@ -60,6 +60,7 @@ pub(super) struct Parked {
 }
 
 /// One client: a name, a quota, its counters.
+#[derive(Clone)]
 pub(super) struct ClientState {
     pub(super) name: Arc<str>,
     pub(super) quota: usize,
@@ -127,7 +128,7 @@ pub(super) struct State {
     /// Events recorded and not yet delivered, in the order the pool did things.
     outbox: VecDeque<Record>,
     /// The thread heaps (see [`thread_heap`]).
-    pub(super) heaps: Vec<Arc<ThreadHeap>>,
+    pub(super) heaps: Vec<HeapEntry>,
     /// Every span of a thread heap, by address: its size and heap.
     pub(super) spans: BTreeMap<u64, (u64, Arc<ThreadHeap>)>,
     /// The serial number of the next allocation.
@@ -144,6 +145,8 @@ pub(super) const SINK: u8 = 1 << 2;
 pub(super) const PARKED: u8 = 1 << 3;
 /// Some thread has a heap.
 pub(super) const HEAPS: u8 = 1 << 4;
+/// Every thread gets a heap at its first allocation.
+pub(super) const EAGER: u8 = 1 << 5;
 /// What sends every allocation down the general path: tracking, a sink, parked blocks.
 pub(super) const SLOW: u8 = TRACKING | SINK | PARKED;
 
@@ -197,6 +200,7 @@ pub(super) struct Settings {
     pub(super) reuse_blocks: usize,
     pub(super) reuse_bytes: usize,
     pub(super) heap_bytes: usize,
+    pub(super) eager_heaps: bool,
 }
 
 /// A block the TLSF index handed out for a request: its index, address and size.
@@ -256,8 +260,14 @@ impl Shared {
             reused: 0,
             sink: settings.sink,
         };
-        let flags = settings.tracking as u8 | if state.sink.is_some() { SINK } else { 0 };
         let heap_bytes = settings.heap_bytes;
+        let flags = settings.tracking as u8
+            | if state.sink.is_some() { SINK } else { 0 }
+            | if settings.eager_heaps && heap_bytes > 0 {
+                EAGER
+            } else {
+                0
+            };
         // A heap takes spans of half its bound: one span holds a working set of several
         // blocks, and a heap given back keeps at most two spans' worth.
         let span_bytes = (heap_bytes / 2).clamp(MIN_SPAN, MAX_SPAN) & !(BLOCK_GRANULE - 1);
@@ -322,17 +332,28 @@ impl Shared {
 
     /// Client `c`'s counters, its thread heaps' shares added (every heap locked).
     fn client_totals(state: &State, heaps: &[thread_heap::Locked<'_>], c: usize) -> ClientStats {
-        let mut stats = state.clients[c].stats();
+        let client = &state.clients[c];
+        let mut counts = client.counts;
         for h in heaps {
             if let Some(share) = h.state.clients.get(c) {
-                stats.in_use += share.lease.used;
-                stats.requested += share.requested;
-                stats.allocations += share.allocations;
-                stats.frees += share.frees;
+                counts.in_use += share.lease.used;
+                counts.requested += share.requested;
+                // A heap's allocation freed in the pool's index (given back in between) counts
+                // there as a free: only the sums are exact.
+                counts.allocations += share.allocations;
+                counts.frees += share.frees;
             }
         }
-        stats.live = stats.allocations - stats.frees;
-        stats
+        ClientState {
+            counts,
+            ..client.clone()
+        }
+        .stats()
+    }
+
+    /// How many threads have a heap on this pool.
+    pub(super) fn thread_heaps(&self) -> usize {
+        self.lock_wait().heaps.len()
     }
 
     /// Replaces the event sink.
@@ -346,8 +367,8 @@ impl Shared {
         state.sink = sink;
         // A thread heap checks for a sink under its lock: a call that did not see the sink
         // finishes before this returns, and every later one sees it.
-        for heap in &state.heaps {
-            drop(heap.state.lock_wait());
+        for entry in &state.heaps {
+            drop(entry.heap.state.lock_wait());
         }
     }
 
@@ -446,22 +467,25 @@ impl Shared {
                 align,
                 stream,
             };
-            let heaps = flags & HEAPS != 0;
-            if heaps {
-                if let Some(result) = self.on_thread_heap(|heap| {
-                    match self.heap_allocate_fast(heap, &ask, owned) {
+            if flags & (HEAPS | EAGER) != 0 {
+                if let Some(result) =
+                    self.on_thread_heap(|heap| match self.heap_allocate_fast(heap, &ask, owned) {
                         Some(addr) => Ok(addr),
                         None => self.heap_allocate_slow(heap, &ask, owned),
-                    }
-                }) {
+                    })
+                {
                     return result;
+                }
+                if flags & EAGER != 0 {
+                    let req = AllocRequest { ..req };
+                    return self.allocate_contended(&req, &ask, owned);
                 }
             }
             let Some(mut state) = self.state.try_guard() else {
                 let req = AllocRequest { ..req };
                 return self.allocate_contended(&req, &ask, owned);
             };
-            if let Some(addr) = self.allocate_fast(&mut state, &ask, owned, heaps) {
+            if let Some(addr) = self.allocate_fast(&mut state, &ask, owned) {
                 return Ok(addr);
             }
             // Copies made where they are needed: a reference to `req` itself would have the
@@ -491,7 +515,7 @@ impl Shared {
                 return self.unlock_and_deliver(state, result);
             }
         }
-        if let Some(addr) = self.allocate_fast(&mut state, ask, owned, true) {
+        if let Some(addr) = self.allocate_fast(&mut state, ask, owned) {
             return Ok(addr);
         }
         let result = self.allocate_general(&mut state, ask.client, req, ask.stream, owned, None);
@@ -531,17 +555,19 @@ impl Shared {
     /// runtime) (all three checked by the caller), nothing parked, within capacity and quota,
     /// and a free block found. It changes nothing until it has a block; `None` sends the
     /// request down [`allocate_general`](Self::allocate_general), which decides the same way
-    /// and reports why a request fails. `heaps`: thread heaps may hold leases (whose unused
-    /// part must not become a peak).
+    /// and reports why a request fails.
     #[inline(always)]
-    fn allocate_fast(&self, state: &mut State, ask: &Ask, owned: bool, heaps: bool) -> Option<u64> {
+    fn allocate_fast(&self, state: &mut State, ask: &Ask, owned: bool) -> Option<u64> {
         if !state.parked.is_empty() || state.sink.is_some() {
             return None;
         }
         let reserved = reserved_bytes(ask.size).filter(|&r| r <= self.capacity)?;
         let client = &state.clients[ask.client as usize];
+        // With leases out, the general path takes their unused part back before it counts a
+        // new peak or refuses a quota.
         if !client.allows(reserved)
-            || heaps && !(client.counts.admits(reserved) && state.counts.admits(reserved))
+            || (client.counts.leased | state.counts.leased) != 0
+                && !(client.counts.admits(reserved) && state.counts.admits(reserved))
         {
             return None;
         }

@@ -131,6 +131,13 @@ impl Pool {
         self.own.shared.stats()
     }
 
+    /// How many threads have a heap of their own on this pool now (see
+    /// [`PoolBuilder::thread_heaps`]): threads that met another on the pool's lock (or made an
+    /// allocation, with [`PoolBuilder::eager_thread_heaps`]) and have not exited.
+    pub fn thread_heaps(&self) -> usize {
+        self.own.shared.thread_heaps()
+    }
+
     /// Every client's counters, the pool's own client first.
     pub fn client_stats(&self) -> Vec<ClientStats> {
         self.own.shared.all_client_stats()

@@ -64,6 +64,21 @@ pub(super) struct ThreadHeap {
     pub(super) state: Lock<HeapState>,
 }
 
+/// A thread heap as the pool lists it.
+pub(super) struct HeapEntry {
+    pub(super) heap: Arc<ThreadHeap>,
+    /// The clients whose leases it has held since it was last given back: only these heaps
+    /// are locked to take a client's leases back.
+    pub(super) clients: Vec<u32>,
+}
+
+impl State {
+    /// The pool's entry of `heap`.
+    fn entry(&mut self, heap: &Arc<ThreadHeap>) -> Option<&mut HeapEntry> {
+        self.heaps.iter_mut().find(|e| Arc::ptr_eq(&e.heap, heap))
+    }
+}
+
 /// A span: a block of the pool's index that a heap uses as a region of its own.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Span {
@@ -303,8 +318,7 @@ impl Shared {
             return None;
         }
         let share = h.clients.get(ask.client as usize)?;
-        if !(h.lease.fits(reserved) && share.lease.fits(reserved)) || h.serials.0 == h.serials.1
-        {
+        if !(h.lease.fits(reserved) && share.lease.fits(reserved)) || h.serials.0 == h.serials.1 {
             return None;
         }
         let (block, addr) = h.tlsf.allocate(reserved as u64, ask.align as u64)?;
@@ -361,21 +375,13 @@ impl Shared {
         if h.clients.len() <= client {
             h.clients.resize(client + 1, ClientShare::default());
         }
-        if !h.lease.fits(reserved) {
-            self.grant_pool(state, heap, h, reserved);
-        }
-        if !h.clients[client].lease.fits(reserved)
-            && !self.grant_client(state, heap, h, ask.client, reserved)
-        {
-            // Over the quota: the general path takes every lease back and says so exactly.
-            drop(guard);
-            return general(state);
-        }
         if h.serials.0 == h.serials.1 {
             h.serials = (state.next_serial, state.next_serial + SERIAL_BATCH);
             state.next_serial += SERIAL_BATCH;
         }
+        // The block first: a lease may raise a peak, which only an allocation may do.
         let (size, align) = (reserved as u64, ask.align as u64);
+        let hits = h.tlsf.reused();
         let mut taken = h.tlsf.allocate(size, align);
         if taken.is_none() && h.tlsf.cached().1 > 0 {
             h.tlsf.flush();
@@ -388,6 +394,19 @@ impl Shared {
             drop(guard);
             return general(state);
         };
+        if !h.clients[client].lease.fits(reserved)
+            && !self.grant_client(state, heap, h, ask.client, reserved)
+        {
+            // Over the quota: the general path takes every lease back and says so exactly.
+            h.tlsf.release(block);
+            h.tlsf.forget_reused(hits);
+            drop(guard);
+            return general(state);
+        }
+        // The pool's lease is always granted: the block is there, so the bytes are.
+        if !h.lease.fits(reserved) {
+            self.grant_pool(state, heap, h, reserved);
+        }
         h.commit(ask, owned, reserved, block, addr);
         Ok(addr)
     }
@@ -443,7 +462,7 @@ impl Shared {
             state.counts.leased += need + extra;
             return;
         }
-        self.with_other_heaps(state, heap, |state, others| {
+        self.with_other_heaps(state, heap, None, |state, others| {
             for o in others.iter_mut() {
                 state.counts.leased -= o.lease.slack();
                 o.lease.cap = o.lease.used;
@@ -475,6 +494,11 @@ impl Shared {
         let share = &h.clients[c].lease;
         let need = share.used + reserved - share.cap;
         let heaps = state.heaps.len();
+        if let Some(entry) = state.entry(heap) {
+            if !entry.clients.contains(&client) {
+                entry.clients.push(client);
+            }
+        }
         let counts = &state.clients[c].counts;
         if counts.headroom() >= need {
             let extra = (counts.headroom() - need) / (heaps + 1);
@@ -482,7 +506,7 @@ impl Shared {
             state.clients[c].counts.leased += need + extra;
             return true;
         }
-        self.with_other_heaps(state, heap, |state, others| {
+        self.with_other_heaps(state, heap, Some(client), |state, others| {
             let quota = state.clients[c].quota;
             let counts = &mut state.clients[c].counts;
             for o in others.iter_mut() {
@@ -506,18 +530,21 @@ impl Shared {
         })
     }
 
-    /// Runs `f` with every heap but `own` locked.
+    /// Runs `f` with every heap but `own` locked (with `client`: every heap that may hold a
+    /// lease of that client).
     fn with_other_heaps<R>(
         &self,
         state: &mut State,
         own: &Arc<ThreadHeap>,
+        client: Option<u32>,
         f: impl FnOnce(&mut State, &mut [LockGuard<'_, HeapState>]) -> R,
     ) -> R {
         let others: Vec<Arc<ThreadHeap>> = state
             .heaps
             .iter()
-            .filter(|h| !Arc::ptr_eq(h, own))
-            .cloned()
+            .filter(|e| !Arc::ptr_eq(&e.heap, own))
+            .filter(|e| client.is_none_or(|c| e.clients.contains(&c)))
+            .map(|e| e.heap.clone())
             .collect();
         let mut guards: Vec<_> = others.iter().map(|h| h.state.lock_wait()).collect();
         f(state, &mut guards)
@@ -529,7 +556,7 @@ impl Shared {
         state: &mut State,
         f: impl FnOnce(&mut State, &mut [Locked<'_>]) -> R,
     ) -> R {
-        let heaps = state.heaps.clone();
+        let heaps: Vec<Arc<ThreadHeap>> = state.heaps.iter().map(|e| e.heap.clone()).collect();
         let mut locked: Vec<Locked<'_>> = heaps
             .iter()
             .map(|heap| Locked {
@@ -721,12 +748,16 @@ impl Shared {
         }
         state.reused += h.tlsf.take_reused();
         h.serials = (0, 0);
+        if let Some(entry) = state.entry(heap) {
+            entry.clients.clear();
+        }
     }
 
     /// Gives every heap back ([`dissolve`](Self::dissolve)); the heaps stay with their threads,
     /// empty.
     pub(super) fn dissolve_all(&self, state: &mut State) {
-        for heap in state.heaps.clone() {
+        let heaps: Vec<Arc<ThreadHeap>> = state.heaps.iter().map(|e| e.heap.clone()).collect();
+        for heap in heaps {
             let mut guard = heap.state.lock_wait();
             self.dissolve(state, &heap, &mut guard);
         }
@@ -753,7 +784,10 @@ impl Shared {
         if !register(self.id, self.this.clone(), &heap) {
             return None;
         }
-        state.heaps.push(heap.clone());
+        state.heaps.push(HeapEntry {
+            heap: heap.clone(),
+            clients: Vec::new(),
+        });
         self.flags.fetch_or(HEAPS, Ordering::Relaxed);
         Some(heap)
     }
@@ -769,7 +803,7 @@ impl Shared {
             self.dissolve(&mut state, heap, &mut guard);
             guard.retired = true;
         }
-        state.heaps.retain(|h| !Arc::ptr_eq(h, heap));
+        state.heaps.retain(|e| !Arc::ptr_eq(&e.heap, heap));
         if state.heaps.is_empty() {
             self.flags.fetch_and(!HEAPS, Ordering::Relaxed);
         }
@@ -778,8 +812,8 @@ impl Shared {
     /// Empties every heap for good: the pool is being dropped.
     pub(super) fn drop_heaps(&self) {
         let mut state = self.lock_wait();
-        for heap in core::mem::take(&mut state.heaps) {
-            let mut guard = heap.state.lock_wait();
+        for entry in core::mem::take(&mut state.heaps) {
+            let mut guard = entry.heap.state.lock_wait();
             guard.retired = true;
             guard.tlsf = Tlsf::empty(self.base, self.capacity as u64, 0, 0);
             guard.live = AddrMap::with_capacity(0);

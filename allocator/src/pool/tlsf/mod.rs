@@ -231,6 +231,11 @@ impl Tlsf {
         self.cache.hits
     }
 
+    /// Sets [`reused`](Self::reused) back to `hits` (a block taken whole went back unused).
+    pub(crate) fn forget_reused(&mut self, hits: u64) {
+        self.cache.hits = hits;
+    }
+
     /// [`reused`](Self::reused), counting from 0 again.
     pub(crate) fn take_reused(&mut self) -> u64 {
         core::mem::take(&mut self.cache.hits)

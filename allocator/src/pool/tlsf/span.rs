@@ -115,7 +115,11 @@ impl Tlsf {
         debug_assert!(!b.free && !b.cached);
         debug_assert_eq!(pieces.iter().map(|p| p.size).sum::<u64>(), b.size);
         debug_assert!(pieces.first().is_some_and(|p| p.addr == b.addr));
-        debug_assert!(pieces.windows(2).all(|w| w[0].addr + w[0].size == w[1].addr));
+        debug_assert!(
+            pieces
+                .windows(2)
+                .all(|w| w[0].addr + w[0].size == w[1].addr)
+        );
         debug_assert!(pieces.windows(2).all(|w| !(w[0].free && w[1].free)));
         while self.lists.spares < pieces.len() {
             self.add_spares();

@@ -421,7 +421,10 @@ fn spans_move_between_indices_whole_or_in_pieces() {
         assert_eq!(heap.free_bytes(), in_heap - used_heap);
         assert_eq!(pool.free_bytes(), region - in_heap - used_pool);
     }
-    assert!(whole > 0 && cut > 50 && carried > 200, "{whole} {cut} {carried}");
+    assert!(
+        whole > 0 && cut > 50 && carried > 200,
+        "{whole} {cut} {carried}"
+    );
     // Everything back: the pool's index is one free block again.
     heap.flush();
     for (_, (_, first, g)) in core::mem::take(&mut spans) {
