@@ -444,35 +444,29 @@ fn bytes_in_an_idle_threads_heap_count_for_the_cap_and_the_quotas() {
         from_other.recv().unwrap();
         // The other thread's pairs, counted without giving its heap back (which `stats` or a
         // failure would do).
-        let stats = pool.client_stats();
-        for c in 1..3 {
+        for (c, stats) in pool.client_stats().iter().enumerate().skip(1) {
             assert_eq!(
-                stats[c].allocations - stats[c].frees,
+                stats.allocations - stats.frees,
                 model.allocations[c] - model.frees[c]
             );
-            model.allocations[c] = stats[c].allocations;
-            model.frees[c] = stats[c].frees;
+            model.allocations[c] = stats.allocations;
+            model.frees[c] = stats.frees;
         }
-        assert_eq!(
-            stats[1].allocations + stats[2].allocations,
-            model.allocations[1] + model.allocations[2]
-        );
         // Without a check first (which would give the other heap back): the quota of each
         // client is there whole, though the other heap holds leases of both.
-        for c in 1..3 {
-            let before = clients[c].stats().in_use;
-            assert_eq!(before, model.in_use[c]);
-            let blocks = fill_quota(&clients[c], model.quotas[c]);
+        for (c, client) in clients.iter().enumerate().skip(1) {
+            assert_eq!(client.stats().in_use, model.in_use[c]);
+            let blocks = fill_quota(client, model.quotas[c]);
             let report = pool.leak_report();
             for &addr in &blocks {
                 let leak = report.leaks.iter().find(|l| l.addr == addr).unwrap();
                 model.allocated(addr, leak.size, 0, c);
             }
-            let err = clients[c].allocate(1, 0).unwrap_err();
+            let err = client.allocate(1, 0).unwrap_err();
             model.failures[c] += 1;
             check_refusal(&model, &err, c, 1, 0);
             for addr in blocks {
-                clients[c].deallocate(addr).unwrap();
+                client.deallocate(addr).unwrap();
                 model.freed(addr);
             }
         }
@@ -507,6 +501,10 @@ fn four_threads_a_million_operations_meeting_on_the_lock() {
     million(false);
 }
 
+/// A block handed to another thread to free: address, size, alignment, client (0: the
+/// allocating thread's own, 1: the shared one).
+type Handed = (u64, usize, usize, usize);
+
 fn million(eager: bool) {
     // 250,000 allocations and frees on each of four threads: sizes up to 64 KiB, every
     // alignment, each thread's own client and a shared one under a quota, slices, frees of
@@ -530,8 +528,7 @@ fn million(eager: bool) {
     // Live blocks of every thread: address -> (end, thread).
     let model: Mutex<BTreeMap<u64, (u64, usize)>> = Mutex::new(BTreeMap::new());
     // Blocks handed to the next thread to free: (address, client index: 0 own, 1 shared).
-    let handoff: Vec<Mutex<Vec<(u64, usize, usize, usize)>>> =
-        (0..THREADS).map(|_| Mutex::new(Vec::new())).collect();
+    let handoff: Vec<Mutex<Vec<Handed>>> = (0..THREADS).map(|_| Mutex::new(Vec::new())).collect();
     let start = Barrier::new(THREADS);
     // Per thread: (allocations, frees, failures) per client: own, shared (frees of blocks
     // handed to another thread are not counted here).

@@ -36,6 +36,12 @@ impl fmt::Debug for Pool {
 }
 
 impl Pool {
+    /// The pool's state (tests).
+    #[cfg(test)]
+    pub(super) fn shared(&self) -> &Arc<Shared> {
+        &self.own.shared
+    }
+
     pub(super) fn from_shared(shared: Arc<Shared>) -> Pool {
         Pool {
             own: PoolClient { shared, id: 0 },
