@@ -609,6 +609,13 @@ fn main() {
             .map(|r| r.ns)
             .unwrap_or(f64::NAN)
     };
+    // Aggregate throughput against the same allocator on one thread in this run: how it
+    // scales with threads (needs `1` in `--threads`).
+    let scaling = |r: &Row| {
+        rows.iter()
+            .find(|o| o.threads == 1 && o.name == r.name)
+            .map(|o| r.pairs_per_sec / o.pairs_per_sec)
+    };
     // The device baseline, when the device columns ran.
     let async_baseline = |threads: usize| {
         rows.iter()
@@ -623,6 +630,7 @@ fn main() {
                 format!(
                     "{{\"allocator\":\"{}\",\"threads\":{},\"median_ns_per_pair\":{:.2},\
                      \"median_cpu_ns_per_pair\":{},\"median_pairs_per_sec\":{:.0},\
+                     \"scaling_vs_one_thread\":{},\
                      \"rounds_overlapped\":{},\"speedup_vs_system\":{:.3},\
                      \"speedup_vs_cumemallocasync\":{}}}",
                     r.name,
@@ -630,6 +638,7 @@ fn main() {
                     r.ns,
                     r.cpu_ns.map_or("null".to_string(), |c| format!("{c:.2}")),
                     r.pairs_per_sec,
+                    scaling(r).map_or("null".to_string(), |x| format!("{x:.3}")),
                     r.overlapped,
                     baseline(r.threads) / r.ns,
                     async_baseline(r.threads)
@@ -662,8 +671,15 @@ fn main() {
     println!();
     let device_ran = rows.iter().any(|r| r.name == device::ASYNC_NAME);
     print!(
-        "{:<31} {:>7} {:>10} {:>10} {:>15} {:>8} {:>11}",
-        "allocator", "threads", "ns/pair", "cpu ns", "Mpairs/s (all)", "overlap", "vs system"
+        "{:<31} {:>7} {:>10} {:>10} {:>15} {:>9} {:>8} {:>11}",
+        "allocator",
+        "threads",
+        "ns/pair",
+        "cpu ns",
+        "Mpairs/s (all)",
+        "x 1 thr",
+        "overlap",
+        "vs system"
     );
     if device_ran {
         print!(" {:>11}", "vs async");
@@ -683,13 +699,15 @@ fn main() {
         } else {
             format!("{vs_system:.2}x")
         };
+        let scaled = scaling(r).map_or("-".to_string(), |x| format!("{x:.2}x"));
         print!(
-            "{:<31} {:>7} {:>10.1} {:>10} {:>15.2} {:>8} {:>11}",
+            "{:<31} {:>7} {:>10.1} {:>10} {:>15.2} {:>9} {:>8} {:>11}",
             r.name,
             r.threads,
             r.ns,
             cpu,
             r.pairs_per_sec / 1e6,
+            scaled,
             overlap,
             vs_system
         );
@@ -708,7 +726,10 @@ fn main() {
         );
     }
     if threads.iter().any(|&t| t > 1) {
-        println!("overlap: rounds in which every thread had started before the first one finished");
+        println!(
+            "x 1 thr: aggregate pairs/s over the same allocator's on one thread in this run; \
+             overlap: rounds in which every thread had started before the first one finished"
+        );
     }
 }
 

@@ -111,8 +111,8 @@ pub(super) struct State {
     /// (`None` everywhere else; empty while tracking has never been on).
     info: Vec<Option<Box<LiveInfo>>>,
     pub(super) clients: Vec<ClientState>,
-    /// The pool's own counters: every client's together (the thread heaps' allocations are
-    /// counted in their heaps, their bytes leased here).
+    /// The pool's own bytes (`in_use`, `peak`, `leased`): every client's together. Its other
+    /// counts stay 0: the pool's are its clients' added up (see [`Counters::on_alloc_bytes`]).
     pub(super) counts: Counters,
     /// Parked blocks, one FIFO per stream (events on one stream complete in order).
     pub(super) parked: Vec<(StreamId, VecDeque<Parked>)>,
@@ -131,7 +131,7 @@ pub(super) struct State {
     pub(super) heaps: Vec<HeapEntry>,
     /// Every span of a thread heap, by address: its size and heap.
     pub(super) spans: BTreeMap<u64, (u64, Arc<ThreadHeap>)>,
-    /// The serial number of the next allocation.
+    /// The serial number of the next allocation here (thread heaps take batches of them).
     pub(super) next_serial: u64,
     /// Blocks that heaps given back had taken whole from their caches.
     pub(super) reused: u64,
@@ -334,6 +334,7 @@ impl Shared {
     fn client_totals(state: &State, heaps: &[thread_heap::Locked<'_>], c: usize) -> ClientStats {
         let client = &state.clients[c];
         let mut counts = client.counts;
+        counts.in_use -= counts.leased;
         for h in heaps {
             if let Some(share) = h.state.clients.get(c) {
                 counts.in_use += share.lease.used;
@@ -459,43 +460,87 @@ impl Shared {
         };
         let align = effective_align(req.align);
         let flags = self.flags.load(Ordering::Relaxed);
+        // Nothing on: the pool's own index, as a pool that never had thread heaps does it.
+        if let (0, Some(align), true) = (flags, align, home) {
+            return self.allocate_on_pool(client, req, align, owned);
+        }
         if let (0, Some(align), true) = (flags & SLOW, align, home) {
             let stream = req.stream.unwrap_or(self.home);
+            if let Some(result) = self.allocate_on_heap(client, req.size, align, stream, owned) {
+                return result;
+            }
+            return self.allocate_on_pool(client, req, align, owned);
+        }
+        let req = AllocRequest { ..req };
+        self.allocate_other(client, &req, owned)
+    }
+
+    /// The fast path where thread heaps are on: the calling thread's heap, if it has one (or
+    /// gets one, with [`EAGER`]); `None` sends the request to the pool's own index.
+    #[inline(never)]
+    fn allocate_on_heap(
+        &self,
+        client: u32,
+        size: usize,
+        align: usize,
+        stream: StreamId,
+        owned: bool,
+    ) -> Option<Result<u64, Error>> {
+        let ask = Ask {
+            client,
+            size,
+            align,
+            stream,
+        };
+        if let Some(result) =
+            self.on_thread_heap(|heap| match self.heap_allocate_fast(heap, &ask, owned) {
+                Some(addr) => Ok(addr),
+                None => self.heap_allocate_slow(heap, &ask, owned),
+            })
+        {
+            return Some(result);
+        }
+        if self.flags.load(Ordering::Relaxed) & EAGER != 0 {
+            let req = AllocRequest::new(size, align).on(stream);
+            return Some(self.allocate_contended(&req, &ask, owned));
+        }
+        None
+    }
+
+    /// The fast path on the pool's own index (`align` valid, tracking off, the home stream).
+    #[inline(always)]
+    fn allocate_on_pool(
+        &self,
+        client: u32,
+        req: AllocRequest<'_>,
+        align: usize,
+        owned: bool,
+    ) -> Result<u64, Error> {
+        let stream = req.stream.unwrap_or(self.home);
+        let Some(mut state) = self.state.try_guard() else {
+            let req = AllocRequest { ..req };
             let ask = Ask {
                 client,
                 size: req.size,
                 align,
                 stream,
             };
-            if flags & (HEAPS | EAGER) != 0 {
-                if let Some(result) =
-                    self.on_thread_heap(|heap| match self.heap_allocate_fast(heap, &ask, owned) {
-                        Some(addr) => Ok(addr),
-                        None => self.heap_allocate_slow(heap, &ask, owned),
-                    })
-                {
-                    return result;
-                }
-                if flags & EAGER != 0 {
-                    let req = AllocRequest { ..req };
-                    return self.allocate_contended(&req, &ask, owned);
-                }
-            }
-            let Some(mut state) = self.state.try_guard() else {
-                let req = AllocRequest { ..req };
-                return self.allocate_contended(&req, &ask, owned);
-            };
-            if let Some(addr) = self.allocate_fast(&mut state, &ask, owned) {
-                return Ok(addr);
-            }
-            // Copies made where they are needed: a reference to `req` itself would have the
-            // compiler store it on the stack on every call.
-            let req = AllocRequest { ..req };
-            let result = self.allocate_general(&mut state, client, &req, stream, owned, None);
-            return self.unlock_and_deliver(state, result);
+            return self.allocate_contended(&req, &ask, owned);
+        };
+        let ask = Ask {
+            client,
+            size: req.size,
+            align,
+            stream,
+        };
+        if let Some(addr) = self.allocate_fast(&mut state, &ask, owned) {
+            return Ok(addr);
         }
+        // Copies made where they are needed: a reference to `req` itself would have the
+        // compiler store it on the stack on every call.
         let req = AllocRequest { ..req };
-        self.allocate_other(client, &req, owned)
+        let result = self.allocate_general(&mut state, client, &req, stream, owned, None);
+        self.unlock_and_deliver(state, result)
     }
 
     /// The fast path's allocation when another thread holds the pool's lock: the calling
@@ -558,16 +603,19 @@ impl Shared {
     /// and reports why a request fails.
     #[inline(always)]
     fn allocate_fast(&self, state: &mut State, ask: &Ask, owned: bool) -> Option<u64> {
-        if !state.parked.is_empty() || state.sink.is_some() {
-            return None;
-        }
+        // Under the lock the flags are exact for a sink, parked blocks and thread heaps: all
+        // three are set and cleared under it.
+        let flags = self.flags.load(Ordering::Relaxed);
         let reserved = reserved_bytes(ask.size).filter(|&r| r <= self.capacity)?;
         let client = &state.clients[ask.client as usize];
+        if !client.allows(reserved) {
+            return None;
+        }
         // With leases out, the general path takes their unused part back before it counts a
-        // new peak or refuses a quota.
-        if !client.allows(reserved)
-            || (client.counts.leased | state.counts.leased) != 0
-                && !(client.counts.admits(reserved) && state.counts.admits(reserved))
+        // new peak.
+        if flags & (SINK | PARKED | HEAPS) != 0
+            && (flags & (SINK | PARKED) != 0
+                || !(client.counts.admits(reserved) && state.counts.admits(reserved)))
         {
             return None;
         }
@@ -638,7 +686,6 @@ impl Shared {
         tag: Option<&str>,
         error: Error,
     ) -> Error {
-        state.counts.on_failure();
         state.clients[ask.client as usize].counts.on_failure();
         self.emit(
             state,
@@ -759,7 +806,7 @@ impl Shared {
             addr,
             reserved,
         } = taken;
-        state.counts.on_alloc(reserved, ask.size);
+        state.counts.on_alloc_bytes(reserved);
         state.clients[ask.client as usize]
             .counts
             .on_alloc(reserved, ask.size);
@@ -922,17 +969,12 @@ impl Shared {
             Some(stream) => self.streams.is_none() || stream == self.home,
         };
         let stream = stream.unwrap_or(self.home);
-        if home && size.is_none() && self.flags.load(Ordering::Relaxed) & HEAPS != 0 {
-            let freed = self.on_thread_heap(|heap| {
-                let over = self.heap_deallocate_fast(heap, caller, addr, from_slice)?;
-                if over {
-                    self.shrink(heap);
-                }
-                Some(())
-            });
-            if freed.flatten().is_some() {
-                return Ok(());
-            }
+        if home
+            && size.is_none()
+            && self.flags.load(Ordering::Relaxed) & HEAPS != 0
+            && self.deallocate_on_thread_heap(caller, addr, from_slice)
+        {
+            return Ok(());
         }
         let mut state = self.lock()?;
         if home
@@ -946,6 +988,22 @@ impl Shared {
         let result = self.deallocate_general(&mut state, caller, addr, size, stream, from_slice);
         // The backtrace (if any) is freed outside the lock.
         self.unlock_and_deliver(state, result).map(drop)
+    }
+
+    /// A free on the calling thread's heap, where it has one and the allocation is there:
+    /// whether it freed.
+    #[inline(never)]
+    fn deallocate_on_thread_heap(&self, caller: Option<u32>, addr: u64, from_slice: bool) -> bool {
+        self.on_thread_heap(|heap| {
+            let Some(over) = self.heap_deallocate_fast(heap, caller, addr, from_slice) else {
+                return false;
+            };
+            if over {
+                self.shrink(heap);
+            }
+            true
+        })
+        .unwrap_or(false)
     }
 
     /// The common case: a live allocation that `caller` may free, untracked, freed on the
@@ -1125,7 +1183,7 @@ impl Shared {
                 state.tlsf.release(block) as usize
             }
         };
-        state.counts.on_free(reserved, live.size);
+        state.counts.on_free_bytes(reserved);
         state.clients[live.client as usize]
             .counts
             .on_free(reserved, live.size);
@@ -1296,14 +1354,21 @@ impl Shared {
         // pool's own).
         self.dissolve_all(&mut state);
         state.tlsf.flush();
+        let mut clients = Counters::default();
+        for c in &state.clients {
+            clients.requested += c.counts.requested;
+            clients.allocations += c.counts.allocations;
+            clients.frees += c.counts.frees;
+            clients.failures += c.counts.failures;
+        }
         PoolStats {
             capacity: self.capacity,
             in_use: state.counts.in_use,
-            requested: state.counts.requested,
+            requested: clients.requested,
             peak: state.counts.peak,
-            allocations: state.counts.allocations,
-            frees: state.counts.frees,
-            failures: state.counts.failures,
+            allocations: clients.allocations,
+            frees: clients.frees,
+            failures: clients.failures,
             live: state.live.len() as u64,
             free: state.tlsf.free_bytes() as usize,
             pending: state.pending,

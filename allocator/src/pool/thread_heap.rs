@@ -17,9 +17,9 @@
 //!   made every block itself, so a request that would succeed with every heap given back does
 //!   succeed.
 //! * **Quotas and the peak.** A heap allocates within *leases*, one for the pool and one per
-//!   client ([`Lease`]): bytes it may hold without asking. The pool keeps `in_use + leased ≤
-//!   peak` (and `peak ≤ quota` for a client), so an allocation within a lease can set no new
-//!   peak and pass no quota. A heap that needs more asks the pool; where the headroom under the
+//!   client ([`Lease`]): bytes it may hold without asking. The pool counts leases as in use
+//!   and keeps `in_use ≤ peak` (and `peak ≤ quota` for a client), so an allocation within a
+//!   lease can set no new peak and pass no quota. A heap that needs more asks the pool; where the headroom under the
 //!   peak is gone, the pool first takes back every lease's unused part, with every heap locked,
 //!   and only then raises the peak (to exactly what is in use) or refuses the quota.
 //! * **Statistics, leak reports, the event log.** Counts that add up (bytes, allocations,
@@ -459,24 +459,24 @@ impl Shared {
         if state.counts.headroom() >= need {
             let extra = (state.counts.headroom() - need) / (state.heaps.len() + 1);
             h.lease.cap += need + extra;
-            state.counts.leased += need + extra;
+            state.counts.lease(need + extra);
             return;
         }
         self.with_other_heaps(state, heap, None, |state, others| {
             for o in others.iter_mut() {
-                state.counts.leased -= o.lease.slack();
+                state.counts.unlease(o.lease.slack());
                 o.lease.cap = o.lease.used;
             }
-            state.counts.leased -= h.lease.slack();
+            state.counts.unlease(h.lease.slack());
             h.lease.cap = h.lease.used;
-            // Every lease is what its heap uses now: `in_use + leased` is what is in use, and
-            // a new peak is exact.
+            // Every lease is what its heap uses now: `in_use` is what is in use, and a new
+            // peak is exact.
             let heaps = state.heaps.len();
             let counts = &mut state.counts;
-            counts.peak = counts.peak.max(counts.in_use + counts.leased + reserved);
+            counts.peak = counts.peak.max(counts.in_use + reserved);
             let extra = (counts.headroom() - reserved) / (heaps + 1);
             h.lease.cap += reserved + extra;
-            counts.leased += reserved + extra;
+            counts.lease(reserved + extra);
         });
     }
 
@@ -503,7 +503,7 @@ impl Shared {
         if counts.headroom() >= need {
             let extra = (counts.headroom() - need) / (heaps + 1);
             h.clients[c].lease.cap += need + extra;
-            state.clients[c].counts.leased += need + extra;
+            state.clients[c].counts.lease(need + extra);
             return true;
         }
         self.with_other_heaps(state, heap, Some(client), |state, others| {
@@ -511,21 +511,21 @@ impl Shared {
             let counts = &mut state.clients[c].counts;
             for o in others.iter_mut() {
                 if let Some(share) = o.clients.get_mut(c) {
-                    counts.leased -= share.lease.slack();
+                    counts.unlease(share.lease.slack());
                     share.lease.cap = share.lease.used;
                 }
             }
             let own = &mut h.clients[c].lease;
-            counts.leased -= own.slack();
+            counts.unlease(own.slack());
             own.cap = own.used;
-            let total = counts.in_use + counts.leased + reserved;
+            let total = counts.in_use + reserved;
             if total > quota {
                 return false;
             }
             counts.peak = counts.peak.max(total);
             let extra = (counts.headroom() - reserved) / (heaps + 1);
             own.cap += reserved + extra;
-            counts.leased += reserved + extra;
+            counts.lease(reserved + extra);
             true
         })
     }
@@ -566,16 +566,16 @@ impl Shared {
         f(state, &mut locked)
     }
 
-    /// Takes back every heap's unused leases, of the pool and of `client`, so that
-    /// `in_use + leased` is what is in use (for as long as the heaps stay locked).
+    /// Takes back every heap's unused leases, of the pool and of `client`, so that `in_use`
+    /// is what is in use (for as long as the heaps stay locked).
     pub(super) fn revoke(state: &mut State, heaps: &mut [Locked<'_>], client: u32) {
         let c = client as usize;
         for h in heaps.iter_mut() {
             let h = &mut *h.state;
-            state.counts.leased -= h.lease.slack();
+            state.counts.unlease(h.lease.slack());
             h.lease.cap = h.lease.used;
             if let Some(share) = h.clients.get_mut(c) {
-                state.clients[c].counts.leased -= share.lease.slack();
+                state.clients[c].counts.unlease(share.lease.slack());
                 share.lease.cap = share.lease.used;
             }
         }
@@ -677,19 +677,17 @@ impl Shared {
                 Some(slot) if h.live.value_at(slot) == p.block => {
                     let live = h.meta[p.block as usize];
                     h.live.remove_at(slot);
-                    // Its bytes move from the heap's leases to the pool's own counts.
+                    // Its bytes move from the heap's leases to the pool's own counts (both in
+                    // `in_use`).
                     h.lease.used -= reserved;
                     h.lease.cap -= reserved;
                     state.counts.leased -= reserved;
-                    state.counts.in_use += reserved;
-                    state.counts.requested += live.size;
                     let share = &mut h.clients[live.client as usize];
                     share.lease.used -= reserved;
                     share.lease.cap -= reserved;
                     share.requested -= live.size;
                     let counts = &mut state.clients[live.client as usize].counts;
                     counts.leased -= reserved;
-                    counts.in_use += reserved;
                     counts.requested += live.size;
                     state.live.insert_new(p.addr, block);
                     if state.meta.len() <= block as usize {
@@ -735,15 +733,13 @@ impl Shared {
             }
         }
         debug_assert_eq!((h.lease.used, h.live.len()), (0, 0));
-        state.counts.leased -= h.lease.cap;
+        state.counts.unlease(h.lease.cap);
         h.lease = Lease::default();
         for (c, share) in h.clients.iter_mut().enumerate() {
             let counts = &mut state.clients[c].counts;
-            counts.leased -= share.lease.cap;
+            counts.unlease(share.lease.cap);
             counts.allocations += share.allocations;
             counts.frees += share.frees;
-            state.counts.allocations += share.allocations;
-            state.counts.frees += share.frees;
             *share = ClientShare::default();
         }
         state.reused += h.tlsf.take_reused();
@@ -863,7 +859,8 @@ mod tests {
                 }
                 assert_eq!(spans, state.spans.len());
                 assert_eq!(leased, state.counts.leased);
-                assert!(state.counts.in_use + state.counts.leased <= state.counts.peak);
+                assert!(state.counts.leased <= state.counts.in_use);
+                assert!(state.counts.in_use <= state.counts.peak);
                 for (c, client) in state.clients.iter().enumerate() {
                     let leased: usize = heaps
                         .iter()
@@ -872,7 +869,8 @@ mod tests {
                         .sum();
                     assert_eq!(leased, client.counts.leased, "client {c}");
                     let counts = &client.counts;
-                    assert!(counts.in_use + counts.leased <= counts.peak.min(client.quota));
+                    assert!(counts.leased <= counts.in_use);
+                    assert!(counts.in_use <= counts.peak.min(client.quota));
                 }
             });
         }
