@@ -36,6 +36,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
 use std::hint::black_box;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
@@ -73,10 +74,32 @@ struct DevarenaPool {
     pool: Pool,
     /// Beside the backend in the column name (`""` for the default configuration).
     label: &'static str,
+    /// The most threads seen with a heap of their own on the pool (at a worker's end).
+    heaps: AtomicUsize,
 }
 
-struct PoolWorker {
+impl DevarenaPool {
+    fn new(pool: Pool, label: &'static str) -> Self {
+        DevarenaPool {
+            pool,
+            label,
+            heaps: AtomicUsize::new(0),
+        }
+    }
+}
+
+struct PoolWorker<'a> {
     client: PoolClient,
+    of: &'a DevarenaPool,
+}
+
+impl Drop for PoolWorker<'_> {
+    fn drop(&mut self) {
+        // After the timed part: how many threads had a heap of their own.
+        self.of
+            .heaps
+            .fetch_max(self.of.pool.thread_heaps(), Ordering::Relaxed);
+    }
 }
 
 impl AllocatorUnderTest for DevarenaPool {
@@ -86,23 +109,26 @@ impl AllocatorUnderTest for DevarenaPool {
     fn worker(&self, thread: usize) -> Box<dyn Worker + '_> {
         Box::new(PoolWorker {
             client: self.pool.client(&format!("thread-{thread}"), usize::MAX),
+            of: self,
         })
     }
     fn summary(&self) -> Option<String> {
         let s = self.pool.stats();
         (s.allocations > 0).then(|| {
             format!(
-                "{}: {} of {} allocations ({:.1}%) took a freed block whole from the reuse cache",
+                "{}: {} of {} allocations ({:.1}%) took a freed block whole from a reuse \
+                 cache; up to {} threads had a heap of their own",
                 self.name(),
                 s.reused,
                 s.allocations,
                 100.0 * s.reused as f64 / s.allocations as f64,
+                self.heaps.load(Ordering::Relaxed),
             )
         })
     }
 }
 
-impl Worker for PoolWorker {
+impl Worker for PoolWorker<'_> {
     fn alloc(&mut self, size: usize) -> Option<u64> {
         self.client.allocate(size, 256).ok()
     }
@@ -198,22 +224,32 @@ impl Worker for OffsetWorker<'_> {
 fn allocators(capacity: usize, notes: &mut Vec<String>) -> Vec<Box<dyn AllocatorUnderTest>> {
     let mut all: Vec<Box<dyn AllocatorUnderTest>> = vec![
         Box::new(SystemAlloc),
-        Box::new(DevarenaPool {
-            pool: Pool::builder(capacity)
+        Box::new(DevarenaPool::new(
+            Pool::builder(capacity)
                 .name("bench")
                 .build_host()
                 .expect("reserve the pool's region"),
-            label: "",
-        }),
+            "",
+        )),
+        // The same pool with a heap for every thread from its first call (not only when it
+        // meets another on the pool's lock): what a thread heap's path costs, on any machine.
+        Box::new(DevarenaPool::new(
+            Pool::builder(capacity)
+                .name("bench-heaps")
+                .eager_thread_heaps(true)
+                .build_host()
+                .expect("reserve the pool's region"),
+            ", thread heaps",
+        )),
         // The same pool with every free merged at once: what the reuse cache saves.
-        Box::new(DevarenaPool {
-            pool: Pool::builder(capacity)
+        Box::new(DevarenaPool::new(
+            Pool::builder(capacity)
                 .name("bench-no-reuse")
                 .reuse(0, 0)
                 .build_host()
                 .expect("reserve the pool's region"),
-            label: ", no reuse",
-        }),
+            ", no reuse",
+        )),
         Box::new(OffsetAllocator::new(capacity)),
     ];
     device::push_columns(capacity, &mut all, notes);
@@ -271,7 +307,7 @@ mod device {
             .name("bench-cuda")
             .build_cuda(stream.clone())
         {
-            Ok(pool) => all.push(Box::new(DevarenaPool { pool, label: "" })),
+            Ok(pool) => all.push(Box::new(DevarenaPool::new(pool, ""))),
             Err(e) => notes.push(format!("devarena Pool (cuda) skipped: {e}")),
         }
         match StreamOrdered::new(&stream) {

@@ -144,11 +144,12 @@ impl PoolBuilder {
     }
 
     /// How many free bytes a thread heap may keep (`0`: no thread heaps, every thread uses the
-    /// pool's own index under its lock). By default an eighth of the capacity
+    /// pool's own index under its lock). By default half the capacity
     /// ([`DEFAULT_THREAD_HEAP_SHARE`](super::DEFAULT_THREAD_HEAP_SHARE)).
     ///
     /// A thread that finds the pool's lock taken by another gets a heap of its own: spans of
-    /// the region (half this bound at a time, or what a larger request needs) where it
+    /// the region (a sixteenth of the capacity at a time, at most half this bound, or what a
+    /// larger request needs) where it
     /// allocates and frees under a lock of its own, so that threads sharing a pool stop
     /// waiting for each other. A heap asks the pool for more only now and then: a span, a
     /// lease of bytes under the peak and the quotas, a batch of serial numbers. When more than

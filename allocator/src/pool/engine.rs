@@ -7,7 +7,7 @@ use alloc::string::String;
 use alloc::sync::{Arc, Weak};
 use alloc::vec::Vec;
 use std::backtrace::Backtrace;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Instant, SystemTime};
 
 use super::addr_map::AddrMap;
@@ -20,8 +20,8 @@ use super::stream::{StreamEvent, StreamId, StreamSync};
 use super::thread_heap::{self, HeapEntry, ThreadHeap};
 use super::tlsf::Tlsf;
 use super::{
-    AllocRequest, BLOCK_GRANULE, DEFAULT_POOL_ALIGN, DEFAULT_REUSE_BLOCKS, FreeRequest,
-    MAX_POOL_ALIGN, effective_align, reserved_bytes,
+    AllocRequest, DEFAULT_POOL_ALIGN, DEFAULT_REUSE_BLOCKS, FreeRequest, MAX_POOL_ALIGN,
+    effective_align, reserved_bytes,
 };
 use crate::backend::MemoryKind;
 use crate::error::Error;
@@ -150,10 +150,6 @@ pub(super) const EAGER: u8 = 1 << 5;
 /// What sends every allocation down the general path: tracking, a sink, parked blocks.
 pub(super) const SLOW: u8 = TRACKING | SINK | PARKED;
 
-/// The smallest and the largest span a thread heap takes at a time (a request may need more).
-const MIN_SPAN: usize = 64 << 10;
-const MAX_SPAN: usize = 256 << 20;
-
 /// Numbers the pools, for the thread-local list of thread heaps.
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -175,11 +171,11 @@ pub(super) struct Shared {
     pub(super) streams: Option<Arc<dyn StreamSync>>,
     pub(super) home: StreamId,
     log_leaks_on_drop: bool,
-    /// The most free bytes a thread heap keeps (0: no thread heaps).
+    /// The most free bytes the thread heaps keep, all together (0: no thread heaps).
     pub(super) heap_bytes: usize,
-    /// The size of a span a thread heap takes at a time (unless a request needs more).
-    pub(super) span_bytes: usize,
-    /// A thread heap's reuse cache: blocks and bytes.
+    /// Each heap's share of `heap_bytes`: the heaps share it evenly.
+    pub(super) heap_bound: AtomicUsize,
+    /// A thread heap's reuse cache: blocks, and the most bytes (besides half its bound).
     pub(super) heap_cache: (usize, u64),
     /// A thread is handing the outbox to the sinks (see [`deliver`](Shared::deliver)).
     delivering: AtomicBool,
@@ -268,14 +264,11 @@ impl Shared {
             } else {
                 0
             };
-        // A heap takes spans of half its bound: one span holds a working set of several
-        // blocks, and a heap given back keeps at most two spans' worth.
-        let span_bytes = (heap_bytes / 2).clamp(MIN_SPAN, MAX_SPAN) & !(BLOCK_GRANULE - 1);
         let heap_cache = match settings.reuse_blocks {
             0 => (0, 0),
             blocks => (
                 blocks.min(DEFAULT_REUSE_BLOCKS),
-                (heap_bytes / 2).min(settings.reuse_bytes) as u64,
+                settings.reuse_bytes as u64,
             ),
         };
         Shared {
@@ -292,7 +285,7 @@ impl Shared {
             home: settings.home,
             log_leaks_on_drop: settings.log_leaks_on_drop,
             heap_bytes,
-            span_bytes,
+            heap_bound: AtomicUsize::new(heap_bytes),
             heap_cache,
             delivering: AtomicBool::new(false),
             sink_panicked: AtomicBool::new(false),
@@ -466,17 +459,14 @@ impl Shared {
         }
         if let (0, Some(align), true) = (flags & SLOW, align, home) {
             let stream = req.stream.unwrap_or(self.home);
-            if let Some(result) = self.allocate_on_heap(client, req.size, align, stream, owned) {
-                return result;
-            }
-            return self.allocate_on_pool(client, req, align, owned);
+            return self.allocate_on_heap(client, req.size, align, stream, owned);
         }
         let req = AllocRequest { ..req };
         self.allocate_other(client, &req, owned)
     }
 
     /// The fast path where thread heaps are on: the calling thread's heap, if it has one (or
-    /// gets one, with [`EAGER`]); `None` sends the request to the pool's own index.
+    /// gets one, with [`EAGER`]); else the pool's own index.
     #[inline(never)]
     fn allocate_on_heap(
         &self,
@@ -485,26 +475,23 @@ impl Shared {
         align: usize,
         stream: StreamId,
         owned: bool,
-    ) -> Option<Result<u64, Error>> {
+    ) -> Result<u64, Error> {
         let ask = Ask {
             client,
             size,
             align,
             stream,
         };
-        if let Some(result) =
-            self.on_thread_heap(|heap| match self.heap_allocate_fast(heap, &ask, owned) {
-                Some(addr) => Ok(addr),
-                None => self.heap_allocate_slow(heap, &ask, owned),
-            })
-        {
-            return Some(result);
+        match self.on_thread_heap(|heap| self.heap_allocate_fast(heap, &ask, owned)) {
+            Some(Some(addr)) => return Ok(addr),
+            Some(None) => return self.heap_allocate_slow(&ask, owned),
+            None => {}
         }
+        let req = AllocRequest::new(size, align).on(stream);
         if self.flags.load(Ordering::Relaxed) & EAGER != 0 {
-            let req = AllocRequest::new(size, align).on(stream);
-            return Some(self.allocate_contended(&req, &ask, owned));
+            return self.allocate_contended(&req, &ask, owned);
         }
-        None
+        self.allocate_on_pool(client, req, align, owned)
     }
 
     /// The fast path on the pool's own index (`align` valid, tracking off, the home stream).
@@ -625,7 +612,8 @@ impl Shared {
             addr,
             reserved,
         };
-        self.commit_allocation(state, ask, owned, None, taken);
+        // No sink: the flags, exact under the lock, said so.
+        self.commit_allocation(state, ask, owned, None, taken, false);
         Some(addr)
     }
 
@@ -786,12 +774,14 @@ impl Shared {
             addr,
             reserved,
         };
-        self.commit_allocation(state, ask, owned, info.take(), taken);
+        let log = state.sink.is_some();
+        self.commit_allocation(state, ask, owned, info.take(), taken, log);
         Ok(addr)
     }
 
     /// Records a block taken for `ask`: the address map, the block's [`Live`], what tracking
     /// recorded, the counters, the event log.
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn commit_allocation(
         &self,
@@ -800,6 +790,7 @@ impl Shared {
         owned: bool,
         info: Option<Box<LiveInfo>>,
         taken: Taken,
+        log: bool,
     ) {
         let Taken {
             block,
@@ -840,7 +831,7 @@ impl Shared {
         if let Some(info) = info {
             store_info(&mut state.info, slot, info);
         }
-        if state.sink.is_some() {
+        if log {
             let tag = tracked
                 .then(|| state.info[slot].as_ref()?.tag.clone())
                 .flatten();
@@ -994,16 +985,16 @@ impl Shared {
     /// whether it freed.
     #[inline(never)]
     fn deallocate_on_thread_heap(&self, caller: Option<u32>, addr: u64, from_slice: bool) -> bool {
-        self.on_thread_heap(|heap| {
-            let Some(over) = self.heap_deallocate_fast(heap, caller, addr, from_slice) else {
-                return false;
-            };
-            if over {
-                self.shrink(heap);
+        match self.on_thread_heap(|heap| self.heap_deallocate_fast(heap, caller, addr, from_slice))
+        {
+            Some(Some(over)) => {
+                if over {
+                    self.shrink();
+                }
+                true
             }
-            true
-        })
-        .unwrap_or(false)
+            _ => false,
+        }
     }
 
     /// The common case: a live allocation that `caller` may free, untracked, freed on the

@@ -151,7 +151,7 @@ pub const BLOCK_GRANULE: usize = CUDA_ALIGN;
 pub const DEFAULT_REUSE_BLOCKS: usize = 2048;
 /// A thread heap keeps at most `1 / DEFAULT_THREAD_HEAP_SHARE` of the capacity in free bytes
 /// by default (see [`PoolBuilder::thread_heaps`]).
-pub const DEFAULT_THREAD_HEAP_SHARE: usize = 8;
+pub const DEFAULT_THREAD_HEAP_SHARE: usize = 2;
 /// The most freed blocks that may wait for reuse (see [`PoolBuilder::reuse`]): the ring that
 /// remembers them takes 8 bytes a block, 8 MiB at this limit.
 pub const MAX_REUSE_BLOCKS: usize = 1 << 20;

@@ -58,6 +58,11 @@ use crate::error::Error;
 
 /// Serial numbers a heap takes from the pool at a time.
 const SERIAL_BATCH: u64 = 64;
+/// A heap takes spans of `1 / SPANS_PER_CAPACITY` of the capacity, within
+/// `MIN_SPAN..=MAX_SPAN` and at most half its bound (a request may need more).
+const SPANS_PER_CAPACITY: usize = 16;
+const MIN_SPAN: usize = 64 << 10;
+const MAX_SPAN: usize = 1 << 30;
 
 /// One thread's heap for one pool.
 pub(super) struct ThreadHeap {
@@ -131,17 +136,28 @@ impl HeapState {
         }
     }
 
-    /// Records an allocation of `reserved` bytes in `block` at `addr` for `ask`: leases,
-    /// counts, serial number, address map.
+    /// Counts an allocation of `reserved` bytes for `ask` in the leases (the pool's and the
+    /// client's share) and takes its serial number (left in `serials.0 - 1`).
     #[inline(always)]
-    fn commit(&mut self, ask: &Ask, owned: bool, reserved: usize, block: u32, addr: u64) {
-        self.lease.used += reserved;
-        let share = &mut self.clients[ask.client as usize];
+    fn count(
+        lease: &mut Lease,
+        share: &mut ClientShare,
+        serials: &mut (u64, u64),
+        ask: &Ask,
+        reserved: usize,
+    ) {
+        lease.used += reserved;
         share.lease.used += reserved;
         share.requested += ask.size;
         share.allocations += 1;
-        let serial = self.serials.0;
-        self.serials.0 += 1;
+        serials.0 += 1;
+    }
+
+    /// Records a counted allocation in `block` at `addr` for `ask`: address map and what is
+    /// known about it.
+    #[inline(always)]
+    fn record(&mut self, ask: &Ask, owned: bool, block: u32, addr: u64) {
+        let serial = self.serials.0 - 1;
         self.live.insert_new(addr, block);
         let slot = block as usize;
         if self.meta.len() <= slot {
@@ -196,7 +212,9 @@ struct Entry {
 
 /// This thread's heaps, and the one looked up last.
 struct ThreadHeaps {
-    last: Cell<Option<(u64, Arc<ThreadHeap>)>>,
+    /// The pool looked up last and this thread's heap for it (null: none). The heap is one of
+    /// `all`'s: `last` is reset before entries leave `all`.
+    last: Cell<(u64, *const ThreadHeap)>,
     all: RefCell<Vec<Entry>>,
 }
 
@@ -214,7 +232,7 @@ impl Drop for ThreadHeaps {
 std::thread_local! {
     static THREAD_HEAPS: ThreadHeaps = const {
         ThreadHeaps {
-            last: Cell::new(None),
+            last: Cell::new((0, core::ptr::null())),
             all: RefCell::new(Vec::new()),
         }
     };
@@ -227,37 +245,58 @@ std::thread_local! {
 fn with_current<R>(
     pool: u64,
     reentrant: impl FnOnce() -> bool,
-    f: impl FnOnce(&Arc<ThreadHeap>) -> R,
+    f: impl FnOnce(&ThreadHeap) -> R,
 ) -> Option<R> {
     THREAD_HEAPS
         .try_with(|t| {
-            // Taken out while `f` runs: a call back into the pool from inside it finds
-            // nothing here and looks the list up, which a callback makes fail.
-            let heap = match t.last.take() {
-                Some((id, heap)) if id == pool => heap,
-                other => {
-                    t.last.set(other);
-                    lookup(t, pool, reentrant)?
-                }
+            let (id, heap) = t.last.get();
+            let heap = if id == pool {
+                heap
+            } else {
+                lookup(t, pool, reentrant)?
             };
-            let result = f(&heap);
-            t.last.set(Some((pool, heap)));
-            Some(result)
+            // SAFETY: `heap` comes from `Arc::as_ptr` of the `Arc` in an entry of `t.all`
+            // (see `lookup` and `register`), and that entry stays in the list while `f`
+            // runs: entries leave it only in `lookup`, for pools that are gone (this one is
+            // not: the caller is a call on it), and when the thread exits (it is running).
+            Some(f(unsafe { &*heap }))
         })
         .ok()
         .flatten()
 }
 
+/// Finds this thread's heap for `pool` in its list and makes it the one looked up last;
+/// `None` (and nothing looked up last) when there is none, or inside a callback of that pool.
 #[cold]
 #[inline(never)]
-fn lookup(t: &ThreadHeaps, pool: u64, reentrant: impl FnOnce() -> bool) -> Option<Arc<ThreadHeap>> {
+fn lookup(
+    t: &ThreadHeaps,
+    pool: u64,
+    reentrant: impl FnOnce() -> bool,
+) -> Option<*const ThreadHeap> {
+    t.last.set((0, core::ptr::null()));
     if reentrant() {
         return None;
     }
     let mut all = t.all.try_borrow_mut().ok()?;
     // Heaps of pools that are gone are empty: forget them.
     all.retain(|e| e.shared.strong_count() > 0);
-    all.iter().find(|e| e.pool == pool).map(|e| e.heap.clone())
+    let heap = Arc::as_ptr(&all.iter().find(|e| e.pool == pool)?.heap);
+    t.last.set((pool, heap));
+    Some(heap)
+}
+
+/// This thread's heap for `pool`, shared (for the paths that keep it).
+#[cold]
+#[inline(never)]
+fn current_arc(pool: u64) -> Option<Arc<ThreadHeap>> {
+    THREAD_HEAPS
+        .try_with(|t| {
+            let all = t.all.try_borrow().ok()?;
+            all.iter().find(|e| e.pool == pool).map(|e| e.heap.clone())
+        })
+        .ok()
+        .flatten()
 }
 
 /// Adds `heap` to the calling thread's list; `false` when the thread is exiting.
@@ -272,7 +311,7 @@ fn register(pool: u64, shared: Weak<Shared>, heap: &Arc<ThreadHeap>) -> bool {
                 shared,
                 heap: heap.clone(),
             });
-            t.last.set(Some((pool, heap.clone())));
+            t.last.set((pool, Arc::as_ptr(heap)));
             true
         })
         .unwrap_or(false)
@@ -281,7 +320,7 @@ fn register(pool: u64, shared: Weak<Shared>, heap: &Arc<ThreadHeap>) -> bool {
 /// Forgets the heap looked up last, so that the next call of this thread looks its list up
 /// (which fails inside a callback).
 pub(super) fn forget_current() {
-    let _ = THREAD_HEAPS.try_with(|t| drop(t.last.take()));
+    let _ = THREAD_HEAPS.try_with(|t| t.last.set((0, core::ptr::null())));
 }
 
 /// A thread heap of a pool, its lock held.
@@ -293,10 +332,36 @@ pub(super) struct Locked<'a> {
 // The heap paths of the pool.
 
 impl Shared {
+    /// A heap's share of the free bytes the heaps may keep.
+    #[inline(always)]
+    fn heap_bound(&self) -> usize {
+        self.heap_bound.load(Ordering::Relaxed)
+    }
+
+    /// Shares the heaps' bound among the heaps there are now.
+    fn share_heap_bytes(&self, state: &State) {
+        let share = self.heap_bytes / state.heaps.len().max(1);
+        self.heap_bound.store(share, Ordering::Relaxed);
+    }
+
+    /// The size of the next span for a heap whose bound is `bound`.
+    fn span_bytes(&self, bound: u64) -> u64 {
+        let granule = GRANULE - 1;
+        ((self.capacity / SPANS_PER_CAPACITY).clamp(MIN_SPAN, MAX_SPAN) as u64)
+            .min(bound / 2)
+            .max(GRANULE)
+            & !granule
+    }
+
     /// Runs `f` on the calling thread's heap for this pool, if it has one.
     #[inline(always)]
-    pub(super) fn on_thread_heap<R>(&self, f: impl FnOnce(&Arc<ThreadHeap>) -> R) -> Option<R> {
+    pub(super) fn on_thread_heap<R>(&self, f: impl FnOnce(&ThreadHeap) -> R) -> Option<R> {
         with_current(self.id, || self.state.in_callback(), f)
+    }
+
+    /// The calling thread's heap for this pool, shared (slow paths).
+    pub(super) fn thread_heap(&self) -> Option<Arc<ThreadHeap>> {
+        current_arc(self.id)
     }
 
     /// The common case on a thread heap: within its leases, a block found in its spans. It
@@ -312,31 +377,33 @@ impl Shared {
         let reserved = reserved_bytes(ask.size).filter(|&r| r <= self.capacity)?;
         // Held by another thread only while it takes leases back or gives spans back.
         let mut guard = heap.state.try_guard()?;
-        let h = &mut *guard;
         // Checked again under the heap's lock: a sink switched on since is seen here.
         if self.flags.load(Ordering::Relaxed) & SLOW != 0 {
             return None;
         }
-        let share = h.clients.get(ask.client as usize)?;
+        let h = &mut *guard;
+        let share = h.clients.get_mut(ask.client as usize)?;
         if !(h.lease.fits(reserved) && share.lease.fits(reserved)) || h.serials.0 == h.serials.1 {
             return None;
         }
         let (block, addr) = h.tlsf.allocate(reserved as u64, ask.align as u64)?;
-        h.commit(ask, owned, reserved, block, addr);
+        HeapState::count(&mut h.lease, share, &mut h.serials, ask, reserved);
+        h.record(ask, owned, block, addr);
         Some(addr)
     }
 
     /// An allocation on a thread heap that its fast path could not make.
     #[cold]
     #[inline(never)]
-    pub(super) fn heap_allocate_slow(
-        &self,
-        heap: &Arc<ThreadHeap>,
-        ask: &Ask,
-        owned: bool,
-    ) -> Result<u64, Error> {
+    pub(super) fn heap_allocate_slow(&self, ask: &Ask, owned: bool) -> Result<u64, Error> {
         let mut state = self.lock()?;
-        let result = self.heap_allocate_locked(&mut state, heap, ask, owned);
+        let result = match self.thread_heap() {
+            Some(heap) => self.heap_allocate_locked(&mut state, &heap, ask, owned),
+            None => {
+                let req = AllocRequest::new(ask.size, ask.align).on(ask.stream);
+                self.allocate_general(&mut state, ask.client, &req, ask.stream, owned, None)
+            }
+        };
         self.unlock_and_deliver(state, result)
     }
 
@@ -382,9 +449,18 @@ impl Shared {
         // The block first: a lease may raise a peak, which only an allocation may do.
         let (size, align) = (reserved as u64, ask.align as u64);
         let hits = h.tlsf.reused();
+        let bound = self.heap_bound() as u64;
+        // Half the bound may wait whole for reuse; the rest is room to split from.
+        h.tlsf.set_cache_limit((bound / 2).min(self.heap_cache.1));
         let mut taken = h.tlsf.allocate(size, align);
-        if taken.is_none() && h.tlsf.cached().1 > 0 {
-            h.tlsf.flush();
+        // Within its bound a heap grows (a span: one visit here); at its bound it merges what
+        // waits in its cache, the oldest half at a time, and looks again.
+        if taken.is_none() && h.tlsf.free_bytes() + self.span_bytes(bound) <= bound {
+            taken = self.add_span(state, heap, h, size, align);
+        }
+        while taken.is_none() && h.tlsf.cached().1 > 0 {
+            let half = h.tlsf.cached().0.div_ceil(2);
+            h.tlsf.evict_oldest(half);
             taken = h.tlsf.allocate(size, align);
         }
         if taken.is_none() {
@@ -407,7 +483,9 @@ impl Shared {
         if !h.lease.fits(reserved) {
             self.grant_pool(state, heap, h, reserved);
         }
-        h.commit(ask, owned, reserved, block, addr);
+        let share = &mut h.clients[client];
+        HeapState::count(&mut h.lease, share, &mut h.serials, ask, reserved);
+        h.record(ask, owned, block, addr);
         Ok(addr)
     }
 
@@ -422,7 +500,7 @@ impl Shared {
         align: u64,
     ) -> Option<(u32, u64)> {
         let fit = tlsf::guaranteed_fit(size, align)?;
-        let mut span = (self.span_bytes as u64).max(fit);
+        let mut span = self.span_bytes(self.heap_bound() as u64).max(fit);
         // A block taken from the pool's index, for a thread heap.
         let mut taken = state.tlsf.allocate(span, GRANULE);
         if taken.is_none() {
@@ -608,20 +686,24 @@ impl Shared {
         h.live.remove_at(slot);
         let reserved = h.tlsf.release(block) as usize;
         h.uncount(&live, reserved);
-        Some(h.tlsf.free_bytes() > self.heap_bytes as u64)
+        Some(h.tlsf.free_bytes() > self.heap_bound() as u64)
     }
 
     /// Gives back what a heap keeps beyond its bound: spans nothing uses, whole; then the
     /// spans with the most free bytes, in pieces.
     #[cold]
     #[inline(never)]
-    pub(super) fn shrink(&self, heap: &Arc<ThreadHeap>) {
+    pub(super) fn shrink(&self) {
+        let Some(heap) = self.thread_heap() else {
+            return;
+        };
+        let heap = &heap;
         let Ok(mut state) = self.lock() else {
             return;
         };
         let mut guard = heap.state.lock_wait();
         let h = &mut *guard;
-        let bound = self.heap_bytes as u64;
+        let bound = self.heap_bound() as u64;
         if h.retired || h.tlsf.free_bytes() <= bound {
             return;
         }
@@ -784,6 +866,7 @@ impl Shared {
             heap: heap.clone(),
             clients: Vec::new(),
         });
+        self.share_heap_bytes(state);
         self.flags.fetch_or(HEAPS, Ordering::Relaxed);
         Some(heap)
     }
@@ -800,6 +883,7 @@ impl Shared {
             guard.retired = true;
         }
         state.heaps.retain(|e| !Arc::ptr_eq(&e.heap, heap));
+        self.share_heap_bytes(&state);
         if state.heaps.is_empty() {
             self.flags.fetch_and(!HEAPS, Ordering::Relaxed);
         }
