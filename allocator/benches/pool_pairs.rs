@@ -241,6 +241,16 @@ fn allocators(capacity: usize, notes: &mut Vec<String>) -> Vec<Box<dyn Allocator
                 .expect("reserve the pool's region"),
             ", thread heaps",
         )),
+        // The same pool with peaks that count the headroom thread heaps hold: heaps ask the
+        // pool for headroom in chunks instead of whenever use nears the peak.
+        Box::new(DevarenaPool::new(
+            Pool::builder(capacity)
+                .name("bench-leased-peaks")
+                .exact_peaks(false)
+                .build_host()
+                .expect("reserve the pool's region"),
+            ", leased peaks",
+        )),
         // The same pool with every free merged at once: what the reuse cache saves.
         Box::new(DevarenaPool::new(
             Pool::builder(capacity)

@@ -40,6 +40,7 @@ pub struct PoolBuilder {
     reuse: Option<(usize, usize)>,
     thread_heaps: Option<usize>,
     eager_thread_heaps: bool,
+    exact_peaks: bool,
 }
 
 impl fmt::Debug for PoolBuilder {
@@ -55,6 +56,7 @@ impl fmt::Debug for PoolBuilder {
             .field("reuse", &self.reuse)
             .field("thread_heaps", &self.thread_heaps)
             .field("eager_thread_heaps", &self.eager_thread_heaps)
+            .field("exact_peaks", &self.exact_peaks)
             .finish()
     }
 }
@@ -74,6 +76,7 @@ impl PoolBuilder {
             reuse: None,
             thread_heaps: None,
             eager_thread_heaps: false,
+            exact_peaks: true,
         }
     }
 
@@ -203,6 +206,33 @@ impl PoolBuilder {
         self
     }
 
+    /// Whether [`PoolStats::peak`](super::PoolStats::peak) and each client's peak stay exact
+    /// while threads allocate on heaps of their own (on by default).
+    ///
+    /// Exact peaks cost coordination: a heap may allocate without asking the pool only within
+    /// the headroom below the peak reached so far, so while the pool's use is near its peak,
+    /// heaps ask for headroom often, and where none is left the pool takes back every heap's
+    /// unused headroom (locking each heap) before it counts a new peak. With `false`, a heap
+    /// takes headroom in chunks (1/256 of the capacity beyond its need) and gives back what
+    /// it holds beyond that now and then, and a peak counts the headroom heaps hold: at least
+    /// the peak reached, and above it by at most the heaps' unused headroom. Exact either way
+    /// without thread heaps; quotas stay exact either way (a request is refused only with
+    /// every heap's headroom taken back).
+    ///
+    /// ```
+    /// use devarena::Pool;
+    ///
+    /// let pool = Pool::builder(1 << 20).exact_peaks(false).build_host()?;
+    /// let a = pool.allocate(1000, 0)?;
+    /// assert_eq!(pool.stats().peak, 1024); // one thread, no heaps: exact
+    /// pool.deallocate(a)?;
+    /// # Ok::<(), devarena::Error>(())
+    /// ```
+    pub fn exact_peaks(mut self, exact: bool) -> Self {
+        self.exact_peaks = exact;
+        self
+    }
+
     /// Reserves the region on a fresh [`HostBackend`].
     pub fn build_host(self) -> Result<Pool, Error> {
         self.build_in(HostBackend::new())
@@ -242,6 +272,7 @@ impl PoolBuilder {
                 .thread_heaps
                 .unwrap_or(capacity / DEFAULT_THREAD_HEAP_SHARE),
             eager_heaps: self.eager_thread_heaps,
+            exact_peaks: self.exact_peaks,
         };
         Ok(Pool::from_shared(Arc::new_cyclic(|this| {
             Shared::new(settings, region, this.clone())

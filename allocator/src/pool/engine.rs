@@ -20,8 +20,8 @@ use super::stream::{StreamEvent, StreamId, StreamSync};
 use super::thread_heap::{self, HeapEntry, ThreadHeap};
 use super::tlsf::Tlsf;
 use super::{
-    AllocRequest, DEFAULT_POOL_ALIGN, DEFAULT_REUSE_BLOCKS, FreeRequest, MAX_POOL_ALIGN,
-    effective_align, reserved_bytes,
+    AllocRequest, BLOCK_GRANULE, DEFAULT_POOL_ALIGN, DEFAULT_REUSE_BLOCKS, FreeRequest,
+    MAX_POOL_ALIGN, effective_align, reserved_bytes,
 };
 use crate::backend::MemoryKind;
 use crate::error::Error;
@@ -150,6 +150,9 @@ pub(super) const EAGER: u8 = 1 << 5;
 /// What sends every allocation down the general path: tracking, a sink, parked blocks.
 pub(super) const SLOW: u8 = TRACKING | SINK | PARKED;
 
+/// Without exact peaks, a lease takes `1 / LEASE_CHUNKS` of the capacity beyond its need.
+const LEASE_CHUNKS: usize = 256;
+
 /// Numbers the pools, for the thread-local list of thread heaps.
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -177,6 +180,10 @@ pub(super) struct Shared {
     pub(super) heap_bound: AtomicUsize,
     /// A thread heap's reuse cache: blocks, and the most bytes (besides half its bound).
     pub(super) heap_cache: (usize, u64),
+    /// Whether `peak` stays exact with thread heaps (see `PoolBuilder::exact_peaks`).
+    pub(super) exact_peaks: bool,
+    /// Without exact peaks: the headroom a lease takes beyond what it needs, and keeps.
+    pub(super) lease_chunk: usize,
     /// A thread is handing the outbox to the sinks (see [`deliver`](Shared::deliver)).
     delivering: AtomicBool,
     /// A sink has panicked (reported once).
@@ -197,6 +204,7 @@ pub(super) struct Settings {
     pub(super) reuse_bytes: usize,
     pub(super) heap_bytes: usize,
     pub(super) eager_heaps: bool,
+    pub(super) exact_peaks: bool,
 }
 
 /// A block the TLSF index handed out for a request: its index, address and size.
@@ -287,6 +295,8 @@ impl Shared {
             heap_bytes,
             heap_bound: AtomicUsize::new(heap_bytes),
             heap_cache,
+            exact_peaks: settings.exact_peaks,
+            lease_chunk: (capacity / LEASE_CHUNKS).max(BLOCK_GRANULE),
             delivering: AtomicBool::new(false),
             sink_panicked: AtomicBool::new(false),
             _region: owner,
@@ -602,7 +612,8 @@ impl Shared {
         // new peak.
         if flags & (SINK | PARKED | HEAPS) != 0
             && (flags & (SINK | PARKED) != 0
-                || !(client.counts.admits(reserved) && state.counts.admits(reserved)))
+                || self.exact_peaks
+                    && !(client.counts.admits(reserved) && state.counts.admits(reserved)))
         {
             return None;
         }
@@ -710,8 +721,8 @@ impl Shared {
         loop {
             let client = &state.clients[ask.client as usize];
             let exact = client.allows(reserved)
-                && client.counts.admits(reserved)
-                && state.counts.admits(reserved);
+                && (!self.exact_peaks
+                    || client.counts.admits(reserved) && state.counts.admits(reserved));
             let result = if exact || state.heaps.is_empty() {
                 self.allocate_admitted(state, ask, align, reserved, owned, &mut info)
             } else {

@@ -57,7 +57,7 @@ use super::{AllocRequest, reserved_bytes};
 use crate::error::Error;
 
 /// Serial numbers a heap takes from the pool at a time.
-const SERIAL_BATCH: u64 = 64;
+const SERIAL_BATCH: u64 = 1024;
 /// A heap takes spans of `1 / SPANS_PER_CAPACITY` of the capacity, within
 /// `MIN_SPAN..=MAX_SPAN` and at most half its bound (a request may need more).
 const SPANS_PER_CAPACITY: usize = 16;
@@ -534,8 +534,17 @@ impl Shared {
         reserved: usize,
     ) {
         let need = h.lease.used + reserved - h.lease.cap;
+        if !self.exact_peaks {
+            // The peak counts leases: a lease past it raises it.
+            let counts = &mut state.counts;
+            counts.lease(need + self.lease_chunk);
+            counts.peak = counts.peak.max(counts.in_use);
+            h.lease.cap += need + self.lease_chunk;
+            return;
+        }
+        // Every heap holds a lease of the pool: each may take its share of the headroom.
         if state.counts.headroom() >= need {
-            let extra = (state.counts.headroom() - need) / (state.heaps.len() + 1);
+            let extra = (state.counts.headroom() - need) / state.heaps.len().max(1);
             h.lease.cap += need + extra;
             state.counts.lease(need + extra);
             return;
@@ -549,10 +558,10 @@ impl Shared {
             h.lease.cap = h.lease.used;
             // Every lease is what its heap uses now: `in_use` is what is in use, and a new
             // peak is exact.
-            let heaps = state.heaps.len();
+            let heaps = state.heaps.len().max(1);
             let counts = &mut state.counts;
             counts.peak = counts.peak.max(counts.in_use + reserved);
-            let extra = (counts.headroom() - reserved) / (heaps + 1);
+            let extra = (counts.headroom() - reserved) / heaps;
             h.lease.cap += reserved + extra;
             counts.lease(reserved + extra);
         });
@@ -571,17 +580,32 @@ impl Shared {
         let c = client as usize;
         let share = &h.clients[c].lease;
         let need = share.used + reserved - share.cap;
-        let heaps = state.heaps.len();
         if let Some(entry) = state.entry(heap) {
             if !entry.clients.contains(&client) {
                 entry.clients.push(client);
             }
         }
-        let counts = &state.clients[c].counts;
+        // The heaps that hold a lease of this client share its headroom.
+        let heaps = state
+            .heaps
+            .iter()
+            .filter(|e| e.clients.contains(&client))
+            .count()
+            .max(1);
+        let quota = state.clients[c].quota;
+        let counts = &mut state.clients[c].counts;
+        if !self.exact_peaks && counts.in_use + need <= quota {
+            // As for the pool: the client's peak counts its leases (never past its quota).
+            let grant = need + self.lease_chunk.min(quota - counts.in_use - need);
+            counts.lease(grant);
+            counts.peak = counts.peak.max(counts.in_use);
+            h.clients[c].lease.cap += grant;
+            return true;
+        }
         if counts.headroom() >= need {
-            let extra = (counts.headroom() - need) / (heaps + 1);
+            let extra = (counts.headroom() - need) / heaps;
             h.clients[c].lease.cap += need + extra;
-            state.clients[c].counts.lease(need + extra);
+            counts.lease(need + extra);
             return true;
         }
         self.with_other_heaps(state, heap, Some(client), |state, others| {
@@ -601,7 +625,7 @@ impl Shared {
                 return false;
             }
             counts.peak = counts.peak.max(total);
-            let extra = (counts.headroom() - reserved) / (heaps + 1);
+            let extra = (counts.headroom() - reserved) / heaps;
             own.cap += reserved + extra;
             counts.lease(reserved + extra);
             true
@@ -686,11 +710,17 @@ impl Shared {
         h.live.remove_at(slot);
         let reserved = h.tlsf.release(block) as usize;
         h.uncount(&live, reserved);
-        Some(h.tlsf.free_bytes() > self.heap_bound() as u64)
+        let over = h.tlsf.free_bytes() > self.heap_bound() as u64;
+        // Without exact peaks a heap gives back leases it does not use, now and then.
+        let hoarding = !self.exact_peaks
+            && (h.lease.slack() > 2 * self.lease_chunk
+                || h.clients[live.client as usize].lease.slack() > 2 * self.lease_chunk);
+        Some(over || hoarding)
     }
 
     /// Gives back what a heap keeps beyond its bound: spans nothing uses, whole; then the
-    /// spans with the most free bytes, in pieces.
+    /// spans with the most free bytes, in pieces. Without exact peaks, also its leases'
+    /// headroom beyond one chunk.
     #[cold]
     #[inline(never)]
     pub(super) fn shrink(&self) {
@@ -703,8 +733,23 @@ impl Shared {
         };
         let mut guard = heap.state.lock_wait();
         let h = &mut *guard;
+        if h.retired {
+            return;
+        }
+        if !self.exact_peaks {
+            // Leases beyond one chunk of headroom go back.
+            let chunk = self.lease_chunk;
+            let back = h.lease.slack().saturating_sub(chunk);
+            h.lease.cap -= back;
+            state.counts.unlease(back);
+            for (c, share) in h.clients.iter_mut().enumerate() {
+                let back = share.lease.slack().saturating_sub(chunk);
+                share.lease.cap -= back;
+                state.clients[c].counts.unlease(back);
+            }
+        }
         let bound = self.heap_bound() as u64;
-        if h.retired || h.tlsf.free_bytes() <= bound {
+        if h.tlsf.free_bytes() <= bound {
             return;
         }
         h.tlsf.flush();
@@ -962,6 +1007,15 @@ mod tests {
 
     #[test]
     fn heaps_and_the_pool_agree_while_threads_run() {
+        agree_while_threads_run(true);
+    }
+
+    #[test]
+    fn heaps_and_the_pool_agree_while_threads_run_with_peaks_that_count_leases() {
+        agree_while_threads_run(false);
+    }
+
+    fn agree_while_threads_run(exact_peaks: bool) {
         // Three threads with heaps allocate and free (sizes that make spans come and go, a
         // client under a quota, frees of each other's blocks); the main thread checks every
         // invariant between the indices, the spans and the leases as they run, and gives the
@@ -969,6 +1023,7 @@ mod tests {
         let pool = Pool::builder(16 << 20)
             .eager_thread_heaps(true)
             .thread_heaps(1 << 20)
+            .exact_peaks(exact_peaks)
             .log_leaks_on_drop(false)
             .build_host()
             .unwrap();
