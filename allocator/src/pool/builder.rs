@@ -146,22 +146,21 @@ impl PoolBuilder {
         self
     }
 
-    /// How many free bytes a thread heap may keep (`0`: no thread heaps, every thread uses the
-    /// pool's own index under its lock). By default half the capacity
-    /// ([`DEFAULT_THREAD_HEAP_SHARE`](super::DEFAULT_THREAD_HEAP_SHARE)).
+    /// How many free bytes the thread heaps may keep, all together (`0`: no thread heaps,
+    /// every thread uses the pool's own index under its lock); each heap keeps its share. By
+    /// default half the capacity ([`DEFAULT_THREAD_HEAP_SHARE`](super::DEFAULT_THREAD_HEAP_SHARE)).
     ///
     /// A thread that finds the pool's lock taken by another gets a heap of its own: spans of
-    /// the region (a sixteenth of the capacity at a time, at most half this bound, or what a
-    /// larger request needs) where it
-    /// allocates and frees under a lock of its own, so that threads sharing a pool stop
-    /// waiting for each other. A heap asks the pool for more only now and then: a span, a
-    /// lease of bytes under the peak and the quotas, a batch of serial numbers. When more than
-    /// this many bytes are free in its spans, it gives back spans nothing uses, then the
-    /// spans with the most free bytes, in pieces. Before a request would fail, and before
-    /// [`Pool::stats`] describes the free blocks, every heap gives all its spans back (other
-    /// threads' included), and a thread that exits gives its heaps back: heaps change the cost
-    /// of a call, not what succeeds, nor any count. See the [module docs](super) for what each
-    /// path does.
+    /// the region (a sixteenth of the capacity at a time, at most half its share, or what a
+    /// larger request needs) where it allocates and frees under a lock of its own, so that
+    /// threads sharing a pool stop waiting for each other. A heap asks the pool for more only
+    /// now and then: a span, a lease of bytes under the peak and the quotas, a batch of serial
+    /// numbers. When more than its share is free in its spans, it gives back spans nothing
+    /// uses, then the spans with the most free bytes, in pieces. Before a request would fail,
+    /// and before [`Pool::stats`] describes the free blocks, every heap gives all its spans
+    /// back (other threads' included), and a thread that exits gives its heaps back: heaps
+    /// change the cost of a call, not what succeeds, nor any count. See the
+    /// [module docs](super#threads).
     ///
     /// ```
     /// use devarena::Pool;

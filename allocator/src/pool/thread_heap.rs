@@ -5,8 +5,8 @@
 //! pool's index, each one used block there. The thread allocates and frees in its spans under a
 //! lock of its own, which only it takes in the common case, so the pool's lock and the cache
 //! lines of the pool's state stay out of its way. A thread that never meets another on the
-//! pool's lock never gets one: a pool used by one thread at a time works as it did without
-//! them, block for block.
+//! pool's lock never gets one (unless the pool gives every thread one, `eager_thread_heaps`):
+//! a pool used by one thread at a time works as it did without them, block for block.
 //!
 //! What users rely on holds exactly, heaps or not:
 //!
@@ -19,9 +19,12 @@
 //! * **Quotas and the peak.** A heap allocates within *leases*, one for the pool and one per
 //!   client ([`Lease`]): bytes it may hold without asking. The pool counts leases as in use
 //!   and keeps `in_use ≤ peak` (and `peak ≤ quota` for a client), so an allocation within a
-//!   lease can set no new peak and pass no quota. A heap that needs more asks the pool; where the headroom under the
-//!   peak is gone, the pool first takes back every lease's unused part, with every heap locked,
-//!   and only then raises the peak (to exactly what is in use) or refuses the quota.
+//!   lease can set no new peak and pass no quota. A heap that needs more asks the pool; where
+//!   the headroom under the peak is gone, the pool first takes back every lease's unused part,
+//!   with every heap locked, and only then raises the peak (to exactly what is in use) or
+//!   refuses the quota. Without exact peaks (`exact_peaks(false)`), a heap takes a chunk of
+//!   headroom beyond its need, raising the peak where there is none, and gives back what it
+//!   holds beyond two chunks: the peaks count leases, quotas stay exact.
 //! * **Statistics, leak reports, the event log.** Counts that add up (bytes, allocations,
 //!   frees) are kept per heap and summed with every heap locked; the free blocks are described
 //!   after every heap gave its spans back. Leak reports list every heap's live allocations.
