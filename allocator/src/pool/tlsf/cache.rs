@@ -149,10 +149,17 @@ impl Tlsf {
         merged
     }
 
-    /// Sets the most bytes that may wait (no cache: stays 0). Blocks already waiting stay.
+    /// Sets the most bytes that may wait (no cache: stays 0); the oldest blocks past it merge.
     pub(crate) fn set_cache_limit(&mut self, bytes: u64) {
         if !self.cache.ring.is_empty() {
             self.cache.byte_limit = bytes;
+            if self.cache.bytes > bytes {
+                self.evict_oldest(self.cache.bytes - bytes);
+                // Stale ring entries can hide the last few: merge those too.
+                if self.cache.bytes > bytes {
+                    self.flush();
+                }
+            }
         }
     }
 

@@ -446,3 +446,26 @@ fn spans_move_between_indices_whole_or_in_pieces() {
     pool.check();
     assert_eq!((pool.free_blocks(), pool.largest_free()), (1, region));
 }
+
+#[test]
+fn a_lower_cache_limit_merges_the_oldest_and_evicting_stops_at_its_bytes() {
+    let mut t = Tlsf::new(0, 1 << 20, 64, 1 << 20);
+    let blocks: Vec<u32> = (0..8)
+        .map(|_| t.allocate(4096, GRANULE).unwrap().0)
+        .collect();
+    for &b in &blocks {
+        t.release(b);
+    }
+    assert_eq!(t.cached(), (8 * 4096, 8));
+    // The oldest first, and no more than asked (rounded up to whole blocks).
+    assert_eq!(t.evict_oldest(4096 + 1), 2 * 4096);
+    assert!(!t.blocks[blocks[0] as usize].cached && !t.blocks[blocks[1] as usize].cached);
+    assert!(t.blocks[blocks[2] as usize].cached);
+    t.check();
+    t.set_cache_limit(3 * 4096);
+    assert_eq!(t.cached(), (3 * 4096, 3));
+    assert!(t.blocks[blocks[7] as usize].cached && !t.blocks[blocks[4] as usize].cached);
+    t.check();
+    t.flush();
+    assert_eq!((t.free_blocks(), t.largest_free()), (1, 1 << 20));
+}
