@@ -46,6 +46,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
 use std::hint::black_box;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
@@ -84,10 +85,32 @@ struct DevarenaPool {
     pool: Pool,
     /// Beside the backend in the column name (`""` for the default configuration).
     label: &'static str,
+    /// The most threads seen with a heap of their own on the pool (at a worker's end).
+    heaps: AtomicUsize,
 }
 
-struct PoolWorker {
+impl DevarenaPool {
+    fn new(pool: Pool, label: &'static str) -> Self {
+        DevarenaPool {
+            pool,
+            label,
+            heaps: AtomicUsize::new(0),
+        }
+    }
+}
+
+struct PoolWorker<'a> {
     client: PoolClient,
+    of: &'a DevarenaPool,
+}
+
+impl Drop for PoolWorker<'_> {
+    fn drop(&mut self) {
+        // After the timed part: how many threads had a heap of their own.
+        self.of
+            .heaps
+            .fetch_max(self.of.pool.thread_heaps(), Ordering::Relaxed);
+    }
 }
 
 impl AllocatorUnderTest for DevarenaPool {
@@ -97,17 +120,20 @@ impl AllocatorUnderTest for DevarenaPool {
     fn worker(&self, thread: usize) -> Box<dyn Worker + '_> {
         Box::new(PoolWorker {
             client: self.pool.client(&format!("thread-{thread}"), usize::MAX),
+            of: self,
         })
     }
     fn summary(&self) -> Option<String> {
         let s = self.pool.stats();
         (s.allocations > 0).then(|| {
             let mut line = format!(
-                "{}: {} of {} allocations ({:.1}%) took a freed block whole from the reuse cache",
+                "{}: {} of {} allocations ({:.1}%) took a freed block whole from a reuse \
+                 cache; up to {} threads had a heap of their own",
                 self.name(),
                 s.reused,
                 s.allocations,
                 100.0 * s.reused as f64 / s.allocations as f64,
+                self.heaps.load(Ordering::Relaxed),
             );
             if s.maps > 0 {
                 // Every chunk mapped once and never unmapped: mapping happened on growth only.
@@ -126,7 +152,7 @@ impl AllocatorUnderTest for DevarenaPool {
     }
 }
 
-impl Worker for PoolWorker {
+impl Worker for PoolWorker<'_> {
     fn alloc(&mut self, size: usize) -> Option<u64> {
         self.client.allocate(size, 256).ok()
     }
@@ -222,41 +248,61 @@ impl Worker for OffsetWorker<'_> {
 fn allocators(capacity: usize, notes: &mut Vec<String>) -> Vec<Box<dyn AllocatorUnderTest>> {
     let mut all: Vec<Box<dyn AllocatorUnderTest>> = vec![
         Box::new(SystemAlloc),
-        Box::new(DevarenaPool {
-            pool: Pool::builder(capacity)
+        Box::new(DevarenaPool::new(
+            Pool::builder(capacity)
                 .name("bench")
                 .build_host()
                 .expect("reserve the pool's region"),
-            label: "",
-        }),
+            "",
+        )),
+        // The same pool with a heap for every thread from its first call (not only when it
+        // meets another on the pool's lock): what a thread heap's path costs, on any machine.
+        Box::new(DevarenaPool::new(
+            Pool::builder(capacity)
+                .name("bench-heaps")
+                .eager_thread_heaps(true)
+                .build_host()
+                .expect("reserve the pool's region"),
+            ", thread heaps",
+        )),
+        // The same pool with peaks that count the headroom thread heaps hold: heaps ask the
+        // pool for headroom in chunks instead of whenever use nears the peak.
+        Box::new(DevarenaPool::new(
+            Pool::builder(capacity)
+                .name("bench-leased-peaks")
+                .exact_peaks(false)
+                .build_host()
+                .expect("reserve the pool's region"),
+            ", leased peaks",
+        )),
         // The same pool with every free merged at once: what the reuse cache saves.
-        Box::new(DevarenaPool {
-            pool: Pool::builder(capacity)
+        Box::new(DevarenaPool::new(
+            Pool::builder(capacity)
                 .name("bench-no-reuse")
                 .reuse(0, 0)
                 .build_host()
                 .expect("reserve the pool's region"),
-            label: ", no reuse",
-        }),
+            ", no reuse",
+        )),
         Box::new(OffsetAllocator::new(capacity)),
         // The pool on a growable region over the host stand-in for a device's virtual memory:
         // what checking (and, in the warm-up round, mapping) chunks adds to each pair.
-        Box::new(DevarenaPool {
-            pool: Pool::builder(capacity)
+        Box::new(DevarenaPool::new(
+            Pool::builder(capacity)
                 .name("bench-vm")
                 .build_mapped(HostVirtualMemory::new(2 << 20).expect("a valid granularity"))
                 .expect("reserve the pool's addresses"),
-            label: "",
-        }),
+            "",
+        )),
         // The same without the reuse cache: the memory a growable region then holds.
-        Box::new(DevarenaPool {
-            pool: Pool::builder(capacity)
+        Box::new(DevarenaPool::new(
+            Pool::builder(capacity)
                 .name("bench-vm-no-reuse")
                 .reuse(0, 0)
                 .build_mapped(HostVirtualMemory::new(2 << 20).expect("a valid granularity"))
                 .expect("reserve the pool's addresses"),
-            label: ", no reuse",
-        }),
+            ", no reuse",
+        )),
     ];
     device::push_columns(capacity, &mut all, notes);
     all
@@ -322,7 +368,7 @@ mod device {
             .region(RegionKind::Classic)
             .build_cuda(stream.clone())
         {
-            Ok(pool) => all.push(Box::new(DevarenaPool { pool, label: "" })),
+            Ok(pool) => all.push(Box::new(DevarenaPool::new(pool, ""))),
             Err(e) => notes.push(format!("{CLASSIC_NAME} skipped: {e}")),
         }
         match Pool::builder(capacity)
@@ -330,7 +376,7 @@ mod device {
             .region(RegionKind::Growable)
             .build_cuda(stream.clone())
         {
-            Ok(pool) => all.push(Box::new(DevarenaPool { pool, label: "" })),
+            Ok(pool) => all.push(Box::new(DevarenaPool::new(pool, ""))),
             Err(e) => notes.push(format!("{GROWABLE_NAME} skipped: {e}")),
         }
         growth_notes(&stream, notes);
@@ -746,6 +792,13 @@ fn main() {
             .map(|r| r.ns)
             .unwrap_or(f64::NAN)
     };
+    // Aggregate throughput against the same allocator on one thread in this run: how it
+    // scales with threads (needs `1` in `--threads`).
+    let scaling = |r: &Row| {
+        rows.iter()
+            .find(|o| o.threads == 1 && o.name == r.name)
+            .map(|o| r.pairs_per_sec / o.pairs_per_sec)
+    };
     // The device baseline, when the device columns ran.
     let async_baseline = |threads: usize| {
         rows.iter()
@@ -760,6 +813,7 @@ fn main() {
                 format!(
                     "{{\"allocator\":\"{}\",\"threads\":{},\"median_ns_per_pair\":{:.2},\
                      \"median_cpu_ns_per_pair\":{},\"median_pairs_per_sec\":{:.0},\
+                     \"scaling_vs_one_thread\":{},\
                      \"rounds_overlapped\":{},\"speedup_vs_system\":{:.3},\
                      \"speedup_vs_cumemallocasync\":{}}}",
                     r.name,
@@ -767,6 +821,7 @@ fn main() {
                     r.ns,
                     r.cpu_ns.map_or("null".to_string(), |c| format!("{c:.2}")),
                     r.pairs_per_sec,
+                    scaling(r).map_or("null".to_string(), |x| format!("{x:.3}")),
                     r.overlapped,
                     baseline(r.threads) / r.ns,
                     async_baseline(r.threads)
@@ -799,8 +854,15 @@ fn main() {
     println!();
     let device_ran = rows.iter().any(|r| r.name == device::ASYNC_NAME);
     print!(
-        "{:<34} {:>7} {:>10} {:>10} {:>15} {:>8} {:>11}",
-        "allocator", "threads", "ns/pair", "cpu ns", "Mpairs/s (all)", "overlap", "vs system"
+        "{:<34} {:>7} {:>10} {:>10} {:>15} {:>9} {:>8} {:>11}",
+        "allocator",
+        "threads",
+        "ns/pair",
+        "cpu ns",
+        "Mpairs/s (all)",
+        "x 1 thr",
+        "overlap",
+        "vs system"
     );
     if device_ran {
         print!(" {:>11}", "vs async");
@@ -820,13 +882,15 @@ fn main() {
         } else {
             format!("{vs_system:.2}x")
         };
+        let scaled = scaling(r).map_or("-".to_string(), |x| format!("{x:.2}x"));
         print!(
-            "{:<34} {:>7} {:>10.1} {:>10} {:>15.2} {:>8} {:>11}",
+            "{:<34} {:>7} {:>10.1} {:>10} {:>15.2} {:>9} {:>8} {:>11}",
             r.name,
             r.threads,
             r.ns,
             cpu,
             r.pairs_per_sec / 1e6,
+            scaled,
             overlap,
             vs_system
         );
@@ -845,7 +909,10 @@ fn main() {
         );
     }
     if threads.iter().any(|&t| t > 1) {
-        println!("overlap: rounds in which every thread had started before the first one finished");
+        println!(
+            "x 1 thr: aggregate pairs/s over the same allocator's on one thread in this run; \
+             overlap: rounds in which every thread had started before the first one finished"
+        );
     }
     for line in growable_vs_classic(&rows, &threads) {
         println!("{line}");

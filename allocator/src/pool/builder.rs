@@ -8,8 +8,8 @@ use core::fmt;
 use super::engine::{Settings, Shared};
 use super::region::{Region, RegionKind};
 use super::{
-    BLOCK_GRANULE, DEFAULT_REUSE_BLOCKS, EventSink, MAX_REUSE_BLOCKS, Pool, StreamId, StreamSync,
-    Tracking,
+    BLOCK_GRANULE, DEFAULT_REUSE_BLOCKS, DEFAULT_THREAD_HEAP_SHARE, EventSink, MAX_REUSE_BLOCKS,
+    Pool, StreamId, StreamSync, Tracking,
 };
 use crate::backend::{Backend, HostBackend, VirtualMemory};
 use crate::error::Error;
@@ -41,6 +41,9 @@ pub struct PoolBuilder {
     region: Option<RegionKind>,
     chunk: Option<usize>,
     release_threshold: usize,
+    thread_heaps: Option<usize>,
+    eager_thread_heaps: bool,
+    exact_peaks: bool,
 }
 
 impl fmt::Debug for PoolBuilder {
@@ -57,6 +60,9 @@ impl fmt::Debug for PoolBuilder {
             .field("region", &self.region)
             .field("chunk", &self.chunk)
             .field("release_threshold", &self.release_threshold)
+            .field("thread_heaps", &self.thread_heaps)
+            .field("eager_thread_heaps", &self.eager_thread_heaps)
+            .field("exact_peaks", &self.exact_peaks)
             .finish()
     }
 }
@@ -77,6 +83,9 @@ impl PoolBuilder {
             region: None,
             chunk: None,
             release_threshold: usize::MAX,
+            thread_heaps: None,
+            eager_thread_heaps: false,
+            exact_peaks: true,
         }
     }
 
@@ -187,6 +196,93 @@ impl PoolBuilder {
         self
     }
 
+    /// How many free bytes the thread heaps may keep, all together (`0`: no thread heaps,
+    /// every thread uses the pool's own index under its lock); each heap keeps its share. Only
+    /// pools on a classic region get thread heaps (a growable region maps memory under the
+    /// pool's lock). By default half the capacity ([`DEFAULT_THREAD_HEAP_SHARE`](super::DEFAULT_THREAD_HEAP_SHARE)).
+    ///
+    /// A thread that finds the pool's lock taken by another gets a heap of its own: spans of
+    /// the region (a sixteenth of the capacity at a time, at most half its share, or what a
+    /// larger request needs) where it allocates and frees under a lock of its own, so that
+    /// threads sharing a pool stop waiting for each other. A heap asks the pool for more only
+    /// now and then: a span, a lease of bytes under the peak and the quotas, a batch of serial
+    /// numbers. When more than its share is free in its spans, it gives back spans nothing
+    /// uses, then the spans with the most free bytes, in pieces. Before a request would fail,
+    /// and before [`Pool::stats`] describes the free blocks, every heap gives all its spans
+    /// back (other threads' included), and a thread that exits gives its heaps back: heaps
+    /// change the cost of a call, not what succeeds, nor any count. See the
+    /// [module docs](super#threads).
+    ///
+    /// ```
+    /// use devarena::Pool;
+    ///
+    /// let pool = Pool::builder(64 << 20).thread_heaps(16 << 20).build_host()?;
+    /// std::thread::scope(|s| {
+    ///     for _ in 0..4 {
+    ///         s.spawn(|| {
+    ///             for i in 0..1000 {
+    ///                 let a = pool.allocate(256 << (i % 8), 0).unwrap();
+    ///                 pool.deallocate(a).unwrap();
+    ///             }
+    ///         });
+    ///     }
+    /// });
+    /// let stats = pool.stats();
+    /// assert_eq!((stats.allocations, stats.frees, stats.in_use), (4000, 4000, 0));
+    /// assert_eq!(stats.largest_free, 64 << 20);
+    /// # Ok::<(), devarena::Error>(())
+    /// ```
+    pub fn thread_heaps(mut self, max_free_bytes: usize) -> Self {
+        self.thread_heaps = Some(max_free_bytes);
+        self
+    }
+
+    /// Whether every thread gets its heap at its first allocation, instead of the first time it
+    /// finds the pool's lock taken (off by default). For pools known to serve several threads
+    /// at once; a pool used this way by one thread places its blocks in spans, not as the
+    /// pool's own index would.
+    ///
+    /// ```
+    /// use devarena::Pool;
+    ///
+    /// let pool = Pool::builder(1 << 20).eager_thread_heaps(true).build_host()?;
+    /// let a = pool.allocate(1000, 0)?;
+    /// assert_eq!(pool.thread_heaps(), 1);
+    /// pool.deallocate(a)?;
+    /// # Ok::<(), devarena::Error>(())
+    /// ```
+    pub fn eager_thread_heaps(mut self, on: bool) -> Self {
+        self.eager_thread_heaps = on;
+        self
+    }
+
+    /// Whether [`PoolStats::peak`](super::PoolStats::peak) and each client's peak stay exact
+    /// while threads allocate on heaps of their own (on by default).
+    ///
+    /// Exact peaks cost coordination: a heap may allocate without asking the pool only within
+    /// the headroom below the peak reached so far, so while the pool's use is near its peak,
+    /// heaps ask for headroom often, and where none is left the pool takes back every heap's
+    /// unused headroom (locking each heap) before it counts a new peak. With `false`, a heap
+    /// takes headroom in chunks (1/256 of the capacity beyond its need) and gives back what
+    /// it holds beyond that now and then, and a peak counts the headroom heaps hold: at least
+    /// the peak reached, and above it by at most the heaps' unused headroom. Exact either way
+    /// without thread heaps; quotas stay exact either way (a request is refused only with
+    /// every heap's headroom taken back).
+    ///
+    /// ```
+    /// use devarena::Pool;
+    ///
+    /// let pool = Pool::builder(1 << 20).exact_peaks(false).build_host()?;
+    /// let a = pool.allocate(1000, 0)?;
+    /// assert_eq!(pool.stats().peak, 1024); // one thread, no heaps: exact
+    /// pool.deallocate(a)?;
+    /// # Ok::<(), devarena::Error>(())
+    /// ```
+    pub fn exact_peaks(mut self, exact: bool) -> Self {
+        self.exact_peaks = exact;
+        self
+    }
+
     /// Reserves the region on a fresh [`HostBackend`].
     pub fn build_host(self) -> Result<Pool, Error> {
         self.build_in(HostBackend::new())
@@ -292,7 +388,14 @@ impl PoolBuilder {
             reuse_blocks,
             reuse_bytes,
             release_threshold: self.release_threshold,
+            heap_bytes: self
+                .thread_heaps
+                .unwrap_or(region.capacity / DEFAULT_THREAD_HEAP_SHARE),
+            eager_heaps: self.eager_thread_heaps,
+            exact_peaks: self.exact_peaks,
         };
-        Ok(Pool::from_shared(Arc::new(Shared::new(settings, region))))
+        Ok(Pool::from_shared(Arc::new_cyclic(|this| {
+            Shared::new(settings, region, this.clone())
+        })))
     }
 }

@@ -5,7 +5,10 @@
 /// [`on_free`](Counters::on_free).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Counters {
-    /// Bytes held by live allocations, each rounded up to its size class.
+    /// Bytes held by live allocations counted here, each rounded up to its size class, and
+    /// the bytes leased to thread heaps (`leased` of them): with leases out, a bound that
+    /// their unused part makes conservative (the quota check) and the exact figure once they
+    /// are taken back.
     pub(super) in_use: usize,
     /// Bytes the live allocations asked for.
     pub(super) requested: usize,
@@ -17,16 +20,53 @@ pub(super) struct Counters {
     pub(super) frees: u64,
     /// Failed allocations so far.
     pub(super) failures: u64,
+    /// Bytes leased to thread heaps (counted in `in_use`): what their live allocations hold
+    /// plus the headroom they may still use without asking. `in_use` never passes `peak`, so
+    /// that a thread heap allocates within its lease without changing the peak, and the peak
+    /// stays exact.
+    pub(super) leased: usize,
 }
 
 impl Counters {
     /// An allocation of `requested` bytes that holds `reserved` bytes.
     #[inline(always)]
     pub(super) fn on_alloc(&mut self, reserved: usize, requested: usize) {
-        self.in_use += reserved;
+        self.on_alloc_bytes(reserved);
         self.requested += requested;
-        self.peak = self.peak.max(self.in_use);
         self.allocations += 1;
+    }
+
+    /// The bytes of an allocation only: the pool's own counters, whose other counts are its
+    /// clients' added up.
+    #[inline(always)]
+    pub(super) fn on_alloc_bytes(&mut self, reserved: usize) {
+        self.in_use += reserved;
+        self.peak = self.peak.max(self.in_use);
+    }
+
+    /// Whether an allocation of `reserved` bytes keeps the peak exact as
+    /// [`on_alloc`](Self::on_alloc) counts it: no lease, or no new peak. Otherwise the leases'
+    /// headroom must be taken back first (it would count as in use).
+    #[inline(always)]
+    pub(super) fn admits(&self, reserved: usize) -> bool {
+        self.leased == 0 || self.in_use + reserved <= self.peak
+    }
+
+    /// Headroom below the peak that no lease holds.
+    pub(super) fn headroom(&self) -> usize {
+        self.peak - self.in_use
+    }
+
+    /// Leases `bytes` more to a thread heap.
+    pub(super) fn lease(&mut self, bytes: usize) {
+        self.leased += bytes;
+        self.in_use += bytes;
+    }
+
+    /// Takes `bytes` of leases back.
+    pub(super) fn unlease(&mut self, bytes: usize) {
+        self.leased -= bytes;
+        self.in_use -= bytes;
     }
 
     /// The free of an allocation counted by [`on_alloc`](Self::on_alloc) with the same numbers.
@@ -35,6 +75,12 @@ impl Counters {
         self.in_use -= reserved;
         self.requested -= requested;
         self.frees += 1;
+    }
+
+    /// As [`on_alloc_bytes`](Self::on_alloc_bytes), for a free.
+    #[inline(always)]
+    pub(super) fn on_free_bytes(&mut self, reserved: usize) {
+        self.in_use -= reserved;
     }
 
     /// A failed allocation.
@@ -47,10 +93,34 @@ impl Counters {
         self.allocations - self.frees
     }
 
-    /// Whether `reserved` more bytes stay within `limit` (a quota or the capacity): the one
-    /// check both allocation paths make.
+    /// Whether `reserved` more bytes stay within `limit` (a quota or the capacity), the
+    /// leases counted as in use (exact once they are taken back): the one check every
+    /// allocation path makes.
     #[inline(always)]
     pub(super) fn allows(&self, reserved: usize, limit: usize) -> bool {
-        reserved <= limit.saturating_sub(self.in_use)
+        // No overflow: both are at most the capacity.
+        self.in_use + reserved <= limit
+    }
+}
+
+/// A thread heap's share of the pool's (or a client's) bytes: it may hold up to `cap` bytes
+/// in live allocations without asking the pool, and holds `used`. The pool counts `cap` in
+/// [`Counters::leased`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Lease {
+    pub(super) cap: usize,
+    pub(super) used: usize,
+}
+
+impl Lease {
+    /// Whether `reserved` more bytes fit in the lease.
+    #[inline(always)]
+    pub(super) fn fits(&self, reserved: usize) -> bool {
+        self.used + reserved <= self.cap
+    }
+
+    /// Headroom the lease holds and does not use.
+    pub(super) fn slack(&self) -> usize {
+        self.cap - self.used
     }
 }

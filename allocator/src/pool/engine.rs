@@ -1,13 +1,13 @@
 //! The engine: everything behind the pool's lock, and the allocation and free paths.
 
 use alloc::boxed::Box;
-use alloc::collections::VecDeque;
+use alloc::collections::{BTreeMap, VecDeque};
 use alloc::format;
 use alloc::string::String;
-use alloc::sync::Arc;
+use alloc::sync::{Arc, Weak};
 use alloc::vec::Vec;
 use std::backtrace::Backtrace;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Instant, SystemTime};
 
 use super::addr_map::AddrMap;
@@ -17,10 +17,12 @@ use super::lock::{Lock, LockGuard, Reentrant};
 use super::region::{Region, RegionOwner};
 use super::stats::{ClientStats, Leak, LeakReport, PoolStats, Tracking};
 use super::stream::{StreamEvent, StreamId, StreamSync};
+use super::thread_heap::{self, HeapEntry, ThreadHeap};
 use super::tlsf::Tlsf;
 use super::vmm::Mapping;
 use super::{
-    AllocRequest, DEFAULT_POOL_ALIGN, FreeRequest, MAX_POOL_ALIGN, effective_align, reserved_bytes,
+    AllocRequest, BLOCK_GRANULE, DEFAULT_POOL_ALIGN, DEFAULT_REUSE_BLOCKS, FreeRequest,
+    MAX_POOL_ALIGN, effective_align, reserved_bytes,
 };
 use crate::backend::MemoryKind;
 use crate::error::Error;
@@ -30,7 +32,7 @@ use crate::error::Error;
 const TRIM_TRIES: usize = 3;
 
 /// What tracking keeps for one allocation.
-struct LiveInfo {
+pub(super) struct LiveInfo {
     tag: Option<String>,
     at: Instant,
     backtrace: Option<Backtrace>,
@@ -39,28 +41,31 @@ struct LiveInfo {
 /// One live allocation, kept at its block's index. Plain data (no drop glue), so that writing
 /// it on allocation and reading it on free are a few moves; what tracking records lives in
 /// [`State::info`], touched only for an allocation made with tracking on.
-#[derive(Clone, Copy, Default)]
-struct Live {
-    size: usize,
-    serial: u64,
-    stream: StreamId,
-    client: u32,
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Live {
+    pub(super) size: usize,
+    pub(super) serial: u64,
+    pub(super) stream: StreamId,
+    pub(super) client: u32,
     /// The alignment in effect (at most [`MAX_POOL_ALIGN`]).
-    align: u16,
+    pub(super) align: u16,
     /// Owned by a [`PoolSlice`]: only the slice frees it.
-    owned: bool,
+    pub(super) owned: bool,
     /// Its block's entry of [`State::info`] holds what tracking recorded.
-    tracked: bool,
+    pub(super) tracked: bool,
 }
 
 /// A block freed on a stream other than the home stream, waiting for its event.
-struct Parked {
-    block: u32,
-    bytes: usize,
-    event: Box<dyn StreamEvent>,
+pub(super) struct Parked {
+    /// The thread heap whose block it is; `None`: the pool's own index.
+    pub(super) heap: Option<Arc<ThreadHeap>>,
+    pub(super) block: u32,
+    pub(super) bytes: usize,
+    pub(super) event: Box<dyn StreamEvent>,
 }
 
 /// One client: a name, a quota, its counters.
+#[derive(Clone)]
 pub(super) struct ClientState {
     pub(super) name: Arc<str>,
     pub(super) quota: usize,
@@ -99,47 +104,93 @@ impl ClientState {
 }
 
 /// Everything behind the pool's lock.
-struct State {
-    tlsf: Tlsf,
-    /// Address of every live allocation → its block.
-    live: AddrMap,
+pub(super) struct State {
+    /// The pool's index: every block, a thread heap's span being one used block here.
+    pub(super) tlsf: Tlsf,
+    /// Address of every live allocation in the pool's index → its block.
+    pub(super) live: AddrMap,
     /// What is known about the live allocation in each block (indexed like the TLSF blocks;
     /// entries of free blocks are stale).
-    meta: Vec<Live>,
+    pub(super) meta: Vec<Live>,
     /// What tracking recorded, by block, for the live allocations whose `tracked` is set
     /// (`None` everywhere else; empty while tracking has never been on).
     info: Vec<Option<Box<LiveInfo>>>,
     pub(super) clients: Vec<ClientState>,
-    /// The pool's own counters: every client's together.
-    counts: Counters,
+    /// The pool's own bytes (`in_use`, `peak`, `leased`): every client's together. Its other
+    /// counts stay 0: the pool's are its clients' added up (see [`Counters::on_alloc_bytes`]).
+    pub(super) counts: Counters,
     /// Parked blocks, one FIFO per stream (events on one stream complete in order).
-    parked: Vec<(StreamId, VecDeque<Parked>)>,
+    pub(super) parked: Vec<(StreamId, VecDeque<Parked>)>,
     pending: usize,
     /// Bytes of parked blocks whose events could not be queried: never handed out again.
     quarantined: usize,
-    /// Bumped by every free on the home stream with a stream runtime present.
-    home_epoch: u64,
+    /// Bumped by every free on the home stream with a stream runtime present (and every time
+    /// blocks freed on a thread heap reach the pool's index).
+    pub(super) home_epoch: u64,
     /// For each other stream: the `home_epoch` at its last wait on the home stream.
     waited: Vec<(StreamId, u64)>,
-    sink: Option<Arc<dyn EventSink>>,
+    pub(super) sink: Option<Arc<dyn EventSink>>,
     /// Events recorded and not yet delivered, in the order the pool did things.
     outbox: VecDeque<Record>,
     /// Which chunks of the region are backed by memory (all of a classic region).
     mapping: Mapping,
+    /// The thread heaps (see [`thread_heap`]).
+    pub(super) heaps: Vec<HeapEntry>,
+    /// Every span of a thread heap, by address: its size and heap.
+    pub(super) spans: BTreeMap<u64, (u64, Arc<ThreadHeap>)>,
+    /// The serial number of the next allocation here (thread heaps take batches of them).
+    pub(super) next_serial: u64,
+    /// Blocks that heaps given back had taken whole from their caches.
+    pub(super) reused: u64,
 }
+
+/// Bits of [`Shared::flags`]: the tracking mode (two bits), then the rest.
+const TRACKING: u8 = 0b11;
+/// An event sink is on.
+pub(super) const SINK: u8 = 1 << 2;
+/// Blocks are parked.
+pub(super) const PARKED: u8 = 1 << 3;
+/// Some thread has a heap.
+pub(super) const HEAPS: u8 = 1 << 4;
+/// Every thread gets a heap at its first allocation.
+pub(super) const EAGER: u8 = 1 << 5;
+/// What sends every allocation down the general path: tracking, a sink, parked blocks.
+pub(super) const SLOW: u8 = TRACKING | SINK | PARKED;
+
+/// Without exact peaks, a lease takes `1 / LEASE_CHUNKS` of the capacity beyond its need.
+const LEASE_CHUNKS: usize = 256;
+
+/// Numbers the pools, for the thread-local list of thread heaps.
+static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
 
 /// What never changes after creation, beside the lock.
 pub(super) struct Shared {
-    state: Lock<State>,
+    pub(super) state: Lock<State>,
+    /// Names this pool among all pools of the process (never reused).
+    pub(super) id: u64,
+    /// This pool, weakly: what a thread's list of heaps holds.
+    pub(super) this: Weak<Shared>,
     pub(super) name: String,
     pub(super) capacity: usize,
     pub(super) base: u64,
     pub(super) memory: MemoryKind,
     pub(super) backend: &'static str,
-    tracking: AtomicU8,
+    /// The tracking mode and the conditions that send requests down the general path, read
+    /// without the lock ([`SINK`], [`PARKED`], [`HEAPS`]).
+    pub(super) flags: AtomicU8,
     pub(super) streams: Option<Arc<dyn StreamSync>>,
     pub(super) home: StreamId,
     log_leaks_on_drop: bool,
+    /// The most free bytes the thread heaps keep, all together (0: no thread heaps).
+    pub(super) heap_bytes: usize,
+    /// Each heap's share of `heap_bytes`: the heaps share it evenly.
+    pub(super) heap_bound: AtomicUsize,
+    /// A thread heap's reuse cache: blocks, and the most bytes (besides half its bound).
+    pub(super) heap_cache: (usize, u64),
+    /// Whether `peak` stays exact with thread heaps (see `PoolBuilder::exact_peaks`).
+    pub(super) exact_peaks: bool,
+    /// Without exact peaks: the headroom a lease takes beyond what it needs, and keeps.
+    pub(super) lease_chunk: usize,
     /// A thread is handing the outbox to the sinks (see [`deliver`](Shared::deliver)).
     delivering: AtomicBool,
     /// A sink has panicked (reported once).
@@ -162,6 +213,9 @@ pub(super) struct Settings {
     pub(super) reuse_blocks: usize,
     pub(super) reuse_bytes: usize,
     pub(super) release_threshold: usize,
+    pub(super) heap_bytes: usize,
+    pub(super) eager_heaps: bool,
+    pub(super) exact_peaks: bool,
 }
 
 /// A block the TLSF index handed out for a request: its index, address and size.
@@ -171,18 +225,25 @@ struct Taken {
     reserved: usize,
 }
 
+/// Why [`Shared::allocate_admitted`] did not allocate.
+enum Refusal {
+    Quota,
+    Capacity,
+    Error(Error),
+}
+
 /// The parts of a request that an event and an error report.
 #[derive(Clone, Copy)]
-struct Ask {
-    client: u32,
-    size: usize,
-    align: usize,
-    stream: StreamId,
+pub(super) struct Ask {
+    pub(super) client: u32,
+    pub(super) size: usize,
+    pub(super) align: usize,
+    pub(super) stream: StreamId,
 }
 
 impl Shared {
     /// A pool over `region`, with one client: the pool's own, named after it, without quota.
-    pub(super) fn new(settings: Settings, region: Region) -> Self {
+    pub(super) fn new(settings: Settings, region: Region, this: Weak<Shared>) -> Self {
         let Region {
             base,
             capacity,
@@ -210,21 +271,50 @@ impl Shared {
             quarantined: 0,
             home_epoch: 0,
             waited: Vec::new(),
-            sink: settings.sink,
             outbox: VecDeque::new(),
             mapping,
+            heaps: Vec::new(),
+            spans: BTreeMap::new(),
+            next_serial: 1,
+            reused: 0,
+            sink: settings.sink,
+        };
+        // A growable region maps memory under the pool's lock when a block reaches unmapped
+        // chunks; thread heaps allocate under their own locks, so they are kept to classic
+        // regions, whose memory is all there.
+        let heap_bytes = if growable { 0 } else { settings.heap_bytes };
+        let flags = settings.tracking as u8
+            | if state.sink.is_some() { SINK } else { 0 }
+            | if settings.eager_heaps && heap_bytes > 0 {
+                EAGER
+            } else {
+                0
+            };
+        let heap_cache = match settings.reuse_blocks {
+            0 => (0, 0),
+            blocks => (
+                blocks.min(DEFAULT_REUSE_BLOCKS),
+                settings.reuse_bytes as u64,
+            ),
         };
         Shared {
             state: Lock::new(state),
+            id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
+            this,
             name: settings.name,
             capacity,
             base,
             memory,
             backend,
-            tracking: AtomicU8::new(settings.tracking as u8),
+            flags: AtomicU8::new(flags),
             streams: settings.streams,
             home: settings.home,
             log_leaks_on_drop: settings.log_leaks_on_drop,
+            heap_bytes,
+            heap_bound: AtomicUsize::new(heap_bytes),
+            heap_cache,
+            exact_peaks: settings.exact_peaks,
+            lease_chunk: (capacity / LEASE_CHUNKS).max(BLOCK_GRANULE),
             delivering: AtomicBool::new(false),
             sink_panicked: AtomicBool::new(false),
             growable,
@@ -246,26 +336,72 @@ impl Shared {
 
     /// A client's counters.
     pub(super) fn client_stats(&self, client: u32) -> ClientStats {
-        self.lock_wait().clients[client as usize].stats()
+        let mut state = self.lock_wait();
+        self.with_heaps(&mut state, |state, heaps| {
+            Self::client_totals(state, heaps, client as usize)
+        })
     }
 
     /// Every client's counters, the pool's own client first.
     pub(super) fn all_client_stats(&self) -> Vec<ClientStats> {
-        self.lock_wait()
-            .clients
-            .iter()
-            .map(ClientState::stats)
-            .collect()
+        let mut state = self.lock_wait();
+        self.with_heaps(&mut state, |state, heaps| {
+            (0..state.clients.len())
+                .map(|c| Self::client_totals(state, heaps, c))
+                .collect()
+        })
+    }
+
+    /// Client `c`'s counters, its thread heaps' shares added (every heap locked).
+    fn client_totals(state: &State, heaps: &[thread_heap::Locked<'_>], c: usize) -> ClientStats {
+        let client = &state.clients[c];
+        let mut counts = client.counts;
+        counts.in_use -= counts.leased;
+        for h in heaps {
+            if let Some(share) = h.state.clients.get(c) {
+                counts.in_use += share.lease.used;
+                counts.requested += share.requested;
+                // A heap's allocation freed in the pool's index (given back in between) counts
+                // there as a free: only the sums are exact.
+                counts.allocations += share.allocations;
+                counts.frees += share.frees;
+            }
+        }
+        ClientState {
+            counts,
+            ..client.clone()
+        }
+        .stats()
+    }
+
+    /// How many threads have a heap on this pool.
+    pub(super) fn thread_heaps(&self) -> usize {
+        self.lock_wait().heaps.len()
     }
 
     /// Replaces the event sink.
     pub(super) fn set_sink(&self, sink: Option<Arc<dyn EventSink>>) {
-        self.lock_wait().sink = sink;
+        let mut state = self.lock_wait();
+        if sink.is_some() {
+            self.flags.fetch_or(SINK, Ordering::Relaxed);
+        } else {
+            self.flags.fetch_and(!SINK, Ordering::Relaxed);
+        }
+        state.sink = sink;
+        // A thread heap checks for a sink under its lock: a call that did not see the sink
+        // finishes before this returns, and every later one sees it.
+        for entry in &state.heaps {
+            drop(entry.heap.state.lock_wait());
+        }
     }
 
     /// Changes what is recorded for new allocations.
     pub(super) fn set_tracking(&self, tracking: Tracking) {
-        self.tracking.store(tracking as u8, Ordering::Relaxed);
+        let _ = self
+            .flags
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |flags| {
+                Some(flags & !TRACKING | tracking as u8)
+            });
     }
 
     /// Returns parked blocks whose events completed; the bytes reclaimed.
@@ -276,7 +412,7 @@ impl Shared {
     /// Takes the lock for an allocation, a free or a reclaim: an error instead of waiting for
     /// ever when the calling thread is inside one of this pool's stream-runtime callbacks.
     #[inline(always)]
-    fn lock(&self) -> Result<LockGuard<'_, State>, Error> {
+    pub(super) fn lock(&self) -> Result<LockGuard<'_, State>, Error> {
         match self.state.lock() {
             Ok(guard) => Ok(guard),
             Err(Reentrant) => Err(self.reentrant()),
@@ -295,7 +431,7 @@ impl Shared {
 
     /// Takes the lock for everything else (statistics, reports, settings). These wait: they
     /// must not be called from the pool's stream-runtime callbacks (see [`StreamSync`]).
-    fn lock_wait(&self) -> LockGuard<'_, State> {
+    pub(super) fn lock_wait(&self) -> LockGuard<'_, State> {
         loop {
             if let Ok(guard) = self.state.lock() {
                 return guard;
@@ -308,6 +444,8 @@ impl Shared {
     /// into the pool fails instead of waiting for ever. The state is consistent whenever a
     /// callback runs.
     fn stream_call<R>(&self, what: &str, f: impl FnOnce() -> Result<R, Error>) -> Result<R, Error> {
+        // A call back into the pool from the callback must not find this thread's heap either.
+        thread_heap::forget_current();
         self.state.callback(|| {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
                 Err(Error::invalid(format!(
@@ -319,7 +457,7 @@ impl Shared {
     }
 
     pub(super) fn tracking(&self) -> Tracking {
-        match self.tracking.load(Ordering::Relaxed) {
+        match self.flags.load(Ordering::Relaxed) & TRACKING {
             0 => Tracking::Off,
             1 => Tracking::Tags,
             _ => Tracking::Backtraces,
@@ -343,26 +481,106 @@ impl Shared {
             Some(stream) => self.streams.is_none() || stream == self.home,
         };
         let align = effective_align(req.align);
-        if let (0, Some(align), true) = (self.tracking.load(Ordering::Relaxed), align, home) {
+        let flags = self.flags.load(Ordering::Relaxed);
+        // Nothing on: the pool's own index, as a pool that never had thread heaps does it.
+        if let (0, Some(align), true) = (flags, align, home) {
+            return self.allocate_on_pool(client, req, align, owned);
+        }
+        if let (0, Some(align), true) = (flags & SLOW, align, home) {
             let stream = req.stream.unwrap_or(self.home);
-            let mut state = self.lock()?;
+            return self.allocate_on_heap(client, req.size, align, stream, owned);
+        }
+        let req = AllocRequest { ..req };
+        self.allocate_other(client, &req, owned)
+    }
+
+    /// The fast path where thread heaps are on: the calling thread's heap, if it has one (or
+    /// gets one, with [`EAGER`]); else the pool's own index.
+    #[inline(never)]
+    fn allocate_on_heap(
+        &self,
+        client: u32,
+        size: usize,
+        align: usize,
+        stream: StreamId,
+        owned: bool,
+    ) -> Result<u64, Error> {
+        let ask = Ask {
+            client,
+            size,
+            align,
+            stream,
+        };
+        match self.on_thread_heap(|heap| self.heap_allocate_fast(heap, &ask, owned)) {
+            Some(Some(addr)) => return Ok(addr),
+            Some(None) => return self.heap_allocate_slow(&ask, owned),
+            None => {}
+        }
+        let req = AllocRequest::new(size, align).on(stream);
+        if self.flags.load(Ordering::Relaxed) & EAGER != 0 {
+            return self.allocate_contended(&req, &ask, owned);
+        }
+        self.allocate_on_pool(client, req, align, owned)
+    }
+
+    /// The fast path on the pool's own index (`align` valid, tracking off, the home stream).
+    #[inline(always)]
+    fn allocate_on_pool(
+        &self,
+        client: u32,
+        req: AllocRequest<'_>,
+        align: usize,
+        owned: bool,
+    ) -> Result<u64, Error> {
+        let stream = req.stream.unwrap_or(self.home);
+        let Some(mut state) = self.state.try_guard() else {
+            let req = AllocRequest { ..req };
             let ask = Ask {
                 client,
                 size: req.size,
                 align,
                 stream,
             };
-            if let Some(addr) = self.allocate_fast(&mut state, &ask, owned) {
-                return Ok(addr);
-            }
-            // Copies made where they are needed: a reference to `req` itself would have the
-            // compiler store it on the stack on every call.
-            let req = AllocRequest { ..req };
-            let result = self.allocate_general(&mut state, client, &req, stream, owned, None);
-            return self.unlock_and_deliver(state, result);
+            return self.allocate_contended(&req, &ask, owned);
+        };
+        let ask = Ask {
+            client,
+            size: req.size,
+            align,
+            stream,
+        };
+        if let Some(addr) = self.allocate_fast(&mut state, &ask, owned) {
+            return Ok(addr);
         }
+        // Copies made where they are needed: a reference to `req` itself would have the
+        // compiler store it on the stack on every call.
         let req = AllocRequest { ..req };
-        self.allocate_other(client, &req, owned)
+        let result = self.allocate_general(&mut state, client, &req, stream, owned, None);
+        self.unlock_and_deliver(state, result)
+    }
+
+    /// The fast path's allocation when another thread holds the pool's lock: the calling
+    /// thread gets a heap of its own (see [`thread_heap`]) unless they are off.
+    #[cold]
+    #[inline(never)]
+    fn allocate_contended(
+        &self,
+        req: &AllocRequest<'_>,
+        ask: &Ask,
+        owned: bool,
+    ) -> Result<u64, Error> {
+        let mut state = self.lock()?;
+        if self.heap_bytes > 0 {
+            if let Some(heap) = self.new_thread_heap(&mut state) {
+                let result = self.heap_allocate_locked(&mut state, &heap, ask, owned);
+                return self.unlock_and_deliver(state, result);
+            }
+        }
+        if let Some(addr) = self.allocate_fast(&mut state, ask, owned) {
+            return Ok(addr);
+        }
+        let result = self.allocate_general(&mut state, ask.client, req, ask.stream, owned, None);
+        self.unlock_and_deliver(state, result)
     }
 
     /// An allocation the fast path never takes: tracking on, a bad alignment, another stream.
@@ -374,7 +592,7 @@ impl Shared {
         owned: bool,
     ) -> Result<u64, Error> {
         let stream = req.stream.unwrap_or(self.home);
-        let info = match self.tracking.load(Ordering::Relaxed) {
+        let info = match self.flags.load(Ordering::Relaxed) & TRACKING {
             0 => None,
             _ => Some(self.record_info(req.tag)),
         };
@@ -385,7 +603,7 @@ impl Shared {
 
     /// Releases the lock, then delivers the events the call recorded (if any).
     #[inline(always)]
-    fn unlock_and_deliver<R>(&self, state: LockGuard<'_, State>, result: R) -> R {
+    pub(super) fn unlock_and_deliver<R>(&self, state: LockGuard<'_, State>, result: R) -> R {
         let recorded = !state.outbox.is_empty();
         drop(state);
         if recorded {
@@ -401,11 +619,21 @@ impl Shared {
     /// and reports why a request fails.
     #[inline(always)]
     fn allocate_fast(&self, state: &mut State, ask: &Ask, owned: bool) -> Option<u64> {
-        if !state.parked.is_empty() || state.sink.is_some() {
+        // Under the lock the flags are exact for a sink, parked blocks and thread heaps: all
+        // three are set and cleared under it.
+        let flags = self.flags.load(Ordering::Relaxed);
+        let reserved = reserved_bytes(ask.size).filter(|&r| r <= self.capacity)?;
+        let client = &state.clients[ask.client as usize];
+        if !client.allows(reserved) {
             return None;
         }
-        let reserved = reserved_bytes(ask.size).filter(|&r| r <= self.capacity)?;
-        if !state.clients[ask.client as usize].allows(reserved) {
+        // With leases out, the general path takes their unused part back before it counts a
+        // new peak.
+        if flags & (SINK | PARKED | HEAPS) != 0
+            && (flags & (SINK | PARKED) != 0
+                || self.exact_peaks
+                    && !(client.counts.admits(reserved) && state.counts.admits(reserved)))
+        {
             return None;
         }
         let (block, addr) = state.tlsf.allocate(reserved as u64, ask.align as u64)?;
@@ -419,14 +647,15 @@ impl Shared {
             addr,
             reserved,
         };
-        self.commit_allocation(state, ask, owned, None, taken);
+        // No sink: the flags, exact under the lock, said so.
+        self.commit_allocation(state, ask, owned, None, taken, false);
         Some(addr)
     }
 
     /// Every allocation the fast path does not take: tracking on, a bad alignment, parked
     /// blocks, another stream, and every failure.
     #[inline(never)]
-    fn allocate_general(
+    pub(super) fn allocate_general(
         &self,
         state: &mut State,
         client: u32,
@@ -480,7 +709,6 @@ impl Shared {
         tag: Option<&str>,
         error: Error,
     ) -> Error {
-        state.counts.on_failure();
         state.clients[ask.client as usize].counts.on_failure();
         self.emit(
             state,
@@ -511,13 +739,59 @@ impl Shared {
             Some(r) if r <= self.capacity => r,
             _ => return Err(self.exhausted(state, ask, "capacity")),
         };
+        let mut info = info;
+        // Thread heaps give their spans back once before a request fails for capacity.
+        let mut given_back = state.heaps.is_empty();
+        loop {
+            let client = &state.clients[ask.client as usize];
+            let exact = client.allows(reserved)
+                && (!self.exact_peaks
+                    || client.counts.admits(reserved) && state.counts.admits(reserved));
+            let result = if exact || state.heaps.is_empty() {
+                self.allocate_admitted(state, ask, align, reserved, owned, &mut info)
+            } else {
+                // The heaps' unused leases would count as in use: they are taken back first,
+                // and the heaps stay locked until the allocation is counted, so that the
+                // quota check and the peak are exact.
+                self.with_heaps(state, |state, heaps| {
+                    Self::revoke(state, heaps, ask.client);
+                    self.allocate_admitted(state, ask, align, reserved, owned, &mut info)
+                })
+            };
+            match result {
+                Ok(addr) => return Ok(addr),
+                Err(Refusal::Capacity) if !given_back => {
+                    self.dissolve_all(state);
+                    given_back = true;
+                }
+                Err(Refusal::Capacity) => return Err(self.exhausted(state, ask, "capacity")),
+                Err(Refusal::Quota) => return Err(self.exhausted(state, ask, "quota")),
+                Err(Refusal::Error(error)) => return Err(error),
+            }
+        }
+    }
+
+    /// [`try_allocate`](Self::try_allocate) once the leases are settled: the quota, the
+    /// streams, a block from the pool's index.
+    #[inline(always)]
+    fn allocate_admitted(
+        &self,
+        state: &mut State,
+        ask: &Ask,
+        align: usize,
+        reserved: usize,
+        owned: bool,
+        info: &mut Option<Box<LiveInfo>>,
+    ) -> Result<u64, Refusal> {
         if !state.clients[ask.client as usize].allows(reserved) {
-            return Err(self.exhausted(state, ask, "quota"));
+            return Err(Refusal::Quota);
         }
         if let Some(streams) = &self.streams {
             if ask.stream != self.home {
-                self.stream_call("validate", || streams.validate(ask.stream))?;
-                self.order_after_home(state, &**streams, ask.stream, self.home)?;
+                self.stream_call("validate", || streams.validate(ask.stream))
+                    .map_err(Refusal::Error)?;
+                self.order_after_home(state, &**streams, ask.stream, self.home)
+                    .map_err(Refusal::Error)?;
             }
         }
         let mut taken = state.tlsf.allocate(reserved as u64, align as u64);
@@ -528,21 +802,23 @@ impl Shared {
             taken = state.tlsf.allocate(reserved as u64, align as u64);
         }
         let Some((block, addr)) = taken else {
-            return Err(self.exhausted(state, ask, "capacity"));
+            return Err(Refusal::Capacity);
         };
         // Memory behind the block: map what is missing; when that fails, the block goes back
         // and the pool is as it was.
         let (block, addr) = if state.mapping.covers(addr, reserved as u64) {
             (block, addr)
         } else {
-            self.map_block(state, block, addr, reserved, align)?
+            self.map_block(state, block, addr, reserved, align)
+                .map_err(Refusal::Error)?
         };
         let taken = Taken {
             block,
             addr,
             reserved,
         };
-        self.commit_allocation(state, ask, owned, info, taken);
+        let log = state.sink.is_some();
+        self.commit_allocation(state, ask, owned, info.take(), taken, log);
         Ok(addr)
     }
 
@@ -589,6 +865,7 @@ impl Shared {
 
     /// Records a block taken for `ask`: the address map, the block's [`Live`], what tracking
     /// recorded, the counters, the event log.
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn commit_allocation(
         &self,
@@ -597,22 +874,25 @@ impl Shared {
         owned: bool,
         info: Option<Box<LiveInfo>>,
         taken: Taken,
+        log: bool,
     ) {
         let Taken {
             block,
             addr,
             reserved,
         } = taken;
-        state.counts.on_alloc(reserved, ask.size);
+        state.counts.on_alloc_bytes(reserved);
         state.clients[ask.client as usize]
             .counts
             .on_alloc(reserved, ask.size);
         state.live.insert_new(addr, block);
         let slot = block as usize;
         let tracked = info.is_some();
+        let serial = state.next_serial;
+        state.next_serial += 1;
         let live = Live {
             size: ask.size,
-            serial: state.counts.allocations,
+            serial,
             stream: ask.stream,
             client: ask.client,
             // At most MAX_POOL_ALIGN (4096).
@@ -635,7 +915,7 @@ impl Shared {
         if let Some(info) = info {
             store_info(&mut state.info, slot, info);
         }
-        if state.sink.is_some() {
+        if log {
             let tag = tracked
                 .then(|| state.info[slot].as_ref()?.tag.clone())
                 .flatten();
@@ -692,7 +972,10 @@ impl Shared {
                         let Some(parked) = queue.pop_front() else {
                             break;
                         };
-                        tlsf.free(parked.block);
+                        match &parked.heap {
+                            None => tlsf.free(parked.block),
+                            Some(heap) => heap.state.lock_wait().tlsf.free(parked.block),
+                        };
                         *pending -= parked.bytes;
                         reclaimed += parked.bytes;
                     }
@@ -715,11 +998,16 @@ impl Shared {
             }
         }
         parked.retain(|(_, queue)| !queue.is_empty());
+        if parked.is_empty() {
+            self.flags.fetch_and(!PARKED, Ordering::Relaxed);
+        }
         reclaimed
     }
 
     fn exhausted(&self, state: &mut State, ask: &Ask, limit: &'static str) -> Error {
-        // The largest free block counts merged blocks only.
+        // The figures of the pool with every thread heap given back: the largest free block
+        // counts merged blocks only.
+        self.dissolve_all(state);
         state.tlsf.flush();
         let c = &state.clients[ask.client as usize];
         let (limit_bytes, in_use) = match limit {
@@ -756,6 +1044,13 @@ impl Shared {
             Some(stream) => self.streams.is_none() || stream == self.home,
         };
         let stream = stream.unwrap_or(self.home);
+        if home
+            && size.is_none()
+            && self.flags.load(Ordering::Relaxed) & HEAPS != 0
+            && self.deallocate_on_thread_heap(caller, addr, from_slice)
+        {
+            return Ok(());
+        }
         let mut state = self.lock()?;
         if home
             && size.is_none()
@@ -768,6 +1063,22 @@ impl Shared {
         let result = self.deallocate_general(&mut state, caller, addr, size, stream, from_slice);
         // The backtrace (if any) is freed outside the lock.
         self.unlock_and_deliver(state, result).map(drop)
+    }
+
+    /// A free on the calling thread's heap, where it has one and the allocation is there:
+    /// whether it freed.
+    #[inline(never)]
+    fn deallocate_on_thread_heap(&self, caller: Option<u32>, addr: u64, from_slice: bool) -> bool {
+        match self.on_thread_heap(|heap| self.heap_deallocate_fast(heap, caller, addr, from_slice))
+        {
+            Some(Some(over)) => {
+                if over {
+                    self.shrink();
+                }
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The common case: a live allocation that `caller` may free, untracked, freed on the
@@ -811,15 +1122,10 @@ impl Shared {
         from_slice: bool,
     ) -> Result<Option<Box<LiveInfo>>, Error> {
         let Some(block) = state.live.get(addr) else {
-            return Err(Self::unknown_address(state, caller, addr));
+            return self.deallocate_on_heap(state, caller, addr, size, stream, from_slice);
         };
         let live = state.meta[block as usize];
-        if (live.owned && !from_slice) || caller.is_some_and(|caller| caller != live.client) {
-            return Err(self.refused_free(state, caller, addr, &live, from_slice));
-        }
-        if let Some(size) = size.filter(|&size| size != live.size) {
-            return Err(self.wrong_size(state, addr, size, &live));
-        }
+        self.check_free(state, caller, addr, size, &live, from_slice)?;
         // Record the event before changing anything, so a failing stream runtime leaves the
         // allocation live and the pool as it was.
         let event = match &self.streams {
@@ -840,6 +1146,91 @@ impl Shared {
         Ok(info)
     }
 
+    /// Whether `caller` may free `live`, the live allocation at `addr`, with a free that names
+    /// `size`.
+    fn check_free(
+        &self,
+        state: &State,
+        caller: Option<u32>,
+        addr: u64,
+        size: Option<usize>,
+        live: &Live,
+        from_slice: bool,
+    ) -> Result<(), Error> {
+        if (live.owned && !from_slice) || caller.is_some_and(|caller| caller != live.client) {
+            return Err(self.refused_free(state, caller, addr, live, from_slice));
+        }
+        if let Some(size) = size.filter(|&size| size != live.size) {
+            return Err(self.wrong_size(state, addr, size, live));
+        }
+        Ok(())
+    }
+
+    /// A free of an address that is no live allocation of the pool's index: one of a thread
+    /// heap's (any thread's), or an unknown address.
+    #[cold]
+    #[inline(never)]
+    fn deallocate_on_heap(
+        &self,
+        state: &mut State,
+        caller: Option<u32>,
+        addr: u64,
+        size: Option<usize>,
+        stream: StreamId,
+        from_slice: bool,
+    ) -> Result<Option<Box<LiveInfo>>, Error> {
+        let unknown = |state: &State| Err(Self::unknown_address(state, caller, addr));
+        let Some(heap) = Self::span_owner(state, addr) else {
+            return unknown(state);
+        };
+        let found = {
+            let h = heap.state.lock_wait();
+            h.live.get(addr).map(|block| h.meta[block as usize])
+        };
+        let Some(live) = found else {
+            return unknown(state);
+        };
+        self.check_free(state, caller, addr, size, &live, from_slice)?;
+        // As in `deallocate_general`: the event first, with the heap unlocked (a callback
+        // never runs with a heap locked).
+        let event = match &self.streams {
+            Some(streams) if stream != self.home => {
+                Some(self.stream_call("record", || streams.record(stream))?)
+            }
+            _ => None,
+        };
+        let mut guard = heap.state.lock_wait();
+        let h = &mut *guard;
+        // The heap's thread may have freed it, and allocated there again, meanwhile.
+        let Some(slot) = h.live.find(addr) else {
+            return unknown(state);
+        };
+        let block = h.live.value_at(slot);
+        let live = h.meta[block as usize];
+        self.check_free(state, caller, addr, size, &live, from_slice)?;
+        h.live.remove_at(slot);
+        let reserved = match event {
+            Some(event) => {
+                let bytes = h.tlsf.block_size(block) as usize;
+                self.park(state, stream, Some(heap.clone()), block, bytes, event);
+                bytes
+            }
+            None => h.tlsf.release(block) as usize,
+        };
+        h.uncount(&live, reserved);
+        drop(guard);
+        if state.sink.is_some() {
+            let ask = Ask {
+                client: live.client,
+                size: live.size,
+                align: live.align as usize,
+                stream,
+            };
+            self.emit(state, PoolAction::Free, &ask, addr, reserved, None, None);
+        }
+        Ok(None)
+    }
+
     /// Returns the block of a freed allocation (already out of the address map) to the free
     /// lists, or parks it until `event` completes; counts it; logs it.
     #[allow(clippy::too_many_arguments)]
@@ -857,7 +1248,7 @@ impl Shared {
         let reserved = match event {
             Some(event) => {
                 let reserved = state.tlsf.block_size(block) as usize;
-                Self::park(state, stream, block, reserved, event);
+                self.park(state, stream, None, block, reserved, event);
                 reserved
             }
             None => {
@@ -867,7 +1258,7 @@ impl Shared {
                 state.tlsf.release(block) as usize
             }
         };
-        state.counts.on_free(reserved, live.size);
+        state.counts.on_free_bytes(reserved);
         state.clients[live.client as usize]
             .counts
             .on_free(reserved, live.size);
@@ -937,17 +1328,21 @@ impl Shared {
     #[cold]
     #[inline(never)]
     fn park(
+        &self,
         state: &mut State,
         stream: StreamId,
+        heap: Option<Arc<ThreadHeap>>,
         block: u32,
         bytes: usize,
         event: Box<dyn StreamEvent>,
     ) {
         let parked = Parked {
+            heap,
             block,
             bytes,
             event,
         };
+        self.flags.fetch_or(PARKED, Ordering::Relaxed);
         state.pending += bytes;
         match state.parked.iter_mut().find(|(s, _)| *s == stream) {
             Some((_, queue)) => queue.push_back(parked),
@@ -1067,6 +1462,7 @@ impl Shared {
     /// Merges what waits in the reuse cache and takes back parked blocks whose events have
     /// completed; whether more than `keep` bytes are mapped.
     fn prepare_trim(&self, state: &mut State, keep: usize) -> bool {
+        self.dissolve_all(state);
         state.tlsf.flush();
         if !state.parked.is_empty() {
             self.reclaim_parked(state);
@@ -1123,42 +1519,82 @@ impl Shared {
 
     pub(super) fn stats(&self) -> PoolStats {
         let mut state = self.lock_wait();
-        // What waits in the reuse cache is merged first, so that the free blocks described are
-        // the ones that exist.
+        // Every thread heap gives its spans back, and what waits in the reuse cache is merged,
+        // so that the free blocks described are the ones that exist (and every count is the
+        // pool's own).
+        self.dissolve_all(&mut state);
         state.tlsf.flush();
         let mapping = state.mapping.stats();
+        let mut clients = Counters::default();
+        for c in &state.clients {
+            clients.requested += c.counts.requested;
+            clients.allocations += c.counts.allocations;
+            clients.frees += c.counts.frees;
+            clients.failures += c.counts.failures;
+        }
         PoolStats {
             capacity: self.capacity,
             in_use: state.counts.in_use,
-            requested: state.counts.requested,
+            requested: clients.requested,
             peak: state.counts.peak,
-            allocations: state.counts.allocations,
-            frees: state.counts.frees,
-            failures: state.counts.failures,
+            allocations: clients.allocations,
+            frees: clients.frees,
+            failures: clients.failures,
             live: state.live.len() as u64,
             free: state.tlsf.free_bytes() as usize,
             pending: state.pending,
             quarantined: state.quarantined,
             largest_free: state.tlsf.largest_free() as usize,
             free_blocks: state.tlsf.free_blocks(),
-            reused: state.tlsf.reused(),
             mapped: mapping.mapped,
             peak_mapped: mapping.peak_mapped,
             chunk: mapping.chunk,
             maps: mapping.maps,
             unmaps: mapping.unmaps,
+            reused: state.tlsf.reused() + state.reused,
         }
     }
 
     pub(super) fn leak_report(&self) -> LeakReport {
-        let state = self.lock_wait();
+        let mut state = self.lock_wait();
+        let mut leaks = self.with_heaps(&mut state, |state, heaps| {
+            let mut leaks = Self::leaks(state);
+            for h in heaps.iter() {
+                let h = &*h.state;
+                leaks.extend(h.live.iter().map(|(addr, block)| {
+                    let live = &h.meta[block as usize];
+                    Leak {
+                        addr,
+                        size: live.size,
+                        reserved: h.tlsf.block_size(block) as usize,
+                        client: String::from(&*state.clients[live.client as usize].name),
+                        serial: live.serial,
+                        stream: live.stream,
+                        tag: None,
+                        age: None,
+                        backtrace: None,
+                    }
+                }));
+            }
+            leaks
+        });
+        leaks.sort_by_key(|l| l.addr);
+        LeakReport {
+            pool: self.name.clone(),
+            capacity: self.capacity,
+            leaks,
+        }
+    }
+
+    /// The live allocations of the pool's own index.
+    fn leaks(state: &State) -> Vec<Leak> {
         let now = Instant::now();
         let info = |block: u32| -> Option<&LiveInfo> {
             state.meta[block as usize]
                 .tracked
                 .then(|| state.info[block as usize].as_deref())?
         };
-        let mut leaks: Vec<Leak> = state
+        let leaks: Vec<Leak> = state
             .live
             .iter()
             .map(|(addr, block)| (addr, block, &state.meta[block as usize]))
@@ -1176,19 +1612,14 @@ impl Shared {
                     .map(|b| format!("{b}")),
             })
             .collect();
-        leaks.sort_by_key(|l| l.addr);
-        LeakReport {
-            pool: self.name.clone(),
-            capacity: self.capacity,
-            leaks,
-        }
+        leaks
     }
 }
 
 /// Makes room for `meta[slot]` (the TLSF index made a new block).
 #[cold]
 #[inline(never)]
-fn grow_meta(meta: &mut Vec<Live>, slot: usize) {
+pub(super) fn grow_meta(meta: &mut Vec<Live>, slot: usize) {
     meta.resize(slot + 1, Live::default());
 }
 
@@ -1208,10 +1639,11 @@ impl Drop for Shared {
             self.deliver();
         }
         if self.log_leaks_on_drop {
-            let live = self.lock_wait().live.len();
-            if live > 0 {
-                log::warn!(target: "devarena::pool", "{}", self.leak_report());
+            let report = self.leak_report();
+            if !report.is_empty() {
+                log::warn!(target: "devarena::pool", "{report}");
             }
         }
+        self.drop_heaps();
     }
 }

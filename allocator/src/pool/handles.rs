@@ -38,6 +38,12 @@ impl fmt::Debug for Pool {
 }
 
 impl Pool {
+    /// The pool's state (tests).
+    #[cfg(test)]
+    pub(super) fn shared(&self) -> &Arc<Shared> {
+        &self.own.shared
+    }
+
     pub(super) fn from_shared(shared: Arc<Shared>) -> Pool {
         Pool {
             own: PoolClient { shared, id: 0 },
@@ -209,6 +215,15 @@ impl Pool {
     /// A snapshot of the counters.
     pub fn stats(&self) -> PoolStats {
         self.own.shared.stats()
+    }
+
+    /// How many threads have a heap of their own on this pool now (see
+    /// [`PoolBuilder::thread_heaps`]): threads that met another on the pool's lock (or made an
+    /// allocation, with [`PoolBuilder::eager_thread_heaps`]) and have not exited. A thread
+    /// gives its heaps back in its thread-local destructors, which run after its closure
+    /// returns: `JoinHandle::join` waits for them, the end of a `std::thread::scope` may not.
+    pub fn thread_heaps(&self) -> usize {
+        self.own.shared.thread_heaps()
     }
 
     /// Every client's counters, the pool's own client first.

@@ -80,6 +80,29 @@ impl<T> Lock<T> {
         Ok(LockGuard { lock: self })
     }
 
+    /// Takes the lock if it is free now.
+    #[inline]
+    pub(crate) fn try_guard(&self) -> Option<LockGuard<'_, T>> {
+        // Lazily: a guard made and dropped would release the lock.
+        self.try_lock().then(|| LockGuard { lock: self })
+    }
+
+    /// Takes the lock, waiting for it, where this thread cannot be inside a callback made
+    /// under it (a lock no callback runs under).
+    pub(crate) fn lock_wait(&self) -> LockGuard<'_, T> {
+        loop {
+            if let Ok(guard) = self.lock() {
+                return guard;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Whether this thread is running a callback made while it holds this lock.
+    pub(crate) fn in_callback(&self) -> bool {
+        IN_CALLBACK.with(|c| c.get()) == self as *const Self as *const ()
+    }
+
     /// Runs `f`, a user callback made while this thread holds the lock, so that a call back
     /// into the lock from `f` fails with [`Reentrant`] instead of waiting for ever.
     pub(crate) fn callback<R>(&self, f: impl FnOnce() -> R) -> R {
@@ -176,6 +199,17 @@ mod tests {
             t.join().unwrap();
         }
         assert_eq!(*lock.lock().unwrap(), (160_000, 320_000));
+    }
+
+    #[test]
+    fn a_failed_try_leaves_the_lock_held() {
+        let lock = Lock::new(1u32);
+        let guard = lock.try_guard().expect("free");
+        assert!(lock.try_guard().is_none());
+        // Still held by `guard`: a second failed try changes nothing either.
+        assert!(lock.try_guard().is_none());
+        drop(guard);
+        assert_eq!(lock.try_guard().map(|g| *g), Some(1));
     }
 
     #[test]

@@ -25,6 +25,11 @@
 //! * Allocation and free are O(1): a two-level segregated fit (TLSF) index with bitmaps,
 //!   coalescing free neighbours, behind one lock (a compare-and-swap to take it, a store to
 //!   release it). A free block of [`guaranteed_fit`] bytes always satisfies a request.
+//! * Threads that share a pool do not wait for each other: a thread that finds the lock taken
+//!   gets a **thread heap** of its own, an index over spans of the region, and allocates and
+//!   frees there under a lock only it takes in the common case ([`PoolBuilder::thread_heaps`]).
+//!   Every heap gives its spans back before a request would fail, and when its thread exits:
+//!   heaps change the cost of a call, not what succeeds, nor a count (see below).
 //! * Sizes round up to their size class ([`reserved_bytes`]: less than 1/32 more above 8 KiB),
 //!   so that a freed block can wait whole in a bounded **reuse cache** and serve the next
 //!   request of its class without a search, a split or a merge ([`PoolBuilder::reuse`]).
@@ -80,23 +85,66 @@
 //! [`PoolBuilder::reuse`]`(0, 0)` keeps the footprint tight where that matters more than the
 //! cache's nanoseconds.
 //!
+//! # Threads
+//!
+//! A pool used by one thread at a time works on its own index, block for block as described
+//! above. When a thread finds the pool's lock taken (or at its first allocation, with
+//! [`PoolBuilder::eager_thread_heaps`]), it gets a heap of its own for that pool: it takes a
+//! span of the region (a sixteenth of the capacity, or what a larger request needs) and
+//! allocates and frees home-stream requests in its spans, with a reuse cache of its own, under a
+//! lock that other threads take only to take headroom back or to give spans back. It asks the
+//! pool, under the pool's lock, only now and then: for a span, for a lease of bytes (below),
+//! for a batch of serial numbers. What users rely on holds exactly as with one thread:
+//!
+//! * **The cap.** Before a request fails, every heap, other threads' included, gives its spans
+//!   back: spans nothing uses go back whole, the others are cut into the blocks they hold, the
+//!   free ones merged with their free neighbours, live ones carrying on at their addresses. A
+//!   request that would succeed with every heap given back succeeds.
+//! * **Quotas and peaks.** A heap allocates within leases of the pool's bytes and of each
+//!   client's, taken from the headroom below the peak (and the quota); past them it asks, and
+//!   where no headroom is left the pool takes back every heap's unused leases before it counts
+//!   a new peak or refuses a quota. Peaks stay exact at a cost: near its peak a pool shared by
+//!   many threads coordinates often. [`PoolBuilder::exact_peaks`]`(false)` lets heaps take
+//!   headroom in chunks and counts it in the peaks instead (quotas stay exact).
+//! * **Statistics, leaks, events.** [`Pool::stats`] gives every heap back first (so the free
+//!   blocks it describes exist, and every count is the pool's own); client statistics and leak
+//!   reports add up every heap with all of them locked. Tracking, event sinks, parked blocks
+//!   and other streams take the general path under the pool's lock, heaps or not; a sink
+//!   switched on is seen by every heap before [`Pool::set_events`] returns.
+//! * **Streams.** Heaps serve the home stream only: a block freed on another stream is parked
+//!   as before and returns to its heap when its event completes; blocks freed on a heap reach
+//!   other streams only through spans given back, which counts as a home-stream free.
+//! * **Thread exit, pool drop.** A thread's heaps are listed in a thread-local that holds each
+//!   pool weakly; when the thread exits, each heap of a pool still alive is given back. A pool
+//!   dropped first empties its heaps (its leak report lists their live allocations).
+//!
+//! Thread heaps serve pools on a classic region; a growable region maps memory under the
+//! pool's lock as blocks reach new chunks, so its threads share the pool's own index.
+//!
+//! Heaps bound the free bytes they keep (half the capacity by default, shared among them):
+//! past it a heap gives back spans nothing uses, then the spans with the most free bytes.
+//! [`Pool::thread_heaps`] counts them.
+//!
 //! # Performance
 //!
 //! `cargo bench -p devarena --bench pool_pairs` runs alloc+free pairs (64 live, sizes
 //! log-uniform in 256 B … 4 MiB) against the system allocator and prints the median ns per pair
-//! for 1 and 4 threads (`-- --json` for a machine-readable form), with the pool's reuse cache on
-//! (the default) and off; with `--features cuda` on a GPU it adds a pool on device memory and
-//! `cuMemAllocAsync` / `cuMemFreeAsync` in the same run.
+//! for 1 and 4 threads (`--threads 1,2,4,8` for others) and each row's aggregate throughput
+//! against one thread (`-- --json` for a machine-readable form), with the pool as built by
+//! default, with a heap for every thread, with leased peaks, and with its reuse cache off; with
+//! `--features cuda` on a GPU it adds a pool on device memory and `cuMemAllocAsync` /
+//! `cuMemFreeAsync` in the same run.
 //!
 //! The common case is one straight path: a valid alignment, tracking off, nothing parked on
 //! another stream, the home stream, within quota and capacity. `allocate` and `deallocate` are
 //! `#[inline]`, so it inlines into the caller. On the benchmark's workload, where 93% of the
-//! requests find a block of their class in the reuse cache, a pair takes about 380
+//! requests find a block of their class in the reuse cache, a pair takes about 375
 //! instructions, the benchmark's own loop and both lock round trips included, and 0.5
 //! mispredicted branches (callgrind; about 520 and 1.5 with the cache off). Tracking,
 //! event sinks, other streams and every failure take a general path, kept out of line, that
-//! decides the same way and reports why. Threads that share a pool serialize on its lock; a
-//! waiter backs off before it looks again, so that the thread holding the lock keeps it, and the
+//! decides the same way and reports why. A thread on a heap takes its own lock instead, and
+//! its pairs cost about as much; threads that meet on the pool's lock before they have heaps
+//! back off before they look again, so that the thread holding the lock keeps it, and the
 //! pool's state in its caches, for a run of calls.
 //!
 //! # Example
@@ -158,6 +206,7 @@ mod region;
 mod slice;
 mod stats;
 pub mod stream;
+mod thread_heap;
 mod tlsf;
 mod vmm;
 
@@ -182,6 +231,9 @@ pub const DEFAULT_POOL_ALIGN: usize = CUDA_ALIGN;
 pub const BLOCK_GRANULE: usize = CUDA_ALIGN;
 /// How many freed blocks wait for reuse by default (see [`PoolBuilder::reuse`]).
 pub const DEFAULT_REUSE_BLOCKS: usize = 2048;
+/// A thread heap keeps at most `1 / DEFAULT_THREAD_HEAP_SHARE` of the capacity in free bytes
+/// by default (see [`PoolBuilder::thread_heaps`]).
+pub const DEFAULT_THREAD_HEAP_SHARE: usize = 2;
 /// The most freed blocks that may wait for reuse (see [`PoolBuilder::reuse`]): the ring that
 /// remembers them takes 8 bytes a block, 8 MiB at this limit.
 pub const MAX_REUSE_BLOCKS: usize = 1 << 20;

@@ -130,14 +130,54 @@ impl Tlsf {
         self.lists.free(blocks, block);
     }
 
+    /// Merges cached blocks, oldest first, until `bytes` have been merged or none waits;
+    /// returns the bytes merged.
+    pub(crate) fn evict_oldest(&mut self, bytes: u64) -> u64 {
+        let len = self.cache.ring.len();
+        let mut merged = 0;
+        let mut scanned = 0;
+        while merged < bytes && self.cache.blocks > 0 && scanned < len {
+            let at = (self.cache.pos + scanned) & (len - 1);
+            scanned += 1;
+            let (block, generation) = self.cache.ring[at];
+            let b = &self.blocks[block as usize];
+            if b.cached && b.generation == generation {
+                merged += b.size;
+                self.evict(block);
+            }
+        }
+        merged
+    }
+
+    /// Sets the most bytes that may wait (no cache: stays 0); the oldest blocks past it merge.
+    pub(crate) fn set_cache_limit(&mut self, bytes: u64) {
+        if !self.cache.ring.is_empty() {
+            self.cache.byte_limit = bytes;
+            if self.cache.bytes > bytes {
+                self.evict_oldest(self.cache.bytes - bytes);
+                // Stale ring entries can hide the last few: merge those too.
+                if self.cache.bytes > bytes {
+                    self.flush();
+                }
+            }
+        }
+    }
+
     /// Merges every cached block into the free lists: afterwards the free lists alone describe
     /// all free memory (no two free blocks touch). At most the ring's length of merges.
     pub(crate) fn flush(&mut self) {
         if self.cache.blocks == 0 {
             return;
         }
-        for i in 0..self.cache.ring.len() {
-            let (block, generation) = core::mem::replace(&mut self.cache.ring[i], (NIL, 0));
+        // Newest first: the ring's oldest entries are mostly stale, and the scan stops at the
+        // last cached block.
+        let len = self.cache.ring.len();
+        for i in 1..=len {
+            if self.cache.blocks == 0 {
+                break;
+            }
+            let at = self.cache.pos.wrapping_sub(i) & (len - 1);
+            let (block, generation) = core::mem::replace(&mut self.cache.ring[at], (NIL, 0));
             let b = &self.blocks[block as usize];
             if b.cached && b.generation == generation {
                 self.evict(block);

@@ -5,8 +5,13 @@ use super::*;
 impl Tlsf {
     /// Walks the physical chain and the free lists and checks every invariant; the test suite
     /// calls it after every step.
-    #[cfg(test)]
     pub(crate) fn check(&self) {
+        self.check_spans(&[(self.base, self.size)]);
+    }
+
+    /// [`check`](Self::check) for an index whose blocks cover `spans` (address, size) and
+    /// nothing else.
+    pub(crate) fn check_spans(&self, spans: &[(u64, u64)]) {
         use alloc::vec;
         // Physical chain: contiguous, covers the region, no two adjacent free blocks.
         let sentinel = &self.blocks[NIL as usize];
@@ -23,43 +28,42 @@ impl Tlsf {
             slot = self.blocks[slot as usize].next_free;
         }
         assert_eq!(spares, lists.spares, "spare slots are counted");
-        let mut at = (1..self.blocks.len())
-            .find(|&i| {
-                !spare[i] && self.blocks[i].addr == self.base && self.blocks[i].prev_phys == NIL
-            })
-            .expect("a first block") as u32;
-        let mut expect_addr = self.base;
-        let mut prev = NIL;
-        let mut prev_free = false;
         let (mut free_bytes, mut free_blocks) = (0, 0);
-        loop {
-            let b = &self.blocks[at as usize];
-            in_chain[at as usize] = true;
-            assert_eq!(b.addr, expect_addr, "blocks are contiguous");
-            assert_eq!(b.prev_phys, prev);
-            assert!(b.size > 0 && b.size % GRANULE == 0);
-            assert!(
-                !(prev_free && b.free),
-                "two adjacent free blocks at {:#x}",
-                b.addr
-            );
-            if b.free {
-                free_bytes += b.size;
-                free_blocks += 1;
+        for &(span, span_size) in spans {
+            let mut at = (1..self.blocks.len())
+                .find(|&i| {
+                    !spare[i] && self.blocks[i].addr == span && self.blocks[i].prev_phys == NIL
+                })
+                .expect("a first block") as u32;
+            let mut expect_addr = span;
+            let mut prev = NIL;
+            let mut prev_free = false;
+            loop {
+                let b = &self.blocks[at as usize];
+                assert!(!in_chain[at as usize], "slot {at} is in one chain, once");
+                in_chain[at as usize] = true;
+                assert_eq!(b.addr, expect_addr, "blocks are contiguous");
+                assert_eq!(b.prev_phys, prev);
+                assert!(b.size > 0 && b.size % GRANULE == 0);
+                assert!(
+                    !(prev_free && b.free),
+                    "two adjacent free blocks at {:#x}",
+                    b.addr
+                );
+                if b.free {
+                    free_bytes += b.size;
+                    free_blocks += 1;
+                }
+                prev_free = b.free;
+                expect_addr += b.size;
+                prev = at;
+                if b.next_phys == NIL {
+                    break;
+                }
+                at = b.next_phys;
             }
-            prev_free = b.free;
-            expect_addr += b.size;
-            prev = at;
-            if b.next_phys == NIL {
-                break;
-            }
-            at = b.next_phys;
+            assert_eq!(expect_addr, span + span_size, "the chain covers the span");
         }
-        assert_eq!(
-            expect_addr,
-            self.base + self.size,
-            "the chain covers the region"
-        );
         assert_eq!(
             (free_bytes, free_blocks),
             (lists.free_bytes, lists.free_blocks)

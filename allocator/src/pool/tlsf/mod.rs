@@ -15,8 +15,10 @@ use alloc::vec::Vec;
 use crate::plan::{CUDA_ALIGN, align_up_u64};
 
 mod cache;
+mod span;
 
 use cache::Cache;
+pub(crate) use span::Piece;
 
 /// log2 of [`GRANULE`].
 pub(crate) const GRANULE_SHIFT: u32 = CUDA_ALIGN.trailing_zeros();
@@ -166,6 +168,15 @@ impl Tlsf {
     /// `cache_blocks` (rounded up to a power of two; 0 for none) blocks and `cache_bytes`
     /// bytes.
     pub(crate) fn new(base: u64, size: u64, cache_blocks: usize, cache_bytes: u64) -> Self {
+        let mut tlsf = Tlsf::empty(base, size, cache_blocks, cache_bytes);
+        tlsf.add_span(base, size);
+        tlsf
+    }
+
+    /// An index with no block yet over parts of the region `base..base + size` (multiples of
+    /// [`GRANULE`], `size` non-zero): a thread's heap, whose blocks come in spans
+    /// ([`add_span`](Self::add_span)). The cache as for [`new`](Self::new).
+    pub(crate) fn empty(base: u64, size: u64, cache_blocks: usize, cache_bytes: u64) -> Self {
         debug_assert!(base % GRANULE == 0 && size % GRANULE == 0 && size > 0);
         // No ring, no bytes: every release merges at once.
         let (ring, cache_bytes) = match cache_blocks {
@@ -191,17 +202,11 @@ impl Tlsf {
                 fl_bitmap: 0,
                 sl_bitmap: [0; FL_ROWS],
                 heads: [NIL; FL_ROWS * SL_COUNT],
-                free_bytes: size,
+                free_bytes: 0,
                 free_blocks: 0,
             },
         };
         tlsf.blocks.push(Block::UNUSED);
-        tlsf.blocks.push(Block {
-            addr: base,
-            size,
-            ..Block::UNUSED
-        });
-        tlsf.lists.insert_free(&mut Slots(&mut tlsf.blocks), 1);
         tlsf
     }
 
@@ -224,6 +229,16 @@ impl Tlsf {
     /// Blocks taken whole from the cache so far.
     pub(crate) fn reused(&self) -> u64 {
         self.cache.hits
+    }
+
+    /// Sets [`reused`](Self::reused) back to `hits` (a block taken whole went back unused).
+    pub(crate) fn forget_reused(&mut self, hits: u64) {
+        self.cache.hits = hits;
+    }
+
+    /// [`reused`](Self::reused), counting from 0 again.
+    pub(crate) fn take_reused(&mut self) -> u64 {
+        core::mem::take(&mut self.cache.hits)
     }
 
     /// Number of free blocks (cached blocks not counted: [`flush`](Self::flush) first).

@@ -310,3 +310,162 @@ fn the_byte_limit_merges_at_once() {
     t.flush();
     assert_eq!((t.free_blocks(), t.largest_free()), (1, 1 << 20));
 }
+
+#[test]
+fn spans_move_between_indices_whole_or_in_pieces() {
+    // A thread's heap takes spans from the pool's index, allocates and frees inside them
+    // (with its own cache), and hands them back whole when they are free, or cut into the
+    // pieces they hold. Live blocks of a handed-back span carry on in the pool's index, at
+    // the same addresses, and are freed there. Both indices keep every invariant, and the
+    // bytes add up, after every step.
+    use alloc::collections::BTreeMap;
+    let region = 1u64 << 26;
+    let base = 0x7f00_0000_0000;
+    let mut pool = Tlsf::new(base, region, 64, 8 << 20);
+    let mut heap = Tlsf::empty(base, region, 32, 1 << 20);
+    // Spans in the heap: address -> (size, first block in the heap, block in the pool).
+    let mut spans: BTreeMap<u64, (u64, u32, u32)> = BTreeMap::new();
+    // Live blocks: address -> (size, block, in the heap?).
+    let mut live: BTreeMap<u64, (u64, u32, bool)> = BTreeMap::new();
+    let mut x = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let (mut whole, mut cut, mut carried) = (0, 0, 0);
+    let mut pieces = Vec::new();
+    let mut carved = Vec::new();
+    for step in 0..6000 {
+        let r = next();
+        match r % 10 {
+            0..=4 => {
+                let size = class_size(GRANULE * (1 + (r >> 8) % 2000)).unwrap();
+                let align = 1u64 << (8 + (r >> 24) % 5);
+                let mut taken = heap.allocate(size, align);
+                if taken.is_none() {
+                    heap.flush();
+                    taken = heap.allocate(size, align);
+                }
+                if taken.is_none() {
+                    // A new span, large enough for the request.
+                    let span = (guaranteed_fit(size, align).unwrap()).max(1 << 21);
+                    let Some((g, addr)) = pool.allocate(span, GRANULE) else {
+                        continue;
+                    };
+                    let first = heap.add_span(addr, span);
+                    spans.insert(addr, (span, first, g));
+                    taken = heap.allocate(size, align);
+                    assert!(taken.is_some(), "a span of the guaranteed fit serves");
+                }
+                let (block, addr) = taken.unwrap();
+                assert_eq!(addr % align, 0);
+                if let Some((&a, &(s, _, _))) = live.range(..addr).next_back() {
+                    assert!(a + s <= addr);
+                }
+                if let Some((&a, _)) = live.range(addr..).next() {
+                    assert!(addr + size <= a);
+                }
+                live.insert(addr, (size, block, true));
+            }
+            5..=8 if !live.is_empty() => {
+                let nth = (r >> 32) as usize % live.len();
+                let addr = *live.keys().nth(nth).unwrap();
+                let (size, block, in_heap) = live.remove(&addr).unwrap();
+                let freed = if in_heap {
+                    heap.release(block)
+                } else {
+                    pool.release(block)
+                };
+                assert_eq!(freed, size);
+            }
+            _ if !spans.is_empty() => {
+                // Hand one span back: whole if it is free, else in pieces.
+                heap.flush();
+                let nth = (r >> 32) as usize % spans.len();
+                let addr = *spans.keys().nth(nth).unwrap();
+                let (size, first, g) = spans.remove(&addr).unwrap();
+                if heap.take_span(first) {
+                    pool.release(g);
+                    whole += 1;
+                } else {
+                    pieces.clear();
+                    heap.export_span(first, &mut pieces);
+                    assert_eq!(pieces.iter().map(|p| p.size).sum::<u64>(), size);
+                    pool.carve(g, &pieces, &mut carved);
+                    for (p, &slot) in pieces.iter().zip(&carved) {
+                        if p.free {
+                            assert_eq!(slot, NIL);
+                            continue;
+                        }
+                        let entry = live.get_mut(&p.addr).expect("a used piece is live");
+                        assert_eq!((entry.0, entry.1, entry.2), (p.size, p.block, true));
+                        *entry = (p.size, slot, false);
+                        assert_eq!(pool.block_size(slot), p.size);
+                        carried += 1;
+                    }
+                    cut += 1;
+                }
+            }
+            _ => {}
+        }
+        if step % 7 == 0 {
+            pool.check();
+            let list: Vec<(u64, u64)> = spans.iter().map(|(&a, &(s, _, _))| (a, s)).collect();
+            heap.check_spans(&list);
+        }
+        let in_heap: u64 = spans.values().map(|&(s, _, _)| s).sum();
+        let used_heap: u64 = live.values().filter(|v| v.2).map(|v| v.0).sum();
+        let used_pool: u64 = live.values().filter(|v| !v.2).map(|v| v.0).sum();
+        assert_eq!(heap.free_bytes(), in_heap - used_heap);
+        assert_eq!(pool.free_bytes(), region - in_heap - used_pool);
+    }
+    assert!(
+        whole > 0 && cut > 50 && carried > 200,
+        "{whole} {cut} {carried}"
+    );
+    // Everything back: the pool's index is one free block again.
+    heap.flush();
+    for (_, (_, first, g)) in core::mem::take(&mut spans) {
+        pieces.clear();
+        heap.export_span(first, &mut pieces);
+        pool.carve(g, &pieces, &mut carved);
+        for (p, &slot) in pieces.iter().zip(&carved) {
+            if !p.free {
+                live.insert(p.addr, (p.size, slot, false));
+            }
+        }
+    }
+    heap.check_spans(&[]);
+    for (_, (_, block, in_heap)) in live {
+        assert!(!in_heap);
+        pool.release(block);
+    }
+    pool.flush();
+    pool.check();
+    assert_eq!((pool.free_blocks(), pool.largest_free()), (1, region));
+}
+
+#[test]
+fn a_lower_cache_limit_merges_the_oldest_and_evicting_stops_at_its_bytes() {
+    let mut t = Tlsf::new(0, 1 << 20, 64, 1 << 20);
+    let blocks: Vec<u32> = (0..8)
+        .map(|_| t.allocate(4096, GRANULE).unwrap().0)
+        .collect();
+    for &b in &blocks {
+        t.release(b);
+    }
+    assert_eq!(t.cached(), (8 * 4096, 8));
+    // The oldest first, and no more than asked (rounded up to whole blocks).
+    assert_eq!(t.evict_oldest(4096 + 1), 2 * 4096);
+    assert!(!t.blocks[blocks[0] as usize].cached && !t.blocks[blocks[1] as usize].cached);
+    assert!(t.blocks[blocks[2] as usize].cached);
+    t.check();
+    t.set_cache_limit(3 * 4096);
+    assert_eq!(t.cached(), (3 * 4096, 3));
+    assert!(t.blocks[blocks[7] as usize].cached && !t.blocks[blocks[4] as usize].cached);
+    t.check();
+    t.flush();
+    assert_eq!((t.free_blocks(), t.largest_free()), (1, 1 << 20));
+}
