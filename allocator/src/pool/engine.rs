@@ -13,6 +13,7 @@ use std::time::{Instant, SystemTime};
 use super::addr_map::AddrMap;
 use super::counters::Counters;
 use super::events::{self, EventSink, PoolAction, Record};
+use super::graph::Graphs;
 use super::lock::{Lock, LockGuard, Reentrant};
 use super::region::{Region, RegionOwner};
 use super::stats::{ClientStats, Leak, LeakReport, PoolStats, Tracking};
@@ -24,6 +25,9 @@ use super::{
 };
 use crate::backend::MemoryKind;
 use crate::error::Error;
+
+// Graph reservations: the engine's side lives in `engine/graph.rs`.
+mod graph;
 
 /// How often [`Shared::trim_to`] waits for the home stream outside the lock before it waits
 /// under it (each retry means a free on the home stream came in during the wait).
@@ -126,6 +130,8 @@ struct State {
     outbox: VecDeque<Record>,
     /// Which chunks of the region are backed by memory (all of a classic region).
     mapping: Mapping,
+    /// Graph reservations: the blocks graphs own and hold (`pool/graph.rs`).
+    graphs: Graphs,
 }
 
 /// What never changes after creation, beside the lock.
@@ -213,6 +219,7 @@ impl Shared {
             sink: settings.sink,
             outbox: VecDeque::new(),
             mapping,
+            graphs: Graphs::default(),
         };
         Shared {
             state: Lock::new(state),
@@ -790,6 +797,7 @@ impl Shared {
             || (live.owned && !from_slice)
             || caller.is_some_and(|caller| caller != live.client)
             || state.sink.is_some()
+            || state.graphs.owns_blocks()
         {
             return None;
         }
@@ -819,6 +827,12 @@ impl Shared {
         }
         if let Some(size) = size.filter(|&size| size != live.size) {
             return Err(self.wrong_size(state, addr, size, &live));
+        }
+        // A block a graph owns is held for it (`engine/graph.rs`).
+        if state.graphs.owns_blocks() {
+            if let Some(owner) = state.graphs.owner(addr) {
+                return self.free_graph_block(state, addr, block, &live, stream, owner);
+            }
         }
         // Record the event before changing anything, so a failing stream runtime leaves the
         // allocation live and the pool as it was.

@@ -152,6 +152,7 @@ mod counters;
 pub mod cuda;
 mod engine;
 mod events;
+pub mod graph;
 mod handles;
 mod lock;
 mod region;
@@ -165,6 +166,7 @@ pub use builder::PoolBuilder;
 pub use events::{
     CSV_HEADER, CsvEventLog, EventSink, LogEvents, PoolAction, PoolEvent, format_time,
 };
+pub use graph::{GraphReservation, GraphStats};
 pub use handles::{Pool, PoolClient};
 pub use region::RegionKind;
 pub use slice::PoolSlice;
