@@ -147,6 +147,8 @@ use crate::plan::CUDA_ALIGN;
 
 mod addr_map;
 mod builder;
+#[cfg(feature = "cuda")]
+mod capture;
 mod counters;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -163,6 +165,8 @@ mod tlsf;
 mod vmm;
 
 pub use builder::PoolBuilder;
+#[cfg(feature = "cuda")]
+pub use capture::{PoolCapture, PoolGraph};
 pub use events::{
     CSV_HEADER, CsvEventLog, EventSink, LogEvents, PoolAction, PoolEvent, format_time,
 };
