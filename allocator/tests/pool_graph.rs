@@ -64,14 +64,22 @@ fn a_block_freed_while_its_graph_lives_is_held_and_never_handed_out() {
     // Nothing was asked of the capturing stream: no event, no wait.
     assert!(streams.refused().is_empty(), "{:?}", streams.refused());
     assert_eq!(streams.pending(GRAPH), 0);
-    assert!(streams.waits().iter().all(|&(w, p)| w != GRAPH && p != GRAPH));
+    assert!(
+        streams
+            .waits()
+            .iter()
+            .all(|&(w, p)| w != GRAPH && p != GRAPH)
+    );
 
     // Other code takes everything the pool has: never the graph's bytes.
     let other = fill(&pool);
     assert_eq!(other.len(), (16 << 10) / 256 - 32);
     for &addr in &other {
         for held in [t1, t2] {
-            assert!(!overlaps((addr, 256), (held, 4096)), "{addr:#x} in {held:#x}");
+            assert!(
+                !overlaps((addr, 256), (held, 4096)),
+                "{addr:#x} in {held:#x}"
+            );
         }
     }
     let err = pool.allocate(256, 0).unwrap_err();
@@ -97,7 +105,7 @@ fn a_block_freed_while_its_graph_lives_is_held_and_never_handed_out() {
 
 #[test]
 fn graph_allocations_wait_for_the_home_stream_on_the_host_instead_of_ordering_the_capturing_stream()
- {
+{
     let (pool, streams) = stream_pool("drained", 1 << 20);
     // Work queued on the home stream used a block, then freed it there.
     let a = pool.allocate(4096, 0).unwrap();
@@ -105,9 +113,19 @@ fn graph_allocations_wait_for_the_home_stream_on_the_host_instead_of_ordering_th
     let graph = pool.graph_reservation(GRAPH).unwrap();
     streams.begin_capture(GRAPH);
     let g1 = graph.allocate(4096, 0).unwrap();
-    assert_eq!(g1, a, "the block freed on the home stream, once the home stream is idle");
-    assert_eq!(streams.synchronized(), vec![HOME], "the host waited for the home stream");
-    assert!(streams.waits().is_empty(), "the capturing stream was not made to wait");
+    assert_eq!(
+        g1, a,
+        "the block freed on the home stream, once the home stream is idle"
+    );
+    assert_eq!(
+        streams.synchronized(),
+        vec![HOME],
+        "the host waited for the home stream"
+    );
+    assert!(
+        streams.waits().is_empty(),
+        "the capturing stream was not made to wait"
+    );
     // No home free since: no wait.
     let g2 = graph.allocate(4096, 0).unwrap();
     assert_eq!(streams.synchronized(), vec![HOME]);
@@ -149,7 +167,10 @@ fn a_graph_on_the_home_stream_needs_no_wait() {
     let graph = pool.graph_reservation(HOME).unwrap();
     streams.begin_capture(HOME);
     let g = graph.allocate(4096, 0).unwrap();
-    assert_eq!(g, a, "stream order on the home stream covers the earlier free");
+    assert_eq!(
+        g, a,
+        "stream order on the home stream covers the earlier free"
+    );
     pool.deallocate(g).unwrap();
     assert!(streams.synchronized().is_empty());
     assert!(streams.refused().is_empty());
@@ -241,7 +262,10 @@ fn a_reservation_allocates_for_its_own_stream_only_and_under_its_clients_quota()
     let err = graph
         .allocate_with(AllocRequest::new(256, 0).on(THIRD))
         .unwrap_err();
-    assert!(err.to_string().contains("cannot allocate for stream"), "{err}");
+    assert!(
+        err.to_string().contains("cannot allocate for stream"),
+        "{err}"
+    );
     let a = graph.allocate_with(AllocRequest::new(4096, 0)).unwrap();
     let err = graph.allocate(8192, 0).unwrap_err();
     assert!(
@@ -261,10 +285,7 @@ fn a_stream_the_runtime_refuses_cannot_have_a_reservation() {
     #[derive(Debug)]
     struct OnlyHome(ManualStreams);
     impl devarena::pool::StreamSync for OnlyHome {
-        fn record(
-            &self,
-            stream: StreamId,
-        ) -> Result<Box<dyn devarena::pool::StreamEvent>, Error> {
+        fn record(&self, stream: StreamId) -> Result<Box<dyn devarena::pool::StreamEvent>, Error> {
             self.0.record(stream)
         }
         fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {

@@ -141,12 +141,9 @@ impl GraphReservation {
     /// `None`, which means the graph's).
     pub fn allocate_with(&self, request: AllocRequest<'_>) -> Result<u64, Error> {
         let request = self.for_graph_stream(request)?;
-        self.client.shared().allocate_for_graph(
-            self.client.id(),
-            request,
-            false,
-            Some(self.key),
-        )
+        self.client
+            .shared()
+            .allocate_for_graph(self.client.id(), request, false, Some(self.key))
     }
 
     /// A typed slice of `len` elements for the graph, on its stream, freed (on its stream)
@@ -369,12 +366,13 @@ impl Graphs {
     }
 
     pub(super) fn stats(&self, key: u64) -> GraphStats {
-        self.entry(key).map_or_else(GraphStats::default, |e| GraphStats {
-            allocations: e.allocations,
-            live: e.live,
-            held: e.held.len(),
-            held_bytes: e.held_bytes,
-        })
+        self.entry(key)
+            .map_or_else(GraphStats::default, |e| GraphStats {
+                allocations: e.allocations,
+                live: e.live,
+                held: e.held.len(),
+                held_bytes: e.held_bytes,
+            })
     }
 }
 
@@ -497,10 +495,16 @@ mod tests {
         let plain = shared.clone().with(None);
         assert!(!parked.is_complete().unwrap() && !plain.is_complete().unwrap());
         own_done.store(true, core::sync::atomic::Ordering::Release);
-        assert!(!parked.is_complete().unwrap(), "the graph's replays still run");
+        assert!(
+            !parked.is_complete().unwrap(),
+            "the graph's replays still run"
+        );
         graph_done.store(true, core::sync::atomic::Ordering::Release);
         assert!(parked.is_complete().unwrap() && plain.is_complete().unwrap());
-        assert!(format!("{shared:?}").contains("complete"), "the inner event went");
+        assert!(
+            format!("{shared:?}").contains("complete"),
+            "the inner event went"
+        );
     }
 
     #[test]

@@ -355,7 +355,8 @@ impl PoolClient {
     /// The block is an ordinary allocation: to have the pool hold blocks that are freed while
     /// the graph lives, use a [`GraphReservation`] instead.
     pub fn allocate_for_capture(&self, request: AllocRequest<'_>) -> Result<u64, Error> {
-        self.shared.allocate_for_graph(self.id, request, false, None)
+        self.shared
+            .allocate_for_graph(self.id, request, false, None)
     }
 
     /// Frees this client's allocation at `addr` on the home stream. An address that is not a

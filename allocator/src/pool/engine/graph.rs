@@ -8,7 +8,7 @@ use alloc::boxed::Box;
 use alloc::format;
 
 use super::super::graph::{GraphEvent, GraphStats, Held, Owner};
-use super::{Ask, LiveInfo, LockGuard, Live, Shared, State, TRIM_TRIES};
+use super::{Ask, Live, LiveInfo, LockGuard, Shared, State, TRIM_TRIES};
 use crate::error::Error;
 use crate::pool::events::PoolAction;
 use crate::pool::stream::StreamId;
