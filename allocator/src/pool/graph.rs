@@ -28,7 +28,7 @@
 //! event or wait for one (the capture would record it, or refuse it and invalidate itself), so
 //! the pool does not order it after the home stream the way it orders other streams (see
 //! [`stream`](super::stream)). Instead, before the first graph allocation after a free on the
-//! home stream, the host waits for the home stream ([`StreamSync::synchronize`]): every block
+//! home stream, the host waits for the home stream ([`StreamSync::synchronize`](super::StreamSync::synchronize)): every block
 //! the home stream freed before that is idle, and no replay can overlap work queued there
 //! before it. This wait happens during the capture, once per home-stream free, and never during
 //! replays. Allocations for a graph captured on the home stream itself need none of it.

@@ -80,6 +80,18 @@
 //! [`PoolBuilder::reuse`]`(0, 0)` keeps the footprint tight where that matters more than the
 //! cache's nanoseconds.
 //!
+//! # CUDA graphs
+//!
+//! A graph replays the addresses its capture was given, whenever it runs, for as long as it
+//! lives. A [`GraphReservation`] keeps a graph's blocks for it: allocated for the graph's
+//! stream without recording anything on that stream (which may be capturing), held when freed
+//! while the graph lives, and handed out again only after the replays queued before the graph
+//! went are done. With the `cuda` feature, `Pool::capture(&stream, |c| ..)` captures work into a
+//! `PoolGraph` whose temporaries come from the pool that way. [`Pool::allocate_for_capture`]
+//! serves owners that keep such blocks allocated themselves (PyTorch's graph pools). The
+//! [`graph`] module has the rules. While no graph owns a block, the fast paths pay one check
+//! (in the free path) for it.
+//!
 //! # Performance
 //!
 //! `cargo bench -p devarena --bench pool_pairs` runs alloc+free pairs (64 live, sizes
