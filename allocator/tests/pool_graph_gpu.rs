@@ -22,10 +22,12 @@ mod gpu {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
 
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     use devarena::backend::cuda::{
         CudaFunction, CudaStream, DeviceView, DeviceViewMut, LaunchConfig, Ptx, PushKernelArg,
-        driver_error, is_capturing,
+        default_stream, driver_error, is_capturing,
     };
+    use devarena::pool::AllocRequest;
     use devarena::pool::cuda::stream_id;
     use devarena::{Error, Pool};
 
@@ -317,6 +319,69 @@ mod gpu {
         // The temporaries' bytes are allocatable again.
         let again = pool.own_client().alloc_slice_on::<u32>(N, sid).unwrap();
         assert!(pool.contains(again.addr()));
+    }
+
+    #[test]
+    fn allocate_for_capture_serves_a_global_capture_as_pytorch_asks_for_it() {
+        let Some((_device, s)) = gpu() else {
+            return;
+        };
+        // As the PyTorch library does it: the pool's home is the legacy default stream, the
+        // capture runs in global mode on a non-blocking stream begun by someone else, and the
+        // allocation in the middle of it grows the pool.
+        let legacy = default_stream(0).unwrap();
+        let pool = Pool::builder(512 << 20)
+            .name("as-pytorch")
+            .build_cuda(legacy)
+            .unwrap();
+        let sid = pool.register_stream(&s).unwrap();
+        let other = s.context().new_stream().unwrap();
+        let oid = pool.register_stream(&other).unwrap();
+        // Before the capture: a free on the home stream (the host waits for it mid-capture)
+        // and one on another stream (an event the pool queries mid-capture).
+        pool.deallocate(pool.allocate(8 << 20, 0).unwrap()).unwrap();
+        let b = pool.allocate_on(4 << 20, 0, oid).unwrap();
+        pool.deallocate_on(b, oid).unwrap();
+        other.synchronize().unwrap();
+        let maps = pool.stats().maps;
+        let len = 64 << 20;
+
+        // Global mode, as `torch.cuda.graph` captures by default.
+        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+            .unwrap();
+        let recorded = (|| {
+            let g = pool.allocate_for_capture(AllocRequest::new(len, 512).on(sid))?;
+            // SAFETY: `g` is a live allocation of `len` bytes of the pool on `s`'s device, and
+            // this view is the only access to it while it lives.
+            let mut view = unsafe { DeviceViewMut::<u8>::from_raw(g, len, &s) };
+            view.fill_bytes(0x5A)?; // recorded, not run
+            Ok::<u64, Error>(g)
+        })();
+        // Whatever happened, the capture ends here; it must not have been invalidated.
+        let graph = s.end_capture(CUgraphInstantiate_flags(0));
+        let ended = graph
+            .as_ref()
+            .map(|g| g.is_some())
+            .map_err(|e| driver_error("cuStreamEndCapture", *e));
+        println!("allocation during a global capture: {recorded:?}; a graph came out: {ended:?}");
+        let g = recorded.unwrap();
+        assert!(
+            matches!(ended, Ok(true)),
+            "the capture survived the pool's calls: {ended:?}"
+        );
+        let graph = graph.unwrap().unwrap();
+        assert!(!is_capturing(&s).unwrap());
+        let stats = pool.stats();
+        assert!(stats.maps > maps, "the pool grew mid-capture: {stats:?}");
+        graph.launch().unwrap();
+        s.synchronize().unwrap();
+        // SAFETY: as above; the replay is done (the stream was synchronized).
+        let bytes = unsafe { DeviceView::<u8>::from_raw(g, len, &s) }
+            .to_vec()
+            .unwrap();
+        assert!(bytes.iter().all(|&b| b == 0x5A));
+        drop(graph);
+        pool.deallocate_on(g, sid).unwrap();
     }
 
     #[test]

@@ -150,11 +150,7 @@ impl TorchPool {
     fn wait_idle(&self) -> Result<(), String> {
         #[cfg(feature = "cuda")]
         if let Some(streams) = self.pool.cuda_streams() {
-            return streams
-                .context()
-                .synchronize()
-                .map_err(|e| devarena::backend::cuda::driver_error("cuCtxSynchronize", e))
-                .map_err(|e| e.to_string());
+            return streams.synchronize_device().map_err(|e| e.to_string());
         }
         Ok(())
     }

@@ -10,7 +10,7 @@ use core::any::Any;
 use std::sync::Mutex;
 
 use super::{Pool, PoolBuilder, PoolSlice, RegionKind, StreamEvent, StreamId, StreamSync};
-use crate::backend::cuda::event::{RecordedEvent, synchronize_raw};
+use crate::backend::cuda::event::{RecordedEvent, synchronize_context, synchronize_raw};
 use crate::backend::cuda::{
     CudaBackend, CudaContext, CudaStream, CudaVirtualMemory, DeviceView, DeviceViewMut,
     is_capturing_raw, pointer_info,
@@ -119,6 +119,13 @@ impl CudaStreams {
             "stream {stream} is not registered with the pool's stream runtime: register it \
              with `Pool::register_stream` (or `CudaStreams::register`) before using it"
         )))
+    }
+
+    /// Blocks the calling thread until nothing queued on the context's streams can still run
+    /// (`cuCtxSynchronize`), as `cudaFree` does before it gives memory back: for memory that
+    /// work on any stream may have used (a graph's, replayed on streams the pool never saw).
+    pub fn synchronize_device(&self) -> Result<(), Error> {
+        synchronize_context(&self.ctx)
     }
 
     /// Whether a registered stream is capturing.

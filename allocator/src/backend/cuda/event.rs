@@ -110,3 +110,11 @@ pub unsafe fn synchronize_raw(ctx: &Arc<CudaContext>, stream: u64) -> Result<(),
             .map_err(drv("cuStreamSynchronize"))
     })
 }
+
+/// Blocks the calling thread until everything queued on every stream of `ctx` has finished
+/// (`cuCtxSynchronize`): what `cudaFree` waits for. An error while a stream of the context is
+/// capturing (the driver refuses it).
+pub fn synchronize_context(ctx: &Arc<CudaContext>) -> Result<(), Error> {
+    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    ctx.synchronize().map_err(drv("cuCtxSynchronize"))
+}
