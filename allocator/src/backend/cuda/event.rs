@@ -8,6 +8,7 @@
 //! thread or in global mode on another, neither refuses them nor is invalidated by them.
 
 use alloc::sync::Arc;
+use core::mem::ManuallyDrop;
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result, sys};
 
@@ -19,7 +20,19 @@ use crate::error::Error;
 /// `CU_EVENT_DISABLE_TIMING`); destroyed (`cuEventDestroy`) on drop.
 #[derive(Debug)]
 pub struct RecordedEvent {
-    event: CudaEvent,
+    // Destroyed by hand (in relaxed capture mode) in `drop`.
+    event: ManuallyDrop<CudaEvent>,
+}
+
+impl Drop for RecordedEvent {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here, and never used again.
+        let event = unsafe { ManuallyDrop::take(&mut self.event) };
+        // `cuEventDestroy` may come in the middle of someone's capture (the pool reclaims a
+        // block, and drops its event, while PyTorch captures): relaxed mode, as for the other
+        // calls here, so that the capture neither refuses it nor is invalidated by it.
+        relaxed_capture(move || drop(event));
+    }
 }
 
 impl RecordedEvent {
@@ -38,7 +51,9 @@ impl RecordedEvent {
             // handle, a stream of this context, which is bound.
             unsafe { result::event::record(event.cu_event(), stream as usize as sys::CUstream) }
                 .map_err(drv("cuEventRecord"))?;
-            Ok(RecordedEvent { event })
+            Ok(RecordedEvent {
+                event: ManuallyDrop::new(event),
+            })
         })
     }
 
