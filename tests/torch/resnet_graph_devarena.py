@@ -186,6 +186,7 @@ def child(args):
                 result["capture"] = capture_stats(lib, args.device)
                 result["stats"] = base.pool_stats(lib, args.device)
                 lib.devarena_torch_report(ctypes.c_int(args.device))
+            faulthandler.cancel_dump_traceback_later()
             print(RESULT_TAG + json.dumps(result), flush=True)
             return 3
         say("CAPTURE END")
@@ -233,6 +234,7 @@ def child(args):
         if result["stats_after_release"]["live"] > 0:
             say("devarena's live allocations after everything was released:")
             lib.devarena_torch_report(ctypes.c_int(args.device))
+    faulthandler.cancel_dump_traceback_later()
     print(RESULT_TAG + json.dumps(result), flush=True)
     return 0
 
