@@ -66,10 +66,37 @@
 //! (`cuStreamWaitEvent`); one freed on another stream is reused only after an event recorded
 //! at the free has completed. Nothing here blocks the host.
 //!
+//! # CUDA graphs
+//!
+//! `torch.cuda.graph(g, pool=mem_pool.id)` with a `MemPool` of this library captures into
+//! devarena's memory: PyTorch's caching allocator serves the graph from the `MemPool`'s private
+//! pool and asks this library for a new segment when that pool is short, **in the middle of the
+//! capture**, on the capturing stream (in relaxed capture mode). What happens then:
+//!
+//! * The allocation sees that its stream is capturing (`cuStreamIsCapturing`) and takes the
+//!   pool's capture path (`Pool::allocate_for_capture`): no event is recorded on the capturing
+//!   stream and it is made to wait for nothing — either would be recorded into PyTorch's graph
+//!   or invalidate the capture. If the pool's home stream freed segments since the last such
+//!   wait, the host waits for the home stream instead (the legacy default stream; legal while a
+//!   non-blocking stream captures, which PyTorch's capture streams are). A growable pool maps
+//!   memory there if it needs to, in relaxed capture mode (`cuMemCreate`/`cuMemMap`/
+//!   `cuMemSetAccess` are refused in the other modes).
+//! * PyTorch keeps the segment for the graph's life and frees it when the graph is gone and the
+//!   `MemPool` (or graph pool) is released and emptied. The free waits for the device to be idle
+//!   first (replays may have run on any stream; PyTorch's own path would call `cudaFree`, which
+//!   waits too), then gives the segment back to the pool.
+//! * A free whose stream is capturing is refused and said on stderr: the segment stays
+//!   allocated (PyTorch does not do this; a graph being captured could be using it).
+//!
+//! [`devarena_torch_capture_stats`] counts all of it.
+//!
 //! # Diagnostics
 //!
-//! * `DEVARENA_VERBOSE=1`: one line on stderr when a pool is created, and one per failed
-//!   allocation with the pool's reason (client, request, what is free).
+//! * `DEVARENA_VERBOSE=1`: one line on stderr when a pool is created, one per failed
+//!   allocation with the pool's reason (client, request, what is free), and one per segment
+//!   allocated while its stream was capturing a graph.
+//! * `DEVARENA_TRACE=1`: one line on stderr per call of [`devarena_torch_alloc`] and
+//!   [`devarena_torch_free`], with the stream, the address and the calling thread.
 //! * `DEVARENA_EVENT_LOG=path`: every allocation and free in RMM's replay-log CSV
 //!   (`Thread,Time,Action,Pointer,Size,Stream`); with several devices, `path.<device>`.
 //! * [`devarena_torch_stats`] fills a C struct with a pool's counters (memory mapped now and at
@@ -99,8 +126,8 @@ use devarena::pool::{CsvEventLog, RegionKind, StreamId, Tracking};
 #[path = "torch_allocator/abi.rs"]
 mod abi;
 pub use abi::{
-    DevarenaTorchStats, MAX_DEVICES, SEGMENT_ALIGN, STATS_INVALID_ARGUMENT, STATS_NO_POOL_YET,
-    STATS_OK, STATS_PANIC, STATS_POOL_FAILED,
+    DevarenaTorchCaptureStats, DevarenaTorchStats, MAX_DEVICES, SEGMENT_ALIGN,
+    STATS_INVALID_ARGUMENT, STATS_NO_POOL_YET, STATS_OK, STATS_PANIC, STATS_POOL_FAILED,
 };
 use abi::{Pools, parse_region, report_stderr};
 
@@ -114,6 +141,16 @@ static POOLS: Pools = Pools::new();
 fn verbose() -> bool {
     static VERBOSE: OnceLock<bool> = OnceLock::new();
     *VERBOSE.get_or_init(|| std::env::var("DEVARENA_VERBOSE").is_ok_and(|v| v == "1"))
+}
+
+fn trace() -> bool {
+    static TRACE: OnceLock<bool> = OnceLock::new();
+    *TRACE.get_or_init(|| std::env::var("DEVARENA_TRACE").is_ok_and(|v| v == "1"))
+}
+
+/// A small number naming the calling thread, for trace lines.
+fn thread_tag() -> String {
+    format!("{:?}", std::thread::current().id())
 }
 
 /// Creates the pool of `device`: its region from `DEVARENA_REGION`, its capacity from
@@ -165,7 +202,7 @@ pub extern "C" fn devarena_torch_alloc(
 ) -> *mut c_void {
     let stream = StreamId(stream as usize as u64);
     let result = catch_unwind(|| {
-        match POOLS.alloc(size, device, stream, create_pool, verbose(), &report_stderr) {
+        let addr = match POOLS.alloc(size, device, stream, create_pool, verbose(), &report_stderr) {
             Ok(addr) => addr,
             Err(reason) => {
                 if verbose() {
@@ -173,7 +210,15 @@ pub extern "C" fn devarena_torch_alloc(
                 }
                 0
             }
+        };
+        if trace() {
+            report_stderr(&format!(
+                "trace: devarena_torch_alloc({size}, cuda:{device}, stream {stream}) -> {addr:#x} \
+                 [{}]",
+                thread_tag()
+            ));
         }
+        addr
     });
     match result {
         Ok(addr) => addr as usize as *mut c_void,
@@ -198,7 +243,16 @@ pub extern "C" fn devarena_torch_free(
     let addr = ptr as usize as u64;
     let stream = StreamId(stream as usize as u64);
     let outcome = catch_unwind(|| {
-        if let Err(reason) = POOLS.free(addr, size, device, stream) {
+        let result = POOLS.free(addr, size, device, stream);
+        if trace() {
+            let outcome = if result.is_ok() { "freed" } else { "refused" };
+            report_stderr(&format!(
+                "trace: devarena_torch_free({addr:#x}, {size}, cuda:{device}, stream {stream}): \
+                 {outcome} [{}]",
+                thread_tag()
+            ));
+        }
+        if let Err(reason) = result {
             report_stderr(&reason);
         }
     });
@@ -230,6 +284,32 @@ pub unsafe extern "C" fn devarena_torch_stats(device: i32, out: *mut DevarenaTor
         return STATS_INVALID_ARGUMENT;
     }
     match catch_unwind(|| POOLS.stats(device)) {
+        Ok(Ok(stats)) => {
+            // SAFETY: `out` is non-null and, by the caller's contract, writable for one value.
+            unsafe { out.write(stats) };
+            STATS_OK
+        }
+        Ok(Err(code)) => code,
+        Err(_) => STATS_PANIC,
+    }
+}
+
+/// Fills `*out` with what happened to `device`'s segments allocated while their stream was
+/// capturing a CUDA graph (see `DevarenaTorchCaptureStats`). Returns the codes of
+/// [`devarena_torch_stats`]; `*out` is written only for 0.
+///
+/// # Safety
+///
+/// `out` must be null or point to writable memory for one `DevarenaTorchCaptureStats`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn devarena_torch_capture_stats(
+    device: i32,
+    out: *mut DevarenaTorchCaptureStats,
+) -> i32 {
+    if out.is_null() {
+        return STATS_INVALID_ARGUMENT;
+    }
+    match catch_unwind(|| POOLS.capture_stats(device)) {
         Ok(Ok(stats)) => {
             // SAFETY: `out` is non-null and, by the caller's contract, writable for one value.
             unsafe { out.write(stats) };

@@ -84,7 +84,7 @@
 //! | [`backend`] | where an allocation comes from: [`HostBackend`], and with `cuda` the device, managed and pinned backends and device views; [`MemoryKind`] says what each hands out |
 //! | `arena` | [`Arena`]: one allocation, typed views, stage views; `arena/cuda.rs`: prefetching and host views of managed arenas, device views of pinned ones; `arena/graph.rs`: `Arena::capture`, `ArenaGraph` |
 //! | `dyn_arena`, `builder` | layouts planned at run time: [`LayoutBuilder`], [`DynArena`] |
-//! | [`pool`] | the run-time [`Pool`]: engine, builder, handles, region, TLSF index, statistics, event log, stream ordering; `pool::cuda` with `cuda` |
+//! | [`pool`] | the run-time [`Pool`]: engine, builder, handles, region, TLSF index, statistics, event log, stream ordering, graph reservations (`pool::graph`); `pool::cuda` and `Pool::capture` with `cuda` |
 //! | [`report`] | [`LayoutReport`]: tables and SVG maps of a layout |
 #![no_std]
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -1,13 +1,15 @@
 //! The logic behind the C entry points, free of CUDA: a table of per-device pools, the frees
-//! checked against the size each segment was allocated with, the return codes, and the parsing
-//! of `DEVARENA_POOL_BYTES`.
+//! checked against the size each segment was allocated with, segments allocated while their
+//! stream captures a CUDA graph, the return codes, and the parsing of `DEVARENA_POOL_BYTES`.
 //! The entry points in `torch_allocator.rs` pass it a function that creates a device's CUDA
 //! pool; tests and the fuzz target `torch_abi` pass one that creates a host pool, so all of
 //! this runs without a GPU.
 
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use devarena::pool::{AllocRequest, FreeRequest, RegionKind, StreamId};
 use devarena::{Error, Pool};
@@ -67,18 +69,103 @@ pub struct DevarenaTorchStats {
     pub unmaps: u64,
 }
 
+/// What happened to segments allocated while their stream was capturing a CUDA graph, for C
+/// and Python (`ctypes`): `devarena_torch_capture_stats`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DevarenaTorchCaptureStats {
+    /// Segments allocated while their stream was capturing (PyTorch's graph pool growing in
+    /// the middle of a capture).
+    pub allocations: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Those not freed yet.
+    pub live: u64,
+    /// Those freed (after the device went idle).
+    pub freed: u64,
+    /// Frees refused because their stream was capturing (the segment stays allocated).
+    pub refused_frees: u64,
+    /// Frees of captured segments refused because waiting for the device failed.
+    pub failed_waits: u64,
+}
+
+/// The counters behind [`DevarenaTorchCaptureStats`].
+#[derive(Debug, Default)]
+struct CaptureCounters {
+    allocations: AtomicU64,
+    bytes: AtomicU64,
+    freed: AtomicU64,
+    refused_frees: AtomicU64,
+    failed_waits: AtomicU64,
+}
+
 /// A device's pool. Each segment handed to PyTorch is a live allocation of the pool that
 /// remembers the size PyTorch asked for, which PyTorch passes again when it frees: a free
 /// whose size differs is a stale or foreign pointer, and the pool refuses it.
+///
+/// **Graph captures.** PyTorch grows a graph's private pool in the middle of a capture: it
+/// asks for a segment on the capturing stream (in relaxed capture mode). Such a segment comes
+/// from [`Pool::allocate_for_capture`]: no event is recorded on the capturing stream and it
+/// waits for nothing (either would end up in the graph, or invalidate it); the host waits for
+/// the home stream's earlier frees instead. PyTorch keeps the segment for the graph's life and
+/// frees it once the graph and its pool are released; replays may have run on any stream, so
+/// the free first waits for the device to be idle, as the `cudaFree` PyTorch would otherwise
+/// call does. A free on a stream that is capturing is refused (the graph being captured may
+/// use the segment): it stays allocated.
 #[derive(Debug)]
 pub struct TorchPool {
     pool: Pool,
+    /// Segments allocated while their stream was capturing, not freed yet.
+    captured: Mutex<BTreeSet<u64>>,
+    capture: CaptureCounters,
 }
 
 impl TorchPool {
     /// Wraps a new pool.
     pub fn new(pool: Pool) -> Self {
-        TorchPool { pool }
+        TorchPool {
+            pool,
+            captured: Mutex::new(BTreeSet::new()),
+            capture: CaptureCounters::default(),
+        }
+    }
+
+    fn captured(&self) -> std::sync::MutexGuard<'_, BTreeSet<u64>> {
+        self.captured.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `stream` is capturing a CUDA graph (never, for a pool without a stream
+    /// runtime).
+    fn capturing(&self, stream: StreamId) -> Result<bool, String> {
+        match self.pool.stream_runtime() {
+            Some(streams) => streams
+                .is_capturing(stream)
+                .map_err(|e| format!("is stream {stream} capturing? {e}")),
+            None => Ok(false),
+        }
+    }
+
+    /// Waits until nothing queued on the pool's device can still run (`cuCtxSynchronize`);
+    /// nothing to wait for on a host pool.
+    fn wait_idle(&self) -> Result<(), String> {
+        #[cfg(feature = "cuda")]
+        if let Some(streams) = self.pool.cuda_streams() {
+            return streams.synchronize_device().map_err(|e| e.to_string());
+        }
+        Ok(())
+    }
+
+    /// The capture counters as the C struct.
+    pub fn capture_stats(&self) -> DevarenaTorchCaptureStats {
+        let c = &self.capture;
+        DevarenaTorchCaptureStats {
+            allocations: c.allocations.load(Ordering::Relaxed),
+            bytes: c.bytes.load(Ordering::Relaxed),
+            live: self.captured().len() as u64,
+            freed: c.freed.load(Ordering::Relaxed),
+            refused_frees: c.refused_frees.load(Ordering::Relaxed),
+            failed_waits: c.failed_waits.load(Ordering::Relaxed),
+        }
     }
 
     /// Segments handed out and not freed.
@@ -194,12 +281,39 @@ impl Pools {
             .as_ref()
             .map_err(|reason| format!("cuda:{index} has no pool: {reason}"))?;
         torch.register(stream);
+        let call = format!("devarena_torch_alloc({size}, cuda:{device}, stream {stream})");
+        let capturing = torch
+            .capturing(stream)
+            .map_err(|error| format!("{call} failed: {error}"))?;
         // The tag names the stream in the leak report.
-        let tag = format!("stream {stream}");
+        let tag = match capturing {
+            true => format!("stream {stream}, capture"),
+            false => format!("stream {stream}"),
+        };
         let request = AllocRequest::new(size, SEGMENT_ALIGN).on(stream).tag(&tag);
-        torch.pool.allocate_with(request).map_err(|error| {
-            format!("devarena_torch_alloc({size}, cuda:{device}, stream {stream}) failed: {error}")
-        })
+        let result = match capturing {
+            true => torch.pool.allocate_for_capture(request),
+            false => torch.pool.allocate_with(request),
+        };
+        let addr = result.map_err(|error| {
+            let during = if capturing { " during a capture" } else { "" };
+            format!("{call} failed{during}: {error}")
+        })?;
+        if capturing {
+            torch.captured().insert(addr);
+            torch.capture.allocations.fetch_add(1, Ordering::Relaxed);
+            torch
+                .capture
+                .bytes
+                .fetch_add(size as u64, Ordering::Relaxed);
+            if verbose {
+                report(&format!(
+                    "{call} -> {addr:#x}: the stream is capturing a graph (no event on it, the \
+                     home stream drained on the host)"
+                ));
+            }
+        }
+        Ok(addr)
     }
 
     /// Frees `addr` on `device`, on `stream`, given the `size` it was allocated with. Null is
@@ -220,6 +334,27 @@ impl Pools {
             .existing(device)
             .ok_or_else(|| format!("{call}: that device has no pool"))?;
         torch.register(stream);
+        if torch
+            .capturing(stream)
+            .map_err(|e| format!("{call}: {e}"))?
+        {
+            torch.capture.refused_frees.fetch_add(1, Ordering::Relaxed);
+            return Err(format!(
+                "{call}: stream {stream} is capturing a CUDA graph, which may use the segment: \
+                 it stays allocated (nothing freed)"
+            ));
+        }
+        let captured = torch.captured().contains(&addr);
+        if captured {
+            // Replays of the graph that used it may still run, on any stream.
+            if let Err(error) = torch.wait_idle() {
+                torch.capture.failed_waits.fetch_add(1, Ordering::Relaxed);
+                return Err(format!(
+                    "{call}: a segment allocated during a graph capture is freed once the device \
+                     is idle, and waiting for it failed: {error}; nothing freed"
+                ));
+            }
+        }
         let request = FreeRequest::new(addr).size(size).on(stream);
         torch
             .pool
@@ -230,7 +365,22 @@ impl Pools {
                  allocated here); nothing freed"
                 ),
                 error => format!("{call}: {error}"),
-            })
+            })?;
+        if captured {
+            torch.captured().remove(&addr);
+            torch.capture.freed.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// The capture counters of `device`'s pool, or the code that says why there are none (as
+    /// for [`stats`](Self::stats)).
+    pub fn capture_stats(&self, device: i32) -> Result<DevarenaTorchCaptureStats, i32> {
+        match self.slot(device).ok_or(STATS_INVALID_ARGUMENT)?.get() {
+            None => Err(STATS_NO_POOL_YET),
+            Some(Err(_)) => Err(STATS_POOL_FAILED),
+            Some(Ok(torch)) => Ok(torch.capture_stats()),
+        }
     }
 
     /// Gives back the memory of the chunks of `device`'s pool that no live allocation uses,
@@ -535,6 +685,78 @@ mod tests {
             .unwrap();
         pools.free(b, 600 << 10, 0, s).unwrap();
         assert_eq!(pools.stats(0).unwrap().failures, 1);
+    }
+
+    #[test]
+    fn segments_allocated_during_a_capture_ask_nothing_of_the_capturing_stream() {
+        use devarena::pool::ManualStreams;
+        use std::sync::Arc;
+
+        let pools = Pools::new();
+        let (home, capture) = (StreamId(0), StreamId(0x5000));
+        let streams = Arc::new(ManualStreams::new());
+        let runtime = streams.clone();
+        let create = move |device: usize| {
+            Pool::builder(64 << 20)
+                .name(format!("torch-host:{device}"))
+                .streams(runtime, home)
+                .tracking(devarena::pool::Tracking::Tags)
+                .log_leaks_on_drop(false)
+                .build_host()
+                .map_err(|e| e.to_string())
+        };
+        let said = RefCell::new(Vec::new());
+        let report = |line: &str| said.borrow_mut().push(line.to_string());
+        // Eager work: a segment freed on the home stream (PyTorch's empty_cache).
+        let a = pools
+            .alloc(4 << 20, 0, home, create, false, &report)
+            .unwrap();
+        pools.free(a, 4 << 20, 0, home).unwrap();
+
+        streams.begin_capture(capture);
+        let g = pools
+            .alloc(20 << 20, 0, capture, host(0), true, &report)
+            .unwrap();
+        assert!(
+            said.borrow().iter().any(|l| l.contains("capturing")),
+            "{said:?}"
+        );
+        // The home stream was drained on the host; nothing was asked of the capturing stream.
+        assert_eq!(streams.synchronized(), vec![home]);
+        assert!(streams.refused().is_empty(), "{:?}", streams.refused());
+        assert!(streams.waits().is_empty());
+        let stats = pools.existing(0).unwrap().capture_stats();
+        assert_eq!(
+            (stats.allocations, stats.bytes, stats.live),
+            (1, 20 << 20, 1)
+        );
+
+        // A free while the stream captures is refused: the graph may use the segment.
+        let err = pools.free(g, 20 << 20, 0, capture).unwrap_err();
+        assert!(err.contains("is capturing"), "{err}");
+        assert_eq!(pools.stats(0).unwrap().live, 1);
+        streams.end_capture(capture);
+
+        // After the graph: freed (a host pool has no device to wait for).
+        pools.free(g, 20 << 20, 0, capture).unwrap();
+        let stats = pools.capture_stats(0).unwrap();
+        assert_eq!(
+            (
+                stats.live,
+                stats.freed,
+                stats.refused_frees,
+                stats.failed_waits
+            ),
+            (0, 1, 1, 0)
+        );
+        assert_eq!(pools.capture_stats(1), Err(STATS_NO_POOL_YET));
+        assert_eq!(pools.capture_stats(-1), Err(STATS_INVALID_ARGUMENT));
+        // An ordinary segment for that stream now: an event at its free, as before.
+        let b = pools
+            .alloc(1 << 20, 0, capture, host(0), false, &report)
+            .unwrap();
+        pools.free(b, 1 << 20, 0, capture).unwrap();
+        assert_eq!(streams.pending(capture), 2);
     }
 
     #[test]

@@ -10,10 +10,10 @@ use core::any::Any;
 use std::sync::Mutex;
 
 use super::{Pool, PoolBuilder, PoolSlice, RegionKind, StreamEvent, StreamId, StreamSync};
-use crate::backend::cuda::event::{RecordedEvent, synchronize_raw};
+use crate::backend::cuda::event::{RecordedEvent, synchronize_context, synchronize_raw};
 use crate::backend::cuda::{
     CudaBackend, CudaContext, CudaStream, CudaVirtualMemory, DeviceView, DeviceViewMut,
-    pointer_info,
+    is_capturing_raw, pointer_info,
 };
 use crate::error::Error;
 use crate::layout::Element;
@@ -38,6 +38,13 @@ pub fn stream_id(stream: &CudaStream) -> StreamId {
 /// Every call binds the context to the calling thread first and never calls back into the
 /// pool; none blocks the host but [`synchronize`](StreamSync::synchronize), which waits for
 /// the stream (`cuStreamSynchronize`).
+///
+/// **Captures.** A stream that is capturing a CUDA graph (`cuStreamIsCapturing`) is never
+/// handed to the driver: recording an event on it, making it wait, or synchronizing it is an
+/// error that names the stream, asked before anything is queued, so the capture stays intact
+/// and the pool as it was. The driver calls themselves run in relaxed capture mode, so a capture
+/// open on another stream (in global mode, as PyTorch's are) neither refuses them nor is
+/// invalidated by them.
 #[derive(Debug)]
 pub struct CudaStreams {
     ctx: Arc<CudaContext>,
@@ -113,6 +120,35 @@ impl CudaStreams {
              with `Pool::register_stream` (or `CudaStreams::register`) before using it"
         )))
     }
+
+    /// Blocks the calling thread until nothing queued on the context's streams can still run
+    /// (`cuCtxSynchronize`), as `cudaFree` does before it gives memory back: for memory that
+    /// work on any stream may have used (a graph's, replayed on streams the pool never saw).
+    pub fn synchronize_device(&self) -> Result<(), Error> {
+        synchronize_context(&self.ctx)
+    }
+
+    /// Whether a registered stream is capturing.
+    fn capturing(&self, stream: StreamId) -> Result<bool, Error> {
+        self.check(stream)?;
+        // SAFETY: a special handle or a registered, live stream of this context.
+        unsafe { is_capturing_raw(&self.ctx, stream.raw()) }
+    }
+
+    /// An error when `stream` is capturing: `what` (an event recorded on it, a wait, a
+    /// synchronize) would be recorded into the graph or refused by the driver, which would
+    /// invalidate the capture. Asking first leaves the capture intact.
+    fn refuse_capturing(&self, stream: StreamId, what: &str) -> Result<(), Error> {
+        if !self.capturing(stream)? {
+            return Ok(());
+        }
+        Err(Error::invalid(format!(
+            "stream {stream} is capturing a CUDA graph: the pool cannot {what} it (the capture \
+             would record it); blocks a graph uses are allocated through a `GraphReservation` \
+             (or `Pool::allocate_for_capture`) and freed on the capturing stream, or after the \
+             capture"
+        )))
+    }
 }
 
 /// An event recorded by [`CudaStreams`].
@@ -131,7 +167,7 @@ impl StreamSync for CudaStreams {
     }
 
     fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
-        self.check(stream)?;
+        self.refuse_capturing(stream, "record an event on")?;
         // SAFETY: the handle is a special handle or a registered stream of this context,
         // alive (kept here, or vouched for by `register_raw`'s caller).
         let event = unsafe { RecordedEvent::record(&self.ctx, stream.raw())? };
@@ -139,15 +175,19 @@ impl StreamSync for CudaStreams {
     }
 
     fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
-        self.check(waiter)?;
-        self.check(producer)?;
+        self.refuse_capturing(waiter, "make wait")?;
+        self.refuse_capturing(producer, "record an event on")?;
         // SAFETY: both handles are special handles or registered, live streams of this
         // context.
         unsafe { RecordedEvent::record(&self.ctx, producer.raw())?.make_wait(waiter.raw()) }
     }
 
+    fn is_capturing(&self, stream: StreamId) -> Result<bool, Error> {
+        self.capturing(stream)
+    }
+
     fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
-        self.check(stream)?;
+        self.refuse_capturing(stream, "synchronize")?;
         // SAFETY: a special handle or a registered, live stream of this context.
         unsafe { synchronize_raw(&self.ctx, stream.raw()) }
     }

@@ -13,6 +13,7 @@ use std::time::{Instant, SystemTime};
 use super::addr_map::AddrMap;
 use super::counters::Counters;
 use super::events::{self, EventSink, PoolAction, Record};
+use super::graph::Graphs;
 use super::lock::{Lock, LockGuard, Reentrant};
 use super::region::{Region, RegionOwner};
 use super::stats::{ClientStats, Leak, LeakReport, PoolStats, Tracking};
@@ -26,6 +27,9 @@ use super::{
 };
 use crate::backend::MemoryKind;
 use crate::error::Error;
+
+// Graph reservations: the engine's side lives in `engine/graph.rs`.
+mod graph;
 
 /// How often [`Shared::trim_to`] waits for the home stream outside the lock before it waits
 /// under it (each retry means a free on the home stream came in during the wait).
@@ -142,6 +146,8 @@ pub(super) struct State {
     pub(super) next_serial: u64,
     /// Blocks that heaps given back had taken whole from their caches.
     pub(super) reused: u64,
+    /// Graph reservations: the blocks graphs own and hold (`pool/graph.rs`).
+    graphs: Graphs,
 }
 
 /// Bits of [`Shared::flags`]: the tracking mode (two bits), then the rest.
@@ -273,6 +279,7 @@ impl Shared {
             waited: Vec::new(),
             outbox: VecDeque::new(),
             mapping,
+            graphs: Graphs::default(),
             heaps: Vec::new(),
             spans: BTreeMap::new(),
             next_serial: 1,
@@ -1101,6 +1108,7 @@ impl Shared {
             || (live.owned && !from_slice)
             || caller.is_some_and(|caller| caller != live.client)
             || state.sink.is_some()
+            || state.graphs.owns_blocks()
         {
             return None;
         }
@@ -1126,6 +1134,12 @@ impl Shared {
         };
         let live = state.meta[block as usize];
         self.check_free(state, caller, addr, size, &live, from_slice)?;
+        // A block a graph owns is held for it (`engine/graph.rs`).
+        if state.graphs.owns_blocks() {
+            if let Some(owner) = state.graphs.owner(addr) {
+                return self.free_graph_block(state, addr, block, &live, stream, owner);
+            }
+        }
         // Record the event before changing anything, so a failing stream runtime leaves the
         // allocation live and the pool as it was.
         let event = match &self.streams {

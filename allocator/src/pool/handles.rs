@@ -7,8 +7,8 @@ use core::fmt;
 
 use super::engine::Shared;
 use super::{
-    AllocRequest, ClientStats, EventSink, FreeRequest, LeakReport, PoolBuilder, PoolSlice,
-    PoolStats, RegionKind, StreamId, StreamSync, Tracking,
+    AllocRequest, ClientStats, EventSink, FreeRequest, GraphReservation, LeakReport, PoolBuilder,
+    PoolSlice, PoolStats, RegionKind, StreamId, StreamSync, Tracking,
 };
 use crate::backend::{Backend, MemoryKind};
 use crate::error::Error;
@@ -99,6 +99,20 @@ impl Pool {
     /// Allocates with every option ([`AllocRequest`]).
     pub fn allocate_with(&self, request: AllocRequest<'_>) -> Result<u64, Error> {
         self.own.allocate_with(request)
+    }
+
+    /// A reservation for the blocks of a CUDA graph captured on (and replayed on) `stream`,
+    /// allocated as the pool's own client: see [`GraphReservation`] and the
+    /// [`graph`](super::graph) module for what holds.
+    pub fn graph_reservation(&self, stream: StreamId) -> Result<GraphReservation, Error> {
+        self.own.graph_reservation(stream)
+    }
+
+    /// Allocates for a stream that is capturing a CUDA graph whose owner keeps the block
+    /// allocated for the graph's whole life and frees it only once no replay can run (as
+    /// PyTorch's graph pools do); see [`PoolClient::allocate_for_capture`].
+    pub fn allocate_for_capture(&self, request: AllocRequest<'_>) -> Result<u64, Error> {
+        self.own.allocate_for_capture(request)
     }
 
     /// Frees any client's allocation at `addr`, on the home stream. An address the pool did not
@@ -337,6 +351,29 @@ impl PoolClient {
         self.shared.allocate(self.id, request, false)
     }
 
+    /// A reservation for the blocks of a CUDA graph captured on (and replayed on) `stream`,
+    /// allocated as this client (under its quota): see [`GraphReservation`].
+    pub fn graph_reservation(&self, stream: StreamId) -> Result<GraphReservation, Error> {
+        GraphReservation::open(self.clone(), stream)
+    }
+
+    /// Allocates for a stream that is capturing a CUDA graph, for an owner that keeps the
+    /// block allocated for the graph's whole life and frees it only once no replay of the
+    /// graph can run any more (PyTorch's graph pools do: they free their segments after the
+    /// graph is destroyed).
+    ///
+    /// Unlike [`allocate_with`](Self::allocate_with) for another stream, it records no event
+    /// on the request's stream and makes it wait for nothing: a capture would record either,
+    /// or refuse it and invalidate itself. Instead the calling thread waits for the home
+    /// stream when the home stream freed anything since the last such wait, so that no block
+    /// still used by work queued there is handed out (see the [`graph`](super::graph) module).
+    /// The block is an ordinary allocation: to have the pool hold blocks that are freed while
+    /// the graph lives, use a [`GraphReservation`] instead.
+    pub fn allocate_for_capture(&self, request: AllocRequest<'_>) -> Result<u64, Error> {
+        self.shared
+            .allocate_for_graph(self.id, request, false, None)
+    }
+
     /// Frees this client's allocation at `addr` on the home stream. An address that is not a
     /// live allocation is an [`Error::UnknownAddress`]; another client's allocation is an
     /// [`Error::InvalidArgument`]; either changes nothing.
@@ -425,5 +462,13 @@ impl PoolClient {
 
     pub(crate) fn home_stream(&self) -> StreamId {
         self.shared.home
+    }
+
+    pub(super) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    pub(super) fn id(&self) -> u32 {
+        self.id
     }
 }

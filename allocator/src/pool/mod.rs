@@ -125,6 +125,18 @@
 //! past it a heap gives back spans nothing uses, then the spans with the most free bytes.
 //! [`Pool::thread_heaps`] counts them.
 //!
+//! # CUDA graphs
+//!
+//! A graph replays the addresses its capture was given, whenever it runs, for as long as it
+//! lives. A [`GraphReservation`] keeps a graph's blocks for it: allocated for the graph's
+//! stream without recording anything on that stream (which may be capturing), held when freed
+//! while the graph lives, and handed out again only after the replays queued before the graph
+//! went are done. With the `cuda` feature, `Pool::capture(&stream, |c| ..)` captures work into a
+//! `PoolGraph` whose temporaries come from the pool that way. [`Pool::allocate_for_capture`]
+//! serves owners that keep such blocks allocated themselves (PyTorch's graph pools). The
+//! [`graph`] module has the rules. While no graph owns a block, the fast paths pay one check
+//! (in the free path) for it.
+//!
 //! # Performance
 //!
 //! `cargo bench -p devarena --bench pool_pairs` runs alloc+free pairs (64 live, sizes
@@ -195,11 +207,14 @@ use crate::plan::CUDA_ALIGN;
 
 mod addr_map;
 mod builder;
+#[cfg(feature = "cuda")]
+mod capture;
 mod counters;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod engine;
 mod events;
+pub mod graph;
 mod handles;
 mod lock;
 mod region;
@@ -211,9 +226,12 @@ mod tlsf;
 mod vmm;
 
 pub use builder::PoolBuilder;
+#[cfg(feature = "cuda")]
+pub use capture::{PoolCapture, PoolGraph};
 pub use events::{
     CSV_HEADER, CsvEventLog, EventSink, LogEvents, PoolAction, PoolEvent, format_time,
 };
+pub use graph::{GraphReservation, GraphStats};
 pub use handles::{Pool, PoolClient};
 pub use region::RegionKind;
 pub use slice::PoolSlice;

@@ -178,6 +178,12 @@ pub enum PointerMemory {
 /// # Ok::<(), devarena::Error>(())
 /// ```
 pub fn pointer_info(stream: &CudaStream, addr: u64) -> Result<PointerInfo, Error> {
+    // A query, legal in the middle of a capture (a pool slice's views are made while one
+    // records); relaxed mode keeps a thread-local or global capture from refusing it.
+    super::graph::relaxed_capture(|| pointer_info_now(stream, addr))
+}
+
+fn pointer_info_now(stream: &CudaStream, addr: u64) -> Result<PointerInfo, Error> {
     bind(stream)?;
     fn attribute<V: Default>(attr: sys::CUpointer_attribute, addr: u64) -> Result<V, Error> {
         let mut value = V::default();

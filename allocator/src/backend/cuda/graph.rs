@@ -22,7 +22,7 @@ use alloc::format;
 use alloc::sync::Arc;
 use core::marker::PhantomData;
 
-use cudarc::driver::{CudaStream, DriverError, result, sys};
+use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
 
 use super::driver::{bind, driver_error, drv};
 use crate::error::Error;
@@ -47,6 +47,51 @@ pub fn is_capturing(stream: &CudaStream) -> Result<bool, Error> {
     let status = unsafe { result::stream::is_capturing(stream.cu_stream()) }
         .map_err(drv("cuStreamIsCapturing"))?;
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// Whether the stream whose raw handle is `stream` is capturing (`cuStreamIsCapturing`), for
+/// code that names streams by handle (the pool's stream runtime).
+///
+/// # Safety
+///
+/// `stream` must be a live stream of `ctx` (or one of the special handles `0`, `1`, `2`).
+pub(crate) unsafe fn is_capturing_raw(ctx: &Arc<CudaContext>, stream: u64) -> Result<bool, Error> {
+    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    // SAFETY: the caller vouches for the handle, a stream of this context, which is bound.
+    let status = unsafe { result::stream::is_capturing(stream as usize as sys::CUstream) }
+        .map_err(drv("cuStreamIsCapturing"))?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// Runs `f` with the calling thread in relaxed capture mode (`cuThreadExchangeStreamCaptureMode`),
+/// and puts the thread's mode back afterwards (also when `f` panics).
+///
+/// While a capture is open in thread-local or global mode, the driver refuses "potentially
+/// unsafe" calls on the capturing thread (global mode: on every thread) and invalidates the
+/// capture: `cuMemCreate`, `cuMemMap`, `cuMemSetAccess`, `cuEventQuery`, `cuStreamSynchronize`
+/// of another stream. The pool makes such calls while someone else may be capturing (PyTorch
+/// captures in global mode and asks its allocator for memory in the middle of a capture), and
+/// none of them touches the capturing stream: mapping memory, querying events recorded outside
+/// the capture, waiting for streams that are not capturing. Relaxed mode lets them through
+/// without disturbing the capture; what conflicts with a capture itself (anything queued on the
+/// capturing stream, querying an event recorded inside it) is still refused by the driver, and
+/// the pool never asks for it.
+pub(crate) fn relaxed_capture<R>(f: impl FnOnce() -> R) -> R {
+    /// Puts the thread's previous mode back on drop.
+    struct Restore(Option<sys::CUstreamCaptureMode>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(mut mode) = self.0.take() {
+                // SAFETY: a valid pointer to a mode; the call only swaps a thread-local value.
+                let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+            }
+        }
+    }
+    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: as above. When the exchange fails (no driver), the mode is left as it was.
+    let swapped = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }.result();
+    let _restore = Restore(swapped.ok().map(|()| mode));
+    f()
 }
 
 /// Makes the stream's context current without cudarc's `bind_to_thread`, which would first
@@ -274,6 +319,11 @@ impl GraphExec {
     /// The number of nodes captured (kernels, copies, memsets, ...).
     pub(crate) fn nodes(&self) -> usize {
         self.nodes
+    }
+
+    /// The stream the graph was captured on and replays on.
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
     }
 }
 

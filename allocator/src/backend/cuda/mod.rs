@@ -77,7 +77,7 @@ pub use driver::{
 };
 pub use event::{StreamOrdered, order_streams};
 pub use graph::is_capturing;
-pub(crate) use graph::{GraphExec, StreamCapture};
+pub(crate) use graph::{GraphExec, StreamCapture, is_capturing_raw};
 pub use managed::ManagedBackend;
 pub use pinned::PinnedBackend;
 pub use view::{CudaBase, CudaMut, CudaRef, DeviceView, DeviceViewMut};

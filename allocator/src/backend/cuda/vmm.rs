@@ -17,6 +17,7 @@ use alloc::sync::Arc;
 use cudarc::driver::{CudaStream, sys};
 
 use super::driver::{alloc_error, bind, drv};
+use super::graph::relaxed_capture;
 use crate::backend::{MemoryKind, VirtualMemory};
 use crate::error::Error;
 
@@ -222,6 +223,38 @@ unsafe impl VirtualMemory for CudaVirtualMemory {
     }
 
     unsafe fn map(&self, addr: u64, chunk: usize, count: usize) -> Result<(), Error> {
+        // Relaxed capture mode: a pool may grow in the middle of someone's capture (PyTorch asks
+        // its allocator for memory while capturing), and none of these calls touches a stream.
+        // SAFETY: the caller's contract, passed on.
+        relaxed_capture(|| unsafe { self.map_run(addr, chunk, count) })
+    }
+
+    unsafe fn unmap(&self, addr: u64, chunk: usize) -> Result<(), Error> {
+        relaxed_capture(|| {
+            bind(&self.stream)?;
+            // SAFETY: the caller's contract: one whole chunk mapped by `map`, unused from now
+            // on.
+            unsafe { sys::cuMemUnmap(addr, chunk) }
+                .result()
+                .map_err(drv("cuMemUnmap"))
+        })
+    }
+
+    fn synchronize(&self) -> Result<(), Error> {
+        self.stream
+            .context()
+            .synchronize()
+            .map_err(drv("cuCtxSynchronize"))
+    }
+}
+
+impl CudaVirtualMemory {
+    /// [`VirtualMemory::map`], in whatever capture mode the thread is in.
+    ///
+    /// # Safety
+    ///
+    /// As for [`VirtualMemory::map`].
+    unsafe fn map_run(&self, addr: u64, chunk: usize, count: usize) -> Result<(), Error> {
         bind(&self.stream)?;
         for i in 0..count {
             let at = addr + (i * chunk) as u64;
@@ -244,20 +277,5 @@ unsafe impl VirtualMemory for CudaVirtualMemory {
             return Err(alloc_error("cuMemSetAccess", NAME, bytes, e));
         }
         Ok(())
-    }
-
-    unsafe fn unmap(&self, addr: u64, chunk: usize) -> Result<(), Error> {
-        bind(&self.stream)?;
-        // SAFETY: the caller's contract: one whole chunk mapped by `map`, unused from now on.
-        unsafe { sys::cuMemUnmap(addr, chunk) }
-            .result()
-            .map_err(drv("cuMemUnmap"))
-    }
-
-    fn synchronize(&self) -> Result<(), Error> {
-        self.stream
-            .context()
-            .synchronize()
-            .map_err(drv("cuCtxSynchronize"))
     }
 }
