@@ -301,7 +301,7 @@ mod gpu {
     }
 
     #[test]
-    fn dropping_the_last_handle_returns_a_classic_region_to_the_driver() {
+    fn footprint_dropping_the_last_handle_returns_a_classic_region_to_the_driver() {
         let Some((_device, stream)) = gpu() else {
             return;
         };

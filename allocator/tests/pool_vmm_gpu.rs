@@ -62,7 +62,7 @@ mod gpu {
     }
 
     #[test]
-    fn a_growable_pool_costs_nothing_until_used_and_maps_device_memory() {
+    fn footprint_a_growable_pool_costs_nothing_until_used_and_maps_device_memory() {
         let Some((_device, stream)) = gpu() else {
             return;
         };
@@ -205,7 +205,7 @@ mod gpu {
     }
 
     #[test]
-    fn trim_gives_the_device_its_memory_back_within_one_chunk() {
+    fn footprint_trim_gives_the_device_its_memory_back_within_one_chunk() {
         let Some((_device, stream)) = gpu() else {
             return;
         };

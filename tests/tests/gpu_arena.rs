@@ -198,7 +198,7 @@ mod gpu {
     }
 
     #[test]
-    fn an_arena_of_several_gib() {
+    fn footprint_an_arena_of_several_gib() {
         let Some(stream) = gpu_stream() else { return };
         const { assert!(Huge::SIZE > 3 << 30) };
         let (free, _) = mem_info(&stream).unwrap();
@@ -258,7 +258,7 @@ mod gpu {
     }
 
     #[test]
-    fn dropping_an_arena_gives_its_memory_back() {
+    fn footprint_dropping_an_arena_gives_its_memory_back() {
         let Some(stream) = gpu_stream() else { return };
         #[derive(DeviceLayout)]
         struct GiB {
