@@ -197,9 +197,9 @@ impl PoolBuilder {
     }
 
     /// How many free bytes the thread heaps may keep, all together (`0`: no thread heaps,
-    /// every thread uses the pool's own index under its lock); each heap keeps its share. Only
-    /// pools on a classic region get thread heaps (a growable region maps memory under the
-    /// pool's lock). By default half the capacity ([`DEFAULT_THREAD_HEAP_SHARE`](super::DEFAULT_THREAD_HEAP_SHARE)).
+    /// every thread uses the pool's own index under its lock); each heap keeps its share. By
+    /// default half the capacity ([`DEFAULT_THREAD_HEAP_SHARE`](super::DEFAULT_THREAD_HEAP_SHARE)).
+    /// On a growable region a heap maps memory as the pool does, as its blocks reach new chunks.
     ///
     /// A thread that finds the pool's lock taken by another gets a heap of its own: spans of
     /// the region (a sixteenth of the capacity at a time, at most half its share, or what a

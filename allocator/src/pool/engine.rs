@@ -19,7 +19,7 @@ use super::stats::{ClientStats, Leak, LeakReport, PoolStats, Tracking};
 use super::stream::{StreamEvent, StreamId, StreamSync};
 use super::thread_heap::{self, HeapEntry, ThreadHeap};
 use super::tlsf::Tlsf;
-use super::vmm::Mapping;
+use super::vmm::{ChunkMap, Mapping};
 use super::{
     AllocRequest, BLOCK_GRANULE, DEFAULT_POOL_ALIGN, DEFAULT_REUSE_BLOCKS, FreeRequest,
     MAX_POOL_ALIGN, effective_align, reserved_bytes,
@@ -133,7 +133,7 @@ pub(super) struct State {
     /// Events recorded and not yet delivered, in the order the pool did things.
     outbox: VecDeque<Record>,
     /// Which chunks of the region are backed by memory (all of a classic region).
-    mapping: Mapping,
+    pub(super) mapping: Mapping,
     /// The thread heaps (see [`thread_heap`]).
     pub(super) heaps: Vec<HeapEntry>,
     /// Every span of a thread heap, by address: its size and heap.
@@ -197,6 +197,8 @@ pub(super) struct Shared {
     sink_panicked: AtomicBool,
     /// Whether memory is mapped on demand (and can be trimmed).
     pub(super) growable: bool,
+    /// Which chunks are mapped, read by thread heaps without the lock (see [`super::vmm`]).
+    pub(super) chunks: ChunkMap,
     // Dropped last: the region outlives every other field (a growable region's reservation
     // lives in the state's mapping, dropped with the state).
     _region: Option<Box<dyn RegionOwner>>,
@@ -253,6 +255,7 @@ impl Shared {
             mut mapping,
         } = region;
         let growable = mapping.is_growable();
+        let chunks = mapping.chunk_map();
         mapping.release_threshold = settings.release_threshold;
         let state = State {
             tlsf: Tlsf::new(
@@ -279,10 +282,7 @@ impl Shared {
             reused: 0,
             sink: settings.sink,
         };
-        // A growable region maps memory under the pool's lock when a block reaches unmapped
-        // chunks; thread heaps allocate under their own locks, so they are kept to classic
-        // regions, whose memory is all there.
-        let heap_bytes = if growable { 0 } else { settings.heap_bytes };
+        let heap_bytes = settings.heap_bytes;
         let flags = settings.tracking as u8
             | if state.sink.is_some() { SINK } else { 0 }
             | if settings.eager_heaps && heap_bytes > 0 {
@@ -318,6 +318,7 @@ impl Shared {
             delivering: AtomicBool::new(false),
             sink_panicked: AtomicBool::new(false),
             growable,
+            chunks,
             _region: owner,
         }
     }
@@ -702,7 +703,7 @@ impl Shared {
     /// Counts and reports a failed allocation; returns its error.
     #[cold]
     #[inline(never)]
-    fn allocation_failed(
+    pub(super) fn allocation_failed(
         &self,
         state: &mut State,
         ask: &Ask,
@@ -1459,9 +1460,14 @@ impl Shared {
         Self::unmap_free(&mut state, keep)
     }
 
-    /// Merges what waits in the reuse cache and takes back parked blocks whose events have
-    /// completed; whether more than `keep` bytes are mapped.
+    /// Where more than `keep` bytes are mapped: gives every thread heap back, merges what
+    /// waits in the reuse cache and takes back parked blocks whose events have completed;
+    /// whether more than `keep` bytes are mapped.
     fn prepare_trim(&self, state: &mut State, keep: usize) -> bool {
+        // Nothing to give back: the heaps and the reuse cache stay as they are.
+        if state.mapping.mapped_bytes() <= keep {
+            return false;
+        }
         self.dissolve_all(state);
         state.tlsf.flush();
         if !state.parked.is_empty() {

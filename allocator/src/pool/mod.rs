@@ -118,8 +118,13 @@
 //!   pool weakly; when the thread exits, each heap of a pool still alive is given back. A pool
 //!   dropped first empties its heaps (its leak report lists their live allocations).
 //!
-//! Thread heaps serve pools on a classic region; a growable region maps memory under the
-//! pool's lock as blocks reach new chunks, so its threads share the pool's own index.
+//! * **Growable regions.** A heap's spans are addresses; memory is mapped under them as its
+//!   blocks reach new chunks. A heap reads which chunks are mapped without the pool's lock (a
+//!   bitmap the pool writes under it) and takes the pool's lock only to map the chunks a block
+//!   reaches first. When mapping fails, the block goes back to the heap and the request fails
+//!   with [`Error::OutOfMemory`](crate::Error::OutOfMemory), as on the pool's own index.
+//!   [`Pool::trim`] gives every heap back before it unmaps anything, so no heap holds a span
+//!   over a chunk being unmapped.
 //!
 //! Heaps bound the free bytes they keep (half the capacity by default, shared among them):
 //! past it a heap gives back spans nothing uses, then the spans with the most free bytes.

@@ -36,6 +36,13 @@
 //!   a free on another stream parks the block as before, and it returns to its heap when its
 //!   event completes. Blocks reach the pool's index, and so other streams, only when spans go
 //!   back, which counts as a home-stream free.
+//! * **Growable regions.** A span is addresses: memory is mapped under it as blocks reach new
+//!   chunks. The heap's fast path checks the chunk bits of each block it takes without the
+//!   pool's lock ([`ChunkMap`](super::vmm::ChunkMap)); where a chunk is missing it gives the
+//!   block back and maps under the pool's lock in
+//!   [`heap_allocate_locked`](Shared::heap_allocate_locked), before anything is counted. A trim gives every heap back
+//!   first and unmaps only chunks inside free blocks of the pool's index (never inside a span),
+//!   so a chunk under a heap's span stays mapped while the heap holds the span.
 //! * **Thread exit and pool drop.** The thread's heaps live in a thread-local list that holds
 //!   each pool weakly: when the thread exits, each heap of a pool still alive is given back. A
 //!   pool dropped first empties its heaps; the list then holds only an empty heap, dropped when
@@ -390,6 +397,12 @@ impl Shared {
             return None;
         }
         let (block, addr) = h.tlsf.allocate(reserved as u64, ask.align as u64)?;
+        // A growable region: memory behind the block, or the slow path maps it under the
+        // pool's lock (a block split off a free one: merged back, the index as it was).
+        if self.growable && !self.chunks.covers(addr, reserved as u64) {
+            h.tlsf.free(block);
+            return None;
+        }
         HeapState::count(&mut h.lease, share, &mut h.serials, ask, reserved);
         h.record(ask, owned, block, addr);
         Some(addr)
@@ -473,6 +486,20 @@ impl Shared {
             drop(guard);
             return general(state);
         };
+        // A growable region: memory behind the block before anything is counted (a request
+        // that fails raises no peak).
+        let (block, addr) = if self.growable && !self.chunks.covers(addr, size) {
+            match self.heap_map_block(state, h, block, addr, size, align) {
+                Ok(taken) => taken,
+                Err(error) => {
+                    h.tlsf.forget_reused(hits);
+                    drop(guard);
+                    return Err(self.allocation_failed(state, ask, None, error));
+                }
+            }
+        } else {
+            (block, addr)
+        };
         if !h.clients[client].lease.fits(reserved)
             && !self.grant_client(state, heap, h, ask.client, reserved)
         {
@@ -490,6 +517,42 @@ impl Shared {
         HeapState::count(&mut h.lease, share, &mut h.serials, ask, reserved);
         h.record(ask, owned, block, addr);
         Ok(addr)
+    }
+
+    /// Maps the memory behind a block of a heap whose chunks are not all mapped, as
+    /// [`map_block`](Shared::map_block) does for the pool's index: when that fails, the block
+    /// goes back to the heap's index; if freed blocks wait in the heap's reuse cache (all of
+    /// them mapped), they are merged and the request looks once more. When that fails too,
+    /// the heap is as it was (but for the merged cache) and the error fails the request.
+    #[cold]
+    #[inline(never)]
+    fn heap_map_block(
+        &self,
+        state: &mut State,
+        h: &mut HeapState,
+        block: u32,
+        addr: u64,
+        size: u64,
+        align: u64,
+    ) -> Result<(u32, u64), Error> {
+        let Err(error) = state.mapping.ensure(addr, size) else {
+            return Ok((block, addr));
+        };
+        h.tlsf.free(block);
+        if h.tlsf.cached().1 == 0 {
+            return Err(error);
+        }
+        h.tlsf.flush();
+        let Some((block, addr)) = h.tlsf.allocate(size, align) else {
+            return Err(error);
+        };
+        if !self.chunks.covers(addr, size) {
+            if let Err(error) = state.mapping.ensure(addr, size) {
+                h.tlsf.free(block);
+                return Err(error);
+            }
+        }
+        Ok((block, addr))
     }
 
     /// Takes a span for `heap` from the pool's index, large enough for `size` bytes at
