@@ -188,7 +188,7 @@ impl AllocatorUnderTest for PoolPerThread {
         // pools.
         let capacity = (2 * self.live * (4 << 20)).next_power_of_two();
         let pool = Pool::builder(capacity)
-            .name(&format!("bench-own-{thread}"))
+            .name(format!("bench-own-{thread}"))
             .build_host()
             .expect("reserve the pool's region");
         Box::new(OwnPoolWorker { pool })
