@@ -1486,3 +1486,96 @@ fn trim_gives_every_heap_back_and_keeps_what_live_blocks_touch() {
     assert_eq!(pool.trim().unwrap(), s.mapped);
     assert_eq!(vm.mapped_bytes(), 0);
 }
+
+#[test]
+fn peaks_stay_exact_while_heaps_pass_headroom_among_themselves() {
+    // Four threads on heaps share one client. In turns, every thread allocates (the sums only
+    // grow) or every thread frees (they only shrink), so that after each turn the peak of the
+    // pool and of the client is known exactly: the largest sum after a turn of allocations.
+    // Between turns the heaps hold headroom, give it back to the spare and take it from
+    // there, and take each other's back: the peaks read between turns (without giving the
+    // heaps back) and the pool's (giving them back, now and then) are exact throughout.
+    // (Nothing panics between the barriers: a failure is recorded and reported at the end.)
+    const THREADS: usize = 4;
+    const TURNS: usize = 300;
+    let pool = Pool::builder(256 << 20)
+        .name("exact-peaks")
+        .eager_thread_heaps(true)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let client = pool.client("all", usize::MAX);
+    let held: Vec<std::sync::atomic::AtomicUsize> = (0..THREADS)
+        .map(|_| std::sync::atomic::AtomicUsize::new(0))
+        .collect();
+    let failures: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let turn = Barrier::new(THREADS + 1);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (client, held, turn, failures) = (&client, &held, &turn, &failures);
+            s.spawn(move || {
+                let mut rng = Rng(0x7E57 + t as u64);
+                let mut live: Vec<(u64, usize)> = Vec::new();
+                for n in 0..TURNS {
+                    if n % 2 == 0 {
+                        // Some threads take much, some little: headroom moves between heaps.
+                        let count = rng.below(if (n / 2 + t) % 3 == 0 { 40 } else { 6 });
+                        for _ in 0..count {
+                            let size = rng.size(1 << 20);
+                            match client.allocate(size, 0) {
+                                Ok(addr) => live.push((addr, class_rounded(size))),
+                                Err(e) => failures.lock().unwrap().push(format!("turn {n}: {e}")),
+                            }
+                        }
+                    } else {
+                        let keep = rng.below(live.len() as u64 + 1) as usize;
+                        for (addr, _) in live.drain(keep..) {
+                            if let Err(e) = client.deallocate(addr) {
+                                failures.lock().unwrap().push(format!("turn {n}: {e}"));
+                            }
+                        }
+                    }
+                    let bytes = live.iter().map(|&(_, r)| r).sum();
+                    held[t].store(bytes, std::sync::atomic::Ordering::SeqCst);
+                    turn.wait();
+                    turn.wait();
+                }
+                for (addr, _) in live {
+                    let _ = client.deallocate(addr);
+                }
+            });
+        }
+        let mut peak = 0;
+        for n in 0..TURNS {
+            turn.wait();
+            let in_use: usize = held
+                .iter()
+                .map(|h| h.load(std::sync::atomic::Ordering::SeqCst))
+                .sum();
+            peak = peak.max(in_use);
+            let c = client.stats();
+            if (c.in_use, c.peak) != (in_use, peak) {
+                let seen = (c.in_use, c.peak);
+                failures.lock().unwrap().push(format!(
+                    "turn {n}: the client has (in use, peak) {seen:?}, not {:?}",
+                    (in_use, peak)
+                ));
+            }
+            if n % 25 == 24 {
+                let s = pool.stats();
+                if (s.in_use, s.peak) != (in_use, peak) {
+                    let seen = (s.in_use, s.peak);
+                    failures.lock().unwrap().push(format!(
+                        "turn {n}: the pool has (in use, peak) {seen:?}, not {:?}",
+                        (in_use, peak)
+                    ));
+                }
+            }
+            turn.wait();
+        }
+    });
+    assert_eq!(failures.into_inner().unwrap(), Vec::<String>::new());
+    let s = pool.stats();
+    assert_eq!((s.in_use, s.live), (0, 0));
+    assert!(s.peak > 0 && s.peak == client.stats().peak);
+}

@@ -259,10 +259,11 @@ impl PoolBuilder {
     /// Whether [`PoolStats::peak`](super::PoolStats::peak) and each client's peak stay exact
     /// while threads allocate on heaps of their own (on by default).
     ///
-    /// Exact peaks cost coordination: a heap may allocate without asking the pool only within
-    /// the headroom below the peak reached so far, so while the pool's use is near its peak,
-    /// heaps ask for headroom often, and where none is left the pool takes back every heap's
-    /// unused headroom (locking each heap) before it counts a new peak. With `false`, a heap
+    /// Exact peaks cost coordination: a heap may allocate only within the headroom below the
+    /// peak reached so far, which heaps pass among themselves through a spare (an atomic
+    /// counter, without the pool's lock); where none is left the pool takes back every heap's
+    /// unused headroom (locking each heap) before it counts a new peak. While the pool's use
+    /// is near its peak, that happens often. With `false`, a heap
     /// takes headroom in chunks (1/256 of the capacity beyond its need) and gives back what
     /// it holds beyond that now and then, and a peak counts the headroom heaps hold: at least
     /// the peak reached, and above it by at most the heaps' unused headroom. Exact either way

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Instant, SystemTime};
 
 use super::addr_map::AddrMap;
-use super::counters::Counters;
+use super::counters::{Counters, Spare};
 use super::events::{self, EventSink, PoolAction, Record};
 use super::lock::{Lock, LockGuard, Reentrant};
 use super::region::{Region, RegionOwner};
@@ -70,6 +70,11 @@ pub(super) struct ClientState {
     pub(super) name: Arc<str>,
     pub(super) quota: usize,
     pub(super) counts: Counters,
+    /// Headroom below the client's peak leased to no heap in particular (with exact peaks;
+    /// counted in `counts.leased`): what its heaps take and give back without the lock.
+    pub(super) spare: Arc<Spare>,
+    /// How many thread heaps are listed as holding leases of this client.
+    pub(super) heaps: usize,
 }
 
 impl ClientState {
@@ -78,6 +83,8 @@ impl ClientState {
             name: Arc::from(name),
             quota,
             counts: Counters::default(),
+            spare: Arc::default(),
+            heaps: 0,
         }
     }
 
@@ -189,6 +196,10 @@ pub(super) struct Shared {
     pub(super) heap_cache: (usize, u64),
     /// Whether `peak` stays exact with thread heaps (see `PoolBuilder::exact_peaks`).
     pub(super) exact_peaks: bool,
+    /// With exact peaks: headroom below the pool's peak leased to no heap in particular
+    /// (counted in the state's `counts.leased`), which heaps take and give back without the
+    /// lock (see [`thread_heap`]).
+    pub(super) spare: Spare,
     /// Without exact peaks: the headroom a lease takes beyond what it needs, and keeps.
     pub(super) lease_chunk: usize,
     /// A thread is handing the outbox to the sinks (see [`deliver`](Shared::deliver)).
@@ -314,6 +325,7 @@ impl Shared {
             heap_bound: AtomicUsize::new(heap_bytes),
             heap_cache,
             exact_peaks: settings.exact_peaks,
+            spare: Spare::default(),
             lease_chunk: (capacity / LEASE_CHUNKS).max(BLOCK_GRANULE),
             delivering: AtomicBool::new(false),
             sink_panicked: AtomicBool::new(false),
@@ -744,6 +756,10 @@ impl Shared {
         // Thread heaps give their spans back once before a request fails for capacity.
         let mut given_back = state.heaps.is_empty();
         loop {
+            if self.exact_peaks && !state.heaps.is_empty() {
+                // Headroom that waits for heaps serves the pool's own index too.
+                self.draw_spare(state, ask.client, reserved);
+            }
             let client = &state.clients[ask.client as usize];
             let exact = client.allows(reserved)
                 && (!self.exact_peaks
@@ -755,7 +771,7 @@ impl Shared {
                 // and the heaps stay locked until the allocation is counted, so that the
                 // quota check and the peak are exact.
                 self.with_heaps(state, |state, heaps| {
-                    Self::revoke(state, heaps, ask.client);
+                    self.revoke(state, heaps, ask.client);
                     self.allocate_admitted(state, ask, align, reserved, owned, &mut info)
                 })
             };

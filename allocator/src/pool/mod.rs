@@ -101,11 +101,13 @@
 //!   free ones merged with their free neighbours, live ones carrying on at their addresses. A
 //!   request that would succeed with every heap given back succeeds.
 //! * **Quotas and peaks.** A heap allocates within leases of the pool's bytes and of each
-//!   client's, taken from the headroom below the peak (and the quota); past them it asks, and
-//!   where no headroom is left the pool takes back every heap's unused leases before it counts
-//!   a new peak or refuses a quota. Peaks stay exact at a cost: near its peak a pool shared by
-//!   many threads coordinates often. [`PoolBuilder::exact_peaks`]`(false)` lets heaps take
-//!   headroom in chunks and counts it in the peaks instead (quotas stay exact).
+//!   client's, taken from the headroom below the peak (and the quota). Headroom no heap holds
+//!   waits in a spare that heaps take from and give back to without the pool's lock (one
+//!   atomic operation, now and then); past that a heap asks the pool, and where no headroom
+//!   is left the pool takes back every heap's unused leases and the spare before it counts a
+//!   new peak or refuses a quota. Peaks stay exact at a cost: near its peak a pool shared by
+//!   many threads coordinates more often. [`PoolBuilder::exact_peaks`]`(false)` lets heaps
+//!   take headroom in chunks and counts it in the peaks instead (quotas stay exact).
 //! * **Statistics, leaks, events.** [`Pool::stats`] gives every heap back first (so the free
 //!   blocks it describes exist, and every count is the pool's own); client statistics and leak
 //!   reports add up every heap with all of them locked. Tracking, event sinks, parked blocks
