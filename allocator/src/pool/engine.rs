@@ -650,8 +650,9 @@ impl Shared {
             return None;
         }
         let (block, addr) = state.tlsf.allocate(reserved as u64, ask.align as u64)?;
-        // Memory behind the block: mapped already, or the general path maps it.
-        if !state.mapping.covers(addr, reserved as u64) {
+        // Memory behind the block: mapped already (all of a classic region, which needs no
+        // look), or the general path maps it.
+        if self.growable && !self.chunks.covers(addr, reserved as u64) {
             state.tlsf.free(block);
             return None;
         }
