@@ -59,9 +59,9 @@
 //!
 //! Locks are taken in one order: the pool's lock, then heap locks. A thread's fast path holds
 //! only its own heap's lock (and touches a spare with atomic operations, which wait for no
-//! one); every other path that locks a heap holds the pool's lock first, so no two threads wait
-//! for each other's locks in opposite orders. No callback runs while a heap
-//! is locked by its own thread's fast path.
+//! one); every other path that locks a heap holds the pool's lock first, so no two threads
+//! wait for each other's locks in opposite orders. No callback runs while a heap is locked by
+//! its own thread's fast path.
 
 use alloc::sync::{Arc, Weak};
 use alloc::vec::Vec;
@@ -69,8 +69,7 @@ use core::cell::{Cell, RefCell};
 use core::sync::atomic::Ordering;
 
 use super::addr_map::AddrMap;
-use super::counters::Counters;
-use super::counters::{Lease, Spare};
+use super::counters::{Counters, Lease, Spare};
 use super::engine::{Ask, HEAPS, Live, SINK, SLOW, Shared, State, grow_meta};
 use super::lock::{Lock, LockGuard};
 use super::tlsf::{self, GRANULE, Piece, Tlsf};
