@@ -11,6 +11,12 @@
 //! a machine with few or busy CPUs one thread may run its whole script before another starts,
 //! and then neither figure measures contention).
 //!
+//! Each thread count runs on threads started once, each with its worker (a pool client, a
+//! stream) for every round, as a server's threads would: a pool's thread heaps and clients
+//! live across rounds, and only the pairs are timed. `--fresh-threads` starts new threads
+//! (and workers) for every round instead, as this benchmark did before: each round then also
+//! makes and gives back every thread's heap and starts every client's peak from nothing.
+//!
 //! With the `cuda` feature and a GPU, three device columns run in the same process: a
 //! `devarena::Pool` whose region is one `cuMemAlloc` on the device (classic, "cuda"), the same
 //! pool on a growable region ("cuda-vmm": addresses reserved, device memory mapped in chunks
@@ -26,13 +32,17 @@
 //! cargo bench -p devarena --bench pool_pairs                   # host columns, table
 //! cargo bench -p devarena --features cuda --bench pool_pairs   # + device columns
 //! cargo bench -p devarena --bench pool_pairs -- --json         # one JSON document
-//! options: --rounds N  --ops N  --live N  --threads 1,4  --only NAME (columns whose name
-//! contains NAME; ratios need the baselines, "std::alloc" and "cuMemAllocAsync")
+//! options: --rounds N  --ops N  --live N  --threads 1,4  --fresh-threads  --only NAME
+//! (columns whose name contains NAME; ratios need the baselines, "std::alloc" and
+//! "cuMemAllocAsync")
 //! ```
 //!
 //! Host columns: the system allocator (the baseline), a `devarena::Pool` on host memory as
-//! built by default, the same pool with its reuse cache off (`PoolBuilder::reuse(0, 0)`: every
-//! free merges at once), the `offset-allocator` crate behind a mutex, and the pool on a growable
+//! built by default, the same pool with a heap for every thread (`thread heaps`), with peaks
+//! that count leases (`leased peaks`) and with its reuse cache off (`PoolBuilder::reuse(0, 0)`:
+//! every free merges at once), a pool of its own for every thread (`one per thread`: nothing
+//! shared, so its scaling is what the machine allows this work, the ceiling for threads that
+//! share a pool), the `offset-allocator` crate behind a mutex, and the pool on a growable
 //! region over `HostVirtualMemory` (the host stand-in for a device's virtual memory, 2 MiB
 //! chunks), with and without the reuse cache: what checking chunks adds to a pair, and how much
 //! memory a growable region maps for this workload. (The stand-in fills every chunk it maps,
@@ -163,6 +173,78 @@ impl Worker for PoolWorker<'_> {
     }
 }
 
+/// A `devarena::Pool` on host memory for each thread, made by the thread that uses it: what
+/// one thread's pairs cost when nothing is shared.
+struct PoolPerThread {
+    live: usize,
+}
+
+impl AllocatorUnderTest for PoolPerThread {
+    fn name(&self) -> String {
+        "devarena Pool (host, one per thread)".into()
+    }
+    fn worker(&self, thread: usize) -> Box<dyn Worker + '_> {
+        // Room for one thread's live set at the largest size, twice over, as for the shared
+        // pools.
+        let capacity = (2 * self.live * (4 << 20)).next_power_of_two();
+        let pool = Pool::builder(capacity)
+            .name(format!("bench-own-{thread}"))
+            .build_host()
+            .expect("reserve the pool's region");
+        Box::new(OwnPoolWorker { pool })
+    }
+}
+
+struct OwnPoolWorker {
+    pool: Pool,
+}
+
+impl Worker for OwnPoolWorker {
+    fn alloc(&mut self, size: usize) -> Option<u64> {
+        self.pool.allocate(size, 256).ok()
+    }
+    fn free(&mut self, addr: u64, _size: usize) {
+        self.pool.deallocate(addr).expect("free a live allocation");
+    }
+}
+
+/// The machine's CPUs as Linux describes them (online CPUs, cores, sockets): whether the
+/// threads of a run have cores of their own or share them with hyperthreads.
+fn cpu_topology() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let read = |cpu: usize, what: &str| {
+        std::fs::read_to_string(format!("/sys/devices/system/cpu/cpu{cpu}/topology/{what}"))
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    let mut cores = std::collections::BTreeSet::new();
+    let mut sockets = std::collections::BTreeSet::new();
+    for cpu in 0..cpus {
+        if let (Some(socket), Some(core)) = (read(cpu, "physical_package_id"), read(cpu, "core_id"))
+        {
+            cores.insert((socket.clone(), core));
+            sockets.insert(socket);
+        }
+    }
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    if cores.is_empty() {
+        return format!("cpus: {cpus} available ({model}); topology unknown");
+    }
+    format!(
+        "cpus: {cpus} available, {} cores in {} socket(s) ({model})",
+        cores.len(),
+        sockets.len()
+    )
+}
+
 /// The system allocator (`std::alloc::System`, glibc malloc here): the host baseline.
 struct SystemAlloc;
 
@@ -245,7 +327,11 @@ impl Worker for OffsetWorker<'_> {
 
 /// Every column, the host baseline first; then the device columns when there is a GPU (with
 /// `notes` saying why not otherwise).
-fn allocators(capacity: usize, notes: &mut Vec<String>) -> Vec<Box<dyn AllocatorUnderTest>> {
+fn allocators(
+    capacity: usize,
+    live: usize,
+    notes: &mut Vec<String>,
+) -> Vec<Box<dyn AllocatorUnderTest>> {
     let mut all: Vec<Box<dyn AllocatorUnderTest>> = vec![
         Box::new(SystemAlloc),
         Box::new(DevarenaPool::new(
@@ -285,6 +371,10 @@ fn allocators(capacity: usize, notes: &mut Vec<String>) -> Vec<Box<dyn Allocator
             ", no reuse",
         )),
         Box::new(OffsetAllocator::new(capacity)),
+        // A pool of its own for every thread: no state shared between threads at all, so its
+        // `x 1 thr` is what the machine allows this work (cores, caches, clock), the ceiling
+        // for threads that share one pool.
+        Box::new(PoolPerThread { live }),
         // The pool on a growable region over the host stand-in for a device's virtual memory:
         // what checking (and, in the warm-up round, mapping) chunks adds to each pair.
         Box::new(DevarenaPool::new(
@@ -533,6 +623,8 @@ struct Config {
     rounds: usize,
     ops: usize,
     live: usize,
+    /// New threads (and workers) for every round, instead of the same ones throughout.
+    fresh_threads: bool,
 }
 
 /// SplitMix64: a fixed, dependency-free random sequence.
@@ -660,16 +752,32 @@ fn measure(alloc: &dyn AllocatorUnderTest, threads: usize, cfg: Config) -> Measu
     let scripts: Vec<Script> = (0..threads)
         .map(|t| script(cfg, 0xDE7A_4E4A + t as u64))
         .collect();
-    let mut measured = Measured {
-        ns_per_pair: Vec::new(),
-        cpu_ns_per_pair: Vec::new(),
-        pairs_per_sec: Vec::new(),
-        overlapped: 0,
-    };
     // Round 0 warms up (page faults, allocator caches) and is not reported.
-    for round in 0..=cfg.rounds {
+    let rounds: Vec<Vec<Timing>> = if cfg.fresh_threads {
+        (0..=cfg.rounds)
+            .map(|_| {
+                let start = Barrier::new(threads);
+                std::thread::scope(|s| {
+                    let handles: Vec<_> = scripts
+                        .iter()
+                        .enumerate()
+                        .map(|(t, script)| {
+                            let start = &start;
+                            s.spawn(move || {
+                                let mut worker = alloc.worker(t);
+                                run_script(&mut *worker, script, start)
+                            })
+                        })
+                        .collect();
+                    handles.into_iter().map(|h| h.join().unwrap()).collect()
+                })
+            })
+            .collect()
+    } else {
+        // The same threads, each with its worker, for every round: the barrier in
+        // `run_script` starts each round's timed part on every thread at once.
         let start = Barrier::new(threads);
-        let timings: Vec<Timing> = std::thread::scope(|s| {
+        let per_thread: Vec<Vec<Timing>> = std::thread::scope(|s| {
             let handles: Vec<_> = scripts
                 .iter()
                 .enumerate()
@@ -677,15 +785,25 @@ fn measure(alloc: &dyn AllocatorUnderTest, threads: usize, cfg: Config) -> Measu
                     let start = &start;
                     s.spawn(move || {
                         let mut worker = alloc.worker(t);
-                        run_script(&mut *worker, script, start)
+                        (0..=cfg.rounds)
+                            .map(|_| run_script(&mut *worker, script, start))
+                            .collect::<Vec<Timing>>()
                     })
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        if round == 0 {
-            continue;
-        }
+        (0..=cfg.rounds)
+            .map(|r| per_thread.iter().map(|rounds| rounds[r]).collect())
+            .collect()
+    };
+    let mut measured = Measured {
+        ns_per_pair: Vec::new(),
+        cpu_ns_per_pair: Vec::new(),
+        pairs_per_sec: Vec::new(),
+        overlapped: 0,
+    };
+    for timings in rounds.iter().skip(1) {
         let first_start = timings.iter().map(|t| t.start).min().expect("a thread");
         let last_start = timings.iter().map(|t| t.start).max().expect("a thread");
         let first_end = timings.iter().map(|t| t.end).min().expect("a thread");
@@ -730,6 +848,7 @@ fn main() {
         rounds: 11,
         ops: 20_000,
         live: 64,
+        fresh_threads: false,
     };
     let mut threads = vec![1usize, 4];
     let mut json = false;
@@ -742,6 +861,7 @@ fn main() {
         };
         match arg.as_str() {
             "--json" => json = true,
+            "--fresh-threads" => cfg.fresh_threads = true,
             "--only" => only = Some(value("--only")),
             "--rounds" => cfg.rounds = value("--rounds").parse().expect("--rounds N"),
             "--ops" => cfg.ops = value("--ops").parse().expect("--ops N"),
@@ -764,7 +884,8 @@ fn main() {
     // Room for every thread's live set at the largest size, twice over (fragmentation).
     let capacity = (2 * max_threads * cfg.live * (4 << 20)).next_power_of_two();
     let mut notes = Vec::new();
-    let allocators = allocators(capacity, &mut notes);
+    notes.push(cpu_topology());
+    let allocators = allocators(capacity, cfg.live, &mut notes);
 
     let mut rows: Vec<Row> = Vec::new();
     for &t in &threads {
@@ -834,10 +955,11 @@ fn main() {
             .map(|n| format!("\"{}\"", n.replace('\\', "\\\\").replace('"', "\\\"")))
             .collect();
         println!(
-            "{{\"workload\":{{\"live\":{},\"ops\":{},\"rounds\":{},\"sizes\":\"log-uniform [256 B, 4 MiB]\",\"align\":256}},\"notes\":[{}],\"results\":[{}]}}",
+            "{{\"workload\":{{\"live\":{},\"ops\":{},\"rounds\":{},\"fresh_threads\":{},\"sizes\":\"log-uniform [256 B, 4 MiB]\",\"align\":256}},\"notes\":[{}],\"results\":[{}]}}",
             cfg.live,
             cfg.ops,
             cfg.rounds,
+            cfg.fresh_threads,
             notes.join(","),
             entries.join(",")
         );
@@ -845,8 +967,15 @@ fn main() {
     }
     println!(
         "alloc+free pairs: {} live, {} ops/round, sizes log-uniform [256 B, 4 MiB], align 256, \
-         median of {} rounds (ns/pair: wall clock per thread; cpu: the thread's on-CPU time)",
-        cfg.live, cfg.ops, cfg.rounds
+         median of {} rounds (ns/pair: wall clock per thread; cpu: the thread's on-CPU time); {}",
+        cfg.live,
+        cfg.ops,
+        cfg.rounds,
+        if cfg.fresh_threads {
+            "new threads every round"
+        } else {
+            "the same threads for every round"
+        }
     );
     for note in &notes {
         println!("{note}");
@@ -854,7 +983,7 @@ fn main() {
     println!();
     let device_ran = rows.iter().any(|r| r.name == device::ASYNC_NAME);
     print!(
-        "{:<34} {:>7} {:>10} {:>10} {:>15} {:>9} {:>8} {:>11}",
+        "{:<36} {:>7} {:>10} {:>10} {:>15} {:>9} {:>8} {:>11}",
         "allocator",
         "threads",
         "ns/pair",
@@ -884,7 +1013,7 @@ fn main() {
         };
         let scaled = scaling(r).map_or("-".to_string(), |x| format!("{x:.2}x"));
         print!(
-            "{:<34} {:>7} {:>10.1} {:>10} {:>15.2} {:>9} {:>8} {:>11}",
+            "{:<36} {:>7} {:>10.1} {:>10} {:>15.2} {:>9} {:>8} {:>11}",
             r.name,
             r.threads,
             r.ns,

@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Barrier, Mutex, mpsc};
 
+use devarena::backend::{HostVirtualMemory, VmCall};
 use devarena::pool::{
     AllocRequest, FreeRequest, ManualStreams, PoolAction, PoolEvent, PoolSlice, StreamId, Tracking,
     guaranteed_fit,
@@ -551,15 +552,39 @@ fn four_threads_a_million_operations_meeting_on_the_lock() {
 type Handed = (u64, usize, usize, usize);
 
 fn million(eager: bool) {
-    million_with(eager, true);
+    million_with(eager, true, Memory::Classic);
 }
 
 #[test]
 fn four_threads_a_million_operations_with_peaks_that_count_leases() {
-    million_with(true, false);
+    million_with(true, false, Memory::Classic);
 }
 
-fn million_with(eager: bool, exact_peaks: bool) {
+#[test]
+fn four_threads_a_million_operations_on_heaps_on_a_growable_region() {
+    // As above on addresses mapped in 64 KiB chunks as blocks reach them, mostly from the
+    // heaps, while one thread trims and another applies a release threshold now and then:
+    // every block is mapped from its allocation to its free, a slice keeps what was written
+    // into it (a chunk mapped or unmapped under it would be filled over), and at the end a
+    // trim gives everything back.
+    million_with(true, true, Memory::Growable);
+}
+
+#[test]
+fn four_threads_a_million_operations_meeting_on_the_lock_of_a_growable_region() {
+    million_with(false, true, Memory::Growable);
+}
+
+/// Where a test pool's memory comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Memory {
+    /// One host allocation of the capacity.
+    Classic,
+    /// The host stand-in for a device's virtual memory, mapped on demand in 64 KiB chunks.
+    Growable,
+}
+
+fn million_with(eager: bool, exact_peaks: bool, memory: Memory) {
     // 250,000 allocations and frees on each of four threads: sizes up to 64 KiB, every
     // alignment, each thread's own client and a shared one under a quota, slices, frees of
     // other threads' blocks, now and then a leak report or statistics (which give every
@@ -568,14 +593,21 @@ fn million_with(eager: bool, exact_peaks: bool) {
     const THREADS: usize = 4;
     const OPS: usize = 250_000;
     let capacity = 24 << 20;
-    let pool = Pool::builder(capacity)
+    let builder = Pool::builder(capacity)
         .name("million")
         .eager_thread_heaps(eager)
         .exact_peaks(exact_peaks)
         .thread_heaps(2 << 20)
-        .log_leaks_on_drop(false)
-        .build_host()
-        .unwrap();
+        .release_threshold(4 << 20)
+        .log_leaks_on_drop(false);
+    let vm =
+        (memory == Memory::Growable).then(|| Arc::new(HostVirtualMemory::new(64 << 10).unwrap()));
+    let pool = match &vm {
+        Some(vm) => builder.build_mapped(vm.clone()),
+        None => builder.build_host(),
+    }
+    .unwrap();
+    let vm = vm.as_deref();
     let shared = pool.client("shared", 4 << 20);
     let own: Vec<PoolClient> = (0..THREADS)
         .map(|t| pool.client(&format!("thread-{t}"), 6 << 20))
@@ -611,8 +643,14 @@ fn million_with(eager: bool, exact_peaks: bool) {
                         m.insert(addr, (end, t));
                     };
                     let remove = |addr: u64| {
-                        assert!(model.lock().unwrap().remove(&addr).is_some());
+                        let (end, _) = model.lock().unwrap().remove(&addr).unwrap();
+                        // Mapped until its free, trims or not.
+                        if let Some(vm) = vm {
+                            assert!(vm.is_mapped(addr, (end - addr) as usize), "{addr:#x}");
+                        }
                     };
+                    // What a slice holds on a growable region: its thread's byte.
+                    let mark = t as u8 + 1;
                     start.wait();
                     for op in 0..OPS {
                         let r = rng.below(1000);
@@ -622,6 +660,9 @@ fn million_with(eager: bool, exact_peaks: bool) {
                             match clients[c].allocate(size, align) {
                                 Ok(addr) => {
                                     assert_eq!(addr % align.max(256) as u64, 0);
+                                    if let Some(vm) = vm {
+                                        assert!(vm.is_mapped(addr, class_rounded(size)));
+                                    }
                                     insert(addr, size);
                                     live.push((addr, size, align, c));
                                     counts[c][0] += 1;
@@ -634,7 +675,10 @@ fn million_with(eager: bool, exact_peaks: bool) {
                             }
                         } else if r < 500 && slices.len() < 8 {
                             let len = rng.size(8 << 10);
-                            if let Ok(slice) = own[t].alloc_slice::<u8>(len) {
+                            if let Ok(mut slice) = own[t].alloc_slice::<u8>(len) {
+                                if vm.is_some() {
+                                    slice.as_mut_slice().unwrap().fill(mark);
+                                }
                                 insert(slice.addr(), len);
                                 slices.push(slice);
                                 counts[0][0] += 1;
@@ -645,6 +689,9 @@ fn million_with(eager: bool, exact_peaks: bool) {
                             let slice = slices.swap_remove(rng.below(slices.len() as u64) as usize);
                             // Only the slice frees its block.
                             assert!(pool.deallocate(slice.addr()).is_err());
+                            if vm.is_some() {
+                                assert!(slice.as_slice().unwrap().iter().all(|&b| b == mark));
+                            }
                             remove(slice.addr());
                             drop(slice);
                             counts[0][1] += 1;
@@ -672,6 +719,14 @@ fn million_with(eager: bool, exact_peaks: bool) {
                             clients[c].deallocate(addr).unwrap();
                             counts[c][1] += 1;
                         }
+                        if vm.is_some() && op % 20_000 == 19_999 {
+                            // Memory back while the other threads allocate on their heaps.
+                            match t {
+                                0 => drop(pool.trim().unwrap()),
+                                1 => drop(pool.synchronize().unwrap()),
+                                _ => {}
+                            }
+                        }
                         if op % 60_000 == 59_999 {
                             if t % 2 == 0 {
                                 let s = pool.stats();
@@ -687,6 +742,9 @@ fn million_with(eager: bool, exact_peaks: bool) {
                         counts[c][1] += 1;
                     }
                     for slice in slices.drain(..) {
+                        if vm.is_some() {
+                            assert!(slice.as_slice().unwrap().iter().all(|&b| b == mark));
+                        }
                         remove(slice.addr());
                         drop(slice);
                         counts[0][1] += 1;
@@ -741,6 +799,14 @@ fn million_with(eager: bool, exact_peaks: bool) {
         let got = (own.allocations, own.frees, own.failures, own.in_use);
         assert_eq!(got, (c[0][0], c[0][0], c[0][2], 0));
         assert!(own.peak <= 6 << 20);
+    }
+    if let Some(vm) = vm {
+        let s = pool.stats();
+        assert!(s.maps > 0 && s.unmaps > 0, "{s}");
+        assert_eq!((s.mapped, s.live), (vm.mapped_bytes(), 0));
+        // Nothing live, no heap: every chunk goes back.
+        assert_eq!(pool.trim().unwrap(), s.mapped);
+        assert_eq!((vm.mapped_bytes(), pool.stats().mapped), (0, 0));
     }
 }
 
@@ -1129,4 +1195,387 @@ fn without_reuse_and_without_heaps() {
             assert_eq!(s.reused, 0);
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Thread heaps on a growable region (the host stand-in for a device's virtual memory).
+
+/// The stand-in's chunk in the tests below.
+const CHUNK: usize = 64 << 10;
+
+/// A growable pool of `capacity` bytes over a fresh stand-in, every thread on a heap.
+fn growable_with_heaps(name: &str, capacity: usize) -> (Pool, Arc<HostVirtualMemory>) {
+    let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+    let pool = Pool::builder(capacity)
+        .name(name)
+        .eager_thread_heaps(true)
+        .log_leaks_on_drop(false)
+        .build_mapped(vm.clone())
+        .unwrap();
+    (pool, vm)
+}
+
+/// The chunks (their addresses) that blocks `(address, bytes)` touch.
+fn chunks_touched(pool: &Pool, blocks: &[(u64, usize)]) -> Vec<(u64, usize)> {
+    let chunk = CHUNK as u64;
+    let mut chunks: Vec<u64> = blocks
+        .iter()
+        .flat_map(|&(addr, bytes)| {
+            let first = (addr - pool.base()) / chunk;
+            let last = (addr - pool.base() + bytes as u64 - 1) / chunk;
+            (first..=last).map(|c| pool.base() + c * chunk)
+        })
+        .collect();
+    chunks.sort_unstable();
+    chunks.dedup();
+    chunks.into_iter().map(|c| (c, CHUNK)).collect()
+}
+
+/// The live blocks of the pool, `(address, reserved bytes)` (from the leak report, which
+/// gives no heap back).
+fn live_blocks(pool: &Pool) -> Vec<(u64, usize)> {
+    pool.leak_report()
+        .leaks
+        .iter()
+        .map(|l| (l.addr, l.reserved))
+        .collect()
+}
+
+#[test]
+fn one_thread_on_a_heap_of_a_growable_region_matches_the_model_exactly() {
+    // As on a classic region: every count, refusal and peak; and what is mapped is what the
+    // stand-in says, each live block inside it.
+    let (pool, vm) = growable_with_heaps("model-heap-vm", 8 << 20);
+    let clients = clients(&pool);
+    let mut model = Model::new(&pool, &QUOTAS);
+    run_model(&pool, &mut model, &clients, 0x1234_5678, 20_000);
+    assert_eq!(pool.thread_heaps(), 1);
+    model.check(&pool, true);
+    for (&addr, b) in &model.live {
+        assert!(vm.is_mapped(addr, b.reserved));
+    }
+    let s = pool.stats();
+    assert_eq!(s.mapped, vm.mapped_bytes());
+    assert!(s.maps > 0);
+}
+
+#[test]
+fn heaps_on_a_growable_region_map_what_their_blocks_reach_from_several_threads() {
+    // Four threads, each on its heap, allocate while the others do: every block is mapped when
+    // the pool hands it out, no chunk is mapped twice (the stand-in refuses that), and nothing
+    // is mapped that no block reaches. Freed and given back, every chunk can be trimmed.
+    const THREADS: usize = 4;
+    let (pool, vm) = growable_with_heaps("grow-heaps", 64 << 20);
+    let start = Barrier::new(THREADS);
+    let (to_main, from_threads) = mpsc::channel();
+    let (release_tx, release_rx): (Vec<_>, Vec<_>) =
+        (0..THREADS).map(|_| mpsc::channel::<()>()).unzip();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = release_rx
+            .into_iter()
+            .enumerate()
+            .map(|(t, release)| {
+                let (pool, vm, start, to_main) = (&pool, &vm, &start, to_main.clone());
+                s.spawn(move || {
+                    let mut rng = Rng(0xC0FFEE + t as u64);
+                    let mut live = Vec::new();
+                    start.wait();
+                    for _ in 0..200 {
+                        let size = rng.size(300 << 10);
+                        let addr = pool.allocate(size, rng.align()).unwrap();
+                        assert!(vm.is_mapped(addr, class_rounded(size)));
+                        live.push((addr, class_rounded(size)));
+                    }
+                    to_main.send(live.clone()).unwrap();
+                    // An error here: the main thread failed and dropped its sender.
+                    let _ = release.recv();
+                    for (addr, _) in live {
+                        pool.deallocate(addr).unwrap();
+                    }
+                })
+            })
+            .collect();
+        drop(to_main);
+        let mut blocks: Vec<(u64, usize)> = (0..THREADS)
+            .flat_map(|_| from_threads.recv().unwrap())
+            .collect();
+        assert_eq!(blocks.len(), THREADS * 200);
+        assert_eq!(pool.thread_heaps(), THREADS);
+        blocks.sort_unstable();
+        for pair in blocks.windows(2) {
+            assert!(pair[0].0 + pair[0].1 as u64 <= pair[1].0, "{pair:x?}");
+        }
+        // Nothing was freed: the chunks mapped are exactly those the blocks reach, each mapped
+        // by one call.
+        assert_eq!(vm.mapped_chunks(), chunks_touched(&pool, &blocks));
+        let mapped_by_calls: usize = vm
+            .calls()
+            .iter()
+            .map(|c| match *c {
+                VmCall::Map { count, .. } => count,
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(mapped_by_calls * CHUNK, vm.mapped_bytes());
+        for release in release_tx {
+            release.send(()).unwrap();
+        }
+        for h in handles {
+            h.join().unwrap();
+        }
+    });
+    assert_eq!(pool.thread_heaps(), 0);
+    let s = pool.stats();
+    assert_eq!((s.live, s.in_use, s.mapped), (0, 0, vm.mapped_bytes()));
+    assert_eq!(pool.trim().unwrap(), s.mapped);
+    assert_eq!(vm.mapped_bytes(), 0);
+}
+
+#[test]
+fn a_failed_map_on_a_heap_fails_the_request_and_changes_nothing() {
+    let (pool, vm) = growable_with_heaps("oom-heap", 64 << 20);
+    let client = pool.client("model", usize::MAX);
+    // The heap's first span starts at the region's start, and so does its first block.
+    let keep = client.allocate(3 * CHUNK, 0).unwrap();
+    assert_eq!((keep, pool.thread_heaps()), (pool.base(), 1));
+    // (Statistics would give the heap back: the client's, the leak report and the stand-in
+    // are read with the heap in place.)
+    let before = (
+        client.stats(),
+        vm.mapped_chunks(),
+        pool.leak_report().to_string(),
+    );
+    vm.fail_maps(0, 1);
+    let err = client.allocate(10 * CHUNK, 0).unwrap_err();
+    match &err {
+        Error::OutOfMemory {
+            backend, detail, ..
+        } => {
+            assert_eq!(*backend, "host-vm");
+            assert_eq!(*detail, Some("simulated out of memory"));
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    assert!(vm.calls().contains(&VmCall::MapFailed {
+        addr: pool.base() + 3 * CHUNK as u64,
+        chunk: CHUNK,
+        count: 10
+    }));
+    // Only the failure was counted; the client, the live blocks and the mapping are as they
+    // were, and the heap is still there.
+    let after = (
+        client.stats(),
+        vm.mapped_chunks(),
+        pool.leak_report().to_string(),
+    );
+    assert_eq!(after.0.failures, before.0.failures + 1);
+    let failures_as_before = devarena::pool::ClientStats {
+        failures: before.0.failures,
+        ..after.0.clone()
+    };
+    assert_eq!(failures_as_before, before.0);
+    assert_eq!((&after.1, &after.2), (&before.1, &before.2));
+    assert_eq!(pool.thread_heaps(), 1);
+
+    // The heap keeps serving: the same request succeeds once the device has room, at the
+    // same address (the block went back to the heap's index, merged).
+    let big = client.allocate(10 * CHUNK, 0).unwrap();
+    assert_eq!(big, pool.base() + 3 * CHUNK as u64);
+    assert!(vm.is_mapped(big, 10 * CHUNK));
+    // Freed, `big` waits whole in the heap's reuse cache. A request of another size class
+    // would map new chunks; that fails, so the heap merges its cache and finds mapped memory.
+    client.deallocate(big).unwrap();
+    let mapped = vm.mapped_bytes();
+    vm.fail_maps(0, 1);
+    let c = client.allocate(5 * CHUNK, 0).unwrap();
+    assert_eq!(c, big);
+    assert_eq!(vm.mapped_bytes(), mapped);
+    assert!(matches!(vm.calls().last(), Some(VmCall::MapFailed { .. })));
+    assert_eq!(client.stats().failures, before.0.failures + 1);
+    // Without cached blocks to merge, the failure is the request's.
+    vm.fail_maps(0, 1);
+    assert!(matches!(
+        client.allocate(20 * CHUNK, 0),
+        Err(Error::OutOfMemory { .. })
+    ));
+    assert_eq!(client.stats().failures, before.0.failures + 2);
+    assert_eq!(vm.mapped_bytes(), mapped);
+    client.deallocate(c).unwrap();
+    client.deallocate(keep).unwrap();
+    let s = pool.stats();
+    assert_eq!((s.live, s.in_use, s.failures, s.mapped), (0, 0, 2, mapped));
+    assert_eq!((s.free_blocks, s.largest_free), (1, 64 << 20));
+}
+
+#[test]
+fn trim_gives_every_heap_back_and_keeps_what_live_blocks_touch() {
+    // Three threads fill slices on their heaps, free some, and wait with their heaps (spans,
+    // cached blocks, leases) in place. A trim then gives back every chunk no live block
+    // touches, and nothing else; the slices keep what was written into them, and the heaps
+    // carry on afterwards, mapping again as they need.
+    const THREADS: usize = 3;
+    let (pool, vm) = growable_with_heaps("trim-heaps", 64 << 20);
+    let (to_main, from_threads) = mpsc::channel();
+    let (go_tx, go_rx): (Vec<_>, Vec<_>) = (0..THREADS).map(|_| mpsc::channel::<()>()).unzip();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = go_rx
+            .into_iter()
+            .enumerate()
+            .map(|(t, go)| {
+                let (pool, vm, to_main) = (&pool, &vm, to_main.clone());
+                s.spawn(move || {
+                    let mark = 0x10 + t as u8;
+                    let mut rng = Rng(0xABCD + t as u64);
+                    let mut slices: Vec<PoolSlice<u8>> = Vec::new();
+                    for i in 0..300 {
+                        let mut slice = pool.alloc_slice::<u8>(rng.size(200 << 10)).unwrap();
+                        slice.as_mut_slice().unwrap().fill(mark);
+                        slices.push(slice);
+                        if i % 3 == 2 {
+                            slices.swap_remove(rng.below(slices.len() as u64) as usize);
+                        }
+                    }
+                    to_main.send(()).unwrap();
+                    // An error here: the main thread failed and dropped its sender.
+                    if go.recv().is_err() {
+                        return;
+                    }
+                    for slice in &slices {
+                        assert!(slice.as_slice().unwrap().iter().all(|&b| b == mark));
+                    }
+                    // On after the trim: new spans, mapped again where blocks reach.
+                    for _ in 0..200 {
+                        let size = rng.size(200 << 10);
+                        let mut slice = pool.alloc_slice::<u8>(size).unwrap();
+                        assert!(vm.is_mapped(slice.addr(), size));
+                        slice.as_mut_slice().unwrap().fill(mark);
+                        slices.push(slice);
+                        let gone = slices.swap_remove(rng.below(slices.len() as u64) as usize);
+                        assert!(gone.as_slice().unwrap().iter().all(|&b| b == mark));
+                    }
+                })
+            })
+            .collect();
+        drop(to_main);
+        for _ in 0..THREADS {
+            from_threads.recv().unwrap();
+        }
+        assert_eq!(pool.thread_heaps(), THREADS);
+        let live = live_blocks(&pool);
+        assert_eq!(live.len(), THREADS * 200);
+        let mapped = vm.mapped_bytes();
+        let keep = chunks_touched(&pool, &live);
+        assert!(
+            keep.len() * CHUNK < mapped,
+            "freed blocks left chunks to give back"
+        );
+        assert_eq!(pool.trim().unwrap(), mapped - keep.len() * CHUNK);
+        assert_eq!(vm.mapped_chunks(), keep);
+        assert_eq!(pool.stats().mapped, vm.mapped_bytes());
+        assert_eq!(live_blocks(&pool), live);
+        for go in go_tx {
+            go.send(()).unwrap();
+        }
+        for h in handles {
+            h.join().unwrap();
+        }
+    });
+    assert_eq!(pool.thread_heaps(), 0);
+    let s = pool.stats();
+    assert_eq!((s.live, s.in_use), (0, 0));
+    assert_eq!(pool.trim().unwrap(), s.mapped);
+    assert_eq!(vm.mapped_bytes(), 0);
+}
+
+#[test]
+fn peaks_stay_exact_while_heaps_pass_headroom_among_themselves() {
+    // Four threads on heaps share one client. In turns, every thread allocates (the sums only
+    // grow) or every thread frees (they only shrink), so that after each turn the peak of the
+    // pool and of the client is known exactly: the largest sum after a turn of allocations.
+    // Between turns the heaps hold headroom, give it back to the spare and take it from
+    // there, and take each other's back: the peaks read between turns (without giving the
+    // heaps back) and the pool's (giving them back, now and then) are exact throughout.
+    // (Nothing panics between the barriers: a failure is recorded and reported at the end.)
+    const THREADS: usize = 4;
+    const TURNS: usize = 300;
+    let pool = Pool::builder(256 << 20)
+        .name("exact-peaks")
+        .eager_thread_heaps(true)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let client = pool.client("all", usize::MAX);
+    let held: Vec<std::sync::atomic::AtomicUsize> = (0..THREADS)
+        .map(|_| std::sync::atomic::AtomicUsize::new(0))
+        .collect();
+    let failures: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let turn = Barrier::new(THREADS + 1);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (client, held, turn, failures) = (&client, &held, &turn, &failures);
+            s.spawn(move || {
+                let mut rng = Rng(0x7E57 + t as u64);
+                let mut live: Vec<(u64, usize)> = Vec::new();
+                for n in 0..TURNS {
+                    if n % 2 == 0 {
+                        // Some threads take much, some little: headroom moves between heaps.
+                        let count = rng.below(if (n / 2 + t) % 3 == 0 { 40 } else { 6 });
+                        for _ in 0..count {
+                            let size = rng.size(1 << 20);
+                            match client.allocate(size, 0) {
+                                Ok(addr) => live.push((addr, class_rounded(size))),
+                                Err(e) => failures.lock().unwrap().push(format!("turn {n}: {e}")),
+                            }
+                        }
+                    } else {
+                        let keep = rng.below(live.len() as u64 + 1) as usize;
+                        for (addr, _) in live.drain(keep..) {
+                            if let Err(e) = client.deallocate(addr) {
+                                failures.lock().unwrap().push(format!("turn {n}: {e}"));
+                            }
+                        }
+                    }
+                    let bytes = live.iter().map(|&(_, r)| r).sum();
+                    held[t].store(bytes, std::sync::atomic::Ordering::SeqCst);
+                    turn.wait();
+                    turn.wait();
+                }
+                for (addr, _) in live {
+                    let _ = client.deallocate(addr);
+                }
+            });
+        }
+        let mut peak = 0;
+        for n in 0..TURNS {
+            turn.wait();
+            let in_use: usize = held
+                .iter()
+                .map(|h| h.load(std::sync::atomic::Ordering::SeqCst))
+                .sum();
+            peak = peak.max(in_use);
+            let c = client.stats();
+            if (c.in_use, c.peak) != (in_use, peak) {
+                let seen = (c.in_use, c.peak);
+                failures.lock().unwrap().push(format!(
+                    "turn {n}: the client has (in use, peak) {seen:?}, not {:?}",
+                    (in_use, peak)
+                ));
+            }
+            if n % 25 == 24 {
+                let s = pool.stats();
+                if (s.in_use, s.peak) != (in_use, peak) {
+                    let seen = (s.in_use, s.peak);
+                    failures.lock().unwrap().push(format!(
+                        "turn {n}: the pool has (in use, peak) {seen:?}, not {:?}",
+                        (in_use, peak)
+                    ));
+                }
+            }
+            turn.wait();
+        }
+    });
+    assert_eq!(failures.into_inner().unwrap(), Vec::<String>::new());
+    let s = pool.stats();
+    assert_eq!((s.in_use, s.live), (0, 0));
+    assert!(s.peak > 0 && s.peak == client.stats().peak);
 }

@@ -1,6 +1,6 @@
 //! Growable device pools on the CUDA virtual memory API: nothing mapped until used, growth
-//! across thousands of chunks with earlier data intact, `trim` giving the device its memory
-//! back (seen in `cuMemGetInfo`), `trim` waiting for the home stream, and a map that fails
+//! across thousands of chunks with earlier data intact, threads on heaps of their own mapping
+//! their blocks, `trim` giving the device its memory back (seen in `cuMemGetInfo`), `trim` waiting for the home stream, and a map that fails
 //! under real device exhaustion leaving the pool unchanged and serving.
 //!
 //! Each test runs in well under a minute on an H200; they share the device one at a time and
@@ -202,6 +202,82 @@ mod gpu {
         }
         let first = pointer_info(&stream, slices[0].addr()).unwrap();
         assert_eq!(first.memory_type, PointerMemory::Device);
+    }
+
+    #[test]
+    fn footprint_threads_on_heaps_of_a_growable_pool_map_device_memory_and_trim_gives_it_back() {
+        // Four threads, each on a heap of its own from its first allocation: their blocks'
+        // chunks are mapped from the heaps (under the pool's lock), hold what each thread
+        // writes, and once the threads have exited (their heaps given back) a trim returns the
+        // device to its free memory before the pool.
+        const THREADS: usize = 4;
+        let Some((_device, stream)) = gpu() else {
+            return;
+        };
+        warm_up(&stream);
+        let free0 = free_now(&stream);
+        let pool = Pool::builder(4 * GIB)
+            .name("heaps-vmm")
+            .eager_thread_heaps(true)
+            .build_cuda(stream.clone())
+            .unwrap();
+        assert_eq!(pool.region_kind(), RegionKind::Growable);
+        let chunk = pool.stats().chunk;
+        let start = std::sync::Barrier::new(THREADS);
+        let heaps = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let (pool, stream, start, heaps) = (&pool, &stream, &start, &heaps);
+                s.spawn(move || {
+                    stream.context().bind_to_thread().unwrap();
+                    start.wait();
+                    let mut slices = Vec::new();
+                    for i in 0..96usize {
+                        let len = (64 << 10) + (i * 7919 + t * 104_729) % (3 * MIB);
+                        let mut slice = pool.alloc_slice::<u8>(len).unwrap();
+                        let mark = ((t * 96 + i) % 251) as u8 + 1;
+                        slice
+                            .device_view_mut(stream)
+                            .unwrap()
+                            .fill_bytes(mark)
+                            .unwrap();
+                        slices.push((slice, mark));
+                        if i % 3 == 2 {
+                            slices.swap_remove(i * 31 % slices.len());
+                        }
+                    }
+                    heaps.fetch_max(pool.thread_heaps(), Ordering::Relaxed);
+                    for (slice, mark) in &slices {
+                        let bytes = slice.device_view(stream).unwrap().to_vec().unwrap();
+                        assert!(
+                            bytes.iter().all(|b| b == mark),
+                            "thread {t}: the block at {:#x} lost its data",
+                            slice.addr()
+                        );
+                    }
+                });
+            }
+        });
+        println!("up to {} heaps", heaps.load(Ordering::Relaxed));
+        assert!(heaps.load(Ordering::Relaxed) >= 2);
+        assert_eq!(pool.thread_heaps(), 0, "the threads gave their heaps back");
+        let stats = pool.stats();
+        println!("{stats}");
+        assert_eq!((stats.live, stats.in_use), (0, 0));
+        assert!(stats.maps > 0 && stats.mapped > 0);
+        let free1 = free_now(&stream);
+        assert!(
+            (free0 - free1).abs_diff(stats.mapped) <= chunk,
+            "cuMemGetInfo saw {} MiB taken, the pool says {} MiB mapped",
+            mib(free0 - free1),
+            mib(stats.mapped)
+        );
+        assert_eq!(pool.trim().unwrap(), stats.mapped);
+        let free2 = free_now(&stream);
+        assert!(
+            free2.abs_diff(free0) <= chunk,
+            "after trim the device has {free2} bytes free, before the pool {free0}"
+        );
     }
 
     #[test]

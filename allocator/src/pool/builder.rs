@@ -197,9 +197,9 @@ impl PoolBuilder {
     }
 
     /// How many free bytes the thread heaps may keep, all together (`0`: no thread heaps,
-    /// every thread uses the pool's own index under its lock); each heap keeps its share. Only
-    /// pools on a classic region get thread heaps (a growable region maps memory under the
-    /// pool's lock). By default half the capacity ([`DEFAULT_THREAD_HEAP_SHARE`](super::DEFAULT_THREAD_HEAP_SHARE)).
+    /// every thread uses the pool's own index under its lock); each heap keeps its share. By
+    /// default half the capacity ([`DEFAULT_THREAD_HEAP_SHARE`](super::DEFAULT_THREAD_HEAP_SHARE)).
+    /// On a growable region a heap maps memory as the pool does, as its blocks reach new chunks.
     ///
     /// A thread that finds the pool's lock taken by another gets a heap of its own: spans of
     /// the region (a sixteenth of the capacity at a time, at most half its share, or what a
@@ -259,10 +259,11 @@ impl PoolBuilder {
     /// Whether [`PoolStats::peak`](super::PoolStats::peak) and each client's peak stay exact
     /// while threads allocate on heaps of their own (on by default).
     ///
-    /// Exact peaks cost coordination: a heap may allocate without asking the pool only within
-    /// the headroom below the peak reached so far, so while the pool's use is near its peak,
-    /// heaps ask for headroom often, and where none is left the pool takes back every heap's
-    /// unused headroom (locking each heap) before it counts a new peak. With `false`, a heap
+    /// Exact peaks cost coordination: a heap may allocate only within the headroom below the
+    /// peak reached so far, which heaps pass among themselves through a spare (an atomic
+    /// counter, without the pool's lock); where none is left the pool takes back every heap's
+    /// unused headroom (locking each heap) before it counts a new peak. While the pool's use
+    /// is near its peak, that happens often. With `false`, a heap
     /// takes headroom in chunks (1/256 of the capacity beyond its need) and gives back what
     /// it holds beyond that now and then, and a peak counts the headroom heaps hold: at least
     /// the peak reached, and above it by at most the heaps' unused headroom. Exact either way

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Instant, SystemTime};
 
 use super::addr_map::AddrMap;
-use super::counters::Counters;
+use super::counters::{Counters, Spare};
 use super::events::{self, EventSink, PoolAction, Record};
 use super::graph::Graphs;
 use super::lock::{Lock, LockGuard, Reentrant};
@@ -20,7 +20,7 @@ use super::stats::{ClientStats, Leak, LeakReport, PoolStats, Tracking};
 use super::stream::{StreamEvent, StreamId, StreamSync};
 use super::thread_heap::{self, HeapEntry, ThreadHeap};
 use super::tlsf::Tlsf;
-use super::vmm::Mapping;
+use super::vmm::{ChunkMap, Mapping};
 use super::{
     AllocRequest, BLOCK_GRANULE, DEFAULT_POOL_ALIGN, DEFAULT_REUSE_BLOCKS, FreeRequest,
     MAX_POOL_ALIGN, effective_align, reserved_bytes,
@@ -74,6 +74,11 @@ pub(super) struct ClientState {
     pub(super) name: Arc<str>,
     pub(super) quota: usize,
     pub(super) counts: Counters,
+    /// Headroom below the client's peak leased to no heap in particular (with exact peaks;
+    /// counted in `counts.leased`): what its heaps take and give back without the lock.
+    pub(super) spare: Arc<Spare>,
+    /// How many thread heaps are listed as holding leases of this client.
+    pub(super) heaps: usize,
 }
 
 impl ClientState {
@@ -82,6 +87,8 @@ impl ClientState {
             name: Arc::from(name),
             quota,
             counts: Counters::default(),
+            spare: Arc::default(),
+            heaps: 0,
         }
     }
 
@@ -137,7 +144,7 @@ pub(super) struct State {
     /// Events recorded and not yet delivered, in the order the pool did things.
     outbox: VecDeque<Record>,
     /// Which chunks of the region are backed by memory (all of a classic region).
-    mapping: Mapping,
+    pub(super) mapping: Mapping,
     /// The thread heaps (see [`thread_heap`]).
     pub(super) heaps: Vec<HeapEntry>,
     /// Every span of a thread heap, by address: its size and heap.
@@ -195,6 +202,10 @@ pub(super) struct Shared {
     pub(super) heap_cache: (usize, u64),
     /// Whether `peak` stays exact with thread heaps (see `PoolBuilder::exact_peaks`).
     pub(super) exact_peaks: bool,
+    /// With exact peaks: headroom below the pool's peak leased to no heap in particular
+    /// (counted in the state's `counts.leased`), which heaps take and give back without the
+    /// lock (see [`thread_heap`]).
+    pub(super) spare: Spare,
     /// Without exact peaks: the headroom a lease takes beyond what it needs, and keeps.
     pub(super) lease_chunk: usize,
     /// A thread is handing the outbox to the sinks (see [`deliver`](Shared::deliver)).
@@ -203,6 +214,8 @@ pub(super) struct Shared {
     sink_panicked: AtomicBool,
     /// Whether memory is mapped on demand (and can be trimmed).
     pub(super) growable: bool,
+    /// Which chunks are mapped, read by thread heaps without the lock (see [`super::vmm`]).
+    pub(super) chunks: ChunkMap,
     // Dropped last: the region outlives every other field (a growable region's reservation
     // lives in the state's mapping, dropped with the state).
     _region: Option<Box<dyn RegionOwner>>,
@@ -259,6 +272,7 @@ impl Shared {
             mut mapping,
         } = region;
         let growable = mapping.is_growable();
+        let chunks = mapping.chunk_map();
         mapping.release_threshold = settings.release_threshold;
         let state = State {
             tlsf: Tlsf::new(
@@ -286,10 +300,7 @@ impl Shared {
             reused: 0,
             sink: settings.sink,
         };
-        // A growable region maps memory under the pool's lock when a block reaches unmapped
-        // chunks; thread heaps allocate under their own locks, so they are kept to classic
-        // regions, whose memory is all there.
-        let heap_bytes = if growable { 0 } else { settings.heap_bytes };
+        let heap_bytes = settings.heap_bytes;
         let flags = settings.tracking as u8
             | if state.sink.is_some() { SINK } else { 0 }
             | if settings.eager_heaps && heap_bytes > 0 {
@@ -321,10 +332,12 @@ impl Shared {
             heap_bound: AtomicUsize::new(heap_bytes),
             heap_cache,
             exact_peaks: settings.exact_peaks,
+            spare: Spare::default(),
             lease_chunk: (capacity / LEASE_CHUNKS).max(BLOCK_GRANULE),
             delivering: AtomicBool::new(false),
             sink_panicked: AtomicBool::new(false),
             growable,
+            chunks,
             _region: owner,
         }
     }
@@ -644,8 +657,9 @@ impl Shared {
             return None;
         }
         let (block, addr) = state.tlsf.allocate(reserved as u64, ask.align as u64)?;
-        // Memory behind the block: mapped already, or the general path maps it.
-        if !state.mapping.covers(addr, reserved as u64) {
+        // Memory behind the block: mapped already (all of a classic region, which needs no
+        // look), or the general path maps it.
+        if self.growable && !self.chunks.covers(addr, reserved as u64) {
             state.tlsf.free(block);
             return None;
         }
@@ -709,7 +723,7 @@ impl Shared {
     /// Counts and reports a failed allocation; returns its error.
     #[cold]
     #[inline(never)]
-    fn allocation_failed(
+    pub(super) fn allocation_failed(
         &self,
         state: &mut State,
         ask: &Ask,
@@ -750,6 +764,10 @@ impl Shared {
         // Thread heaps give their spans back once before a request fails for capacity.
         let mut given_back = state.heaps.is_empty();
         loop {
+            if self.exact_peaks && !state.heaps.is_empty() {
+                // Headroom that waits for heaps serves the pool's own index too.
+                self.draw_spare(state, ask.client, reserved);
+            }
             let client = &state.clients[ask.client as usize];
             let exact = client.allows(reserved)
                 && (!self.exact_peaks
@@ -761,7 +779,7 @@ impl Shared {
                 // and the heaps stay locked until the allocation is counted, so that the
                 // quota check and the peak are exact.
                 self.with_heaps(state, |state, heaps| {
-                    Self::revoke(state, heaps, ask.client);
+                    self.revoke(state, heaps, ask.client);
                     self.allocate_admitted(state, ask, align, reserved, owned, &mut info)
                 })
             };
@@ -1473,9 +1491,14 @@ impl Shared {
         Self::unmap_free(&mut state, keep)
     }
 
-    /// Merges what waits in the reuse cache and takes back parked blocks whose events have
-    /// completed; whether more than `keep` bytes are mapped.
+    /// Where more than `keep` bytes are mapped: gives every thread heap back, merges what
+    /// waits in the reuse cache and takes back parked blocks whose events have completed;
+    /// whether more than `keep` bytes are mapped.
     fn prepare_trim(&self, state: &mut State, keep: usize) -> bool {
+        // Nothing to give back: the heaps and the reuse cache stay as they are.
+        if state.mapping.mapped_bytes() <= keep {
+            return false;
+        }
         self.dissolve_all(state);
         state.tlsf.flush();
         if !state.parked.is_empty() {

@@ -101,11 +101,13 @@
 //!   free ones merged with their free neighbours, live ones carrying on at their addresses. A
 //!   request that would succeed with every heap given back succeeds.
 //! * **Quotas and peaks.** A heap allocates within leases of the pool's bytes and of each
-//!   client's, taken from the headroom below the peak (and the quota); past them it asks, and
-//!   where no headroom is left the pool takes back every heap's unused leases before it counts
-//!   a new peak or refuses a quota. Peaks stay exact at a cost: near its peak a pool shared by
-//!   many threads coordinates often. [`PoolBuilder::exact_peaks`]`(false)` lets heaps take
-//!   headroom in chunks and counts it in the peaks instead (quotas stay exact).
+//!   client's, taken from the headroom below the peak (and the quota). Headroom no heap holds
+//!   waits in a spare that heaps take from and give back to without the pool's lock (one
+//!   atomic operation, now and then); past that a heap asks the pool, and where no headroom
+//!   is left the pool takes back every heap's unused leases and the spare before it counts a
+//!   new peak or refuses a quota. Peaks stay exact at a cost: near its peak a pool shared by
+//!   many threads coordinates more often. [`PoolBuilder::exact_peaks`]`(false)` lets heaps
+//!   take headroom in chunks and counts it in the peaks instead (quotas stay exact).
 //! * **Statistics, leaks, events.** [`Pool::stats`] gives every heap back first (so the free
 //!   blocks it describes exist, and every count is the pool's own); client statistics and leak
 //!   reports add up every heap with all of them locked. Tracking, event sinks, parked blocks
@@ -118,8 +120,14 @@
 //!   pool weakly; when the thread exits, each heap of a pool still alive is given back. A pool
 //!   dropped first empties its heaps (its leak report lists their live allocations).
 //!
-//! Thread heaps serve pools on a classic region; a growable region maps memory under the
-//! pool's lock as blocks reach new chunks, so its threads share the pool's own index.
+//! * **Growable regions.** A heap's spans are addresses; memory is mapped under them as its
+//!   blocks reach new chunks. A heap reads which chunks are mapped without the pool's lock (a
+//!   bitmap the pool writes under it) and takes the pool's lock only to map the chunks a block
+//!   reaches first. When mapping fails, the block goes back to the heap and the request fails
+//!   with [`Error::OutOfMemory`](crate::Error::OutOfMemory), as on the pool's own index.
+//!   [`Pool::trim`] gives every heap back before it unmaps anything, so no heap holds a span
+//!   over a chunk being unmapped. Each heap reuses only its own freed blocks, which costs
+//!   memory (see "Performance" below).
 //!
 //! Heaps bound the free bytes they keep (half the capacity by default, shared among them):
 //! past it a heap gives back spans nothing uses, then the spans with the most free bytes.
@@ -143,21 +151,30 @@
 //! log-uniform in 256 B … 4 MiB) against the system allocator and prints the median ns per pair
 //! for 1 and 4 threads (`--threads 1,2,4,8` for others) and each row's aggregate throughput
 //! against one thread (`-- --json` for a machine-readable form), with the pool as built by
-//! default, with a heap for every thread, with leased peaks, and with its reuse cache off; with
-//! `--features cuda` on a GPU it adds a pool on device memory and `cuMemAllocAsync` /
-//! `cuMemFreeAsync` in the same run.
+//! default, with a heap for every thread, with leased peaks, with its reuse cache off, and with
+//! a pool of its own for every thread (nothing shared: what the machine allows); with
+//! `--features cuda` on a GPU it adds a pool on device memory (classic and growable) and
+//! `cuMemAllocAsync` / `cuMemFreeAsync` in the same run.
 //!
 //! The common case is one straight path: a valid alignment, tracking off, nothing parked on
 //! another stream, the home stream, within quota and capacity. `allocate` and `deallocate` are
 //! `#[inline]`, so it inlines into the caller. On the benchmark's workload, where 93% of the
-//! requests find a block of their class in the reuse cache, a pair takes about 375
-//! instructions, the benchmark's own loop and both lock round trips included, and 0.5
-//! mispredicted branches (callgrind; about 520 and 1.5 with the cache off). Tracking,
-//! event sinks, other streams and every failure take a general path, kept out of line, that
-//! decides the same way and reports why. A thread on a heap takes its own lock instead, and
-//! its pairs cost about as much; threads that meet on the pool's lock before they have heaps
-//! back off before they look again, so that the thread holding the lock keeps it, and the
-//! pool's state in its caches, for a run of calls.
+//! requests find a block of their class in the reuse cache, a pair takes about 390
+//! instructions, the benchmark's own loop and both lock round trips included (callgrind;
+//! about 510 with the cache off). Tracking, event sinks, other streams and every failure take
+//! a general path, kept out of line, that decides the same way and reports why. A thread on a
+//! heap takes its own lock instead, and its pairs cost about a quarter more instructions
+//! (about 500); threads that meet on the pool's lock before they have heaps back off before
+//! they look again, so that the thread holding the lock keeps it, and the pool's state in its
+//! caches, for a run of calls.
+//!
+//! Heaps on a growable region each map memory where their own blocks go and reuse only their
+//! own freed blocks, so a growable pool shared by busy threads holds about what each thread's
+//! peak needs, added up, rather than the peak of their sum: on the benchmark's workload with
+//! 8 threads, 2.1 × the pool's peak in use with the reuse cache off (1.06 × on one index), 7
+//! to 8 × with it on (2.3 × on one index). [`Pool::trim`] gives it back;
+//! [`PoolBuilder::thread_heaps`]`(0)` keeps every thread on the pool's own index, and its
+//! footprint.
 //!
 //! # Example
 //!

@@ -19,12 +19,21 @@
 //! * **Quotas and the peak.** A heap allocates within *leases*, one for the pool and one per
 //!   client ([`Lease`]): bytes it may hold without asking. The pool counts leases as in use
 //!   and keeps `in_use ≤ peak` (and `peak ≤ quota` for a client), so an allocation within a
-//!   lease can set no new peak and pass no quota. A heap that needs more asks the pool; where
-//!   the headroom under the peak is gone, the pool first takes back every lease's unused part,
-//!   with every heap locked, and only then raises the peak (to exactly what is in use) or
-//!   refuses the quota. Without exact peaks (`exact_peaks(false)`), a heap takes a chunk of
-//!   headroom beyond its need, raising the peak where there is none, and gives back what it
-//!   holds beyond two chunks: the peaks count leases, quotas stay exact.
+//!   lease can set no new peak and pass no quota. Headroom that no heap holds is leased to a
+//!   [`Spare`] (the pool's, and one per client), counted as in use like any lease: a heap
+//!   short of lease takes what it needs from the spare, and a little more to keep, with one
+//!   compare-and-swap and without the pool's lock, and gives back to it what it holds beyond
+//!   a few times that (the amount kept follows the peak and the number of heaps). Moving
+//!   headroom between a heap and a spare changes no count. Where the spare runs short the
+//!   heap asks the pool; where the headroom under the peak is gone, the pool first takes back
+//!   every lease's unused part and the spare, with every heap that may touch them locked
+//!   (heaps touch a spare only under their own lock), and only then raises the peak (to
+//!   exactly what is in use) or refuses the quota; the headroom left goes to the spare. Every
+//!   path that needs exact counts (statistics, a refusal, the pool's own index where the
+//!   counts leave no headroom) drains the spares the same way, or draws from them. Without
+//!   exact peaks (`exact_peaks(false)`), a heap takes a chunk of headroom beyond its need,
+//!   raising the peak where there is none, and gives back what it holds beyond two chunks to
+//!   the pool: the peaks count leases, quotas stay exact.
 //! * **Statistics, leak reports, the event log.** Counts that add up (bytes, allocations,
 //!   frees) are kept per heap and summed with every heap locked; the free blocks are described
 //!   after every heap gave its spans back. Leak reports list every heap's live allocations.
@@ -36,15 +45,23 @@
 //!   a free on another stream parks the block as before, and it returns to its heap when its
 //!   event completes. Blocks reach the pool's index, and so other streams, only when spans go
 //!   back, which counts as a home-stream free.
+//! * **Growable regions.** A span is addresses: memory is mapped under it as blocks reach new
+//!   chunks. The heap's fast path checks the chunk bits of each block it takes without the
+//!   pool's lock ([`ChunkMap`](super::vmm::ChunkMap)); where a chunk is missing it gives the
+//!   block back and maps under the pool's lock in
+//!   [`heap_allocate_locked`](Shared::heap_allocate_locked), before anything is counted. A trim gives every heap back
+//!   first and unmaps only chunks inside free blocks of the pool's index (never inside a span),
+//!   so a chunk under a heap's span stays mapped while the heap holds the span.
 //! * **Thread exit and pool drop.** The thread's heaps live in a thread-local list that holds
 //!   each pool weakly: when the thread exits, each heap of a pool still alive is given back. A
 //!   pool dropped first empties its heaps; the list then holds only an empty heap, dropped when
 //!   the thread exits or looks up another pool.
 //!
 //! Locks are taken in one order: the pool's lock, then heap locks. A thread's fast path holds
-//! only its own heap's lock; every other path that locks a heap holds the pool's lock first, so
-//! no two threads wait for each other's locks in opposite orders. No callback runs while a heap
-//! is locked by its own thread's fast path.
+//! only its own heap's lock (and touches a spare with atomic operations, which wait for no
+//! one); every other path that locks a heap holds the pool's lock first, so no two threads
+//! wait for each other's locks in opposite orders. No callback runs while a heap is locked by
+//! its own thread's fast path.
 
 use alloc::sync::{Arc, Weak};
 use alloc::vec::Vec;
@@ -52,15 +69,22 @@ use core::cell::{Cell, RefCell};
 use core::sync::atomic::Ordering;
 
 use super::addr_map::AddrMap;
-use super::counters::Lease;
+use super::counters::{Counters, Lease, Spare};
 use super::engine::{Ask, HEAPS, Live, SINK, SLOW, Shared, State, grow_meta};
 use super::lock::{Lock, LockGuard};
 use super::tlsf::{self, GRANULE, Piece, Tlsf};
 use super::{AllocRequest, reserved_bytes};
 use crate::error::Error;
 
-/// Serial numbers a heap takes from the pool at a time.
-const SERIAL_BATCH: u64 = 1024;
+/// Serial numbers a heap takes from the pool at a time (numbers are for leak reports: gaps
+/// are harmless, a visit to the pool's lock for them is not).
+const SERIAL_BATCH: u64 = 1 << 16;
+/// With exact peaks a heap keeps `1 / (KEEP_SHARE * heaps)` of the peak as headroom when it
+/// takes or gives back headroom (at least [`MIN_KEEP`]): a sixteenth of what every heap
+/// could keep together at [`GIVE_BACK`](super::counters::GIVE_BACK) times that, so that the
+/// spare headroom rarely runs out while heaps rarely have to take or give.
+const KEEP_SHARE: usize = 8;
+const MIN_KEEP: usize = 64 << 10;
 /// A heap takes spans of `1 / SPANS_PER_CAPACITY` of the capacity, within
 /// `MIN_SPAN..=MAX_SPAN` and at most half its bound (a request may need more).
 const SPANS_PER_CAPACITY: usize = 16;
@@ -99,12 +123,15 @@ pub(super) struct Span {
 }
 
 /// A heap's share of one client: its lease and the counts of its allocations.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub(super) struct ClientShare {
     pub(super) lease: Lease,
     pub(super) requested: usize,
     pub(super) allocations: u64,
     pub(super) frees: u64,
+    /// The client's spare headroom, once the heap is listed as holding its leases (with
+    /// exact peaks).
+    pub(super) spare: Option<Arc<Spare>>,
 }
 
 /// Everything behind a heap's lock.
@@ -334,6 +361,12 @@ pub(super) struct Locked<'a> {
 // ---------------------------------------------------------------------------------------------
 // The heap paths of the pool.
 
+/// The headroom a heap keeps of a peak of `peak` bytes that `heaps` heaps share (see
+/// [`KEEP_SHARE`]).
+fn keep(peak: usize, heaps: usize) -> usize {
+    (peak / (KEEP_SHARE * heaps.max(1))).max(MIN_KEEP)
+}
+
 impl Shared {
     /// A heap's share of the free bytes the heaps may keep.
     #[inline(always)]
@@ -386,13 +419,79 @@ impl Shared {
         }
         let h = &mut *guard;
         let share = h.clients.get_mut(ask.client as usize)?;
-        if !(h.lease.fits(reserved) && share.lease.fits(reserved)) || h.serials.0 == h.serials.1 {
+        if h.serials.0 == h.serials.1 {
+            return None;
+        }
+        let fits = h.lease.fits(reserved) && share.lease.fits(reserved);
+        if !(fits || self.refill(&mut h.lease, share, reserved)) {
             return None;
         }
         let (block, addr) = h.tlsf.allocate(reserved as u64, ask.align as u64)?;
+        // A growable region: memory behind the block, or the slow path maps it under the
+        // pool's lock (a block split off a free one: merged back, the index as it was).
+        if self.growable && !self.chunks.covers(addr, reserved as u64) {
+            h.tlsf.free(block);
+            return None;
+        }
         HeapState::count(&mut h.lease, share, &mut h.serials, ask, reserved);
         h.record(ask, owned, block, addr);
         Some(addr)
+    }
+
+    /// With exact peaks: takes what the heap's leases (the pool's, `share`'s) lack for
+    /// `reserved` more bytes from the spare headroom, without the pool's lock; whether both
+    /// fit now. (What one of them took stays with it if the other cannot be filled.)
+    #[cold]
+    #[inline(never)]
+    fn refill(&self, lease: &mut Lease, share: &mut ClientShare, reserved: usize) -> bool {
+        // (Before the pool first told it what to keep, a heap asks the pool.)
+        if !self.exact_peaks || lease.keep == 0 {
+            return false;
+        }
+        if !lease.fits(reserved) && !lease.refill(&self.spare, reserved) {
+            return false;
+        }
+        if share.lease.fits(reserved) {
+            return true;
+        }
+        match &share.spare {
+            Some(spare) => share.lease.refill(spare, reserved),
+            None => false,
+        }
+    }
+
+    /// With exact peaks: gives what the heap's leases hold beyond what they keep back to the
+    /// spare headroom, without the pool's lock.
+    #[cold]
+    #[inline(never)]
+    fn give_back(&self, lease: &mut Lease, share: &mut ClientShare) {
+        if lease.hoards() {
+            lease.give_back(&self.spare);
+        }
+        if let (true, Some(spare)) = (share.lease.hoards(), &share.spare) {
+            share.lease.give_back(spare);
+        }
+    }
+
+    /// With exact peaks and heaps, for an allocation of `reserved` bytes for `client` on the
+    /// pool's own index: where the counts leave no headroom for it (the headroom being leased
+    /// to the spares), takes some from the spares, with what a heap would keep beyond it, so
+    /// that the allocation neither locks every heap nor counts a peak it need not.
+    pub(super) fn draw_spare(&self, state: &mut State, client: u32, reserved: usize) {
+        let counts = &mut state.counts;
+        if !counts.admits(reserved) {
+            let more = keep(counts.peak, state.heaps.len() + 1);
+            if let Some(taken) = self.spare.take(reserved, more) {
+                counts.unlease(taken);
+            }
+        }
+        let c = &mut state.clients[client as usize];
+        if !(c.counts.admits(reserved) && c.counts.allows(reserved, c.quota)) {
+            let more = keep(c.counts.peak, c.heaps + 1);
+            if let Some(taken) = c.spare.take(reserved, more) {
+                c.counts.unlease(taken);
+            }
+        }
     }
 
     /// An allocation on a thread heap that its fast path could not make.
@@ -449,6 +548,14 @@ impl Shared {
             h.serials = (state.next_serial, state.next_serial + SERIAL_BATCH);
             state.next_serial += SERIAL_BATCH;
         }
+        if self.exact_peaks {
+            // What the heap keeps follows the peak and the number of heaps.
+            h.lease.keep = keep(state.counts.peak, state.heaps.len());
+            if h.clients[client].spare.is_some() {
+                let c = &state.clients[client];
+                h.clients[client].lease.keep = keep(c.counts.peak, c.heaps);
+            }
+        }
         // The block first: a lease may raise a peak, which only an allocation may do.
         let (size, align) = (reserved as u64, ask.align as u64);
         let hits = h.tlsf.reused();
@@ -473,6 +580,20 @@ impl Shared {
             drop(guard);
             return general(state);
         };
+        // A growable region: memory behind the block before anything is counted (a request
+        // that fails raises no peak).
+        let (block, addr) = if self.growable && !self.chunks.covers(addr, size) {
+            match self.heap_map_block(state, h, block, addr, size, align) {
+                Ok(taken) => taken,
+                Err(error) => {
+                    h.tlsf.forget_reused(hits);
+                    drop(guard);
+                    return Err(self.allocation_failed(state, ask, None, error));
+                }
+            }
+        } else {
+            (block, addr)
+        };
         if !h.clients[client].lease.fits(reserved)
             && !self.grant_client(state, heap, h, ask.client, reserved)
         {
@@ -490,6 +611,42 @@ impl Shared {
         HeapState::count(&mut h.lease, share, &mut h.serials, ask, reserved);
         h.record(ask, owned, block, addr);
         Ok(addr)
+    }
+
+    /// Maps the memory behind a block of a heap whose chunks are not all mapped, as
+    /// [`map_block`](Shared::map_block) does for the pool's index: when that fails, the block
+    /// goes back to the heap's index; if freed blocks wait in the heap's reuse cache (all of
+    /// them mapped), they are merged and the request looks once more. When that fails too,
+    /// the heap is as it was (but for the merged cache) and the error fails the request.
+    #[cold]
+    #[inline(never)]
+    fn heap_map_block(
+        &self,
+        state: &mut State,
+        h: &mut HeapState,
+        block: u32,
+        addr: u64,
+        size: u64,
+        align: u64,
+    ) -> Result<(u32, u64), Error> {
+        let Err(error) = state.mapping.ensure(addr, size) else {
+            return Ok((block, addr));
+        };
+        h.tlsf.free(block);
+        if h.tlsf.cached().1 == 0 {
+            return Err(error);
+        }
+        h.tlsf.flush();
+        let Some((block, addr)) = h.tlsf.allocate(size, align) else {
+            return Err(error);
+        };
+        if !self.chunks.covers(addr, size) {
+            if let Err(error) = state.mapping.ensure(addr, size) {
+                h.tlsf.free(block);
+                return Err(error);
+            }
+        }
+        Ok((block, addr))
     }
 
     /// Takes a span for `heap` from the pool's index, large enough for `size` bytes at
@@ -527,8 +684,12 @@ impl Shared {
         h.tlsf.allocate(size, align)
     }
 
-    /// Leases `heap` enough of the pool's bytes for `reserved` more; takes back the other
-    /// heaps' unused leases, then raises the peak, where the headroom is gone.
+    /// Leases `heap` enough of the pool's bytes for `reserved` more. Without exact peaks, a
+    /// chunk beyond that, raising the peak where it must. With exact peaks: from the spare
+    /// headroom where it holds enough; else from the headroom leased to none; else every
+    /// heap's unused lease is taken back first (locking each), so that a new peak is exact.
+    /// The heap takes its need and what it keeps; the rest of the headroom goes to the spare,
+    /// where the heaps find it without the pool's lock.
     fn grant_pool(
         &self,
         state: &mut State,
@@ -545,11 +706,13 @@ impl Shared {
             h.lease.cap += need + self.lease_chunk;
             return;
         }
-        // Every heap holds a lease of the pool: each may take its share of the headroom.
+        let heaps = state.heaps.len();
+        h.lease.keep = keep(state.counts.peak, heaps);
+        if h.lease.refill(&self.spare, reserved) {
+            return;
+        }
         if state.counts.headroom() >= need {
-            let extra = (state.counts.headroom() - need) / state.heaps.len().max(1);
-            h.lease.cap += need + extra;
-            state.counts.lease(need + extra);
+            Self::share_headroom(&mut state.counts, &self.spare, &mut h.lease, need);
             return;
         }
         self.with_other_heaps(state, heap, None, |state, others| {
@@ -559,15 +722,24 @@ impl Shared {
             }
             state.counts.unlease(h.lease.slack());
             h.lease.cap = h.lease.used;
-            // Every lease is what its heap uses now: `in_use` is what is in use, and a new
-            // peak is exact.
-            let heaps = state.heaps.len().max(1);
+            state.counts.unlease(self.spare.drain());
+            // Every lease is what its heap uses now and the spare is empty: `in_use` is what
+            // is in use, and a new peak is exact.
             let counts = &mut state.counts;
             counts.peak = counts.peak.max(counts.in_use + reserved);
-            let extra = (counts.headroom() - reserved) / heaps;
-            h.lease.cap += reserved + extra;
-            counts.lease(reserved + extra);
+            h.lease.keep = keep(counts.peak, heaps);
+            Self::share_headroom(counts, &self.spare, &mut h.lease, reserved);
         });
+    }
+
+    /// With exact peaks: leases all the headroom below `counts`' peak (at least `need`):
+    /// `need` and what `lease` keeps to the heap, the rest to `spare`.
+    fn share_headroom(counts: &mut Counters, spare: &Spare, lease: &mut Lease, need: usize) {
+        let headroom = counts.headroom();
+        let grant = need + lease.keep.min(headroom - need);
+        counts.lease(headroom);
+        lease.cap += grant;
+        spare.give(headroom - grant);
     }
 
     /// As [`grant_pool`](Self::grant_pool) for a client's lease; `false` (nothing changed but
@@ -581,20 +753,19 @@ impl Shared {
         reserved: usize,
     ) -> bool {
         let c = client as usize;
-        let share = &h.clients[c].lease;
-        let need = share.used + reserved - share.cap;
-        if let Some(entry) = state.entry(heap) {
-            if !entry.clients.contains(&client) {
+        if h.clients[c].spare.is_none() {
+            // Listed as holding the client's leases (only such heaps are locked to take them
+            // back), with its spare headroom at hand.
+            if let Some(entry) = state.entry(heap) {
                 entry.clients.push(client);
+                state.clients[c].heaps += 1;
+                h.clients[c].spare = Some(state.clients[c].spare.clone());
             }
         }
+        let share = &mut h.clients[c];
+        let need = share.lease.used + reserved - share.lease.cap;
         // The heaps that hold a lease of this client share its headroom.
-        let heaps = state
-            .heaps
-            .iter()
-            .filter(|e| e.clients.contains(&client))
-            .count()
-            .max(1);
+        let heaps = state.clients[c].heaps;
         let quota = state.clients[c].quota;
         let counts = &mut state.clients[c].counts;
         if !self.exact_peaks && counts.in_use + need <= quota {
@@ -602,35 +773,59 @@ impl Shared {
             let grant = need + self.lease_chunk.min(quota - counts.in_use - need);
             counts.lease(grant);
             counts.peak = counts.peak.max(counts.in_use);
-            h.clients[c].lease.cap += grant;
+            share.lease.cap += grant;
             return true;
         }
+        if self.exact_peaks {
+            share.lease.keep = keep(counts.peak, heaps);
+            if let Some(spare) = &share.spare {
+                if share.lease.refill(spare, reserved) {
+                    return true;
+                }
+            }
+        }
         if counts.headroom() >= need {
-            let extra = (counts.headroom() - need) / heaps;
-            h.clients[c].lease.cap += need + extra;
-            counts.lease(need + extra);
+            match (&share.spare, self.exact_peaks) {
+                (Some(spare), true) => {
+                    Self::share_headroom(counts, spare, &mut share.lease, need);
+                }
+                _ => {
+                    let extra = (counts.headroom() - need) / heaps.max(1);
+                    share.lease.cap += need + extra;
+                    counts.lease(need + extra);
+                }
+            }
             return true;
         }
         self.with_other_heaps(state, heap, Some(client), |state, others| {
-            let quota = state.clients[c].quota;
-            let counts = &mut state.clients[c].counts;
+            let client = &mut state.clients[c];
+            let counts = &mut client.counts;
             for o in others.iter_mut() {
                 if let Some(share) = o.clients.get_mut(c) {
                     counts.unlease(share.lease.slack());
                     share.lease.cap = share.lease.used;
                 }
             }
-            let own = &mut h.clients[c].lease;
-            counts.unlease(own.slack());
-            own.cap = own.used;
+            let share = &mut h.clients[c];
+            counts.unlease(share.lease.slack());
+            share.lease.cap = share.lease.used;
+            counts.unlease(client.spare.drain());
             let total = counts.in_use + reserved;
-            if total > quota {
+            if total > client.quota {
                 return false;
             }
             counts.peak = counts.peak.max(total);
-            let extra = (counts.headroom() - reserved) / heaps;
-            own.cap += reserved + extra;
-            counts.lease(reserved + extra);
+            match (&share.spare, self.exact_peaks) {
+                (Some(spare), true) => {
+                    share.lease.keep = keep(counts.peak, heaps);
+                    Self::share_headroom(counts, spare, &mut share.lease, reserved);
+                }
+                _ => {
+                    let extra = (counts.headroom() - reserved) / heaps.max(1);
+                    share.lease.cap += reserved + extra;
+                    counts.lease(reserved + extra);
+                }
+            }
             true
         })
     }
@@ -671,10 +866,13 @@ impl Shared {
         f(state, &mut locked)
     }
 
-    /// Takes back every heap's unused leases, of the pool and of `client`, so that `in_use`
-    /// is what is in use (for as long as the heaps stay locked).
-    pub(super) fn revoke(state: &mut State, heaps: &mut [Locked<'_>], client: u32) {
+    /// Takes back every heap's unused leases and the spare headroom, of the pool and of
+    /// `client`, so that `in_use` is what is in use (for as long as the heaps stay locked).
+    pub(super) fn revoke(&self, state: &mut State, heaps: &mut [Locked<'_>], client: u32) {
         let c = client as usize;
+        state.counts.unlease(self.spare.drain());
+        let spare = state.clients[c].spare.drain();
+        state.clients[c].counts.unlease(spare);
         for h in heaps.iter_mut() {
             let h = &mut *h.state;
             state.counts.unlease(h.lease.slack());
@@ -714,10 +912,17 @@ impl Shared {
         let reserved = h.tlsf.release(block) as usize;
         h.uncount(&live, reserved);
         let over = h.tlsf.free_bytes() > self.heap_bound() as u64;
-        // Without exact peaks a heap gives back leases it does not use, now and then.
-        let hoarding = !self.exact_peaks
-            && (h.lease.slack() > 2 * self.lease_chunk
-                || h.clients[live.client as usize].lease.slack() > 2 * self.lease_chunk);
+        let share = &mut h.clients[live.client as usize];
+        // A heap gives back leases it does not use, now and then: with exact peaks to the
+        // spare headroom (here, without the pool's lock), else to the pool.
+        let hoarding = if self.exact_peaks {
+            if h.lease.hoards() || share.lease.hoards() {
+                self.give_back(&mut h.lease, share);
+            }
+            false
+        } else {
+            h.lease.slack() > 2 * self.lease_chunk || share.lease.slack() > 2 * self.lease_chunk
+        };
         Some(over || hoarding)
     }
 
@@ -864,7 +1069,11 @@ impl Shared {
         }
         debug_assert_eq!((h.lease.used, h.live.len()), (0, 0));
         state.counts.unlease(h.lease.cap);
-        h.lease = Lease::default();
+        // What it keeps stays: it is the pool's figure, not the heap's.
+        h.lease = Lease {
+            keep: h.lease.keep,
+            ..Lease::default()
+        };
         for (c, share) in h.clients.iter_mut().enumerate() {
             let counts = &mut state.clients[c].counts;
             counts.unlease(share.lease.cap);
@@ -875,17 +1084,33 @@ impl Shared {
         state.reused += h.tlsf.take_reused();
         h.serials = (0, 0);
         if let Some(entry) = state.entry(heap) {
-            entry.clients.clear();
+            let listed = core::mem::take(&mut entry.clients);
+            for c in listed {
+                state.clients[c as usize].heaps -= 1;
+            }
         }
     }
 
-    /// Gives every heap back ([`dissolve`](Self::dissolve)); the heaps stay with their threads,
-    /// empty.
+    /// Gives every heap back ([`dissolve`](Self::dissolve)) and the spare headroom; the heaps
+    /// stay with their threads, empty. Every heap stays locked until the spares are drained
+    /// (a heap takes from a spare under its own lock only), so that no heap holds a lease
+    /// afterwards and every count is the pool's own.
     pub(super) fn dissolve_all(&self, state: &mut State) {
         let heaps: Vec<Arc<ThreadHeap>> = state.heaps.iter().map(|e| e.heap.clone()).collect();
-        for heap in heaps {
-            let mut guard = heap.state.lock_wait();
-            self.dissolve(state, &heap, &mut guard);
+        let mut guards: Vec<_> = heaps.iter().map(|h| h.state.lock_wait()).collect();
+        for (heap, guard) in heaps.iter().zip(guards.iter_mut()) {
+            self.dissolve(state, heap, guard);
+        }
+        Self::drain_spares(self, state);
+        drop(guards);
+    }
+
+    /// Takes the spare headroom of the pool and of every client back into their counts
+    /// (the caller holds the lock of every heap that may take from them, or there is none).
+    fn drain_spares(&self, state: &mut State) {
+        state.counts.unlease(self.spare.drain());
+        for client in state.clients.iter_mut() {
+            client.counts.unlease(client.spare.drain());
         }
     }
 
@@ -933,6 +1158,8 @@ impl Shared {
         state.heaps.retain(|e| !Arc::ptr_eq(&e.heap, heap));
         self.share_heap_bytes(&state);
         if state.heaps.is_empty() {
+            // No heap left to take from the spares: their headroom is the pool's again.
+            self.drain_spares(&mut state);
             self.flags.fetch_and(!HEAPS, Ordering::Relaxed);
         }
     }
@@ -990,7 +1217,7 @@ mod tests {
                     }
                 }
                 assert_eq!(spans, state.spans.len());
-                assert_eq!(leased, state.counts.leased);
+                assert_eq!(leased + self.spare.bytes(), state.counts.leased);
                 assert!(state.counts.leased <= state.counts.in_use);
                 assert!(state.counts.in_use <= state.counts.peak);
                 for (c, client) in state.clients.iter().enumerate() {
@@ -999,7 +1226,13 @@ mod tests {
                         .filter_map(|h| h.state.clients.get(c))
                         .map(|s| s.lease.cap)
                         .sum();
+                    let leased = leased + client.spare.bytes();
                     assert_eq!(leased, client.counts.leased, "client {c}");
+                    let listed = heaps
+                        .iter()
+                        .filter(|h| h.state.clients.get(c).is_some_and(|s| s.spare.is_some()))
+                        .count();
+                    assert_eq!(listed, client.heaps, "client {c}");
                     let counts = &client.counts;
                     assert!(counts.leased <= counts.in_use);
                     assert!(counts.in_use <= counts.peak.min(client.quota));

@@ -3,18 +3,27 @@
 //!
 //! A growable region reserves addresses for the whole capacity on a [`VirtualMemory`] and maps
 //! physical memory in chunks of one size (a power of two, a multiple of the granularity) as
-//! allocations reach into unmapped space; one bit per chunk says whether it is mapped. The
-//! engine asks [`Mapping::covers`] after every block the TLSF index hands out (a shift, a mask
-//! and a load on the fast path), and [`Mapping::ensure`] maps what is missing. [`Mapping::trim`]
-//! unmaps chunks that lie entirely inside free blocks; the engine makes sure no queued work can
-//! still touch them first (see `Shared::trim_to`).
+//! allocations reach into unmapped space; one bit per chunk says whether it is mapped
+//! ([`ChunkMap`]). The engine asks [`ChunkMap::covers`] after every block a TLSF index hands
+//! out (a shift, a mask and a load on the fast path), and [`Mapping::ensure`] maps what is
+//! missing. [`Mapping::trim`] unmaps chunks that lie entirely inside free blocks; the engine
+//! makes sure no queued work can still touch them first (see `Shared::trim_to`).
+//!
+//! The bits are read without the pool's lock, by thread heaps, and written only under it: a
+//! bit is set after its chunk was mapped, and cleared only by a trim, which gives every thread
+//! heap back first and unmaps only chunks inside free blocks of the pool's index. A chunk that
+//! touches a span a heap holds is therefore never unmapped while the heap holds it, so a heap
+//! that sees the bits of its block set may use the block (the bits are read with `Acquire`
+//! and set with `Release`: what mapping did is visible to the reader).
 //!
 //! A classic region (one backend allocation) is a mapping whose one chunk is the whole region,
 //! mapped from the start: the same check answers yes at once, and there is nothing to trim.
 
 use alloc::boxed::Box;
 use alloc::format;
+use alloc::sync::Arc;
 use alloc::vec::Vec;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use super::BLOCK_GRANULE;
 use crate::backend::VirtualMemory;
@@ -31,19 +40,85 @@ pub(super) struct MappingStats {
     pub(super) unmaps: u64,
 }
 
+/// Which chunks of a region are mapped, one bit each; clones share the bits. Written only
+/// by the [`Mapping`] (under the pool's lock), read by anyone (see the module docs).
+#[derive(Clone)]
+pub(super) struct ChunkMap {
+    base: u64,
+    /// log2 of the chunk size (63 for a classic region: every offset is in chunk 0).
+    shift: u32,
+    /// One bit per chunk: mapped.
+    words: Arc<[AtomicU64]>,
+}
+
+impl ChunkMap {
+    /// `chunks` chunks of `1 << shift` bytes from `base`, none mapped.
+    fn new(base: u64, shift: u32, chunks: usize) -> ChunkMap {
+        let words = (0..chunks.div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect();
+        ChunkMap { base, shift, words }
+    }
+
+    #[inline(always)]
+    fn bit(&self, chunk: usize) -> bool {
+        self.words[chunk >> 6].load(Ordering::Acquire) >> (chunk & 63) & 1 == 1
+    }
+
+    /// Sets or clears a chunk's bit (the pool's lock held: the only writer).
+    fn set_bit(&self, chunk: usize, on: bool) {
+        let word = &self.words[chunk >> 6];
+        let bit = 1u64 << (chunk & 63);
+        if on {
+            word.fetch_or(bit, Ordering::Release);
+        } else {
+            word.fetch_and(!bit, Ordering::Release);
+        }
+    }
+
+    /// The first and last chunk that `addr..addr + bytes` (inside the region, `bytes > 0`)
+    /// touches.
+    #[inline(always)]
+    fn chunks_of(&self, addr: u64, bytes: u64) -> (u64, u64) {
+        let offset = addr.wrapping_sub(self.base);
+        (offset >> self.shift, (offset + bytes - 1) >> self.shift)
+    }
+
+    /// Whether every chunk that `addr..addr + bytes` (a block a TLSF index handed out)
+    /// touches is mapped: what the allocation paths ask of every block, so a shift, a mask and
+    /// one load when the block lies in one 64-chunk word (always, for a classic region).
+    #[inline(always)]
+    pub(super) fn covers(&self, addr: u64, bytes: u64) -> bool {
+        let (first, last) = self.chunks_of(addr, bytes);
+        let word = (first >> 6) as usize;
+        if word != (last >> 6) as usize {
+            return self.covers_long(first as usize, last as usize);
+        }
+        let Some(bits) = self.words.get(word) else {
+            return false;
+        };
+        // `last - first` < 64 and `first % 64 + (last - first)` = `last % 64` < 64.
+        let mask = (u64::MAX >> (63 - (last - first))) << (first & 63);
+        bits.load(Ordering::Acquire) & mask == mask
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn covers_long(&self, first: usize, last: usize) -> bool {
+        last < self.words.len() * 64 && (first..=last).all(|c| self.bit(c))
+    }
+}
+
 /// The mapped chunks of a region (behind the pool's lock).
 pub(super) struct Mapping {
     /// `None` for a classic region, mapped whole from the start.
     vm: Option<Box<dyn VirtualMemory>>,
-    base: u64,
+    /// The bits, and where the region starts and how large a chunk is.
+    map: ChunkMap,
     /// Bytes the pool hands out.
     capacity: usize,
     /// Bytes reserved: the capacity rounded up to a chunk (a classic region: the capacity).
     reserved: usize,
-    /// log2 of the chunk size (63 for a classic region: every offset is in chunk 0).
-    shift: u32,
-    /// One bit per chunk: mapped.
-    bits: Vec<u64>,
     /// Chunks mapped now, and the most ever.
     mapped: usize,
     peak: usize,
@@ -59,11 +134,13 @@ impl Mapping {
     pub(super) fn whole(base: u64, capacity: usize) -> Mapping {
         Mapping {
             vm: None,
-            base,
+            map: {
+                let map = ChunkMap::new(base, 63, 1);
+                map.set_bit(0, true);
+                map
+            },
             capacity,
             reserved: capacity,
-            shift: 63,
-            bits: alloc::vec![1],
             mapped: 1,
             peak: 1,
             maps: 0,
@@ -106,11 +183,9 @@ impl Mapping {
         let chunks = reserved / chunk;
         Ok(Mapping {
             vm: Some(vm),
-            base,
+            map: ChunkMap::new(base, chunk.trailing_zeros(), chunks),
             capacity,
             reserved,
-            shift: chunk.trailing_zeros(),
-            bits: alloc::vec![0; chunks.div_ceil(64)],
             mapped: 0,
             peak: 0,
             maps: 0,
@@ -121,7 +196,12 @@ impl Mapping {
 
     /// The region's start.
     pub(super) fn base(&self) -> u64 {
-        self.base
+        self.map.base
+    }
+
+    /// The bits, for readers without the pool's lock.
+    pub(super) fn chunk_map(&self) -> ChunkMap {
+        self.map.clone()
     }
 
     /// Whether memory is mapped on demand (`false` for a classic region).
@@ -132,7 +212,7 @@ impl Mapping {
     /// Bytes per chunk (a classic region: the whole region).
     fn chunk(&self) -> usize {
         match self.vm {
-            Some(_) => 1 << self.shift,
+            Some(_) => 1 << self.map.shift,
             None => self.reserved,
         }
     }
@@ -154,49 +234,18 @@ impl Mapping {
 
     #[inline(always)]
     fn bit(&self, chunk: usize) -> bool {
-        self.bits[chunk >> 6] >> (chunk & 63) & 1 == 1
-    }
-
-    #[inline(always)]
-    fn set_bit(&mut self, chunk: usize, on: bool) {
-        let word = &mut self.bits[chunk >> 6];
-        *word = (*word & !(1 << (chunk & 63))) | ((on as u64) << (chunk & 63));
-    }
-
-    /// The first and last chunk that `addr..addr + bytes` (inside the region, `bytes > 0`)
-    /// touches.
-    #[inline(always)]
-    fn chunks_of(&self, addr: u64, bytes: u64) -> (u64, u64) {
-        let offset = addr.wrapping_sub(self.base);
-        (offset >> self.shift, (offset + bytes - 1) >> self.shift)
+        self.map.bit(chunk)
     }
 
     fn addr_of(&self, chunk: usize) -> u64 {
-        self.base + ((chunk as u64) << self.shift)
+        self.map.base + ((chunk as u64) << self.map.shift)
     }
 
-    /// Whether every chunk that `addr..addr + bytes` (a block the TLSF index handed out)
-    /// touches is mapped: what the allocation paths ask of every block, so a shift, a mask and
-    /// one load when the block lies in one 64-chunk word (always, for a classic region).
+    /// Whether every chunk that `addr..addr + bytes` touches is mapped (see
+    /// [`ChunkMap::covers`]).
     #[inline(always)]
     pub(super) fn covers(&self, addr: u64, bytes: u64) -> bool {
-        let (first, last) = self.chunks_of(addr, bytes);
-        let word = (first >> 6) as usize;
-        if word != (last >> 6) as usize {
-            return self.covers_long(first as usize, last as usize);
-        }
-        let Some(&bits) = self.bits.get(word) else {
-            return false;
-        };
-        // `last - first` < 64 and `first % 64 + (last - first)` = `last % 64` < 64.
-        let mask = (u64::MAX >> (63 - (last - first))) << (first & 63);
-        bits & mask == mask
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn covers_long(&self, first: usize, last: usize) -> bool {
-        last < self.bits.len() * 64 && (first..=last).all(|c| self.bit(c))
+        self.map.covers(addr, bytes)
     }
 
     /// Maps every chunk of `addr..addr + bytes` (a block inside the region, `bytes > 0`) that is
@@ -208,7 +257,7 @@ impl Mapping {
         if self.vm.is_none() {
             return Ok(());
         }
-        let (first, last) = self.chunks_of(addr, bytes);
+        let (first, last) = self.map.chunks_of(addr, bytes);
         let (first, last) = (first as usize, last as usize);
         let chunk = self.chunk();
         let mut c = first;
@@ -241,7 +290,7 @@ impl Mapping {
         }
         for c in first..=last {
             if !self.bit(c) {
-                self.set_bit(c, true);
+                self.map.set_bit(c, true);
                 self.mapped += 1;
             }
         }
@@ -271,7 +320,7 @@ impl Mapping {
                         "undoing a failed map, unmapping the chunk at {at:#x} failed: {error}; \
                          it stays mapped"
                     );
-                    self.set_bit(c, true);
+                    self.map.set_bit(c, true);
                     self.mapped += 1;
                     self.peak = self.peak.max(self.mapped);
                 }
@@ -297,7 +346,7 @@ impl Mapping {
         let chunk = self.chunk() as u64;
         let mut candidates = Vec::new();
         for (addr, bytes) in free {
-            let start = addr - self.base;
+            let start = addr - self.map.base;
             let mut end = start + bytes;
             // Past the capacity the reservation is never handed out: a free block that reaches
             // the capacity frees the last chunk's tail too.
@@ -318,7 +367,7 @@ impl Mapping {
             // SAFETY: a mapped chunk (its bit is set) inside a free block, which nothing uses
             // any more (the caller's guarantee).
             unsafe { vm.unmap(at, chunk as usize) }?;
-            self.set_bit(c, false);
+            self.map.set_bit(c, false);
             self.mapped -= 1;
             self.unmaps += 1;
             released += chunk as usize;
@@ -347,12 +396,12 @@ impl Drop for Mapping {
                     "tearing down a region of `{}` at {:#x}: waiting for the device failed \
                      ({error}); unmapping anyway",
                     vm.name(),
-                    self.base
+                    self.map.base
                 );
             }
         }
         let mut stuck = 0;
-        for c in 0..self.reserved >> self.shift {
+        for c in 0..self.reserved >> self.map.shift {
             if !self.bit(c) {
                 continue;
             }
@@ -374,14 +423,14 @@ impl Drop for Mapping {
         }
         // SAFETY: the reservation came from `reserve` with this size, and nothing in it is
         // mapped any more.
-        if let Err(error) = unsafe { vm.free_reservation(self.base, self.reserved) } {
+        if let Err(error) = unsafe { vm.free_reservation(self.map.base, self.reserved) } {
             log::error!(
                 target: "devarena::pool",
                 "tearing down a region of `{}`: freeing the reservation of {} bytes at {:#x} \
                  failed: {error}",
                 vm.name(),
                 self.reserved,
-                self.base
+                self.map.base
             );
         }
     }
