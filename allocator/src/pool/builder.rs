@@ -157,7 +157,7 @@ impl PoolBuilder {
 
     /// How the region holds its memory: [`RegionKind::Growable`] (reserved addresses, memory
     /// mapped on demand) or [`RegionKind::Classic`] (one allocation of the capacity, made up
-    /// front). By default device pools ([`build_cuda`](Self::build_cuda)) grow, and
+    /// front). By default device pools (`build_cuda`, with the `cuda` feature) grow, and
     /// [`build_in`](Self::build_in) (a [`Backend`] makes single allocations) is classic;
     /// [`build_mapped`](Self::build_mapped) is growable by nature.
     ///

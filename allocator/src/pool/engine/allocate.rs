@@ -1,0 +1,596 @@
+//! The allocation path: a thread heap's, the pool's fast path under the lock, the general
+//! path (tracking, sinks, other streams, growth of a growable region) and the refusals.
+
+use alloc::boxed::Box;
+use alloc::format;
+use alloc::string::String;
+use std::backtrace::Backtrace;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::{
+    Ask, EAGER, HEAPS, Live, LiveInfo, PARKED, Refusal, SINK, SLOW, Shared, State, TRACKING, Taken,
+    grow_meta, store_info,
+};
+use crate::error::Error;
+use crate::pool::events::PoolAction;
+use crate::pool::lock::LockGuard;
+use crate::pool::stats::Tracking;
+use crate::pool::stream::{StreamId, StreamSync};
+use crate::pool::{
+    AllocRequest, DEFAULT_POOL_ALIGN, MAX_POOL_ALIGN, effective_align, reserved_bytes,
+};
+
+impl Shared {
+    // Inlined into each public entry point: the call and its argument passing cost about 20
+    // instructions of the fast path.
+    #[inline(always)]
+    pub(in crate::pool) fn allocate(
+        &self,
+        client: u32,
+        req: AllocRequest<'_>,
+        owned: bool,
+    ) -> Result<u64, Error> {
+        // What the fast path needs that the lock does not protect: tracking off, a valid
+        // alignment, the home stream (or no stream runtime). Where the caller passes no stream
+        // (`allocate`), the compiler knows the last one.
+        let home = match req.stream {
+            None => true,
+            Some(stream) => self.streams.is_none() || stream == self.home,
+        };
+        let align = effective_align(req.align);
+        let flags = self.flags.load(Ordering::Relaxed);
+        // Nothing on: the pool's own index, as a pool that never had thread heaps does it.
+        if let (0, Some(align), true) = (flags, align, home) {
+            return self.allocate_on_pool(client, req, align, owned);
+        }
+        if let (0, Some(align), true) = (flags & SLOW, align, home) {
+            let stream = req.stream.unwrap_or(self.home);
+            return self.allocate_on_heap(client, req.size, align, stream, owned);
+        }
+        let req = AllocRequest { ..req };
+        self.allocate_other(client, &req, owned)
+    }
+
+    /// The fast path where thread heaps are on: the calling thread's heap, if it has one (or
+    /// gets one, with [`EAGER`]); else the pool's own index.
+    #[inline(never)]
+    pub(super) fn allocate_on_heap(
+        &self,
+        client: u32,
+        size: usize,
+        align: usize,
+        stream: StreamId,
+        owned: bool,
+    ) -> Result<u64, Error> {
+        let ask = Ask {
+            client,
+            size,
+            align,
+            stream,
+        };
+        match self.on_thread_heap(|heap| self.heap_allocate_fast(heap, &ask, owned)) {
+            Some(Some(addr)) => return Ok(addr),
+            Some(None) => return self.heap_allocate_slow(&ask, owned),
+            None => {}
+        }
+        let req = AllocRequest::new(size, align).on(stream);
+        if self.flags.load(Ordering::Relaxed) & EAGER != 0 {
+            return self.allocate_contended(&req, &ask, owned);
+        }
+        self.allocate_on_pool(client, req, align, owned)
+    }
+
+    /// The fast path on the pool's own index (`align` valid, tracking off, the home stream).
+    #[inline(always)]
+    pub(super) fn allocate_on_pool(
+        &self,
+        client: u32,
+        req: AllocRequest<'_>,
+        align: usize,
+        owned: bool,
+    ) -> Result<u64, Error> {
+        let stream = req.stream.unwrap_or(self.home);
+        let Some(mut state) = self.state.try_guard() else {
+            let req = AllocRequest { ..req };
+            let ask = Ask {
+                client,
+                size: req.size,
+                align,
+                stream,
+            };
+            return self.allocate_contended(&req, &ask, owned);
+        };
+        let ask = Ask {
+            client,
+            size: req.size,
+            align,
+            stream,
+        };
+        if let Some(addr) = self.allocate_fast(&mut state, &ask, owned) {
+            return Ok(addr);
+        }
+        // Copies made where they are needed: a reference to `req` itself would have the
+        // compiler store it on the stack on every call.
+        let req = AllocRequest { ..req };
+        let result = self.allocate_general(&mut state, client, &req, stream, owned, None);
+        self.unlock_and_deliver(state, result)
+    }
+
+    /// The fast path's allocation when another thread holds the pool's lock: the calling
+    /// thread gets a heap of its own (see [`thread_heap`]) unless they are off.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn allocate_contended(
+        &self,
+        req: &AllocRequest<'_>,
+        ask: &Ask,
+        owned: bool,
+    ) -> Result<u64, Error> {
+        let mut state = self.lock()?;
+        if self.heap_bytes > 0 {
+            if let Some(heap) = self.new_thread_heap(&mut state) {
+                let result = self.heap_allocate_locked(&mut state, &heap, ask, owned);
+                return self.unlock_and_deliver(state, result);
+            }
+        }
+        if let Some(addr) = self.allocate_fast(&mut state, ask, owned) {
+            return Ok(addr);
+        }
+        let result = self.allocate_general(&mut state, ask.client, req, ask.stream, owned, None);
+        self.unlock_and_deliver(state, result)
+    }
+
+    /// An allocation the fast path never takes: tracking on, a bad alignment, another stream.
+    #[inline(never)]
+    pub(super) fn allocate_other(
+        &self,
+        client: u32,
+        req: &AllocRequest<'_>,
+        owned: bool,
+    ) -> Result<u64, Error> {
+        let stream = req.stream.unwrap_or(self.home);
+        let info = match self.flags.load(Ordering::Relaxed) & TRACKING {
+            0 => None,
+            _ => Some(self.record_info(req.tag)),
+        };
+        let mut state = self.lock()?;
+        let result = self.allocate_general(&mut state, client, req, stream, owned, info);
+        self.unlock_and_deliver(state, result)
+    }
+
+    /// Releases the lock, then delivers the events the call recorded (if any).
+    #[inline(always)]
+    pub(in crate::pool) fn unlock_and_deliver<R>(
+        &self,
+        state: LockGuard<'_, State>,
+        result: R,
+    ) -> R {
+        let recorded = !state.outbox.is_empty();
+        drop(state);
+        if recorded {
+            self.deliver();
+        }
+        result
+    }
+
+    /// The common case: a valid alignment, tracking off, the home stream (or no stream
+    /// runtime) (all three checked by the caller), nothing parked, within capacity and quota,
+    /// and a free block found. It changes nothing until it has a block; `None` sends the
+    /// request down [`allocate_general`](Self::allocate_general), which decides the same way
+    /// and reports why a request fails.
+    #[inline(always)]
+    pub(super) fn allocate_fast(&self, state: &mut State, ask: &Ask, owned: bool) -> Option<u64> {
+        // Under the lock the flags are exact for a sink, parked blocks and thread heaps: all
+        // three are set and cleared under it.
+        let flags = self.flags.load(Ordering::Relaxed);
+        let reserved = reserved_bytes(ask.size).filter(|&r| r <= self.capacity)?;
+        let client = &state.clients[ask.client as usize];
+        if !client.allows(reserved) {
+            return None;
+        }
+        // With leases out, the general path takes their unused part back before it counts a
+        // new peak.
+        if flags & (SINK | PARKED | HEAPS) != 0
+            && (flags & (SINK | PARKED) != 0
+                || self.exact_peaks
+                    && !(client.counts.admits(reserved) && state.counts.admits(reserved)))
+        {
+            return None;
+        }
+        let (block, addr) = state.tlsf.allocate(reserved as u64, ask.align as u64)?;
+        // Memory behind the block: mapped already (all of a classic region, which needs no
+        // look), or the general path maps it.
+        if self.growable && !self.chunks.covers(addr, reserved as u64) {
+            state.tlsf.free(block);
+            return None;
+        }
+        let taken = Taken {
+            block,
+            addr,
+            reserved,
+        };
+        // No sink: the flags, exact under the lock, said so.
+        self.commit_allocation(state, ask, owned, None, taken, false);
+        Some(addr)
+    }
+
+    /// Every allocation the fast path does not take: tracking on, a bad alignment, parked
+    /// blocks, another stream, and every failure.
+    #[inline(never)]
+    pub(in crate::pool) fn allocate_general(
+        &self,
+        state: &mut State,
+        client: u32,
+        req: &AllocRequest<'_>,
+        stream: StreamId,
+        owned: bool,
+        info: Option<Box<LiveInfo>>,
+    ) -> Result<u64, Error> {
+        let align = effective_align(req.align);
+        let ask = Ask {
+            client,
+            size: req.size,
+            align: align.unwrap_or(req.align),
+            stream,
+        };
+        let result = match align {
+            Some(align) => self.try_allocate(state, &ask, align, owned, info),
+            None => Err(self.unsupported_align(state, &ask)),
+        };
+        result.map_err(|error| self.allocation_failed(state, &ask, req.tag, error))
+    }
+
+    /// What tracking records for a new allocation (outside the lock: a backtrace is slow).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn record_info(&self, tag: Option<&str>) -> Box<LiveInfo> {
+        Box::new(LiveInfo {
+            tag: tag.map(String::from),
+            at: Instant::now(),
+            backtrace: (self.tracking() == Tracking::Backtraces).then(Backtrace::force_capture),
+        })
+    }
+
+    #[cold]
+    #[inline(never)]
+    pub(super) fn unsupported_align(&self, state: &State, ask: &Ask) -> Error {
+        Error::invalid(format!(
+            "pool `{}`, client `{}`: alignment {} is not supported (a power of two up to \
+             {MAX_POOL_ALIGN}, or 0 for {DEFAULT_POOL_ALIGN})",
+            self.name, state.clients[ask.client as usize].name, ask.align
+        ))
+    }
+
+    /// Counts and reports a failed allocation; returns its error.
+    #[cold]
+    #[inline(never)]
+    pub(in crate::pool) fn allocation_failed(
+        &self,
+        state: &mut State,
+        ask: &Ask,
+        tag: Option<&str>,
+        error: Error,
+    ) -> Error {
+        state.clients[ask.client as usize].counts.on_failure();
+        self.emit(
+            state,
+            PoolAction::AllocateFailure,
+            ask,
+            0,
+            0,
+            tag,
+            Some(&error),
+        );
+        error
+    }
+
+    /// The allocation itself, at a valid alignment (`align`, at least 256).
+    #[inline(always)]
+    pub(super) fn try_allocate(
+        &self,
+        state: &mut State,
+        ask: &Ask,
+        align: usize,
+        owned: bool,
+        info: Option<Box<LiveInfo>>,
+    ) -> Result<u64, Error> {
+        if !state.parked.is_empty() {
+            self.reclaim_parked(state);
+        }
+        let reserved = match reserved_bytes(ask.size) {
+            Some(r) if r <= self.capacity => r,
+            _ => return Err(self.exhausted(state, ask, "capacity")),
+        };
+        let mut info = info;
+        // Thread heaps give their spans back once before a request fails for capacity.
+        let mut given_back = state.heaps.is_empty();
+        loop {
+            if self.exact_peaks && !state.heaps.is_empty() {
+                // Headroom that waits for heaps serves the pool's own index too.
+                self.draw_spare(state, ask.client, reserved);
+            }
+            let client = &state.clients[ask.client as usize];
+            let exact = client.allows(reserved)
+                && (!self.exact_peaks
+                    || client.counts.admits(reserved) && state.counts.admits(reserved));
+            let result = if exact || state.heaps.is_empty() {
+                self.allocate_admitted(state, ask, align, reserved, owned, &mut info)
+            } else {
+                // The heaps' unused leases would count as in use: they are taken back first,
+                // and the heaps stay locked until the allocation is counted, so that the
+                // quota check and the peak are exact.
+                self.with_heaps(state, |state, heaps| {
+                    self.revoke(state, heaps, ask.client);
+                    self.allocate_admitted(state, ask, align, reserved, owned, &mut info)
+                })
+            };
+            match result {
+                Ok(addr) => return Ok(addr),
+                Err(Refusal::Capacity) if !given_back => {
+                    self.dissolve_all(state);
+                    given_back = true;
+                }
+                Err(Refusal::Capacity) => return Err(self.exhausted(state, ask, "capacity")),
+                Err(Refusal::Quota) => return Err(self.exhausted(state, ask, "quota")),
+                Err(Refusal::Error(error)) => return Err(error),
+            }
+        }
+    }
+
+    /// [`try_allocate`](Self::try_allocate) once the leases are settled: the quota, the
+    /// streams, a block from the pool's index.
+    #[inline(always)]
+    pub(super) fn allocate_admitted(
+        &self,
+        state: &mut State,
+        ask: &Ask,
+        align: usize,
+        reserved: usize,
+        owned: bool,
+        info: &mut Option<Box<LiveInfo>>,
+    ) -> Result<u64, Refusal> {
+        if !state.clients[ask.client as usize].allows(reserved) {
+            return Err(Refusal::Quota);
+        }
+        if let Some(streams) = &self.streams {
+            if ask.stream != self.home {
+                self.stream_call("validate", || streams.validate(ask.stream))
+                    .map_err(Refusal::Error)?;
+                self.order_after_home(state, &**streams, ask.stream, self.home)
+                    .map_err(Refusal::Error)?;
+            }
+        }
+        let mut taken = state.tlsf.allocate(reserved as u64, align as u64);
+        if taken.is_none() && state.tlsf.cached().1 > 0 {
+            // Merge what waits in the reuse cache and look again: a request fails only when
+            // it fails with every free byte merged.
+            state.tlsf.flush();
+            taken = state.tlsf.allocate(reserved as u64, align as u64);
+        }
+        let Some((block, addr)) = taken else {
+            return Err(Refusal::Capacity);
+        };
+        // Memory behind the block: map what is missing; when that fails, the block goes back
+        // and the pool is as it was.
+        let (block, addr) = if state.mapping.covers(addr, reserved as u64) {
+            (block, addr)
+        } else {
+            self.map_block(state, block, addr, reserved, align)
+                .map_err(Refusal::Error)?
+        };
+        let taken = Taken {
+            block,
+            addr,
+            reserved,
+        };
+        let log = state.sink.is_some();
+        self.commit_allocation(state, ask, owned, info.take(), taken, log);
+        Ok(addr)
+    }
+
+    /// Maps the memory behind a block whose chunks are not all mapped (a growable region
+    /// grows). When that fails (the device is out of memory), the block goes back to the free
+    /// lists; if freed blocks wait in the reuse cache (all of them mapped), they are merged and
+    /// the request looks once more, where it may find mapped memory. When that fails too, the
+    /// pool is as it was (but for the merged cache) and the error (`OutOfMemory` with the
+    /// driver's error name, when the device is out of memory) fails the request.
+    ///
+    /// The cache is not merged before the pool grows: merging it resets what it learned, and
+    /// on the pool benchmark's workload that cut its hits from 93% to 28% and doubled the time
+    /// of a pair, for a quarter of the memory mapped (see `BENCHMARKS.md`). A growable region so
+    /// maps the addresses a classic region of the same workload would touch, no more.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn map_block(
+        &self,
+        state: &mut State,
+        block: u32,
+        addr: u64,
+        reserved: usize,
+        align: usize,
+    ) -> Result<(u32, u64), Error> {
+        let Err(error) = state.mapping.ensure(addr, reserved as u64) else {
+            return Ok((block, addr));
+        };
+        state.tlsf.free(block);
+        if state.tlsf.cached().1 == 0 {
+            return Err(error);
+        }
+        state.tlsf.flush();
+        let Some((block, addr)) = state.tlsf.allocate(reserved as u64, align as u64) else {
+            return Err(error);
+        };
+        if !state.mapping.covers(addr, reserved as u64) {
+            if let Err(error) = state.mapping.ensure(addr, reserved as u64) {
+                state.tlsf.free(block);
+                return Err(error);
+            }
+        }
+        Ok((block, addr))
+    }
+
+    /// Records a block taken for `ask`: the address map, the block's [`Live`], what tracking
+    /// recorded, the counters, the event log.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(super) fn commit_allocation(
+        &self,
+        state: &mut State,
+        ask: &Ask,
+        owned: bool,
+        info: Option<Box<LiveInfo>>,
+        taken: Taken,
+        log: bool,
+    ) {
+        let Taken {
+            block,
+            addr,
+            reserved,
+        } = taken;
+        state.counts.on_alloc_bytes(reserved);
+        state.clients[ask.client as usize]
+            .counts
+            .on_alloc(reserved, ask.size);
+        state.live.insert_new(addr, block);
+        let slot = block as usize;
+        let tracked = info.is_some();
+        let serial = state.next_serial;
+        state.next_serial += 1;
+        let live = Live {
+            size: ask.size,
+            serial,
+            stream: ask.stream,
+            client: ask.client,
+            // At most MAX_POOL_ALIGN (4096).
+            align: ask.align as u16,
+            owned,
+            tracked,
+        };
+        if state.meta.len() <= slot {
+            grow_meta(&mut state.meta, slot);
+        }
+        // Field by field: the compiler builds a whole `Live` on the stack and copies it.
+        let entry = &mut state.meta[slot];
+        entry.size = live.size;
+        entry.serial = live.serial;
+        entry.stream = live.stream;
+        entry.client = live.client;
+        entry.align = live.align;
+        entry.owned = live.owned;
+        entry.tracked = live.tracked;
+        if let Some(info) = info {
+            store_info(&mut state.info, slot, info);
+        }
+        if log {
+            let tag = tracked
+                .then(|| state.info[slot].as_ref()?.tag.clone())
+                .flatten();
+            // A copy made here: a reference to the caller's would keep it on the stack.
+            let ask = *ask;
+            let tag = tag.as_deref();
+            self.emit(state, PoolAction::Allocate, &ask, addr, reserved, tag, None);
+        }
+    }
+
+    /// Makes `stream` wait for the home stream if the home stream freed anything since its
+    /// last wait.
+    pub(super) fn order_after_home(
+        &self,
+        state: &mut State,
+        streams: &dyn StreamSync,
+        stream: StreamId,
+        home: StreamId,
+    ) -> Result<(), Error> {
+        let epoch = state.home_epoch;
+        let slot = state.waited.iter().position(|(s, _)| *s == stream);
+        let last = slot.map_or(0, |i| state.waited[i].1);
+        if last < epoch {
+            self.stream_call("order_after", || streams.order_after(stream, home))?;
+            match slot {
+                Some(i) => state.waited[i].1 = epoch,
+                None => state.waited.push((stream, epoch)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns parked blocks whose events completed to the free lists; the bytes reclaimed.
+    ///
+    /// An event that cannot be queried (the driver reports an error, or the stream runtime
+    /// panics) sets aside its own block for good: nothing says the stream is done with it, so
+    /// it is never handed out again. The pool carries on with the rest; the block is logged
+    /// (target `devarena::pool`, level `error`) and counted in [`PoolStats::quarantined`].
+    pub(super) fn reclaim_parked(&self, state: &mut State) -> usize {
+        let mut reclaimed = 0;
+        let State {
+            parked,
+            tlsf,
+            pending,
+            quarantined,
+            ..
+        } = state;
+        for (stream, queue) in parked.iter_mut() {
+            while let Some(front) = queue.front() {
+                let complete = self.stream_call("is_complete", || front.event.is_complete());
+                match complete {
+                    Ok(false) => break,
+                    Ok(true) => {
+                        let Some(parked) = queue.pop_front() else {
+                            break;
+                        };
+                        match &parked.heap {
+                            None => tlsf.free(parked.block),
+                            Some(heap) => heap.state.lock_wait().tlsf.free(parked.block),
+                        };
+                        *pending -= parked.bytes;
+                        reclaimed += parked.bytes;
+                    }
+                    Err(error) => {
+                        let Some(parked) = queue.pop_front() else {
+                            break;
+                        };
+                        *pending -= parked.bytes;
+                        *quarantined += parked.bytes;
+                        log::error!(
+                            target: "devarena::pool",
+                            "pool `{}`: the event of a block of {} bytes freed on stream {stream} \
+                             could not be queried ({error}); the block is set aside for good \
+                             and the pool carries on",
+                            self.name,
+                            parked.bytes
+                        );
+                    }
+                }
+            }
+        }
+        parked.retain(|(_, queue)| !queue.is_empty());
+        if parked.is_empty() {
+            self.flags.fetch_and(!PARKED, Ordering::Relaxed);
+        }
+        reclaimed
+    }
+
+    pub(super) fn exhausted(&self, state: &mut State, ask: &Ask, limit: &'static str) -> Error {
+        // The figures of the pool with every thread heap given back: the largest free block
+        // counts merged blocks only.
+        self.dissolve_all(state);
+        state.tlsf.flush();
+        let c = &state.clients[ask.client as usize];
+        let (limit_bytes, in_use) = match limit {
+            "quota" => (c.quota, c.counts.in_use),
+            _ => (self.capacity, state.counts.in_use),
+        };
+        Error::PoolExhausted {
+            client: String::from(&*c.name),
+            requested: ask.size,
+            align: ask.align,
+            limit,
+            limit_bytes,
+            in_use,
+            free: state.tlsf.free_bytes() as usize,
+            largest_free: state.tlsf.largest_free() as usize,
+            pending: state.pending,
+        }
+    }
+}

@@ -1,0 +1,354 @@
+//! The free path: a thread heap's, the pool's fast path, the general path with its checks
+//! (owner, size, graph reservations), and blocks freed on other streams parked until their
+//! events complete.
+
+use alloc::boxed::Box;
+use alloc::collections::VecDeque;
+use alloc::format;
+use alloc::string::String;
+use alloc::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::{Ask, HEAPS, Live, LiveInfo, PARKED, Parked, Shared, State};
+use crate::error::Error;
+use crate::pool::FreeRequest;
+use crate::pool::events::PoolAction;
+use crate::pool::stream::{StreamEvent, StreamId};
+use crate::pool::thread_heap::ThreadHeap;
+
+impl Shared {
+    /// Frees `addr`. `caller`: the client asking (`None`: the pool itself, which may free any
+    /// allocation). `from_slice`: the call comes from the [`PoolSlice`] that owns it.
+    #[inline(always)]
+    pub(in crate::pool) fn deallocate(
+        &self,
+        caller: Option<u32>,
+        req: FreeRequest,
+        from_slice: bool,
+    ) -> Result<(), Error> {
+        let FreeRequest { addr, size, stream } = req;
+        // As for `allocate`: the home stream or no stream runtime, known before the call
+        // where the caller passes no stream.
+        let home = match stream {
+            None => true,
+            Some(stream) => self.streams.is_none() || stream == self.home,
+        };
+        let stream = stream.unwrap_or(self.home);
+        if home
+            && size.is_none()
+            && self.flags.load(Ordering::Relaxed) & HEAPS != 0
+            && self.deallocate_on_thread_heap(caller, addr, from_slice)
+        {
+            return Ok(());
+        }
+        let mut state = self.lock()?;
+        if home
+            && size.is_none()
+            && self
+                .deallocate_fast(&mut state, caller, addr, stream, from_slice)
+                .is_some()
+        {
+            return Ok(());
+        }
+        let result = self.deallocate_general(&mut state, caller, addr, size, stream, from_slice);
+        // The backtrace (if any) is freed outside the lock.
+        self.unlock_and_deliver(state, result).map(drop)
+    }
+
+    /// A free on the calling thread's heap, where it has one and the allocation is there:
+    /// whether it freed.
+    #[inline(never)]
+    pub(super) fn deallocate_on_thread_heap(
+        &self,
+        caller: Option<u32>,
+        addr: u64,
+        from_slice: bool,
+    ) -> bool {
+        match self.on_thread_heap(|heap| self.heap_deallocate_fast(heap, caller, addr, from_slice))
+        {
+            Some(Some(over)) => {
+                if over {
+                    self.shrink();
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The common case: a live allocation that `caller` may free, untracked, freed on the
+    /// home stream or without a stream runtime (checked by the caller). It changes nothing
+    /// unless it frees; `None`
+    /// sends the call down [`deallocate_general`](Self::deallocate_general).
+    #[inline(always)]
+    pub(super) fn deallocate_fast(
+        &self,
+        state: &mut State,
+        caller: Option<u32>,
+        addr: u64,
+        stream: StreamId,
+        from_slice: bool,
+    ) -> Option<()> {
+        let slot = state.live.find(addr)?;
+        let block = state.live.value_at(slot);
+        let live = state.meta[block as usize];
+        if live.tracked
+            || (live.owned && !from_slice)
+            || caller.is_some_and(|caller| caller != live.client)
+            || state.sink.is_some()
+            || state.graphs.owns_blocks()
+        {
+            return None;
+        }
+        state.live.remove_at(slot);
+        self.commit_free(state, addr, block, &live, stream, None, None);
+        Some(())
+    }
+
+    /// Every free the fast path does not take: tracked allocations, other streams, and every
+    /// refusal. Returns what tracking recorded, to be dropped outside the lock.
+    #[inline(never)]
+    pub(super) fn deallocate_general(
+        &self,
+        state: &mut State,
+        caller: Option<u32>,
+        addr: u64,
+        size: Option<usize>,
+        stream: StreamId,
+        from_slice: bool,
+    ) -> Result<Option<Box<LiveInfo>>, Error> {
+        let Some(block) = state.live.get(addr) else {
+            return self.deallocate_on_heap(state, caller, addr, size, stream, from_slice);
+        };
+        let live = state.meta[block as usize];
+        self.check_free(state, caller, addr, size, &live, from_slice)?;
+        // A block a graph owns is held for it (`engine/graph.rs`).
+        if state.graphs.owns_blocks() {
+            if let Some(owner) = state.graphs.owner(addr) {
+                return self.free_graph_block(state, addr, block, &live, stream, owner);
+            }
+        }
+        // Record the event before changing anything, so a failing stream runtime leaves the
+        // allocation live and the pool as it was.
+        let event = match &self.streams {
+            Some(streams) if stream != self.home => {
+                Some(self.stream_call("record", || streams.record(stream))?)
+            }
+            _ => None,
+        };
+        let removed = state.live.remove(addr);
+        debug_assert_eq!(removed, Some(block));
+        let info = if live.tracked {
+            state.info[block as usize].take()
+        } else {
+            None
+        };
+        let tag = info.as_ref().and_then(|i| i.tag.as_deref());
+        self.commit_free(state, addr, block, &live, stream, event, tag);
+        Ok(info)
+    }
+
+    /// Whether `caller` may free `live`, the live allocation at `addr`, with a free that names
+    /// `size`.
+    pub(super) fn check_free(
+        &self,
+        state: &State,
+        caller: Option<u32>,
+        addr: u64,
+        size: Option<usize>,
+        live: &Live,
+        from_slice: bool,
+    ) -> Result<(), Error> {
+        if (live.owned && !from_slice) || caller.is_some_and(|caller| caller != live.client) {
+            return Err(self.refused_free(state, caller, addr, live, from_slice));
+        }
+        if let Some(size) = size.filter(|&size| size != live.size) {
+            return Err(self.wrong_size(state, addr, size, live));
+        }
+        Ok(())
+    }
+
+    /// A free of an address that is no live allocation of the pool's index: one of a thread
+    /// heap's (any thread's), or an unknown address.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn deallocate_on_heap(
+        &self,
+        state: &mut State,
+        caller: Option<u32>,
+        addr: u64,
+        size: Option<usize>,
+        stream: StreamId,
+        from_slice: bool,
+    ) -> Result<Option<Box<LiveInfo>>, Error> {
+        let unknown = |state: &State| Err(Self::unknown_address(state, caller, addr));
+        let Some(heap) = Self::span_owner(state, addr) else {
+            return unknown(state);
+        };
+        let found = {
+            let h = heap.state.lock_wait();
+            h.live.get(addr).map(|block| h.meta[block as usize])
+        };
+        let Some(live) = found else {
+            return unknown(state);
+        };
+        self.check_free(state, caller, addr, size, &live, from_slice)?;
+        // As in `deallocate_general`: the event first, with the heap unlocked (a callback
+        // never runs with a heap locked).
+        let event = match &self.streams {
+            Some(streams) if stream != self.home => {
+                Some(self.stream_call("record", || streams.record(stream))?)
+            }
+            _ => None,
+        };
+        let mut guard = heap.state.lock_wait();
+        let h = &mut *guard;
+        // The heap's thread may have freed it, and allocated there again, meanwhile.
+        let Some(slot) = h.live.find(addr) else {
+            return unknown(state);
+        };
+        let block = h.live.value_at(slot);
+        let live = h.meta[block as usize];
+        self.check_free(state, caller, addr, size, &live, from_slice)?;
+        h.live.remove_at(slot);
+        let reserved = match event {
+            Some(event) => {
+                let bytes = h.tlsf.block_size(block) as usize;
+                self.park(state, stream, Some(heap.clone()), block, bytes, event);
+                bytes
+            }
+            None => h.tlsf.release(block) as usize,
+        };
+        h.uncount(&live, reserved);
+        drop(guard);
+        if state.sink.is_some() {
+            let ask = Ask {
+                client: live.client,
+                size: live.size,
+                align: live.align as usize,
+                stream,
+            };
+            self.emit(state, PoolAction::Free, &ask, addr, reserved, None, None);
+        }
+        Ok(None)
+    }
+
+    /// Returns the block of a freed allocation (already out of the address map) to the free
+    /// lists, or parks it until `event` completes; counts it; logs it.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(super) fn commit_free(
+        &self,
+        state: &mut State,
+        addr: u64,
+        block: u32,
+        live: &Live,
+        stream: StreamId,
+        event: Option<Box<dyn StreamEvent>>,
+        tag: Option<&str>,
+    ) {
+        let reserved = match event {
+            Some(event) => {
+                let reserved = state.tlsf.block_size(block) as usize;
+                self.park(state, stream, None, block, reserved, event);
+                reserved
+            }
+            None => {
+                if self.streams.is_some() {
+                    state.home_epoch += 1;
+                }
+                state.tlsf.release(block) as usize
+            }
+        };
+        state.counts.on_free_bytes(reserved);
+        state.clients[live.client as usize]
+            .counts
+            .on_free(reserved, live.size);
+        if state.sink.is_some() {
+            let ask = Ask {
+                client: live.client,
+                size: live.size,
+                align: live.align as usize,
+                stream,
+            };
+            self.emit(state, PoolAction::Free, &ask, addr, reserved, tag, None);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    pub(super) fn unknown_address(state: &State, caller: Option<u32>, addr: u64) -> Error {
+        Error::UnknownAddress {
+            addr,
+            client: String::from(&*state.clients[caller.unwrap_or(0) as usize].name),
+        }
+    }
+
+    /// A free that names another size than the live allocation at `addr` asked for: most
+    /// likely a stale free of an address that has been handed out again since.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn wrong_size(&self, state: &State, addr: u64, size: usize, live: &Live) -> Error {
+        let owner = &state.clients[live.client as usize].name;
+        Error::invalid(format!(
+            "pool `{}`: a free of {addr:#x} names {size} bytes, but the live allocation there \
+             (client `{owner}`, allocation #{}) asked for {} bytes: probably a stale free of an \
+             address handed out again; nothing was freed",
+            self.name, live.serial, live.size
+        ))
+    }
+
+    /// Why `caller` may not free the live allocation at `addr`.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn refused_free(
+        &self,
+        state: &State,
+        caller: Option<u32>,
+        addr: u64,
+        live: &Live,
+        from_slice: bool,
+    ) -> Error {
+        let owner = &state.clients[live.client as usize].name;
+        if live.owned && !from_slice {
+            return Error::invalid(format!(
+                "pool `{}`: address {addr:#x} belongs to a PoolSlice of client `{owner}`; drop \
+                 the slice to free it",
+                self.name
+            ));
+        }
+        let caller = caller.map_or_else(String::new, |c| {
+            String::from(&*state.clients[c as usize].name)
+        });
+        Error::invalid(format!(
+            "pool `{}`: client `{caller}` cannot free {addr:#x}: it belongs to client `{owner}`",
+            self.name
+        ))
+    }
+
+    /// Parks a block freed on another stream until `event` completes.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn park(
+        &self,
+        state: &mut State,
+        stream: StreamId,
+        heap: Option<Arc<ThreadHeap>>,
+        block: u32,
+        bytes: usize,
+        event: Box<dyn StreamEvent>,
+    ) {
+        let parked = Parked {
+            heap,
+            block,
+            bytes,
+            event,
+        };
+        self.flags.fetch_or(PARKED, Ordering::Relaxed);
+        state.pending += bytes;
+        match state.parked.iter_mut().find(|(s, _)| *s == stream) {
+            Some((_, queue)) => queue.push_back(parked),
+            None => state.parked.push((stream, VecDeque::from([parked]))),
+        }
+    }
+}

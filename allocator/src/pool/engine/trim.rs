@@ -1,0 +1,109 @@
+//! Trimming a growable region: unmapping chunks that hold no live byte, after the home
+//! stream's work is done, and the release threshold that `synchronize` trims to.
+
+use alloc::format;
+
+use super::{Shared, State, TRIM_TRIES};
+use crate::error::Error;
+
+impl Shared {
+    /// Unmaps chunks of a growable region that hold no live byte until at most `keep` bytes
+    /// stay mapped; returns the bytes unmapped (always 0 for a classic region).
+    ///
+    /// Stream order: a block freed on the home stream is free at once, while work queued
+    /// there may still use it; a block freed on another stream is parked until its event
+    /// completes, so it is safe once free. The home stream is therefore synchronized before
+    /// anything is unmapped, outside the lock so that other threads keep allocating; if a free
+    /// on the home stream came in meanwhile (its work may be queued after the wait), the wait
+    /// is repeated, and after [`TRIM_TRIES`] tries done under the lock.
+    pub(in crate::pool) fn trim_to(&self, keep: usize) -> Result<usize, Error> {
+        if !self.growable {
+            return Ok(0);
+        }
+        for _ in 0..TRIM_TRIES {
+            let epoch = {
+                let mut state = self.lock()?;
+                if !self.prepare_trim(&mut state, keep) {
+                    return Ok(0);
+                }
+                state.home_epoch
+            };
+            self.synchronize_home()?;
+            let mut state = self.lock()?;
+            if state.home_epoch == epoch {
+                return Self::unmap_free(&mut state, keep);
+            }
+        }
+        let mut state = self.lock()?;
+        if !self.prepare_trim(&mut state, keep) {
+            return Ok(0);
+        }
+        if let Some(streams) = &self.streams {
+            self.stream_call("synchronize", || streams.synchronize(self.home))?;
+        }
+        Self::unmap_free(&mut state, keep)
+    }
+
+    /// Where more than `keep` bytes are mapped: gives every thread heap back, merges what
+    /// waits in the reuse cache and takes back parked blocks whose events have completed;
+    /// whether more than `keep` bytes are mapped.
+    pub(super) fn prepare_trim(&self, state: &mut State, keep: usize) -> bool {
+        // Nothing to give back: the heaps and the reuse cache stay as they are.
+        if state.mapping.mapped_bytes() <= keep {
+            return false;
+        }
+        self.dissolve_all(state);
+        state.tlsf.flush();
+        if !state.parked.is_empty() {
+            self.reclaim_parked(state);
+        }
+        state.mapping.mapped_bytes() > keep
+    }
+
+    /// Unmaps the chunks inside free blocks (none of which queued work can still touch).
+    pub(super) fn unmap_free(state: &mut State, keep: usize) -> Result<usize, Error> {
+        state.tlsf.flush();
+        let State { tlsf, mapping, .. } = state;
+        mapping.trim(tlsf.free_ranges(), keep)
+    }
+
+    /// Waits for everything queued on the home stream so far, without the lock (nothing to
+    /// wait for without a stream runtime: frees are then reusable at once).
+    pub(super) fn synchronize_home(&self) -> Result<(), Error> {
+        let Some(streams) = &self.streams else {
+            return Ok(());
+        };
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            streams.synchronize(self.home)
+        }))
+        .unwrap_or_else(|_| {
+            Err(Error::invalid(format!(
+                "pool `{}`: the stream runtime panicked in `synchronize`",
+                self.name
+            )))
+        })
+    }
+
+    /// Waits for the home stream, takes back parked blocks whose events have completed, and
+    /// trims to the release threshold; returns the bytes unmapped.
+    pub(in crate::pool) fn synchronize(&self) -> Result<usize, Error> {
+        self.synchronize_home()?;
+        let keep = {
+            let mut state = self.lock()?;
+            if !state.parked.is_empty() {
+                self.reclaim_parked(&mut state);
+            }
+            state.mapping.release_threshold
+        };
+        self.trim_to(keep)
+    }
+
+    /// Bytes [`synchronize`](Self::synchronize) leaves mapped.
+    pub(in crate::pool) fn release_threshold(&self) -> usize {
+        self.lock_wait().mapping.release_threshold
+    }
+
+    pub(in crate::pool) fn set_release_threshold(&self, bytes: usize) {
+        self.lock_wait().mapping.release_threshold = bytes;
+    }
+}

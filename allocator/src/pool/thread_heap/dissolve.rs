@@ -1,0 +1,211 @@
+//! Giving spans back: a heap shrinking to its bound, and every heap dissolving into the
+//! pool's index (before a refusal, a trim, statistics), live blocks kept at their addresses.
+
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+
+use super::{ClientShare, HeapState, ThreadHeap};
+use crate::pool::counters::Lease;
+use crate::pool::engine::{Shared, State, grow_meta};
+use crate::pool::tlsf::Piece;
+
+impl Shared {
+    /// Gives back what a heap keeps beyond its bound: spans nothing uses, whole; then the
+    /// spans with the most free bytes, in pieces. Without exact peaks, also its leases'
+    /// headroom beyond one chunk.
+    #[cold]
+    #[inline(never)]
+    pub(in crate::pool) fn shrink(&self) {
+        let Some(heap) = self.thread_heap() else {
+            return;
+        };
+        let heap = &heap;
+        let Ok(mut state) = self.lock() else {
+            return;
+        };
+        let mut guard = heap.state.lock_wait();
+        let h = &mut *guard;
+        if h.retired {
+            return;
+        }
+        if !self.exact_peaks {
+            // Leases beyond one chunk of headroom go back.
+            let chunk = self.lease_chunk;
+            let back = h.lease.slack().saturating_sub(chunk);
+            h.lease.cap -= back;
+            state.counts.unlease(back);
+            for (c, share) in h.clients.iter_mut().enumerate() {
+                let back = share.lease.slack().saturating_sub(chunk);
+                share.lease.cap -= back;
+                state.clients[c].counts.unlease(back);
+            }
+        }
+        let bound = self.heap_bound() as u64;
+        if h.tlsf.free_bytes() <= bound {
+            return;
+        }
+        h.tlsf.flush();
+        let target = bound / 2;
+        let mut i = 0;
+        while i < h.spans.len() && h.tlsf.free_bytes() > target {
+            let span = h.spans[i];
+            if h.tlsf.take_span(span.first) {
+                h.spans.swap_remove(i);
+                state.spans.remove(&span.addr);
+                state.tlsf.free(span.block);
+            } else {
+                i += 1;
+            }
+        }
+        while h.tlsf.free_bytes() > target && !h.spans.is_empty() {
+            let i = (0..h.spans.len())
+                .max_by_key(|&i| h.span_free(i))
+                .unwrap_or(0);
+            self.dissolve_span(&mut state, heap, h, i);
+        }
+        if self.streams.is_some() {
+            // Blocks freed on the home stream reach the pool's index.
+            state.home_epoch += 1;
+        }
+    }
+
+    /// Gives span `i` of `heap` back in pieces (the heap's cache flushed): its blocks become
+    /// blocks of the pool's index, the free ones merged there; live allocations in it carry on
+    /// in the pool's index, at their addresses, with their counts; parked blocks wait there.
+    pub(super) fn dissolve_span(
+        &self,
+        state: &mut State,
+        heap: &Arc<ThreadHeap>,
+        h: &mut HeapState,
+        i: usize,
+    ) {
+        let span = h.spans.swap_remove(i);
+        state.spans.remove(&span.addr);
+        let mut pieces: Vec<Piece> = Vec::new();
+        h.tlsf.export_span(span.first, &mut pieces);
+        debug_assert_eq!(pieces.iter().map(|p| p.size).sum::<u64>(), span.size);
+        let mut carved = Vec::new();
+        state.tlsf.carve(span.block, &pieces, &mut carved);
+        let mut moved = Vec::new();
+        for (p, &block) in pieces.iter().zip(&carved) {
+            if p.free {
+                continue;
+            }
+            let reserved = p.size as usize;
+            match h.live.find(p.addr) {
+                Some(slot) if h.live.value_at(slot) == p.block => {
+                    let live = h.meta[p.block as usize];
+                    h.live.remove_at(slot);
+                    // Its bytes move from the heap's leases to the pool's own counts (both in
+                    // `in_use`).
+                    h.lease.used -= reserved;
+                    h.lease.cap -= reserved;
+                    state.counts.leased -= reserved;
+                    let share = &mut h.clients[live.client as usize];
+                    share.lease.used -= reserved;
+                    share.lease.cap -= reserved;
+                    share.requested -= live.size;
+                    let counts = &mut state.clients[live.client as usize].counts;
+                    counts.leased -= reserved;
+                    counts.requested += live.size;
+                    state.live.insert_new(p.addr, block);
+                    if state.meta.len() <= block as usize {
+                        grow_meta(&mut state.meta, block as usize);
+                    }
+                    state.meta[block as usize] = live;
+                }
+                // Parked (or set aside for good): it stays used, now in the pool's index.
+                _ => moved.push((p.block, block)),
+            }
+        }
+        if !moved.is_empty() {
+            for (_, queue) in state.parked.iter_mut() {
+                for parked in queue.iter_mut() {
+                    let Some(owner) = &parked.heap else {
+                        continue;
+                    };
+                    if !Arc::ptr_eq(owner, heap) {
+                        continue;
+                    }
+                    if let Some(&(_, block)) = moved.iter().find(|(from, _)| *from == parked.block)
+                    {
+                        parked.heap = None;
+                        parked.block = block;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gives every span of `heap` back and folds its counts into the pool's: the heap is empty
+    /// afterwards, and everything it held is in the pool's index.
+    pub(in crate::pool) fn dissolve(
+        &self,
+        state: &mut State,
+        heap: &Arc<ThreadHeap>,
+        h: &mut HeapState,
+    ) {
+        if !h.spans.is_empty() {
+            h.tlsf.flush();
+            while !h.spans.is_empty() {
+                let last = h.spans.len() - 1;
+                self.dissolve_span(state, heap, h, last);
+            }
+            if self.streams.is_some() {
+                // Blocks freed on the home stream reach the pool's index.
+                state.home_epoch += 1;
+            }
+        }
+        debug_assert_eq!((h.lease.used, h.live.len()), (0, 0));
+        state.counts.unlease(h.lease.cap);
+        // What it keeps stays: it is the pool's figure, not the heap's.
+        h.lease = Lease {
+            keep: h.lease.keep,
+            ..Lease::default()
+        };
+        for (c, share) in h.clients.iter_mut().enumerate() {
+            let counts = &mut state.clients[c].counts;
+            counts.unlease(share.lease.cap);
+            counts.allocations += share.allocations;
+            counts.frees += share.frees;
+            *share = ClientShare::default();
+        }
+        state.reused += h.tlsf.take_reused();
+        h.serials = (0, 0);
+        if let Some(entry) = state.entry(heap) {
+            let listed = core::mem::take(&mut entry.clients);
+            for c in listed {
+                state.clients[c as usize].heaps -= 1;
+            }
+        }
+    }
+
+    /// Gives every heap back ([`dissolve`](Self::dissolve)) and the spare headroom; the heaps
+    /// stay with their threads, empty. Every heap stays locked until the spares are drained
+    /// (a heap takes from a spare under its own lock only), so that no heap holds a lease
+    /// afterwards and every count is the pool's own.
+    pub(in crate::pool) fn dissolve_all(&self, state: &mut State) {
+        let heaps: Vec<Arc<ThreadHeap>> = state.heaps.iter().map(|e| e.heap.clone()).collect();
+        let mut guards: Vec<_> = heaps.iter().map(|h| h.state.lock_wait()).collect();
+        for (heap, guard) in heaps.iter().zip(guards.iter_mut()) {
+            self.dissolve(state, heap, guard);
+        }
+        Self::drain_spares(self, state);
+        drop(guards);
+    }
+
+    /// Takes the spare headroom of the pool and of every client back into their counts
+    /// (the caller holds the lock of every heap that may take from them, or there is none).
+    pub(super) fn drain_spares(&self, state: &mut State) {
+        state.counts.unlease(self.spare.drain());
+        for client in state.clients.iter_mut() {
+            client.counts.unlease(client.spare.drain());
+        }
+    }
+
+    /// The heap that holds the span around `addr`, if any.
+    pub(in crate::pool) fn span_owner(state: &State, addr: u64) -> Option<Arc<ThreadHeap>> {
+        let (&start, (size, heap)) = state.spans.range(..=addr).next_back()?;
+        (addr - start < *size).then(|| heap.clone())
+    }
+}

@@ -1,0 +1,469 @@
+//! Thread heaps: a heap of its own for each thread that found the pool's lock taken, so that
+//! threads sharing a pool stop serializing on that lock.
+//!
+//! A thread heap is an index ([`Tlsf`]) over *spans*, pieces of the region it took from the
+//! pool's index, each one used block there. The thread allocates and frees in its spans under a
+//! lock of its own, which only it takes in the common case, so the pool's lock and the cache
+//! lines of the pool's state stay out of its way. A thread that never meets another on the
+//! pool's lock never gets one (unless the pool gives every thread one, `eager_thread_heaps`):
+//! a pool used by one thread at a time works as it did without them, block for block.
+//!
+//! What users rely on holds exactly, heaps or not:
+//!
+//! * **The hard cap.** Before a request fails, every heap, other threads' included, gives its
+//!   spans back ([`Shared::dissolve`]): a span nothing uses goes back whole; any other is cut in
+//!   the pool's index into the blocks the heap made, live ones at their addresses, free ones
+//!   merged with their free neighbours. Afterwards the pool's index is what it would be had it
+//!   made every block itself, so a request that would succeed with every heap given back does
+//!   succeed.
+//! * **Quotas and the peak.** A heap allocates within *leases*, one for the pool and one per
+//!   client ([`Lease`]): bytes it may hold without asking. The pool counts leases as in use
+//!   and keeps `in_use ≤ peak` (and `peak ≤ quota` for a client), so an allocation within a
+//!   lease can set no new peak and pass no quota. Headroom that no heap holds is leased to a
+//!   [`Spare`] (the pool's, and one per client), counted as in use like any lease: a heap
+//!   short of lease takes what it needs from the spare, and a little more to keep, with one
+//!   compare-and-swap and without the pool's lock, and gives back to it what it holds beyond
+//!   a few times that (the amount kept follows the peak and the number of heaps). Moving
+//!   headroom between a heap and a spare changes no count. Where the spare runs short the
+//!   heap asks the pool; where the headroom under the peak is gone, the pool first takes back
+//!   every lease's unused part and the spare, with every heap that may touch them locked
+//!   (heaps touch a spare only under their own lock), and only then raises the peak (to
+//!   exactly what is in use) or refuses the quota; the headroom left goes to the spare. Every
+//!   path that needs exact counts (statistics, a refusal, the pool's own index where the
+//!   counts leave no headroom) drains the spares the same way, or draws from them. Without
+//!   exact peaks (`exact_peaks(false)`), a heap takes a chunk of headroom beyond its need,
+//!   raising the peak where there is none, and gives back what it holds beyond two chunks to
+//!   the pool: the peaks count leases, quotas stay exact.
+//! * **Statistics, leak reports, the event log.** Counts that add up (bytes, allocations,
+//!   frees) are kept per heap and summed with every heap locked; the free blocks are described
+//!   after every heap gave its spans back. Leak reports list every heap's live allocations.
+//!   Tracking, event sinks, parked blocks and streams other than the home stream take the
+//!   general path under the pool's lock, as before; a heap serves only home-stream requests
+//!   while none of those is on, and checks that under its own lock, which
+//!   [`set_sink`](Shared::set_sink) takes once after switching a sink on.
+//! * **Stream order.** A heap's blocks are freed and handed out again on the home stream only;
+//!   a free on another stream parks the block as before, and it returns to its heap when its
+//!   event completes. Blocks reach the pool's index, and so other streams, only when spans go
+//!   back, which counts as a home-stream free.
+//! * **Growable regions.** A span is addresses: memory is mapped under it as blocks reach new
+//!   chunks. The heap's fast path checks the chunk bits of each block it takes without the
+//!   pool's lock ([`ChunkMap`](super::vmm::ChunkMap)); where a chunk is missing it gives the
+//!   block back and maps under the pool's lock in
+//!   [`heap_allocate_locked`](Shared::heap_allocate_locked), before anything is counted. A trim gives every heap back
+//!   first and unmaps only chunks inside free blocks of the pool's index (never inside a span),
+//!   so a chunk under a heap's span stays mapped while the heap holds the span.
+//! * **Thread exit and pool drop.** The thread's heaps live in a thread-local list that holds
+//!   each pool weakly: when the thread exits, each heap of a pool still alive is given back. A
+//!   pool dropped first empties its heaps; the list then holds only an empty heap, dropped when
+//!   the thread exits or looks up another pool.
+//!
+//! Locks are taken in one order: the pool's lock, then heap locks. A thread's fast path holds
+//! only its own heap's lock (and touches a spare with atomic operations, which wait for no
+//! one); every other path that locks a heap holds the pool's lock first, so no two threads
+//! wait for each other's locks in opposite orders. No callback runs while a heap is locked by
+//! its own thread's fast path.
+
+use alloc::sync::{Arc, Weak};
+use alloc::vec::Vec;
+use core::cell::{Cell, RefCell};
+use core::sync::atomic::Ordering;
+
+use super::addr_map::AddrMap;
+use super::counters::{Lease, Spare};
+use super::engine::{Ask, HEAPS, Live, Shared, State, grow_meta};
+use super::lock::{Lock, LockGuard};
+use super::tlsf::{GRANULE, Tlsf};
+
+// The rooms of the heaps: their allocation and free paths, the leases of the pool's headroom,
+// and giving spans back. The heaps' state, the thread-local list and their life cycle live
+// here.
+mod dissolve;
+mod leases;
+mod paths;
+
+/// Serial numbers a heap takes from the pool at a time (numbers are for leak reports: gaps
+/// are harmless, a visit to the pool's lock for them is not).
+const SERIAL_BATCH: u64 = 1 << 16;
+/// With exact peaks a heap keeps `1 / (KEEP_SHARE * heaps)` of the peak as headroom when it
+/// takes or gives back headroom (at least [`MIN_KEEP`]): a sixteenth of what every heap
+/// could keep together at [`GIVE_BACK`](super::counters::GIVE_BACK) times that, so that the
+/// spare headroom rarely runs out while heaps rarely have to take or give.
+const KEEP_SHARE: usize = 8;
+const MIN_KEEP: usize = 64 << 10;
+/// A heap takes spans of `1 / SPANS_PER_CAPACITY` of the capacity, within
+/// `MIN_SPAN..=MAX_SPAN` and at most half its bound (a request may need more).
+const SPANS_PER_CAPACITY: usize = 16;
+const MIN_SPAN: usize = 64 << 10;
+const MAX_SPAN: usize = 1 << 30;
+
+/// One thread's heap for one pool.
+pub(super) struct ThreadHeap {
+    pub(super) state: Lock<HeapState>,
+}
+
+/// A thread heap as the pool lists it.
+pub(super) struct HeapEntry {
+    pub(super) heap: Arc<ThreadHeap>,
+    /// The clients whose leases it has held since it was last given back: only these heaps
+    /// are locked to take a client's leases back.
+    pub(super) clients: Vec<u32>,
+}
+
+impl State {
+    /// The pool's entry of `heap`.
+    fn entry(&mut self, heap: &Arc<ThreadHeap>) -> Option<&mut HeapEntry> {
+        self.heaps.iter_mut().find(|e| Arc::ptr_eq(&e.heap, heap))
+    }
+}
+
+/// A span: a block of the pool's index that a heap uses as a region of its own.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Span {
+    pub(super) addr: u64,
+    pub(super) size: u64,
+    /// Its first block in the heap's index (stable while the span is there).
+    pub(super) first: u32,
+    /// Its block in the pool's index.
+    pub(super) block: u32,
+}
+
+/// A heap's share of one client: its lease and the counts of its allocations.
+#[derive(Debug, Clone, Default)]
+pub(super) struct ClientShare {
+    pub(super) lease: Lease,
+    pub(super) requested: usize,
+    pub(super) allocations: u64,
+    pub(super) frees: u64,
+    /// The client's spare headroom, once the heap is listed as holding its leases (with
+    /// exact peaks).
+    pub(super) spare: Option<Arc<Spare>>,
+}
+
+/// Everything behind a heap's lock.
+pub(super) struct HeapState {
+    pub(super) tlsf: Tlsf,
+    /// Address of every live allocation made in the heap → its block.
+    pub(super) live: AddrMap,
+    /// The live allocation in each block (indexed like the heap's blocks).
+    pub(super) meta: Vec<Live>,
+    pub(super) spans: Vec<Span>,
+    /// The pool's lease.
+    pub(super) lease: Lease,
+    /// Each client's share, by client id (grown on demand).
+    pub(super) clients: Vec<ClientShare>,
+    /// Serial numbers the heap may give: `next..end`.
+    pub(super) serials: (u64, u64),
+    /// Given back for good (its thread exited, or the pool is being dropped).
+    pub(super) retired: bool,
+}
+
+impl HeapState {
+    fn new(base: u64, capacity: usize, cache_blocks: usize, cache_bytes: u64) -> Self {
+        HeapState {
+            tlsf: Tlsf::empty(base, capacity as u64, cache_blocks, cache_bytes),
+            live: AddrMap::with_capacity(64),
+            meta: Vec::new(),
+            spans: Vec::new(),
+            lease: Lease::default(),
+            clients: Vec::new(),
+            serials: (0, 0),
+            retired: false,
+        }
+    }
+
+    /// Counts an allocation of `reserved` bytes for `ask` in the leases (the pool's and the
+    /// client's share) and takes its serial number (left in `serials.0 - 1`).
+    #[inline(always)]
+    fn count(
+        lease: &mut Lease,
+        share: &mut ClientShare,
+        serials: &mut (u64, u64),
+        ask: &Ask,
+        reserved: usize,
+    ) {
+        lease.used += reserved;
+        share.lease.used += reserved;
+        share.requested += ask.size;
+        share.allocations += 1;
+        serials.0 += 1;
+    }
+
+    /// Records a counted allocation in `block` at `addr` for `ask`: address map and what is
+    /// known about it.
+    #[inline(always)]
+    fn record(&mut self, ask: &Ask, owned: bool, block: u32, addr: u64) {
+        let serial = self.serials.0 - 1;
+        self.live.insert_new(addr, block);
+        let slot = block as usize;
+        if self.meta.len() <= slot {
+            grow_meta(&mut self.meta, slot);
+        }
+        let entry = &mut self.meta[slot];
+        entry.size = ask.size;
+        entry.serial = serial;
+        entry.stream = ask.stream;
+        entry.client = ask.client;
+        entry.align = ask.align as u16;
+        entry.owned = owned;
+        entry.tracked = false;
+    }
+
+    /// Removes the live allocation in `block` (out of the address map already) from the
+    /// counts; `reserved`: its block's size.
+    #[inline(always)]
+    pub(super) fn uncount(&mut self, live: &Live, reserved: usize) {
+        self.lease.used -= reserved;
+        let share = &mut self.clients[live.client as usize];
+        share.lease.used -= reserved;
+        share.requested -= live.size;
+        share.frees += 1;
+    }
+
+    /// Checks the heap's index against its spans (tests).
+    #[cfg(test)]
+    pub(super) fn check(&self) {
+        let spans: Vec<(u64, u64)> = self.spans.iter().map(|s| (s.addr, s.size)).collect();
+        self.tlsf.check_spans(&spans);
+    }
+
+    /// Free bytes in span `i` (the cache flushed).
+    fn span_free(&self, i: usize) -> u64 {
+        let mut pieces = Vec::new();
+        self.tlsf.span_blocks(self.spans[i].first, &mut pieces);
+        pieces.iter().filter(|p| p.free).map(|p| p.size).sum()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The thread-local list of a thread's heaps.
+
+/// A heap of this thread: the pool it belongs to, held weakly so that the list keeps no pool
+/// alive.
+struct Entry {
+    pool: u64,
+    shared: Weak<Shared>,
+    heap: Arc<ThreadHeap>,
+}
+
+/// This thread's heaps, and the one looked up last.
+struct ThreadHeaps {
+    /// The pool looked up last and this thread's heap for it (null: none). The heap is one of
+    /// `all`'s: `last` is reset before entries leave `all`.
+    last: Cell<(u64, *const ThreadHeap)>,
+    all: RefCell<Vec<Entry>>,
+}
+
+impl Drop for ThreadHeaps {
+    fn drop(&mut self) {
+        // The thread exits: each heap goes back to its pool, if the pool is still there.
+        for entry in self.all.get_mut().drain(..) {
+            if let Some(shared) = entry.shared.upgrade() {
+                shared.retire(&entry.heap);
+            }
+        }
+    }
+}
+
+std::thread_local! {
+    static THREAD_HEAPS: ThreadHeaps = const {
+        ThreadHeaps {
+            last: Cell::new((0, core::ptr::null())),
+            all: RefCell::new(Vec::new()),
+        }
+    };
+}
+
+/// Runs `f` on the calling thread's heap for pool `pool`; `None` when it has none (or is
+/// exiting, or `reentrant` says it is inside a callback of that pool, where the pool must fail
+/// instead).
+#[inline(always)]
+fn with_current<R>(
+    pool: u64,
+    reentrant: impl FnOnce() -> bool,
+    f: impl FnOnce(&ThreadHeap) -> R,
+) -> Option<R> {
+    THREAD_HEAPS
+        .try_with(|t| {
+            let (id, heap) = t.last.get();
+            let heap = if id == pool {
+                heap
+            } else {
+                lookup(t, pool, reentrant)?
+            };
+            // SAFETY: `heap` comes from `Arc::as_ptr` of the `Arc` in an entry of `t.all`
+            // (see `lookup` and `register`), and that entry stays in the list while `f`
+            // runs: entries leave it only in `lookup`, for pools that are gone (this one is
+            // not: the caller is a call on it), and when the thread exits (it is running).
+            Some(f(unsafe { &*heap }))
+        })
+        .ok()
+        .flatten()
+}
+
+/// Finds this thread's heap for `pool` in its list and makes it the one looked up last;
+/// `None` (and nothing looked up last) when there is none, or inside a callback of that pool.
+#[cold]
+#[inline(never)]
+fn lookup(
+    t: &ThreadHeaps,
+    pool: u64,
+    reentrant: impl FnOnce() -> bool,
+) -> Option<*const ThreadHeap> {
+    t.last.set((0, core::ptr::null()));
+    if reentrant() {
+        return None;
+    }
+    let mut all = t.all.try_borrow_mut().ok()?;
+    // Heaps of pools that are gone are empty: forget them.
+    all.retain(|e| e.shared.strong_count() > 0);
+    let heap = Arc::as_ptr(&all.iter().find(|e| e.pool == pool)?.heap);
+    t.last.set((pool, heap));
+    Some(heap)
+}
+
+/// This thread's heap for `pool`, shared (for the paths that keep it).
+#[cold]
+#[inline(never)]
+fn current_arc(pool: u64) -> Option<Arc<ThreadHeap>> {
+    THREAD_HEAPS
+        .try_with(|t| {
+            let all = t.all.try_borrow().ok()?;
+            all.iter().find(|e| e.pool == pool).map(|e| e.heap.clone())
+        })
+        .ok()
+        .flatten()
+}
+
+/// Adds `heap` to the calling thread's list; `false` when the thread is exiting.
+fn register(pool: u64, shared: Weak<Shared>, heap: &Arc<ThreadHeap>) -> bool {
+    THREAD_HEAPS
+        .try_with(|t| {
+            let Ok(mut all) = t.all.try_borrow_mut() else {
+                return false;
+            };
+            all.push(Entry {
+                pool,
+                shared,
+                heap: heap.clone(),
+            });
+            t.last.set((pool, Arc::as_ptr(heap)));
+            true
+        })
+        .unwrap_or(false)
+}
+
+/// Forgets the heap looked up last, so that the next call of this thread looks its list up
+/// (which fails inside a callback).
+pub(super) fn forget_current() {
+    let _ = THREAD_HEAPS.try_with(|t| t.last.set((0, core::ptr::null())));
+}
+
+/// A thread heap of a pool, its lock held.
+pub(super) struct Locked<'a> {
+    pub(super) state: LockGuard<'a, HeapState>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The heap paths of the pool.
+
+/// The headroom a heap keeps of a peak of `peak` bytes that `heaps` heaps share (see
+/// [`KEEP_SHARE`]).
+fn keep(peak: usize, heaps: usize) -> usize {
+    (peak / (KEEP_SHARE * heaps.max(1))).max(MIN_KEEP)
+}
+
+impl Shared {
+    /// A heap's share of the free bytes the heaps may keep.
+    #[inline(always)]
+    fn heap_bound(&self) -> usize {
+        self.heap_bound.load(Ordering::Relaxed)
+    }
+
+    /// Shares the heaps' bound among the heaps there are now.
+    fn share_heap_bytes(&self, state: &State) {
+        let share = self.heap_bytes / state.heaps.len().max(1);
+        self.heap_bound.store(share, Ordering::Relaxed);
+    }
+
+    /// The size of the next span for a heap whose bound is `bound`.
+    fn span_bytes(&self, bound: u64) -> u64 {
+        let granule = GRANULE - 1;
+        ((self.capacity / SPANS_PER_CAPACITY).clamp(MIN_SPAN, MAX_SPAN) as u64)
+            .min(bound / 2)
+            .max(GRANULE)
+            & !granule
+    }
+
+    /// Runs `f` on the calling thread's heap for this pool, if it has one.
+    #[inline(always)]
+    pub(super) fn on_thread_heap<R>(&self, f: impl FnOnce(&ThreadHeap) -> R) -> Option<R> {
+        with_current(self.id, || self.state.in_callback(), f)
+    }
+
+    /// The calling thread's heap for this pool, shared (slow paths).
+    pub(super) fn thread_heap(&self) -> Option<Arc<ThreadHeap>> {
+        current_arc(self.id)
+    }
+
+    /// A new heap for the calling thread, registered with it and with the pool; `None` when
+    /// the thread is exiting.
+    pub(super) fn new_thread_heap(&self, state: &mut State) -> Option<Arc<ThreadHeap>> {
+        let (cache_blocks, cache_bytes) = self.heap_cache;
+        let heap = Arc::new(ThreadHeap {
+            state: Lock::new(HeapState::new(
+                self.base,
+                self.capacity,
+                cache_blocks,
+                cache_bytes,
+            )),
+        });
+        if !register(self.id, self.this.clone(), &heap) {
+            return None;
+        }
+        state.heaps.push(HeapEntry {
+            heap: heap.clone(),
+            clients: Vec::new(),
+        });
+        self.share_heap_bytes(state);
+        self.flags.fetch_or(HEAPS, Ordering::Relaxed);
+        Some(heap)
+    }
+
+    /// Gives `heap` back for good: its thread exits.
+    pub(super) fn retire(&self, heap: &Arc<ThreadHeap>) {
+        let mut state = self.lock_wait();
+        {
+            let mut guard = heap.state.lock_wait();
+            if guard.retired {
+                return;
+            }
+            self.dissolve(&mut state, heap, &mut guard);
+            guard.retired = true;
+        }
+        state.heaps.retain(|e| !Arc::ptr_eq(&e.heap, heap));
+        self.share_heap_bytes(&state);
+        if state.heaps.is_empty() {
+            // No heap left to take from the spares: their headroom is the pool's again.
+            self.drain_spares(&mut state);
+            self.flags.fetch_and(!HEAPS, Ordering::Relaxed);
+        }
+    }
+
+    /// Empties every heap for good: the pool is being dropped.
+    pub(super) fn drop_heaps(&self) {
+        let mut state = self.lock_wait();
+        for entry in core::mem::take(&mut state.heaps) {
+            let mut guard = entry.heap.state.lock_wait();
+            guard.retired = true;
+            guard.tlsf = Tlsf::empty(self.base, self.capacity as u64, 0, 0);
+            guard.live = AddrMap::with_capacity(0);
+            guard.meta = Vec::new();
+            guard.spans = Vec::new();
+            guard.clients = Vec::new();
+        }
+        state.spans.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests;

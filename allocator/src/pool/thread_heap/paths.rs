@@ -1,0 +1,325 @@
+//! A heap's allocation and free paths: the fast paths under the heap's own lock, the slow
+//! path under the pool's lock (more lease, serial numbers, a new span, mapping a growable
+//! region's chunks), and the general path where a heap cannot serve.
+
+use alloc::sync::Arc;
+use core::sync::atomic::Ordering;
+
+use super::{ClientShare, HeapState, SERIAL_BATCH, Span, ThreadHeap, keep};
+use crate::error::Error;
+use crate::pool::counters::Lease;
+use crate::pool::engine::{Ask, SINK, SLOW, Shared, State};
+use crate::pool::tlsf::{self, GRANULE};
+use crate::pool::{AllocRequest, reserved_bytes};
+
+impl Shared {
+    /// The common case on a thread heap: within its leases, a block found in its spans. It
+    /// changes nothing unless it allocates; `None` sends the request to
+    /// [`heap_allocate_slow`](Self::heap_allocate_slow).
+    #[inline(always)]
+    pub(in crate::pool) fn heap_allocate_fast(
+        &self,
+        heap: &ThreadHeap,
+        ask: &Ask,
+        owned: bool,
+    ) -> Option<u64> {
+        let reserved = reserved_bytes(ask.size).filter(|&r| r <= self.capacity)?;
+        // Held by another thread only while it takes leases back or gives spans back.
+        let mut guard = heap.state.try_guard()?;
+        // Checked again under the heap's lock: a sink switched on since is seen here.
+        if self.flags.load(Ordering::Relaxed) & SLOW != 0 {
+            return None;
+        }
+        let h = &mut *guard;
+        let share = h.clients.get_mut(ask.client as usize)?;
+        if h.serials.0 == h.serials.1 {
+            return None;
+        }
+        let fits = h.lease.fits(reserved) && share.lease.fits(reserved);
+        if !(fits || self.refill(&mut h.lease, share, reserved)) {
+            return None;
+        }
+        let (block, addr) = h.tlsf.allocate(reserved as u64, ask.align as u64)?;
+        // A growable region: memory behind the block, or the slow path maps it under the
+        // pool's lock (a block split off a free one: merged back, the index as it was).
+        if self.growable && !self.chunks.covers(addr, reserved as u64) {
+            h.tlsf.free(block);
+            return None;
+        }
+        HeapState::count(&mut h.lease, share, &mut h.serials, ask, reserved);
+        h.record(ask, owned, block, addr);
+        Some(addr)
+    }
+
+    /// With exact peaks: takes what the heap's leases (the pool's, `share`'s) lack for
+    /// `reserved` more bytes from the spare headroom, without the pool's lock; whether both
+    /// fit now. (What one of them took stays with it if the other cannot be filled.)
+    #[cold]
+    #[inline(never)]
+    pub(super) fn refill(
+        &self,
+        lease: &mut Lease,
+        share: &mut ClientShare,
+        reserved: usize,
+    ) -> bool {
+        // (Before the pool first told it what to keep, a heap asks the pool.)
+        if !self.exact_peaks || lease.keep == 0 {
+            return false;
+        }
+        if !lease.fits(reserved) && !lease.refill(&self.spare, reserved) {
+            return false;
+        }
+        if share.lease.fits(reserved) {
+            return true;
+        }
+        match &share.spare {
+            Some(spare) => share.lease.refill(spare, reserved),
+            None => false,
+        }
+    }
+
+    /// With exact peaks: gives what the heap's leases hold beyond what they keep back to the
+    /// spare headroom, without the pool's lock.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn give_back(&self, lease: &mut Lease, share: &mut ClientShare) {
+        if lease.hoards() {
+            lease.give_back(&self.spare);
+        }
+        if let (true, Some(spare)) = (share.lease.hoards(), &share.spare) {
+            share.lease.give_back(spare);
+        }
+    }
+
+    /// An allocation on a thread heap that its fast path could not make.
+    #[cold]
+    #[inline(never)]
+    pub(in crate::pool) fn heap_allocate_slow(&self, ask: &Ask, owned: bool) -> Result<u64, Error> {
+        let mut state = self.lock()?;
+        let result = match self.thread_heap() {
+            Some(heap) => self.heap_allocate_locked(&mut state, &heap, ask, owned),
+            None => {
+                let req = AllocRequest::new(ask.size, ask.align).on(ask.stream);
+                self.allocate_general(&mut state, ask.client, &req, ask.stream, owned, None)
+            }
+        };
+        self.unlock_and_deliver(state, result)
+    }
+
+    /// With the pool's lock held: an allocation on `heap`, with more lease, serial numbers or
+    /// a new span as needed; the general path (on the pool's own index) where the heap cannot
+    /// serve, which decides and reports as without heaps.
+    pub(in crate::pool) fn heap_allocate_locked(
+        &self,
+        state: &mut State,
+        heap: &Arc<ThreadHeap>,
+        ask: &Ask,
+        owned: bool,
+    ) -> Result<u64, Error> {
+        let general = |state: &mut State| {
+            let req = AllocRequest {
+                size: ask.size,
+                align: ask.align,
+                stream: Some(ask.stream),
+                tag: None,
+            };
+            self.allocate_general(state, ask.client, &req, ask.stream, owned, None)
+        };
+        if self.flags.load(Ordering::Relaxed) & SLOW != 0 {
+            return general(state);
+        }
+        let Some(reserved) = reserved_bytes(ask.size).filter(|&r| r <= self.capacity) else {
+            return general(state);
+        };
+        let mut guard = heap.state.lock_wait();
+        let h = &mut *guard;
+        if h.retired {
+            drop(guard);
+            return general(state);
+        }
+        let client = ask.client as usize;
+        if h.clients.len() <= client {
+            h.clients.resize(client + 1, ClientShare::default());
+        }
+        if h.serials.0 == h.serials.1 {
+            h.serials = (state.next_serial, state.next_serial + SERIAL_BATCH);
+            state.next_serial += SERIAL_BATCH;
+        }
+        if self.exact_peaks {
+            // What the heap keeps follows the peak and the number of heaps.
+            h.lease.keep = keep(state.counts.peak, state.heaps.len());
+            if h.clients[client].spare.is_some() {
+                let c = &state.clients[client];
+                h.clients[client].lease.keep = keep(c.counts.peak, c.heaps);
+            }
+        }
+        // The block first: a lease may raise a peak, which only an allocation may do.
+        let (size, align) = (reserved as u64, ask.align as u64);
+        let hits = h.tlsf.reused();
+        let bound = self.heap_bound() as u64;
+        // Half the bound may wait whole for reuse; the rest is room to split from.
+        h.tlsf.set_cache_limit((bound / 2).min(self.heap_cache.1));
+        let mut taken = h.tlsf.allocate(size, align);
+        // Within its bound a heap grows (a span: one visit here); at its bound it merges what
+        // waits in its cache, the oldest half at a time, and looks again.
+        if taken.is_none() && h.tlsf.free_bytes() + self.span_bytes(bound) <= bound {
+            taken = self.add_span(state, heap, h, size, align);
+        }
+        while taken.is_none() && h.tlsf.cached().1 > 0 {
+            let half = h.tlsf.cached().0.div_ceil(2);
+            h.tlsf.evict_oldest(half);
+            taken = h.tlsf.allocate(size, align);
+        }
+        if taken.is_none() {
+            taken = self.add_span(state, heap, h, size, align);
+        }
+        let Some((block, addr)) = taken else {
+            drop(guard);
+            return general(state);
+        };
+        // A growable region: memory behind the block before anything is counted (a request
+        // that fails raises no peak).
+        let (block, addr) = if self.growable && !self.chunks.covers(addr, size) {
+            match self.heap_map_block(state, h, block, addr, size, align) {
+                Ok(taken) => taken,
+                Err(error) => {
+                    h.tlsf.forget_reused(hits);
+                    drop(guard);
+                    return Err(self.allocation_failed(state, ask, None, error));
+                }
+            }
+        } else {
+            (block, addr)
+        };
+        if !h.clients[client].lease.fits(reserved)
+            && !self.grant_client(state, heap, h, ask.client, reserved)
+        {
+            // Over the quota: the general path takes every lease back and says so exactly.
+            h.tlsf.release(block);
+            h.tlsf.forget_reused(hits);
+            drop(guard);
+            return general(state);
+        }
+        // The pool's lease is always granted: the block is there, so the bytes are.
+        if !h.lease.fits(reserved) {
+            self.grant_pool(state, heap, h, reserved);
+        }
+        let share = &mut h.clients[client];
+        HeapState::count(&mut h.lease, share, &mut h.serials, ask, reserved);
+        h.record(ask, owned, block, addr);
+        Ok(addr)
+    }
+
+    /// Maps the memory behind a block of a heap whose chunks are not all mapped, as
+    /// [`map_block`](Shared::map_block) does for the pool's index: when that fails, the block
+    /// goes back to the heap's index; if freed blocks wait in the heap's reuse cache (all of
+    /// them mapped), they are merged and the request looks once more. When that fails too,
+    /// the heap is as it was (but for the merged cache) and the error fails the request.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn heap_map_block(
+        &self,
+        state: &mut State,
+        h: &mut HeapState,
+        block: u32,
+        addr: u64,
+        size: u64,
+        align: u64,
+    ) -> Result<(u32, u64), Error> {
+        let Err(error) = state.mapping.ensure(addr, size) else {
+            return Ok((block, addr));
+        };
+        h.tlsf.free(block);
+        if h.tlsf.cached().1 == 0 {
+            return Err(error);
+        }
+        h.tlsf.flush();
+        let Some((block, addr)) = h.tlsf.allocate(size, align) else {
+            return Err(error);
+        };
+        if !self.chunks.covers(addr, size) {
+            if let Err(error) = state.mapping.ensure(addr, size) {
+                h.tlsf.free(block);
+                return Err(error);
+            }
+        }
+        Ok((block, addr))
+    }
+
+    /// Takes a span for `heap` from the pool's index, large enough for `size` bytes at
+    /// `align`, and allocates those there.
+    pub(super) fn add_span(
+        &self,
+        state: &mut State,
+        heap: &Arc<ThreadHeap>,
+        h: &mut HeapState,
+        size: u64,
+        align: u64,
+    ) -> Option<(u32, u64)> {
+        let fit = tlsf::guaranteed_fit(size, align)?;
+        let mut span = self.span_bytes(self.heap_bound() as u64).max(fit);
+        // A block taken from the pool's index, for a thread heap.
+        let mut taken = state.tlsf.allocate(span, GRANULE);
+        if taken.is_none() {
+            state.tlsf.flush();
+            taken = state.tlsf.allocate(span, GRANULE);
+        }
+        if taken.is_none() && span > fit {
+            span = fit;
+            // A block taken from the pool's index, for a thread heap.
+            taken = state.tlsf.allocate(span, GRANULE);
+        }
+        let (block, addr) = taken?;
+        let first = h.tlsf.add_span(addr, span);
+        h.spans.push(Span {
+            addr,
+            size: span,
+            first,
+            block,
+        });
+        state.spans.insert(addr, (span, heap.clone()));
+        h.tlsf.allocate(size, align)
+    }
+
+    /// The common case of a free on a thread heap: a live allocation of the heap that `caller`
+    /// may free. `None` sends the free on (to the pool's fast path, then the general path);
+    /// `Some(true)` when the heap keeps more free bytes than it should (see
+    /// [`shrink`](Self::shrink)).
+    #[inline(always)]
+    pub(in crate::pool) fn heap_deallocate_fast(
+        &self,
+        heap: &ThreadHeap,
+        caller: Option<u32>,
+        addr: u64,
+        from_slice: bool,
+    ) -> Option<bool> {
+        let mut guard = heap.state.try_guard()?;
+        let h = &mut *guard;
+        // A free made after a sink was switched on is logged (see `set_sink`).
+        if self.flags.load(Ordering::Relaxed) & SINK != 0 {
+            return None;
+        }
+        let slot = h.live.find(addr)?;
+        let block = h.live.value_at(slot);
+        let live = h.meta[block as usize];
+        if (live.owned && !from_slice) || caller.is_some_and(|caller| caller != live.client) {
+            return None;
+        }
+        h.live.remove_at(slot);
+        let reserved = h.tlsf.release(block) as usize;
+        h.uncount(&live, reserved);
+        let over = h.tlsf.free_bytes() > self.heap_bound() as u64;
+        let share = &mut h.clients[live.client as usize];
+        // A heap gives back leases it does not use, now and then: with exact peaks to the
+        // spare headroom (here, without the pool's lock), else to the pool.
+        let hoarding = if self.exact_peaks {
+            if h.lease.hoards() || share.lease.hoards() {
+                self.give_back(&mut h.lease, share);
+            }
+            false
+        } else {
+            h.lease.slack() > 2 * self.lease_chunk || share.lease.slack() > 2 * self.lease_chunk
+        };
+        Some(over || hoarding)
+    }
+}

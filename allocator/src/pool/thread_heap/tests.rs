@@ -1,0 +1,138 @@
+use super::*;
+use crate::pool::Pool;
+
+impl Shared {
+    /// Every invariant of the pool's index, the heaps' indices and the spans between them,
+    /// with everything locked.
+    fn check_heaps(&self) {
+        let mut state = self.lock_wait();
+        self.with_heaps(&mut state, |state, heaps| {
+            state.tlsf.check();
+            let mut spans = 0;
+            let mut leased = 0;
+            for h in heaps.iter() {
+                let h = &*h.state;
+                h.check();
+                leased += h.lease.cap;
+                assert!(h.lease.used <= h.lease.cap);
+                for span in &h.spans {
+                    // One used block of the pool's index, listed under its address.
+                    assert_eq!(state.tlsf.block_size(span.block), span.size);
+                    assert_eq!(state.spans.get(&span.addr).map(|s| s.0), Some(span.size));
+                    assert!(state.live.get(span.addr).is_none());
+                    spans += 1;
+                }
+                let used: usize = h
+                    .live
+                    .iter()
+                    .map(|(_, b)| h.tlsf.block_size(b) as usize)
+                    .sum();
+                assert_eq!(used, h.lease.used);
+                for (c, share) in h.clients.iter().enumerate() {
+                    assert!(share.lease.used <= share.lease.cap, "client {c}");
+                }
+            }
+            assert_eq!(spans, state.spans.len());
+            assert_eq!(leased + self.spare.bytes(), state.counts.leased);
+            assert!(state.counts.leased <= state.counts.in_use);
+            assert!(state.counts.in_use <= state.counts.peak);
+            for (c, client) in state.clients.iter().enumerate() {
+                let leased: usize = heaps
+                    .iter()
+                    .filter_map(|h| h.state.clients.get(c))
+                    .map(|s| s.lease.cap)
+                    .sum();
+                let leased = leased + client.spare.bytes();
+                assert_eq!(leased, client.counts.leased, "client {c}");
+                let listed = heaps
+                    .iter()
+                    .filter(|h| h.state.clients.get(c).is_some_and(|s| s.spare.is_some()))
+                    .count();
+                assert_eq!(listed, client.heaps, "client {c}");
+                let counts = &client.counts;
+                assert!(counts.leased <= counts.in_use);
+                assert!(counts.in_use <= counts.peak.min(client.quota));
+            }
+        });
+    }
+}
+
+#[test]
+fn heaps_and_the_pool_agree_while_threads_run() {
+    agree_while_threads_run(true);
+}
+
+#[test]
+fn heaps_and_the_pool_agree_while_threads_run_with_peaks_that_count_leases() {
+    agree_while_threads_run(false);
+}
+
+fn agree_while_threads_run(exact_peaks: bool) {
+    // Three threads with heaps allocate and free (sizes that make spans come and go, a
+    // client under a quota, frees of each other's blocks); the main thread checks every
+    // invariant between the indices, the spans and the leases as they run, and gives the
+    // heaps back now and then.
+    let pool = Pool::builder(16 << 20)
+        .eager_thread_heaps(true)
+        .thread_heaps(1 << 20)
+        .exact_peaks(exact_peaks)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let quota = pool.client("quota", 3 << 20);
+    let shared = pool.shared().clone();
+    let mailbox: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+    let running = core::sync::atomic::AtomicUsize::new(3);
+    std::thread::scope(|s| {
+        for t in 0..3u64 {
+            let (pool, quota, mailbox, running) = (&pool, &quota, &mailbox, &running);
+            s.spawn(move || {
+                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ t;
+                let mut live = Vec::new();
+                for _ in 0..20_000 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let size = 1 + (x % (1 << (8 + x % 12))) as usize;
+                    if live.len() < 50 && x % 3 != 0 {
+                        let client = if x % 5 == 0 { quota } else { pool.own_client() };
+                        if let Ok(addr) = client.allocate(size, 256 << ((x >> 60) % 5)) {
+                            live.push((addr, x % 5 == 0));
+                        }
+                    } else if x % 7 == 0 {
+                        let theirs: Vec<u64> = core::mem::take(&mut *mailbox.lock().unwrap());
+                        for addr in theirs {
+                            pool.deallocate(addr).unwrap();
+                        }
+                    } else if let Some((addr, _)) = live.pop() {
+                        if x % 11 == 0 {
+                            mailbox.lock().unwrap().push(addr);
+                        } else {
+                            pool.deallocate(addr).unwrap();
+                        }
+                    }
+                }
+                for (addr, _) in live {
+                    pool.deallocate(addr).unwrap();
+                }
+                running.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+        let mut rounds = 0;
+        while running.load(Ordering::SeqCst) > 0 {
+            shared.check_heaps();
+            rounds += 1;
+            if rounds % 10 == 0 {
+                let _ = pool.stats();
+            }
+            std::thread::yield_now();
+        }
+    });
+    for addr in core::mem::take(&mut *mailbox.lock().unwrap()) {
+        pool.deallocate(addr).unwrap();
+    }
+    shared.check_heaps();
+    let s = pool.stats();
+    assert_eq!((s.in_use, s.live, s.free_blocks), (0, 0, 1));
+    assert_eq!(s.allocations, s.frees);
+}
