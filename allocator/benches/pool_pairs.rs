@@ -33,6 +33,7 @@
 //! cargo bench -p devarena --features cuda --bench pool_pairs   # + device columns
 //! cargo bench -p devarena --bench pool_pairs -- --json         # one JSON document
 //! options: --rounds N  --ops N  --live N  --threads 1,4  --fresh-threads  --only NAME
+//!          --passes N (every column runs N times in turn, its rounds pooled: N × rounds)
 //! (columns whose name contains NAME; ratios need the baselines, "std::alloc" and
 //! "cuMemAllocAsync")
 //! ```
@@ -748,6 +749,16 @@ struct Measured {
     overlapped: usize,
 }
 
+impl Measured {
+    /// Adds another pass's rounds.
+    fn absorb(&mut self, other: Measured) {
+        self.ns_per_pair.extend(other.ns_per_pair);
+        self.cpu_ns_per_pair.extend(other.cpu_ns_per_pair);
+        self.pairs_per_sec.extend(other.pairs_per_sec);
+        self.overlapped += other.overlapped;
+    }
+}
+
 fn measure(alloc: &dyn AllocatorUnderTest, threads: usize, cfg: Config) -> Measured {
     let scripts: Vec<Script> = (0..threads)
         .map(|t| script(cfg, 0xDE7A_4E4A + t as u64))
@@ -852,6 +863,7 @@ fn main() {
     };
     let mut threads = vec![1usize, 4];
     let mut json = false;
+    let mut passes = 1usize;
     let mut only: Option<String> = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -864,6 +876,7 @@ fn main() {
             "--fresh-threads" => cfg.fresh_threads = true,
             "--only" => only = Some(value("--only")),
             "--rounds" => cfg.rounds = value("--rounds").parse().expect("--rounds N"),
+            "--passes" => passes = value("--passes").parse().expect("--passes N"),
             "--ops" => cfg.ops = value("--ops").parse().expect("--ops N"),
             "--live" => cfg.live = value("--live").parse().expect("--live N"),
             "--threads" => {
@@ -877,8 +890,8 @@ fn main() {
         }
     }
     assert!(
-        cfg.rounds > 0 && cfg.ops > 0 && cfg.live > 0,
-        "rounds, ops and live must be > 0"
+        cfg.rounds > 0 && cfg.ops > 0 && cfg.live > 0 && passes > 0,
+        "rounds, ops, live and passes must be > 0"
     );
     let max_threads = threads.iter().copied().max().unwrap_or(1);
     // Room for every thread's live set at the largest size, twice over (fragmentation).
@@ -889,14 +902,29 @@ fn main() {
 
     let mut rows: Vec<Row> = Vec::new();
     for &t in &threads {
-        for alloc in &allocators {
-            let name = alloc.name();
-            if only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
-                continue;
+        // With several passes, every allocator runs once per pass, in turn, and its rounds
+        // from all passes are pooled: a drift of the machine (clocks, placement) over the run
+        // then spreads over every column instead of favouring the ones that ran first.
+        let mut pooled: Vec<Option<Measured>> = allocators.iter().map(|_| None).collect();
+        for _ in 0..passes {
+            for (alloc, pool) in allocators.iter().zip(&mut pooled) {
+                if only
+                    .as_ref()
+                    .is_some_and(|o| !alloc.name().contains(o.as_str()))
+                {
+                    continue;
+                }
+                let m = measure(&**alloc, t, cfg);
+                match pool {
+                    Some(p) => p.absorb(m),
+                    None => *pool = Some(m),
+                }
             }
-            let m = measure(&**alloc, t, cfg);
+        }
+        for (alloc, m) in allocators.iter().zip(pooled) {
+            let Some(m) = m else { continue };
             rows.push(Row {
-                name,
+                name: alloc.name(),
                 threads: t,
                 ns: median(&m.ns_per_pair),
                 cpu_ns: (!m.cpu_ns_per_pair.is_empty()).then(|| median(&m.cpu_ns_per_pair)),
@@ -955,10 +983,11 @@ fn main() {
             .map(|n| format!("\"{}\"", n.replace('\\', "\\\\").replace('"', "\\\"")))
             .collect();
         println!(
-            "{{\"workload\":{{\"live\":{},\"ops\":{},\"rounds\":{},\"fresh_threads\":{},\"sizes\":\"log-uniform [256 B, 4 MiB]\",\"align\":256}},\"notes\":[{}],\"results\":[{}]}}",
+            "{{\"workload\":{{\"live\":{},\"ops\":{},\"rounds\":{},\"passes\":{},\"fresh_threads\":{},\"sizes\":\"log-uniform [256 B, 4 MiB]\",\"align\":256}},\"notes\":[{}],\"results\":[{}]}}",
             cfg.live,
             cfg.ops,
             cfg.rounds,
+            passes,
             cfg.fresh_threads,
             notes.join(","),
             entries.join(",")
@@ -967,10 +996,15 @@ fn main() {
     }
     println!(
         "alloc+free pairs: {} live, {} ops/round, sizes log-uniform [256 B, 4 MiB], align 256, \
-         median of {} rounds (ns/pair: wall clock per thread; cpu: the thread's on-CPU time); {}",
+         median of {} rounds{} (ns/pair: wall clock per thread; cpu: the thread's on-CPU time); {}",
         cfg.live,
         cfg.ops,
-        cfg.rounds,
+        cfg.rounds * passes,
+        if passes > 1 {
+            format!(" ({passes} passes over the columns in turn)")
+        } else {
+            String::new()
+        },
         if cfg.fresh_threads {
             "new threads every round"
         } else {
@@ -1000,7 +1034,7 @@ fn main() {
     for r in &rows {
         let cpu = r.cpu_ns.map_or("-".to_string(), |c| format!("{c:.1}"));
         let overlap = if r.threads > 1 {
-            format!("{}/{}", r.overlapped, cfg.rounds)
+            format!("{}/{}", r.overlapped, cfg.rounds * passes)
         } else {
             "-".to_string()
         };
