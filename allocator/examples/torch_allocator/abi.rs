@@ -168,6 +168,11 @@ impl TorchPool {
         }
     }
 
+    /// The pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
     /// Segments handed out and not freed.
     pub fn segments(&self) -> usize {
         self.pool.stats().live as usize

@@ -28,7 +28,10 @@ impl Drop for RecordedEvent {
     fn drop(&mut self) {
         // SAFETY: taken once, here, and never used again.
         let event = unsafe { ManuallyDrop::take(&mut self.event) };
-        trace_call("cuEventDestroy", format_args!("event {:p}", event.cu_event()));
+        trace_call(
+            "cuEventDestroy",
+            format_args!("event {:p}", event.cu_event()),
+        );
         // `cuEventDestroy` may come in the middle of someone's capture (the pool reclaims a
         // block, and drops its event, while PyTorch captures): relaxed mode, as for the other
         // calls here, so that the capture neither refuses it nor is invalidated by it.
@@ -63,7 +66,10 @@ impl RecordedEvent {
     /// (`cuEventQuery`: `CUDA_SUCCESS` → `true`, `CUDA_ERROR_NOT_READY` → `false`, anything
     /// else → `Err`). Never blocks.
     pub fn is_complete(&self) -> Result<bool, Error> {
-        trace_call("cuEventQuery", format_args!("event {:p}", self.event.cu_event()));
+        trace_call(
+            "cuEventQuery",
+            format_args!("event {:p}", self.event.cu_event()),
+        );
         relaxed_capture(|| {
             self.event
                 .context()
