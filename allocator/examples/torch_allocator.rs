@@ -85,8 +85,14 @@
 //!   `MemPool` (or graph pool) is released and emptied. The free waits for the device to be idle
 //!   first (replays may have run on any stream; PyTorch's own path would call `cudaFree`, which
 //!   waits too), then gives the segment back to the pool.
-//! * A free whose stream is capturing is refused and said on stderr: the segment stays
-//!   allocated (PyTorch does not do this; a graph being captured could be using it).
+//! * Nothing a capture forbids is done while a capture this library saw (a stream that
+//!   allocated while capturing) may be open: a free whose stream is capturing (a graph being
+//!   captured could be using the segment, and no event can be recorded there) and a free of a
+//!   captured segment (waiting for the device is refused during any capture, and invalidates
+//!   it) are delayed, and done by the first call that finds those captures ended
+//!   (`cuStreamIsCapturing` of their streams). PyTorch frees no segment during its captures
+//!   but where an allocation fails; a capture this library never saw (no allocation came from
+//!   it) cannot be waited for.
 //!
 //! [`devarena_torch_capture_stats`] counts all of it.
 //!
