@@ -96,6 +96,15 @@
 //!
 //! [`devarena_torch_capture_stats`] counts all of it.
 //!
+//! **Warm up on the threads that capture.** cuBLAS and cuDNN handles are made per thread on
+//! first use, and making one (`cublasCreate`, `cudnnCreate`) during a capture invalidates it:
+//! every later call on the capture fails with "operation failed due to a previous error during
+//! capture", whatever allocator serves it. Autograd runs a CUDA backward on a device thread of
+//! its own unless multithreading is off (`torch.autograd.set_multithreading_enabled(False)`,
+//! which `use_mem_pool` needs so that backward allocates from the `MemPool`): warm-up and
+//! capture must run backward on the same threads. `DEVARENA_TORCH_TRACE=1` (below) tells such
+//! a failure from one of this library's: its exit lines say the capture was still active.
+//!
 //! # Diagnostics
 //!
 //! * `DEVARENA_VERBOSE=1`: one line on stderr when a pool is created, one per failed
