@@ -116,9 +116,10 @@
 //!   ("operation failed due to a previous error during capture"): two lines per call of
 //!   [`devarena_torch_alloc`], [`devarena_torch_free`] and [`devarena_torch_trim`], at entry
 //!   (`torch-trace: >`) and at exit (`torch-trace: <`, with the address or the reason), each
-//!   with the calling thread and the capture status of the caller's stream
-//!   (`cuStreamGetCaptureInfo`, legal during a capture: `none`, `active#<capture id>` or
-//!   `INVALIDATED#<capture id>`; the default streams are not asked), and between them one line
+//!   with the calling thread and the capture status of the caller's stream and of the other
+//!   streams seen capturing (`cuStreamGetCaptureInfo`, legal during a capture: `none`,
+//!   `active#<capture id>` or `INVALIDATED#<capture id>`; the default streams are not asked,
+//!   and `<--` marks a call during which a capture turned invalidated), and between them one line
 //!   per driver call the pool made (`torch-trace:   devarena::driver cuStreamSynchronize(stream
 //!   0x0)`, ...). A call during which the status turns to invalidated says so at its exit line;
 //!   a call whose entry line already says `INVALIDATED` was preceded by someone else's illegal
@@ -217,25 +218,39 @@ impl log::Log for DriverLog {
 }
 
 /// The capture status of `stream` for a trace line: `cuStreamGetCaptureInfo` of the caller's
-/// stream, which the driver allows during any capture and which changes nothing. The legacy
-/// and per-thread default streams are not asked (the legacy stream answers with an error
-/// while a blocking stream captures), nor is anything before the device has a pool.
+/// stream, which the driver allows during any capture and which changes nothing, and of the
+/// other streams this library saw capturing (a call on another stream, the legacy one say,
+/// shows what it did to their captures). The legacy and per-thread default streams are not
+/// asked (the legacy stream answers with an error while a blocking stream captures), nor is
+/// anything before the device has a pool.
 fn capture_status(device: i32, stream: StreamId) -> String {
-    if stream.raw() <= 2 {
-        return "default stream, not queried".into();
-    }
-    let Some(streams) = POOLS.existing(device).and_then(|t| t.pool().cuda_streams()) else {
+    let Some(torch) = POOLS.existing(device) else {
         return "no pool yet, not queried".into();
     };
-    if !streams.is_registered(stream) {
-        // SAFETY: as in `TorchPool::register`: PyTorch passes live streams of the pool's
-        // device, which it never destroys.
-        unsafe { streams.register_raw(stream) };
-    }
-    match streams.capture_status(stream) {
+    let Some(streams) = torch.pool().cuda_streams() else {
+        return "no CUDA streams, not queried".into();
+    };
+    let status = |s: StreamId| match streams.capture_status(s) {
         Ok(status) => status.to_string(),
         Err(error) => format!("query failed: {error}"),
+    };
+    let mut text = if stream.raw() <= 2 {
+        "default stream, not queried".to_string()
+    } else {
+        if !streams.is_registered(stream) {
+            // SAFETY: as in `TorchPool::register`: PyTorch passes live streams of the pool's
+            // device, which it never destroys.
+            unsafe { streams.register_raw(stream) };
+        }
+        status(stream)
+    };
+    for other in torch.seen_capturing().into_iter().filter(|&s| s != stream) {
+        text.push_str(&format!(
+            "; seen capturing: stream {other} {}",
+            status(other)
+        ));
     }
+    text
 }
 
 /// The entry and exit lines of `DEVARENA_TORCH_TRACE=1` around `call`.
@@ -257,8 +272,8 @@ fn traced<R>(
     ));
     let result = call();
     let after = capture_status(device, stream);
-    let flipped = if before != after && after.starts_with("INVALIDATED") {
-        " <-- the capture was invalidated during this call"
+    let flipped = if before != after && after.contains("INVALIDATED") {
+        " <-- a capture was invalidated during this call"
     } else {
         ""
     };

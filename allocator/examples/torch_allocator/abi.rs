@@ -171,6 +171,11 @@ impl TorchPool {
         self.deferred.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The streams seen capturing (by an allocation) and not yet seen ended.
+    pub fn seen_capturing(&self) -> Vec<StreamId> {
+        self.capturing_streams().clone()
+    }
+
     /// Remembers a stream seen capturing.
     fn saw_capture(&self, stream: StreamId) {
         let mut streams = self.capturing_streams();
