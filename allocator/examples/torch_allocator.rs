@@ -244,11 +244,12 @@ fn capture_status(device: i32, stream: StreamId) -> String {
         }
         status(stream)
     };
+    // Ended captures are left out: their streams stay on the list until a free looks.
     for other in torch.seen_capturing().into_iter().filter(|&s| s != stream) {
-        text.push_str(&format!(
-            "; seen capturing: stream {other} {}",
-            status(other)
-        ));
+        let other_status = status(other);
+        if other_status != "none" {
+            text.push_str(&format!("; seen capturing: stream {other} {other_status}"));
+        }
     }
     text
 }
