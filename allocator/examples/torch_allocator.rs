@@ -85,10 +85,25 @@
 //!   `MemPool` (or graph pool) is released and emptied. The free waits for the device to be idle
 //!   first (replays may have run on any stream; PyTorch's own path would call `cudaFree`, which
 //!   waits too), then gives the segment back to the pool.
-//! * A free whose stream is capturing is refused and said on stderr: the segment stays
-//!   allocated (PyTorch does not do this; a graph being captured could be using it).
+//! * Nothing a capture forbids is done while a capture this library saw (a stream that
+//!   allocated while capturing) may be open: a free whose stream is capturing (a graph being
+//!   captured could be using the segment, and no event can be recorded there) and a free of a
+//!   captured segment (waiting for the device is refused during any capture, and invalidates
+//!   it) are delayed, and done by the first call that finds those captures ended
+//!   (`cuStreamIsCapturing` of their streams). PyTorch frees no segment during its captures
+//!   but where an allocation fails; a capture this library never saw (no allocation came from
+//!   it) cannot be waited for.
 //!
 //! [`devarena_torch_capture_stats`] counts all of it.
+//!
+//! **Warm up on the threads that capture.** cuBLAS and cuDNN handles are made per thread on
+//! first use, and making one (`cublasCreate`, `cudnnCreate`) during a capture invalidates it:
+//! every later call on the capture fails with "operation failed due to a previous error during
+//! capture", whatever allocator serves it. Autograd runs a CUDA backward on a device thread of
+//! its own unless multithreading is off (`torch.autograd.set_multithreading_enabled(False)`,
+//! which `use_mem_pool` needs so that backward allocates from the `MemPool`): warm-up and
+//! capture must run backward on the same threads. `DEVARENA_TORCH_TRACE=1` (below) tells such
+//! a failure from one of this library's: its exit lines say the capture was still active.
 //!
 //! # Diagnostics
 //!
@@ -97,6 +112,18 @@
 //!   allocated while its stream was capturing a graph.
 //! * `DEVARENA_TRACE=1`: one line on stderr per call of [`devarena_torch_alloc`] and
 //!   [`devarena_torch_free`], with the stream, the address and the calling thread.
+//! * `DEVARENA_TORCH_TRACE=1`: the capture trace, for a capture that ends invalidated
+//!   ("operation failed due to a previous error during capture"): two lines per call of
+//!   [`devarena_torch_alloc`], [`devarena_torch_free`] and [`devarena_torch_trim`], at entry
+//!   (`torch-trace: >`) and at exit (`torch-trace: <`, with the address or the reason), each
+//!   with the calling thread and the capture status of the caller's stream and of the other
+//!   streams seen capturing (`cuStreamGetCaptureInfo`, legal during a capture: `none`,
+//!   `active#<capture id>` or `INVALIDATED#<capture id>`; the default streams are not asked,
+//!   and `<--` marks a call during which a capture turned invalidated), and between them one line
+//!   per driver call the pool made (`torch-trace:   devarena::driver cuStreamSynchronize(stream
+//!   0x0)`, ...). A call during which the status turns to invalidated says so at its exit line;
+//!   a call whose entry line already says `INVALIDATED` was preceded by someone else's illegal
+//!   call.
 //! * `DEVARENA_EVENT_LOG=path`: every allocation and free in RMM's replay-log CSV
 //!   (`Thread,Time,Action,Pointer,Size,Stream`); with several devices, `path.<device>`.
 //! * [`devarena_torch_stats`] fills a C struct with a pool's counters (memory mapped now and at
@@ -146,6 +173,118 @@ fn verbose() -> bool {
 fn trace() -> bool {
     static TRACE: OnceLock<bool> = OnceLock::new();
     *TRACE.get_or_init(|| std::env::var("DEVARENA_TRACE").is_ok_and(|v| v == "1"))
+}
+
+/// `DEVARENA_TORCH_TRACE=1`: the capture trace (see the crate docs, "Diagnostics"). The first
+/// call that reads it installs the stderr logger for the driver calls.
+fn torch_trace() -> bool {
+    static TORCH_TRACE: OnceLock<bool> = OnceLock::new();
+    *TORCH_TRACE.get_or_init(|| {
+        let on = std::env::var("DEVARENA_TORCH_TRACE").is_ok_and(|v| v == "1");
+        if on {
+            // Fails only when some logger is installed already: then that one gets the lines.
+            if log::set_logger(&DRIVER_LOG).is_ok() {
+                log::set_max_level(log::LevelFilter::Trace);
+            }
+        }
+        on
+    })
+}
+
+/// The logger of `DEVARENA_TORCH_TRACE=1`: every driver call the pool makes while a capture
+/// may be open (target `devarena::driver`), and the pool's warnings and errors, one line each
+/// on stderr with the calling thread, in order with the entry and exit lines.
+struct DriverLog;
+
+static DRIVER_LOG: DriverLog = DriverLog;
+
+impl log::Log for DriverLog {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        metadata.target() == "devarena::driver" || metadata.level() <= log::Level::Warn
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if self.enabled(record.metadata()) {
+            report_stderr(&format!(
+                "torch-trace:   {} {} [{}]",
+                record.target(),
+                record.args(),
+                thread_tag()
+            ));
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+/// The capture status of `stream` for a trace line: `cuStreamGetCaptureInfo` of the caller's
+/// stream, which the driver allows during any capture and which changes nothing, and of the
+/// other streams this library saw capturing (a call on another stream, the legacy one say,
+/// shows what it did to their captures). The legacy and per-thread default streams are not
+/// asked (the legacy stream answers with an error while a blocking stream captures), nor is
+/// anything before the device has a pool.
+fn capture_status(device: i32, stream: StreamId) -> String {
+    let Some(torch) = POOLS.existing(device) else {
+        return "no pool yet, not queried".into();
+    };
+    let Some(streams) = torch.pool().cuda_streams() else {
+        return "no CUDA streams, not queried".into();
+    };
+    let status = |s: StreamId| match streams.capture_status(s) {
+        Ok(status) => status.to_string(),
+        Err(error) => format!("query failed: {error}"),
+    };
+    let mut text = if stream.raw() <= 2 {
+        "default stream, not queried".to_string()
+    } else {
+        if !streams.is_registered(stream) {
+            // SAFETY: as in `TorchPool::register`: PyTorch passes live streams of the pool's
+            // device, which it never destroys.
+            unsafe { streams.register_raw(stream) };
+        }
+        status(stream)
+    };
+    // Ended captures are left out: their streams stay on the list until a free looks.
+    for other in torch.seen_capturing().into_iter().filter(|&s| s != stream) {
+        let other_status = status(other);
+        if other_status != "none" {
+            text.push_str(&format!("; seen capturing: stream {other} {other_status}"));
+        }
+    }
+    text
+}
+
+/// The entry and exit lines of `DEVARENA_TORCH_TRACE=1` around `call`.
+fn traced<R>(
+    device: i32,
+    stream: StreamId,
+    what: impl Fn() -> String,
+    call: impl FnOnce() -> R,
+    outcome: impl FnOnce(&R) -> String,
+) -> R {
+    if !torch_trace() {
+        return call();
+    }
+    let before = capture_status(device, stream);
+    report_stderr(&format!(
+        "torch-trace: > {} [{}] capture {before}",
+        what(),
+        thread_tag()
+    ));
+    let result = call();
+    let after = capture_status(device, stream);
+    let flipped = if before != after && after.contains("INVALIDATED") {
+        " <-- a capture was invalidated during this call"
+    } else {
+        ""
+    };
+    report_stderr(&format!(
+        "torch-trace: < {} -> {} [{}] capture {after}{flipped}",
+        what(),
+        outcome(&result),
+        thread_tag()
+    ));
+    result
 }
 
 /// A small number naming the calling thread, for trace lines.
@@ -202,7 +341,14 @@ pub extern "C" fn devarena_torch_alloc(
 ) -> *mut c_void {
     let stream = StreamId(stream as usize as u64);
     let result = catch_unwind(|| {
-        let addr = match POOLS.alloc(size, device, stream, create_pool, verbose(), &report_stderr) {
+        let what = || format!("devarena_torch_alloc({size}, cuda:{device}, stream {stream})");
+        let allocated =
+            || POOLS.alloc(size, device, stream, create_pool, verbose(), &report_stderr);
+        let outcome = |r: &Result<u64, String>| match r {
+            Ok(addr) => format!("{addr:#x}"),
+            Err(reason) => format!("null ({reason})"),
+        };
+        let addr = match traced(device, stream, what, allocated, outcome) {
             Ok(addr) => addr,
             Err(reason) => {
                 if verbose() {
@@ -243,7 +389,14 @@ pub extern "C" fn devarena_torch_free(
     let addr = ptr as usize as u64;
     let stream = StreamId(stream as usize as u64);
     let outcome = catch_unwind(|| {
-        let result = POOLS.free(addr, size, device, stream);
+        let what =
+            || format!("devarena_torch_free({addr:#x}, {size}, cuda:{device}, stream {stream})");
+        let freed = || POOLS.free(addr, size, device, stream);
+        let told = |r: &Result<(), String>| match r {
+            Ok(()) => "freed".to_string(),
+            Err(reason) => format!("refused ({reason})"),
+        };
+        let result = traced(device, stream, what, freed, told);
         if trace() {
             let outcome = if result.is_ok() { "freed" } else { "refused" };
             report_stderr(&format!(
@@ -341,7 +494,16 @@ pub extern "C" fn devarena_torch_report(device: i32) -> i64 {
 pub extern "C" fn devarena_torch_trim(device: i32, keep: u64) -> i64 {
     let result = catch_unwind(|| {
         let keep = usize::try_from(keep).unwrap_or(usize::MAX);
-        match POOLS.trim(device, keep) {
+        let what = || format!("devarena_torch_trim(cuda:{device}, {keep})");
+        let told = |r: &Result<usize, String>| format!("{r:?}");
+        // The home stream (the legacy default stream) is the one it waits for: not queried.
+        match traced(
+            device,
+            StreamId::DEFAULT,
+            what,
+            || POOLS.trim(device, keep),
+            told,
+        ) {
             Ok(bytes) => Some(i64::try_from(bytes).unwrap_or(i64::MAX)),
             Err(reason) => {
                 report_stderr(&reason);

@@ -4,7 +4,10 @@
 //! grows (maps device memory) in the middle of the capture; a capture on the home stream; a
 //! free or an ordinary allocation that would need the capturing stream is refused and the
 //! capture survives; a failed capture gives its blocks back. The same rules are tested on the
-//! host with `ManualStreams` in `pool_graph.rs`.
+//! host with `ManualStreams` in `pool_graph.rs`. The PyTorch library's pattern (home on the
+//! legacy default stream, a global-mode capture on a non-blocking stream, allocations from the
+//! capturing thread and another one) keeps the capture valid with both region kinds, and the
+//! capture status query sees a capture that another thread's `cuMemAlloc` invalidated.
 //!
 //! Without a CUDA driver or device each test prints `skipped: no CUDA device` and passes; with
 //! `DEVARENA_REQUIRE_GPU=1` set they fail instead.
@@ -24,11 +27,11 @@ mod gpu {
 
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     use devarena::backend::cuda::{
-        CudaFunction, CudaStream, DeviceView, DeviceViewMut, LaunchConfig, Ptx, PushKernelArg,
-        default_stream, driver_error, is_capturing,
+        CaptureStatus, CudaFunction, CudaStream, DeviceView, DeviceViewMut, LaunchConfig, Ptx,
+        PushKernelArg, capture_status_raw, default_stream, driver_error, is_capturing,
     };
-    use devarena::pool::AllocRequest;
     use devarena::pool::cuda::stream_id;
+    use devarena::pool::{AllocRequest, RegionKind};
     use devarena::{Error, Pool};
 
     use super::gpu_common::{StreamGate, gpu};
@@ -382,6 +385,140 @@ mod gpu {
         assert!(bytes.iter().all(|&b| b == 0x5A));
         drop(graph);
         pool.deallocate_on(g, sid).unwrap();
+    }
+
+    /// The capture status of `s` (`cuStreamGetCaptureInfo`).
+    fn status(s: &Arc<CudaStream>) -> CaptureStatus {
+        // SAFETY: `s` is a live stream of its context.
+        unsafe { capture_status_raw(s.context(), s.cu_stream() as u64) }.unwrap()
+    }
+
+    #[test]
+    fn the_torch_library_pattern_keeps_a_global_capture_valid_with_both_region_kinds() {
+        let Some((_device, s)) = gpu() else {
+            return;
+        };
+        for kind in [RegionKind::Classic, RegionKind::Growable] {
+            // As `torch_allocator` is used by `torch.cuda.graph`: home on the legacy default
+            // stream, segments for a global-mode capture on a non-blocking stream, asked for by
+            // the capturing thread and by a second thread (autograd's device thread runs
+            // backward), each after a home-stream free (the host waits for the home stream)
+            // and with a block parked on the capturing stream (its event is queried). No
+            // relaxed mode around the calls: the pool must keep the capture valid on its own.
+            let legacy = default_stream(0).unwrap();
+            let pool = Pool::builder(512 << 20)
+                .name("torch-pattern")
+                .region(kind)
+                .reuse(0, 0)
+                .build_cuda(legacy)
+                .unwrap();
+            let sid = pool.register_stream(&s).unwrap();
+            let parked = pool.allocate_on(2 << 20, 512, sid).unwrap();
+            pool.deallocate_on(parked, sid).unwrap();
+            pool.deallocate(pool.allocate(8 << 20, 0).unwrap()).unwrap();
+            s.synchronize().unwrap();
+            let len = 24 << 20;
+
+            s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+                .unwrap();
+            let id = match status(&s) {
+                CaptureStatus::Active { id } => id,
+                other => panic!("{kind:?}: the capture began: {other}"),
+            };
+            let first = pool.allocate_for_capture(AllocRequest::new(len, 512).on(sid));
+            let after_first = status(&s);
+            // A home-stream free in between: the next capture allocation waits for it again.
+            let home_free = pool
+                .allocate(1 << 20, 0)
+                .and_then(|a| pool.deallocate(a).map(|()| a));
+            let second = std::thread::scope(|t| {
+                t.spawn(|| pool.allocate_for_capture(AllocRequest::new(len, 512).on(sid)))
+                    .join()
+                    .unwrap()
+            });
+            let after_second = status(&s);
+            let recorded = (|| {
+                for g in [first.clone()?, second.clone()?] {
+                    // SAFETY: `g` is a live allocation of `len` bytes of the pool on `s`'s
+                    // device; this view is the only access to it while it lives.
+                    let mut view = unsafe { DeviceViewMut::<u8>::from_raw(g, len, &s) };
+                    view.fill_bytes(0x3C)?; // recorded, not run
+                }
+                Ok::<(), Error>(())
+            })();
+            let graph = s.end_capture(CUgraphInstantiate_flags(0));
+            let ended = graph
+                .as_ref()
+                .map(|g| g.is_some())
+                .map_err(|e| driver_error("cuStreamEndCapture", *e));
+            println!(
+                "{kind:?}: capture #{id}: first {first:?} -> {after_first}; home free \
+                 {home_free:?}; second (other thread) {second:?} -> {after_second}; recorded \
+                 {recorded:?}; a graph came out: {ended:?}; {}",
+                pool.stats()
+            );
+            assert_eq!(after_first, CaptureStatus::Active { id }, "{kind:?}");
+            assert_eq!(after_second, CaptureStatus::Active { id }, "{kind:?}");
+            let (first, second) = (first.unwrap(), second.unwrap());
+            recorded.unwrap();
+            home_free.unwrap();
+            assert!(matches!(ended, Ok(true)), "{kind:?}: {ended:?}");
+            assert_eq!(status(&s), CaptureStatus::None);
+            let graph = graph.unwrap().unwrap();
+            graph.launch().unwrap();
+            s.synchronize().unwrap();
+            for g in [first, second] {
+                // SAFETY: as above; the replay is done (the stream was synchronized).
+                let bytes = unsafe { DeviceView::<u8>::from_raw(g, len, &s) }
+                    .to_vec()
+                    .unwrap();
+                assert!(bytes.iter().all(|&b| b == 0x3C), "{kind:?}");
+            }
+            drop(graph);
+            pool.deallocate_on(first, sid).unwrap();
+            pool.deallocate_on(second, sid).unwrap();
+        }
+    }
+
+    #[test]
+    fn deliberate_api_error_a_cumemalloc_on_another_thread_during_a_global_capture_shows_in_its_status()
+     {
+        let Some((_device, s)) = gpu() else {
+            return;
+        };
+        // What a library that lazily makes a handle on a thread of its own during someone's
+        // global capture does (cuBLAS or cuDNN on autograd's device thread, in PyTorch): the
+        // call is refused, and the capture status query sees what became of the capture.
+        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+            .unwrap();
+        let before = status(&s);
+        let ctx = s.context().clone();
+        let refused = std::thread::spawn(move || {
+            ctx.bind_to_thread().unwrap();
+            // SAFETY: a plain allocation, freed below if it was made.
+            unsafe { cudarc::driver::result::malloc_sync(1 << 20) }
+        })
+        .join()
+        .unwrap();
+        let after = status(&s);
+        let ended = s
+            .end_capture(CUgraphInstantiate_flags(0))
+            .map(|g| g.is_some())
+            .map_err(|e| driver_error("cuStreamEndCapture", e));
+        println!(
+            "cuMemAlloc on another thread during a global capture: {refused:?}; status {before} \
+             -> {after}; end: {ended:?}"
+        );
+        assert!(matches!(before, CaptureStatus::Active { .. }), "{before}");
+        let e = refused.expect_err("the driver refuses cuMemAlloc during a global capture");
+        let name = driver_error("cuMemAlloc", e).to_string();
+        assert!(name.contains("CUDA_ERROR_STREAM_CAPTURE"), "{name}");
+        match after {
+            CaptureStatus::Invalidated { .. } => assert!(ended.is_err(), "{ended:?}"),
+            CaptureStatus::Active { .. } => assert!(ended.is_ok(), "{ended:?}"),
+            CaptureStatus::None => panic!("the capture was still open"),
+        }
+        assert!(!is_capturing(&s).unwrap());
     }
 
     #[test]

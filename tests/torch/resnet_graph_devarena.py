@@ -2,7 +2,8 @@
 """ResNet-18 training steps replayed from one CUDA graph whose memory is devarena's pool.
 
     python3 tests/torch/resnet_graph_devarena.py path/to/libtorch_allocator.so [--steps 10]
-        [--batch 32] [--warmup 3] [--region growable|classic] [--timeout 420]
+        [--batch 32] [--warmup 3] [--region growable|classic] [--timeout 420] [--tiny]
+        [--cases graph-devarena,...] [--capture-backward-thread calling|worker]
 
 The shared library is `cargo build --release -p devarena --features cuda --example
 torch_allocator`; `bash tests/torch/stage-torch.sh` lays it out with this script (and
@@ -33,16 +34,31 @@ Checks (one PASS/FAIL line each; exit status 1 on any FAIL):
   * devarena's graph replays equal PyTorch's own graph replays bitwise (same kernels; the
     allocator only decides addresses), reported beside the above.
   * PyTorch asked devarena for segments during the capture, on the capturing stream, and none
-    failed; no free was refused; the graph's tensors (gradients, the static loss) and the
+    failed; no free was lost (delayed frees all done); the graph's tensors (gradients, the static loss) and the
     parameters and momentum buffers lie inside devarena's region.
   * after the graph and both MemPools are released, every segment allocated during the capture
     came back to devarena (after the device went idle), and none is live.
 
-Diagnostics: the devarena case runs with DEVARENA_VERBOSE=1 and DEVARENA_TRACE=1: every call
-of devarena_torch_alloc / devarena_torch_free is one stderr line (size, device, stream,
-address, thread), and the child prints `CAPTURE BEGIN` / `CAPTURE END` markers with the
-capture stream's handle around the capture, so the calls made during the capture and their
-streams can be read off.
+Diagnostics: the devarena case runs with DEVARENA_VERBOSE=1 and DEVARENA_TORCH_TRACE=1: every
+call of devarena_torch_alloc / devarena_torch_free is two stderr lines, at entry and at exit
+(size, device, stream, address or reason, thread), each with the capture status of the
+caller's stream (`none`, `active#<id>`, `INVALIDATED#<id>`), and between them one line per
+driver call the pool made. The child prints `CAPTURE BEGIN` / `CAPTURE END` markers with the
+capture stream's handle and the thread around the capture, and for a refused capture every
+exception of the chain with its traceback (torch.cuda.graph's exit reports the invalidated
+capture; the error that invalidated it, raised inside the captured code, is its context).
+
+Backward threads. `use_mem_pool` routes the calling thread only, so the devarena case runs
+backward on the calling thread (autograd multithreading off) for its warm-up, and by default
+for its capture too: cuBLAS and cuDNN handles are per thread and made on first use, and a
+handle made during a capture (cublasCreate / cudnnCreate allocate and synchronize) invalidates
+it, so the capture must use the threads the warm-up used. `--capture-backward-thread worker`
+captures backward on autograd's device thread instead (the first version of this script did),
+to see that failure.
+
+--tiny replaces ResNet-18 by two linear layers (a few matmuls, no torchvision) for a fast first
+check; --cases runs only the named cases (the comparisons that need a missing case are left
+out).
 
 Without a CUDA device (or without torch) it prints `skipped: no CUDA device` and exits 0,
 unless DEVARENA_REQUIRE_GPU=1, where it fails.
@@ -57,19 +73,21 @@ import os
 import subprocess
 import sys
 import threading
+import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import resnet_devarena as base  # noqa: E402  (its Stats struct, library loading, digests)
 
 RESULT_TAG = base.RESULT_TAG
+CASES = ("eager-a", "eager-b", "graph-native", "graph-devarena")
 
 
 class CaptureStats(ctypes.Structure):
-    """devarena_torch_capture_stats' struct (repr(C), six u64)."""
+    """devarena_torch_capture_stats' struct (repr(C), seven u64)."""
 
     _fields_ = [
         (name, ctypes.c_uint64)
-        for name in ("allocations", "bytes", "live", "freed", "refused_frees", "failed_waits")
+        for name in ("allocations", "bytes", "live", "freed", "deferred_frees", "failed_waits", "deferred")
     ]
 
 
@@ -81,6 +99,16 @@ def capture_stats(lib, device):
     return {name: int(getattr(out, name)) for name, _ in CaptureStats._fields_}
 
 
+def exception_chain(e):
+    """`e`, then what it was raised from or during (`__cause__`, else `__context__`), and so on."""
+    chain, seen = [], set()
+    while e is not None and id(e) not in seen:
+        chain.append(e)
+        seen.add(id(e))
+        e = e.__cause__ if e.__cause__ is not None else e.__context__
+    return chain
+
+
 def say(*parts):
     """A diagnostic line on stderr, in order with the library's own lines."""
     print(*parts, file=sys.stderr, flush=True)
@@ -90,14 +118,25 @@ def say(*parts):
 # The child: one run in this process.
 
 
+# --tiny: input features, hidden width, classes.
+TINY = (256, 512, 10)
+
+
 def setup(torch, torchvision, device, args):
     """The seeded model, SGD with momentum, --steps batches on the device, and the static input
     and target (holding batch 0, the warm-up batch)."""
     torch.manual_seed(0)
-    model = torchvision.models.resnet18(weights=None).to(device)
     gen = torch.Generator().manual_seed(1234)
-    xs = [torch.randn(args.batch, 3, 224, 224, generator=gen).to(device) for _ in range(args.steps + 1)]
-    ys = [torch.randint(0, 1000, (args.batch,), generator=gen).to(device) for _ in range(args.steps + 1)]
+    if args.tiny:
+        features, hidden, classes = TINY
+        model = torch.nn.Sequential(torch.nn.Linear(features, hidden), torch.nn.ReLU(),
+                                    torch.nn.Linear(hidden, classes)).to(device)
+        shape = (args.batch, features)
+    else:
+        model = torchvision.models.resnet18(weights=None).to(device)
+        classes, shape = 1000, (args.batch, 3, 224, 224)
+    xs = [torch.randn(*shape, generator=gen).to(device) for _ in range(args.steps + 1)]
+    ys = [torch.randint(0, classes, (args.batch,), generator=gen).to(device) for _ in range(args.steps + 1)]
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     static_x = xs[0].clone()
     static_y = ys[0].clone()
@@ -120,7 +159,7 @@ def child(args):
         faulthandler.dump_traceback_later(args.timeout - 20, exit=False)
     import torch
     import torch.nn.functional as F
-    import torchvision
+    torchvision = None if args.tiny else __import__("torchvision")
 
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
@@ -141,8 +180,8 @@ def child(args):
 
     # Setup and warm-up: in devarena's first MemPool for the devarena case (backward on the
     # calling thread, so that its gradients and momentum buffers are routed there too).
+    off = getattr(torch.autograd, "set_multithreading_enabled", None)
     if devarena:
-        off = getattr(torch.autograd, "set_multithreading_enabled", None)
         routing = contextlib.ExitStack()
         routing.enter_context(torch.cuda.use_mem_pool(eager_pool))
         if off is not None:
@@ -171,17 +210,31 @@ def child(args):
         g = torch.cuda.CUDAGraph()
         opt.zero_grad(set_to_none=True)
         before = capture_stats(lib, args.device) if lib else None
+        # The capture's backward runs on the threads the warm-up's ran on (see the docs).
+        same_threads = devarena and args.capture_backward_thread == "calling" and off is not None
+        threads = off(False) if same_threads else contextlib.nullcontext()
         say(f"CAPTURE BEGIN capture stream {side.cuda_stream:#x}, default stream "
-            f"{torch.cuda.default_stream().cuda_stream:#x}, thread {threading.get_ident():#x}")
+            f"{torch.cuda.default_stream().cuda_stream:#x}, thread {threading.get_ident():#x} "
+            f"({threading.current_thread().name}), backward on "
+            f"{'the calling thread' if same_threads else 'autograd threads (its default)'}")
         try:
             pool_arg = {"pool": graph_pool.id} if devarena else {}
-            with torch.cuda.graph(g, stream=side, **pool_arg):
+            with threads, torch.cuda.graph(g, stream=side, **pool_arg):
                 static_loss = F.cross_entropy(model(static_x), static_y)
                 static_loss.backward()
                 opt.step()
         except Exception as e:  # the capture was refused: say everything, end cleanly
-            say(f"CAPTURE FAILED {type(e).__name__}: {e}")
+            chain = exception_chain(e)
+            say(f"CAPTURE FAILED: {len(chain)} exception(s), the last raised first; the one that "
+                "invalidated the capture is usually the innermost (last) one")
+            for i, err in enumerate(chain):
+                say(f"--- exception {i}: {type(err).__name__}")
+                for line in "".join(traceback.format_exception(type(err), err, err.__traceback__,
+                                                               chain=False)).splitlines():
+                    say(f"    {line}")
             result["capture_error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:400]}"
+            result["capture_error_chain"] = [f"{type(err).__name__}: {' '.join(str(err).split())[:600]}"
+                                             for err in chain]
             if lib:
                 result["capture"] = capture_stats(lib, args.device)
                 result["stats"] = base.pool_stats(lib, args.device)
@@ -253,12 +306,14 @@ def run_case(args, case):
     env.pop("DEVARENA_REGION", None)
     if case == "graph-devarena":
         env["DEVARENA_VERBOSE"] = "1"
-        env["DEVARENA_TRACE"] = "1"
+        env["DEVARENA_TORCH_TRACE"] = "1"
         if args.region:
             env["DEVARENA_REGION"] = args.region
     cmd = [sys.executable, os.path.abspath(__file__), args.lib, "--child", case, "--steps", str(args.steps),
            "--batch", str(args.batch), "--warmup", str(args.warmup), "--device", str(args.device),
-           "--timeout", str(args.timeout)]
+           "--timeout", str(args.timeout), "--capture-backward-thread", args.capture_backward_thread]
+    if args.tiny:
+        cmd.append("--tiny")
     print(f"--- {case}: {' '.join(cmd[1:])}" + (f" (DEVARENA_REGION={args.region})" if args.region and
                                                   case == "graph-devarena" else ""), flush=True)
     try:
@@ -281,6 +336,9 @@ def run_case(args, case):
         why = f"exit status {code}" + (" (killed by a signal)" if code < 0 else "")
         if result and result.get("capture_error"):
             why += f": the capture was refused: {result['capture_error']}"
+            chain = result.get("capture_error_chain") or []
+            if len(chain) > 1:
+                why += f"; raised while handling: {chain[-1]}"
         return result, why
     if result is None:
         return None, "no RESULT line"
@@ -302,9 +360,11 @@ def parent(args):
         return base.skip_or_fail(f"torch is not importable: {e}")
     if not torch.cuda.is_available() or torch.cuda.device_count() <= args.device:
         return base.skip_or_fail("torch.cuda.is_available() is False or the device is missing")
-    print(f"resnet18, one CUDA graph of forward + backward + SGD step, replayed {args.steps} times on devarena's "
+    model = "two linear layers (--tiny)" if args.tiny else "resnet18"
+    print(f"{model}, one CUDA graph of forward + backward + SGD step, replayed {args.steps} times on devarena's "
           f"pool: batch {args.batch}, {args.warmup} warm-up steps, torch {torch.__version__}, "
-          f"{torch.cuda.get_device_name(args.device)}", flush=True)
+          f"{torch.cuda.get_device_name(args.device)}; capture backward on the "
+          f"{args.capture_backward_thread} thread", flush=True)
 
     failures = []
 
@@ -315,13 +375,16 @@ def parent(args):
 
     runs = {}
     errors = {}
-    for case in ("eager-a", "eager-b", "graph-native", "graph-devarena"):
+    for case in args.cases:
         runs[case], errors[case] = run_case(args, case)
     print()
     for case, err in errors.items():
         check(err is None, f"{case} ran to completion" + (f" ({err})" if err else ""))
+    missing = [c for c in CASES if c not in args.cases]
+    if missing:
+        print(f"note: not run (--cases): {', '.join(missing)}; the comparisons that need them are left out")
 
-    ea, eb, gn, gd = (runs[c] for c in ("eager-a", "eager-b", "graph-native", "graph-devarena"))
+    ea, eb, gn, gd = (runs.get(c) for c in CASES)
     if gd is not None:
         check(not gd.get("capture_error"), "torch.cuda.graph accepted the capture of forward + backward + SGD step "
                                            "with devarena's MemPool as its graph pool"
@@ -357,7 +420,7 @@ def parent(args):
     if gd is not None and gd.get("capture") is not None:
         cap = gd["capture"]
         print(f"devarena during the capture: {cap['allocations']} segments allocated ({cap['bytes'] / (1 << 20):.1f} MiB) "
-              f"on the capturing stream, {cap['refused_frees']} frees refused")
+              f"on the capturing stream, {cap['deferred_frees']} frees delayed until the capture ended")
         check(cap["allocations"] > 0, "PyTorch asked devarena for graph-pool segments during the capture, on the "
                                       "capturing stream (see the trace lines between CAPTURE BEGIN and CAPTURE END)")
     if gd is not None and gd.get("stats"):
@@ -372,8 +435,9 @@ def parent(args):
               f"{'inside' if gd['static_loss_inside'] else 'outside'}")
         rel, st = gd.get("capture_after_release"), gd.get("stats_after_release")
         if rel is not None and st is not None:
-            check(rel["refused_frees"] == 0 and rel["failed_waits"] == 0,
-                  f"no free was refused ({rel['refused_frees']} during a capture, {rel['failed_waits']} waits for an "
+            check(rel["deferred"] == 0 and rel["failed_waits"] == 0,
+                  f"no free was lost ({rel['deferred']} still delayed for a capture, {rel['deferred_frees']} delayed "
+                  f"in all, {rel['failed_waits']} waits for an "
                   "idle device failed)")
             check(rel["freed"] == rel["allocations"] and rel["live"] == 0,
                   f"after the graph and the MemPools were released, every segment allocated during the capture came "
@@ -401,9 +465,20 @@ def main():
     ap.add_argument("--region", choices=["growable", "classic"], default=None,
                     help="DEVARENA_REGION of the devarena case (default: unset, growable)")
     ap.add_argument("--timeout", type=int, default=420, help="seconds per case")
-    ap.add_argument("--child", choices=["eager-a", "eager-b", "graph-native", "graph-devarena"],
-                    help=argparse.SUPPRESS)
+    ap.add_argument("--tiny", action="store_true",
+                    help="two linear layers instead of ResNet-18 (no torchvision): a fast first check")
+    ap.add_argument("--cases", default=",".join(CASES),
+                    help=f"comma-separated cases to run (default: all of {','.join(CASES)})")
+    ap.add_argument("--capture-backward-thread", choices=["calling", "worker"], default="calling",
+                    help="where the devarena case's capture runs backward: on the calling thread, as its "
+                         "warm-up does (default), or on autograd's device thread (handles made during "
+                         "the capture: expected to invalidate it)")
+    ap.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [c for c in args.cases if c not in CASES]
+    if unknown:
+        ap.error(f"--cases: unknown {unknown}; known: {', '.join(CASES)}")
     args.lib = os.path.abspath(args.lib)
     if args.child:
         return child(args)

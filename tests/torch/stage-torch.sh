@@ -8,6 +8,7 @@
 # On the GPU machine, from the project root:
 #   python3 .gpu/torch/resnet_devarena.py .gpu/torch/libtorch_allocator.so
 #   python3 .gpu/torch/resnet_graph_devarena.py .gpu/torch/libtorch_allocator.so
+#   (a fast first check: ... --tiny --cases graph-devarena [--region classic])
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
@@ -19,3 +20,4 @@ cp tests/torch/resnet_devarena.py tests/torch/resnet_graph_devarena.py .gpu/torc
 ls -l .gpu/torch
 echo "on the GPU machine: python3 .gpu/torch/resnet_devarena.py .gpu/torch/libtorch_allocator.so"
 echo "                    python3 .gpu/torch/resnet_graph_devarena.py .gpu/torch/libtorch_allocator.so"
+echo "  (fast first check:  python3 .gpu/torch/resnet_graph_devarena.py .gpu/torch/libtorch_allocator.so --tiny --cases graph-devarena)"

@@ -83,10 +83,15 @@ pub struct DevarenaTorchCaptureStats {
     pub live: u64,
     /// Those freed (after the device went idle).
     pub freed: u64,
-    /// Frees refused because their stream was capturing (the segment stays allocated).
-    pub refused_frees: u64,
+    /// Frees (of any segment) that came while a capture this library saw was open: their stream
+    /// was capturing, or the segment was allocated during a capture and freeing it waits for
+    /// the device, which no capture allows. They were delayed until every such capture had
+    /// ended.
+    pub deferred_frees: u64,
     /// Frees of captured segments refused because waiting for the device failed.
     pub failed_waits: u64,
+    /// Delayed frees still waiting for a capture to end.
+    pub deferred: u64,
 }
 
 /// The counters behind [`DevarenaTorchCaptureStats`].
@@ -95,8 +100,16 @@ struct CaptureCounters {
     allocations: AtomicU64,
     bytes: AtomicU64,
     freed: AtomicU64,
-    refused_frees: AtomicU64,
+    deferred_frees: AtomicU64,
     failed_waits: AtomicU64,
+}
+
+/// A free delayed until no capture this library saw is open.
+#[derive(Debug, Clone, Copy)]
+struct DeferredFree {
+    addr: u64,
+    size: usize,
+    stream: StreamId,
 }
 
 /// A device's pool. Each segment handed to PyTorch is a live allocation of the pool that
@@ -110,13 +123,25 @@ struct CaptureCounters {
 /// the home stream's earlier frees instead. PyTorch keeps the segment for the graph's life and
 /// frees it once the graph and its pool are released; replays may have run on any stream, so
 /// the free first waits for the device to be idle, as the `cudaFree` PyTorch would otherwise
-/// call does. A free on a stream that is capturing is refused (the graph being captured may
-/// use the segment): it stays allocated.
+/// call does.
+///
+/// **Frees while a capture is open.** Nothing the driver refuses during a capture is done
+/// while a capture this library saw (a stream that allocated while capturing) may still be
+/// open: a free on a capturing stream (its event would be recorded into the graph, and the
+/// graph may use the segment) and a free of a captured segment (waiting for the device is
+/// refused, and invalidates every capture of the context) are delayed, and done at the first
+/// call of this library that finds every such capture ended (`cuStreamIsCapturing` of those
+/// streams, a query every capture allows). PyTorch has forgotten the segment by then; it stays
+/// allocated, and listed in the leak report, until that call.
 #[derive(Debug)]
 pub struct TorchPool {
     pool: Pool,
     /// Segments allocated while their stream was capturing, not freed yet.
     captured: Mutex<BTreeSet<u64>>,
+    /// Streams seen capturing (by an allocation), until they are seen not capturing.
+    capturing_streams: Mutex<Vec<StreamId>>,
+    /// Frees delayed until no stream of `capturing_streams` captures.
+    deferred: Mutex<Vec<DeferredFree>>,
     capture: CaptureCounters,
 }
 
@@ -126,12 +151,100 @@ impl TorchPool {
         TorchPool {
             pool,
             captured: Mutex::new(BTreeSet::new()),
+            capturing_streams: Mutex::new(Vec::new()),
+            deferred: Mutex::new(Vec::new()),
             capture: CaptureCounters::default(),
         }
     }
 
     fn captured(&self) -> std::sync::MutexGuard<'_, BTreeSet<u64>> {
         self.captured.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn capturing_streams(&self) -> std::sync::MutexGuard<'_, Vec<StreamId>> {
+        self.capturing_streams
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn deferred(&self) -> std::sync::MutexGuard<'_, Vec<DeferredFree>> {
+        self.deferred.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The streams seen capturing (by an allocation) and not yet seen ended.
+    pub fn seen_capturing(&self) -> Vec<StreamId> {
+        self.capturing_streams().clone()
+    }
+
+    /// Remembers a stream seen capturing.
+    fn saw_capture(&self, stream: StreamId) {
+        let mut streams = self.capturing_streams();
+        if !streams.contains(&stream) {
+            streams.push(stream);
+        }
+    }
+
+    /// Whether a capture this library saw may still be open: the streams seen capturing are
+    /// asked again (`cuStreamIsCapturing` of each, legal during any capture), and those that
+    /// ended are forgotten. A stream that cannot be asked counts as capturing.
+    fn capture_open(&self) -> bool {
+        let mut streams = self.capturing_streams();
+        streams.retain(|&s| self.capturing(s).unwrap_or(true));
+        !streams.is_empty()
+    }
+
+    /// Delays a free until no capture this library saw is open.
+    fn defer(&self, free: DeferredFree) {
+        self.deferred().push(free);
+        self.capture.deferred_frees.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Does the delayed frees once no capture this library saw is open (nothing otherwise);
+    /// what went wrong with each is said through `report`.
+    fn run_deferred(&self, report: &dyn Fn(&str)) {
+        if self.deferred().is_empty() || self.capture_open() {
+            return;
+        }
+        let frees = std::mem::take(&mut *self.deferred());
+        for f in frees {
+            if let Err(reason) = self.free_now(f) {
+                report(&format!("a delayed free: {reason}"));
+            }
+        }
+    }
+
+    /// Frees now: a captured segment once the device is idle (replays of its graph may run
+    /// on any stream), any other on its stream.
+    fn free_now(&self, f: DeferredFree) -> Result<(), String> {
+        let call = format!(
+            "devarena_torch_free({:#x}, {}, stream {})",
+            f.addr, f.size, f.stream
+        );
+        let captured = self.captured().contains(&f.addr);
+        if captured {
+            if let Err(error) = self.wait_idle() {
+                self.capture.failed_waits.fetch_add(1, Ordering::Relaxed);
+                return Err(format!(
+                    "{call}: a segment allocated during a graph capture is freed once the device \
+                     is idle, and waiting for it failed: {error}; nothing freed"
+                ));
+            }
+        }
+        let request = FreeRequest::new(f.addr).size(f.size).on(f.stream);
+        self.pool
+            .deallocate_with(request)
+            .map_err(|error| match error {
+                Error::UnknownAddress { .. } => format!(
+                    "{call}: not a live allocation of this device's pool (freed already, or never \
+                 allocated here); nothing freed"
+                ),
+                error => format!("{call}: {error}"),
+            })?;
+        if captured {
+            self.captured().remove(&f.addr);
+            self.capture.freed.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// Whether `stream` is capturing a CUDA graph (never, for a pool without a stream
@@ -163,9 +276,15 @@ impl TorchPool {
             bytes: c.bytes.load(Ordering::Relaxed),
             live: self.captured().len() as u64,
             freed: c.freed.load(Ordering::Relaxed),
-            refused_frees: c.refused_frees.load(Ordering::Relaxed),
+            deferred_frees: c.deferred_frees.load(Ordering::Relaxed),
             failed_waits: c.failed_waits.load(Ordering::Relaxed),
+            deferred: self.deferred().len() as u64,
         }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
     }
 
     /// Segments handed out and not freed.
@@ -285,6 +404,11 @@ impl Pools {
         let capturing = torch
             .capturing(stream)
             .map_err(|error| format!("{call} failed: {error}"))?;
+        if capturing {
+            torch.saw_capture(stream);
+        } else {
+            torch.run_deferred(report);
+        }
         // The tag names the stream in the leak report.
         let tag = match capturing {
             true => format!("stream {stream}, capture"),
@@ -318,7 +442,9 @@ impl Pools {
 
     /// Frees `addr` on `device`, on `stream`, given the `size` it was allocated with. Null is
     /// ignored. An address not handed out on that device (or freed already), or a size other
-    /// than the one recorded, is refused: nothing changes and the reason comes back.
+    /// than the one recorded, is refused: nothing changes and the reason comes back. A free
+    /// that a capture would not allow is delayed (see [`TorchPool`]) and checked when it is
+    /// done: a refusal then is said through `report_stderr`.
     pub fn free(
         &self,
         addr: u64,
@@ -334,43 +460,23 @@ impl Pools {
             .existing(device)
             .ok_or_else(|| format!("{call}: that device has no pool"))?;
         torch.register(stream);
-        if torch
+        let free = DeferredFree { addr, size, stream };
+        let capturing = torch
             .capturing(stream)
-            .map_err(|e| format!("{call}: {e}"))?
-        {
-            torch.capture.refused_frees.fetch_add(1, Ordering::Relaxed);
-            return Err(format!(
-                "{call}: stream {stream} is capturing a CUDA graph, which may use the segment: \
-                 it stays allocated (nothing freed)"
-            ));
+            .map_err(|e| format!("{call}: {e}"))?;
+        if capturing {
+            // Its event would be recorded into the graph, which may use the segment.
+            torch.saw_capture(stream);
+            torch.defer(free);
+            return Ok(());
         }
-        let captured = torch.captured().contains(&addr);
-        if captured {
-            // Replays of the graph that used it may still run, on any stream.
-            if let Err(error) = torch.wait_idle() {
-                torch.capture.failed_waits.fetch_add(1, Ordering::Relaxed);
-                return Err(format!(
-                    "{call}: a segment allocated during a graph capture is freed once the device \
-                     is idle, and waiting for it failed: {error}; nothing freed"
-                ));
-            }
+        // Waiting for the device (a captured segment's free) is refused during any capture.
+        if torch.captured().contains(&addr) && torch.capture_open() {
+            torch.defer(free);
+            return Ok(());
         }
-        let request = FreeRequest::new(addr).size(size).on(stream);
-        torch
-            .pool
-            .deallocate_with(request)
-            .map_err(|error| match error {
-                Error::UnknownAddress { .. } => format!(
-                    "{call}: not a live allocation of this device's pool (freed already, or never \
-                 allocated here); nothing freed"
-                ),
-                error => format!("{call}: {error}"),
-            })?;
-        if captured {
-            torch.captured().remove(&addr);
-            torch.capture.freed.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(())
+        torch.run_deferred(&report_stderr);
+        torch.free_now(free)
     }
 
     /// The capture counters of `device`'s pool, or the code that says why there are none (as
@@ -731,24 +837,35 @@ mod tests {
             (1, 20 << 20, 1)
         );
 
-        // A free while the stream captures is refused: the graph may use the segment.
-        let err = pools.free(g, 20 << 20, 0, capture).unwrap_err();
-        assert!(err.contains("is capturing"), "{err}");
+        // A free while the stream captures is delayed: the graph may use the segment, and
+        // nothing may be asked of the capturing stream.
+        pools.free(g, 20 << 20, 0, capture).unwrap();
         assert_eq!(pools.stats(0).unwrap().live, 1);
+        let stats = pools.capture_stats(0).unwrap();
+        assert_eq!(
+            (stats.deferred_frees, stats.deferred, stats.freed),
+            (1, 1, 0)
+        );
+        assert!(streams.refused().is_empty(), "{:?}", streams.refused());
+        // Still capturing: a call on another stream does not run it either.
+        let c = pools.alloc(4096, 0, home, host(0), false, &report).unwrap();
+        assert_eq!(pools.capture_stats(0).unwrap().deferred, 1);
         streams.end_capture(capture);
 
-        // After the graph: freed (a host pool has no device to wait for).
-        pools.free(g, 20 << 20, 0, capture).unwrap();
+        // After the capture: the next call frees it (a host pool has no device to wait for).
+        pools.free(c, 4096, 0, home).unwrap();
         let stats = pools.capture_stats(0).unwrap();
         assert_eq!(
             (
                 stats.live,
                 stats.freed,
-                stats.refused_frees,
+                stats.deferred_frees,
+                stats.deferred,
                 stats.failed_waits
             ),
-            (0, 1, 1, 0)
+            (0, 1, 1, 0, 0)
         );
+        assert_eq!(pools.stats(0).unwrap().live, 0);
         assert_eq!(pools.capture_stats(1), Err(STATS_NO_POOL_YET));
         assert_eq!(pools.capture_stats(-1), Err(STATS_INVALID_ARGUMENT));
         // An ordinary segment for that stream now: an event at its free, as before.
@@ -757,6 +874,71 @@ mod tests {
             .unwrap();
         pools.free(b, 1 << 20, 0, capture).unwrap();
         assert_eq!(streams.pending(capture), 2);
+    }
+
+    #[test]
+    fn a_captured_segment_freed_while_another_capture_is_open_waits_for_it_to_end() {
+        use devarena::pool::ManualStreams;
+        use std::sync::Arc;
+
+        let pools = Pools::new();
+        let (home, first, second) = (StreamId(0), StreamId(0x5000), StreamId(0x6000));
+        let streams = Arc::new(ManualStreams::new());
+        let runtime = streams.clone();
+        let create = move |device: usize| {
+            Pool::builder(64 << 20)
+                .name(format!("torch-host:{device}"))
+                .streams(runtime, home)
+                .log_leaks_on_drop(false)
+                .build_host()
+                .map_err(|e| e.to_string())
+        };
+        // A segment of a first graph, and an ordinary one on the second stream.
+        let plain = pools
+            .alloc(1 << 20, 0, second, create, false, &quiet)
+            .unwrap();
+        streams.begin_capture(first);
+        let g = pools
+            .alloc(2 << 20, 0, first, host(0), false, &quiet)
+            .unwrap();
+        streams.end_capture(first);
+
+        // A second capture opens and allocates; meanwhile the first graph's segment is freed
+        // (on its own stream, which no longer captures): waiting for the device would
+        // invalidate the open capture, so the free waits instead.
+        streams.begin_capture(second);
+        let h = pools
+            .alloc(2 << 20, 0, second, host(0), false, &quiet)
+            .unwrap();
+        pools.free(g, 2 << 20, 0, first).unwrap();
+        // The ordinary segment, freed on the capturing stream: delayed too (no event there).
+        pools.free(plain, 1 << 20, 0, second).unwrap();
+        let stats = pools.capture_stats(0).unwrap();
+        assert_eq!((stats.deferred, stats.freed, stats.live), (2, 0, 2));
+        assert_eq!(pools.stats(0).unwrap().live, 3);
+        assert!(streams.refused().is_empty(), "{:?}", streams.refused());
+
+        // A bad free is still refused at once when nothing stops it.
+        assert!(pools.free(0x10, 1, 0, home).is_err());
+        assert_eq!(pools.capture_stats(0).unwrap().deferred, 2);
+
+        // The capture ends; the next call does the delayed frees, then its own.
+        streams.end_capture(second);
+        pools.free(h, 2 << 20, 0, second).unwrap();
+        let stats = pools.capture_stats(0).unwrap();
+        assert_eq!(
+            (
+                stats.deferred,
+                stats.deferred_frees,
+                stats.freed,
+                stats.live
+            ),
+            (0, 2, 2, 0)
+        );
+        assert_eq!(pools.stats(0).unwrap().live, 0);
+        // Both segments of the second stream were freed on it once it no longer captured: an
+        // event there each, as for any free on a stream other than the home stream.
+        assert_eq!(streams.pending(second), 2);
     }
 
     #[test]

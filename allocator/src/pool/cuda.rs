@@ -12,8 +12,8 @@ use std::sync::Mutex;
 use super::{Pool, PoolBuilder, PoolSlice, RegionKind, StreamEvent, StreamId, StreamSync};
 use crate::backend::cuda::event::{RecordedEvent, synchronize_context, synchronize_raw};
 use crate::backend::cuda::{
-    CudaBackend, CudaContext, CudaStream, CudaVirtualMemory, DeviceView, DeviceViewMut,
-    is_capturing_raw, pointer_info,
+    CaptureStatus, CudaBackend, CudaContext, CudaStream, CudaVirtualMemory, DeviceView,
+    DeviceViewMut, capture_status_raw, is_capturing_raw, pointer_info,
 };
 use crate::error::Error;
 use crate::layout::Element;
@@ -126,6 +126,15 @@ impl CudaStreams {
     /// work on any stream may have used (a graph's, replayed on streams the pool never saw).
     pub fn synchronize_device(&self) -> Result<(), Error> {
         synchronize_context(&self.ctx)
+    }
+
+    /// The capture status of a registered stream, capture id included
+    /// (`cuStreamGetCaptureInfo`): a query the driver allows during any capture, which changes
+    /// nothing (for diagnostics; see [`capture_status_raw`] about the legacy default stream).
+    pub fn capture_status(&self, stream: StreamId) -> Result<CaptureStatus, Error> {
+        self.check(stream)?;
+        // SAFETY: a special handle or a registered, live stream of this context.
+        unsafe { capture_status_raw(&self.ctx, stream.raw()) }
     }
 
     /// Whether a registered stream is capturing.

@@ -13,7 +13,7 @@ use core::mem::ManuallyDrop;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result, sys};
 
 use super::driver::drv;
-use super::graph::relaxed_capture;
+use super::graph::{relaxed_capture, trace_call};
 use crate::error::Error;
 
 /// An event recorded on a stream (`cuEventRecord` of a fresh event created with
@@ -28,6 +28,10 @@ impl Drop for RecordedEvent {
     fn drop(&mut self) {
         // SAFETY: taken once, here, and never used again.
         let event = unsafe { ManuallyDrop::take(&mut self.event) };
+        trace_call(
+            "cuEventDestroy",
+            format_args!("event {:p}", event.cu_event()),
+        );
         // `cuEventDestroy` may come in the middle of someone's capture (the pool reclaims a
         // block, and drops its event, while PyTorch captures): relaxed mode, as for the other
         // calls here, so that the capture neither refuses it nor is invalidated by it.
@@ -42,6 +46,7 @@ impl RecordedEvent {
     ///
     /// `stream` must be a live stream of `ctx` (or one of the special handles `0`, `1`, `2`).
     pub unsafe fn record(ctx: &Arc<CudaContext>, stream: u64) -> Result<Self, Error> {
+        trace_call("cuEventRecord", format_args!("stream {stream:#x}"));
         relaxed_capture(|| {
             // `new_event` binds the context.
             let event = ctx
@@ -61,6 +66,10 @@ impl RecordedEvent {
     /// (`cuEventQuery`: `CUDA_SUCCESS` → `true`, `CUDA_ERROR_NOT_READY` → `false`, anything
     /// else → `Err`). Never blocks.
     pub fn is_complete(&self) -> Result<bool, Error> {
+        trace_call(
+            "cuEventQuery",
+            format_args!("event {:p}", self.event.cu_event()),
+        );
         relaxed_capture(|| {
             self.event
                 .context()
@@ -77,6 +86,7 @@ impl RecordedEvent {
     ///
     /// `waiter` must be a live stream of the event's context (or a special handle).
     pub unsafe fn make_wait(&self, waiter: u64) -> Result<(), Error> {
+        trace_call("cuStreamWaitEvent", format_args!("stream {waiter:#x}"));
         relaxed_capture(|| {
             self.event
                 .context()
@@ -118,6 +128,7 @@ pub trait StreamOrdered {
 ///
 /// `stream` must be a live stream of `ctx` (or one of the special handles `0`, `1`, `2`).
 pub unsafe fn synchronize_raw(ctx: &Arc<CudaContext>, stream: u64) -> Result<(), Error> {
+    trace_call("cuStreamSynchronize", format_args!("stream {stream:#x}"));
     relaxed_capture(|| {
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         // SAFETY: the caller vouches for the handle, a stream of this context, which is bound.
@@ -127,9 +138,14 @@ pub unsafe fn synchronize_raw(ctx: &Arc<CudaContext>, stream: u64) -> Result<(),
 }
 
 /// Blocks the calling thread until everything queued on every stream of `ctx` has finished
-/// (`cuCtxSynchronize`): what `cudaFree` waits for. An error while a stream of the context is
-/// capturing (the driver refuses it).
+/// (`cuCtxSynchronize`): what `cudaFree` waits for. The driver refuses it while a stream of
+/// the context is capturing, and that capture is invalidated: call it only when none may be
+/// (its callers check the stream they were given first). It runs in relaxed capture mode, so
+/// that a capture in global mode in another context is neither refused nor invalidated by it.
 pub fn synchronize_context(ctx: &Arc<CudaContext>) -> Result<(), Error> {
-    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-    ctx.synchronize().map_err(drv("cuCtxSynchronize"))
+    trace_call("cuCtxSynchronize", format_args!("device {}", ctx.ordinal()));
+    relaxed_capture(|| {
+        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        ctx.synchronize().map_err(drv("cuCtxSynchronize"))
+    })
 }

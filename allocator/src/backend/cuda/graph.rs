@@ -56,11 +56,81 @@ pub fn is_capturing(stream: &CudaStream) -> Result<bool, Error> {
 ///
 /// `stream` must be a live stream of `ctx` (or one of the special handles `0`, `1`, `2`).
 pub(crate) unsafe fn is_capturing_raw(ctx: &Arc<CudaContext>, stream: u64) -> Result<bool, Error> {
+    trace_call("cuStreamIsCapturing", format_args!("stream {stream:#x}"));
     ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
     // SAFETY: the caller vouches for the handle, a stream of this context, which is bound.
     let status = unsafe { result::stream::is_capturing(stream as usize as sys::CUstream) }
         .map_err(drv("cuStreamIsCapturing"))?;
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// What `cuStreamGetCaptureInfo` says about a stream: not capturing, capturing (with the
+/// capture's process-unique id), or capturing but invalidated by a refused call (the capture
+/// must still be ended, and ends with an error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaptureStatus {
+    /// The stream is not capturing.
+    None,
+    /// The stream is capturing into the capture `id`.
+    Active {
+        /// The capture's id, unique in the process.
+        id: u64,
+    },
+    /// The stream's capture `id` was invalidated: an illegal call was made while it was open.
+    Invalidated {
+        /// The capture's id, unique in the process.
+        id: u64,
+    },
+}
+
+impl core::fmt::Display for CaptureStatus {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            CaptureStatus::None => write!(f, "none"),
+            CaptureStatus::Active { id } => write!(f, "active#{id}"),
+            CaptureStatus::Invalidated { id } => write!(f, "INVALIDATED#{id}"),
+        }
+    }
+}
+
+/// The capture status of the stream whose raw handle is `stream` (`cuStreamGetCaptureInfo`).
+///
+/// A query the driver allows in the middle of a capture, in any capture mode, also on the
+/// capturing stream itself, and it changes nothing. Do not ask it about the legacy default
+/// stream (`0`, `1`) for diagnostics: while a blocking stream captures, the driver answers
+/// `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` for it.
+///
+/// # Safety
+///
+/// `stream` must be a live stream of `ctx` (or one of the special handles `0`, `1`, `2`).
+pub unsafe fn capture_status_raw(
+    ctx: &Arc<CudaContext>,
+    stream: u64,
+) -> Result<CaptureStatus, Error> {
+    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: sys::cuuint64_t = 0;
+    // SAFETY: the caller vouches for the handle, a stream of this context, which is bound;
+    // both out-pointers are valid; the graph, dependency and edge outputs are optional (null).
+    unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            stream as usize as sys::CUstream,
+            &mut status,
+            &mut id,
+            core::ptr::null_mut(),
+            core::ptr::null_mut(),
+            core::ptr::null_mut(),
+            core::ptr::null_mut(),
+        )
+    }
+    .result()
+    .map_err(drv("cuStreamGetCaptureInfo"))?;
+    use sys::CUstreamCaptureStatus as S;
+    Ok(match status {
+        S::CU_STREAM_CAPTURE_STATUS_ACTIVE => CaptureStatus::Active { id },
+        S::CU_STREAM_CAPTURE_STATUS_INVALIDATED => CaptureStatus::Invalidated { id },
+        _ => CaptureStatus::None,
+    })
 }
 
 /// Runs `f` with the calling thread in relaxed capture mode (`cuThreadExchangeStreamCaptureMode`),
@@ -92,6 +162,14 @@ pub(crate) fn relaxed_capture<R>(f: impl FnOnce() -> R) -> R {
     let swapped = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }.result();
     let _restore = Restore(swapped.ok().map(|()| mode));
     f()
+}
+
+/// One `trace` line (target `devarena::driver`) for a driver call that may come while a
+/// capture is open, before it is made, with what it names (a stream: `0` is the legacy default
+/// stream): what a capture that ends invalidated can be checked against. Nothing is formatted
+/// unless the level is on.
+pub(crate) fn trace_call(call: &str, what: core::fmt::Arguments<'_>) {
+    log::trace!(target: "devarena::driver", "{call}({what})");
 }
 
 /// Makes the stream's context current without cudarc's `bind_to_thread`, which would first

@@ -17,7 +17,7 @@
 //! | `view.rs` | [`DeviceView`], [`DeviceViewMut`] and the view kinds [`CudaMut`], [`CudaRef`] |
 //! | `vmm.rs` | [`CudaVirtualMemory`]: `cuMemAddressReserve`, `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, `cuMemUnmap`: the growable pool region |
 //! | `event.rs` | [`RecordedEvent`](event::RecordedEvent): events on raw stream handles, for stream ordering |
-//! | `graph.rs` | CUDA graphs by stream capture: begin, end, instantiate, launch, and the capture mode (thread-local), for `Arena::capture`; [`is_capturing`] |
+//! | `graph.rs` | CUDA graphs by stream capture: begin, end, instantiate, launch, and the capture mode (thread-local), for `Arena::capture`; [`is_capturing`], [`capture_status_raw`] |
 //!
 //! ```no_run
 //! use devarena::backend::cuda::{cuda_stream, CudaBackend};
@@ -76,7 +76,7 @@ pub use driver::{
     driver_error, driver_present, mem_info, pointer_info,
 };
 pub use event::{StreamOrdered, order_streams};
-pub use graph::is_capturing;
+pub use graph::{CaptureStatus, capture_status_raw, is_capturing};
 pub(crate) use graph::{GraphExec, StreamCapture, is_capturing_raw};
 pub use managed::ManagedBackend;
 pub use pinned::PinnedBackend;

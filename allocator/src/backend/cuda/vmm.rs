@@ -17,7 +17,7 @@ use alloc::sync::Arc;
 use cudarc::driver::{CudaStream, sys};
 
 use super::driver::{alloc_error, bind, drv};
-use super::graph::relaxed_capture;
+use super::graph::{relaxed_capture, trace_call};
 use crate::backend::{MemoryKind, VirtualMemory};
 use crate::error::Error;
 
@@ -225,11 +225,16 @@ unsafe impl VirtualMemory for CudaVirtualMemory {
     unsafe fn map(&self, addr: u64, chunk: usize, count: usize) -> Result<(), Error> {
         // Relaxed capture mode: a pool may grow in the middle of someone's capture (PyTorch asks
         // its allocator for memory while capturing), and none of these calls touches a stream.
+        trace_call(
+            "cuMemCreate+cuMemMap+cuMemSetAccess",
+            format_args!("{addr:#x}, {count} x {chunk} bytes"),
+        );
         // SAFETY: the caller's contract, passed on.
         relaxed_capture(|| unsafe { self.map_run(addr, chunk, count) })
     }
 
     unsafe fn unmap(&self, addr: u64, chunk: usize) -> Result<(), Error> {
+        trace_call("cuMemUnmap", format_args!("{addr:#x}, {chunk} bytes"));
         relaxed_capture(|| {
             bind(&self.stream)?;
             // SAFETY: the caller's contract: one whole chunk mapped by `map`, unused from now
