@@ -272,7 +272,7 @@ def child(args):
         # Everything back: the graph first (PyTorch releases its pool), the tensors, cuBLAS's
         # workspaces, then both MemPools (which empties their part of PyTorch's cache).
         del g, static_loss
-        del model, opt, xs, ys, static_x, static_y
+        del model, opt, xs, ys, static_x, static_y, params, bufs, inside
         clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
         if clear is not None:
             clear()
