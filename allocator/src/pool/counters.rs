@@ -1,6 +1,11 @@
 //! The counters a pool keeps for itself and for each client, updated in one place.
 
-use core::sync::atomic::{AtomicUsize, Ordering};
+#[cfg(not(all(loom, test)))]
+use core::sync::atomic::AtomicUsize;
+use core::sync::atomic::Ordering;
+// The model check of the spare's hand-off (`RUSTFLAGS="--cfg loom"`, see `loom_tests`).
+#[cfg(all(loom, test))]
+use loom::sync::atomic::AtomicUsize;
 
 /// Bytes and counts of allocations: the pool keeps one for all its clients and one per client,
 /// and every allocation and free updates both through [`on_alloc`](Counters::on_alloc) and
@@ -214,7 +219,7 @@ impl Spare {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use alloc::vec::Vec;
@@ -286,5 +291,76 @@ mod tests {
         });
         let caps: usize = leases.iter().map(|l| l.lock().unwrap().cap).sum();
         assert_eq!(caps + spare.bytes(), TOTAL);
+    }
+}
+
+/// Model checks of the spare's hand-off under every interleaving loom explores (run with
+/// `RUSTFLAGS="--cfg loom" cargo test -p devarena --lib loom --release`): heaps take from and
+/// give back to one spare without a lock between them, and no byte is lost or made.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use alloc::vec::Vec;
+    use loom::sync::{Arc, Mutex};
+
+    /// Two heaps, each a lease behind a lock of its own as a heap's is, refill from the spare
+    /// (the compare-and-swap loop, racing each other) and give back what they hoard; the pool,
+    /// holding every lease's lock, drains the spare meanwhile and puts it back, as it does
+    /// before it counts a peak. After joining, leases and spare hold exactly the bytes there
+    /// were.
+    #[test]
+    fn loom_leases_and_the_spare_lose_no_byte() {
+        loom::model(|| {
+            const TOTAL: usize = 12;
+            let spare = Arc::new(Spare::default());
+            spare.give(TOTAL);
+            let leases: Arc<Vec<Mutex<Lease>>> = Arc::new(
+                (0..2)
+                    .map(|_| {
+                        Mutex::new(Lease {
+                            keep: 1,
+                            ..Lease::default()
+                        })
+                    })
+                    .collect(),
+            );
+            let heaps: Vec<_> = (0..2)
+                .map(|h| {
+                    let (spare, leases) = (spare.clone(), leases.clone());
+                    loom::thread::spawn(move || {
+                        let mut lease = leases[h].lock().unwrap();
+                        let reserved = 3 + h;
+                        if !lease.fits(reserved) && lease.refill(&spare, reserved) {
+                            assert!(lease.fits(reserved));
+                            lease.used += reserved;
+                        }
+                        drop(lease);
+                        let mut lease = leases[h].lock().unwrap();
+                        lease.used = 0;
+                        if lease.hoards() {
+                            lease.give_back(&spare);
+                        }
+                    })
+                })
+                .collect();
+            {
+                // The pool: every lease locked (in order), the spare drained and given back.
+                let locked: Vec<_> = leases.iter().map(|l| l.lock().unwrap()).collect();
+                let leased: usize = locked.iter().map(|l| l.cap).sum();
+                let drained = spare.drain();
+                assert!(leased + drained <= TOTAL);
+                assert_eq!(
+                    leased + drained,
+                    TOTAL,
+                    "a byte went missing with the leases locked"
+                );
+                spare.give(drained);
+            }
+            for heap in heaps {
+                heap.join().unwrap();
+            }
+            let leased: usize = leases.iter().map(|l| l.lock().unwrap().cap).sum();
+            assert_eq!(leased + spare.drain(), TOTAL);
+        });
     }
 }

@@ -23,7 +23,12 @@ use alloc::boxed::Box;
 use alloc::format;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicU64, Ordering};
+#[cfg(not(all(loom, test)))]
+use core::sync::atomic::AtomicU64;
+use core::sync::atomic::Ordering;
+// The model check of the chunk bits' publication (`RUSTFLAGS="--cfg loom"`, see `loom_tests`).
+#[cfg(all(loom, test))]
+use loom::sync::atomic::AtomicU64;
 
 use super::BLOCK_GRANULE;
 use crate::backend::VirtualMemory;
@@ -436,5 +441,50 @@ impl Drop for Mapping {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests;
+
+/// Model checks of the chunk bits under every interleaving loom explores (run with
+/// `RUSTFLAGS="--cfg loom" cargo test -p devarena --lib loom --release`).
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::cell::UnsafeCell;
+    use loom::sync::Arc;
+
+    /// The pool maps a chunk (here: writes what stands for its page tables) and then sets its
+    /// bit; a heap that checks the bit without the pool's lock and finds it set uses the
+    /// memory. Loom reports a data race if the heap could see the bit without seeing the
+    /// mapping that came before it (it does with a relaxed load in `covers`).
+    #[test]
+    fn loom_a_heap_that_sees_a_chunk_bit_sees_the_mapping() {
+        loom::model(|| {
+            const CHUNK: u32 = 21;
+            let map = ChunkMap::new(1 << 40, CHUNK, 2);
+            let memory = Arc::new([UnsafeCell::new(0u64), UnsafeCell::new(0u64)]);
+            let pool = {
+                let (map, memory) = (map.clone(), memory.clone());
+                loom::thread::spawn(move || {
+                    for chunk in 0..2 {
+                        // SAFETY: no one reads a chunk's cell before its bit is set.
+                        memory[chunk].with_mut(|m| unsafe { *m = 0xC0DE + chunk as u64 });
+                        map.set_bit(chunk, true);
+                    }
+                })
+            };
+            // A block over both chunks, then one in the second chunk only.
+            let (base, chunk) = (1u64 << 40, 1u64 << CHUNK);
+            for (addr, bytes, chunks) in [(base, 2 * chunk, 0..2), (base + chunk, 256, 1..2)] {
+                if map.covers(addr, bytes) {
+                    for c in chunks {
+                        // SAFETY: the bit was set after the cell was written (Release/Acquire).
+                        let v = memory[c].with(|m| unsafe { *m });
+                        assert_eq!(v, 0xC0DE + c as u64);
+                    }
+                }
+            }
+            pool.join().unwrap();
+            assert!(map.covers(base, 2 * chunk));
+        });
+    }
+}
