@@ -158,6 +158,20 @@ pub(super) struct State {
     graphs: Graphs,
 }
 
+impl State {
+    /// Takes `addr` (block `block`) out of the live map, and what tracking recorded for it
+    /// if it was `tracked`: the common start of every free that goes through the lock.
+    fn forget_live(&mut self, addr: u64, block: u32, tracked: bool) -> Option<Box<LiveInfo>> {
+        let removed = self.live.remove(addr);
+        debug_assert_eq!(removed, Some(block));
+        if tracked {
+            self.info[block as usize].take()
+        } else {
+            None
+        }
+    }
+}
+
 /// Bits of [`Shared::flags`]: the tracking mode (two bits), then the rest.
 const TRACKING: u8 = 0b11;
 /// An event sink is on.

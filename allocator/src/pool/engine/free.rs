@@ -136,13 +136,7 @@ impl Shared {
             }
             _ => None,
         };
-        let removed = state.live.remove(addr);
-        debug_assert_eq!(removed, Some(block));
-        let info = if live.tracked {
-            state.info[block as usize].take()
-        } else {
-            None
-        };
+        let info = state.forget_live(addr, block, live.tracked);
         let tag = info.as_ref().and_then(|i| i.tag.as_deref());
         self.commit_free(state, addr, block, &live, stream, event, tag);
         Ok(info)

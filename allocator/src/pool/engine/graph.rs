@@ -130,13 +130,7 @@ impl Shared {
             }
             _ => None,
         };
-        let removed = state.live.remove(addr);
-        debug_assert_eq!(removed, Some(block));
-        let info = if live.tracked {
-            state.info[block as usize].take()
-        } else {
-            None
-        };
+        let info = state.forget_live(addr, block, live.tracked);
         let reserved = state.tlsf.block_size(block) as usize;
         if stream == self.home && self.streams.is_some() {
             // As for any free on the home stream: other streams wait for it before reuse.
