@@ -1,12 +1,13 @@
 //! [`LayoutBuilder`]: layouts whose sizes are known only at run time, planned by the very same
 //! `const fn`s the derive calls.
 
+use alloc::collections::BTreeMap;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 
 use crate::error::Error;
 use crate::layout::{DeviceLayout, Element};
-use crate::plan::{self, FieldSpec, LayoutSpec, LiveRange, Slot, Totals};
+use crate::plan::{self, FieldSpec, LayoutSpec, LiveRange, PlanError, PlanErrorKind, Slot, Totals};
 use crate::report::LayoutReport;
 
 /// Builds a layout at run time.
@@ -32,6 +33,9 @@ pub struct LayoutBuilder {
     names: Vec<String>,
     types: Vec<String>,
     specs: Vec<FieldSpec>,
+    /// The first misuse of the builder's calls (a `live` before any field), reported by
+    /// `build`: the calls chain by value, so they cannot fail one by one.
+    misuse: Option<PlanError>,
 }
 
 impl LayoutBuilder {
@@ -43,6 +47,7 @@ impl LayoutBuilder {
             names: Vec::new(),
             types: Vec::new(),
             specs: Vec::new(),
+            misuse: None,
         }
     }
 
@@ -101,16 +106,53 @@ impl LayoutBuilder {
         self.field(name, L::NAME, FieldSpec::nested(L::SIZE, L::ALIGN))
     }
 
-    /// Sets the live range (inclusive) of the field added last.
+    /// Sets the live range (inclusive) of the field added last. Before any field there is no
+    /// field to set it on: `build` then returns an error.
     pub fn live(mut self, first: usize, last: usize) -> Self {
-        if let Some(spec) = self.specs.last_mut() {
-            spec.live = LiveRange::new(first, last);
+        match self.specs.last_mut() {
+            Some(spec) => spec.live = LiveRange::new(first, last),
+            None => {
+                self.misuse.get_or_insert(PlanError {
+                    field: None,
+                    kind: PlanErrorKind::LiveWithoutField { first, last },
+                });
+            }
         }
         self
     }
 
+    /// The first field whose name an earlier field already has.
+    fn duplicate_name(&self) -> Option<PlanError> {
+        let mut seen = BTreeMap::new();
+        for (i, name) in self.names.iter().enumerate() {
+            if let Some(&first) = seen.get(name.as_str()) {
+                return Some(PlanError {
+                    field: Some(i),
+                    kind: PlanErrorKind::DuplicateName { first },
+                });
+            }
+            seen.insert(name.as_str(), i);
+        }
+        None
+    }
+
+    /// The error for `error`, with the layout's, the field's and the type's names.
+    fn plan_error(&self, error: PlanError) -> Error {
+        let (field, ty) = match error.field {
+            Some(i) if i < self.names.len() => (self.names[i].as_str(), self.types[i].as_str()),
+            _ => ("", ""),
+        };
+        Error::Plan {
+            error,
+            message: error.message(&self.name, field, ty).as_str().to_string(),
+        }
+    }
+
     /// Plans the layout, or reports the first problem with the layout, field and numbers.
     pub fn build(self) -> Result<RuntimeLayout, Error> {
+        if let Some(error) = self.misuse.or_else(|| self.duplicate_name()) {
+            return Err(self.plan_error(error));
+        }
         let mut slots = alloc::vec![Slot::EMPTY; self.specs.len()];
         let n = self.specs.len();
         let (mut best, mut current) = (alloc::vec![0; n], alloc::vec![0; n]);
@@ -134,16 +176,7 @@ impl LayoutBuilder {
                     .collect(),
                 totals,
             }),
-            Err(error) => {
-                let (field, ty) = match error.field {
-                    Some(i) => (self.names[i].as_str(), self.types[i].as_str()),
-                    None => ("", ""),
-                };
-                Err(Error::Plan {
-                    error,
-                    message: error.message(&self.name, field, ty).as_str().to_string(),
-                })
-            }
+            Err(error) => Err(self.plan_error(error)),
         }
     }
 }

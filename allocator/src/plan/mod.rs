@@ -41,6 +41,12 @@ pub use place::{
 };
 pub use stages::{Strategy, alias_into, place_with};
 
+/// The most stages a layout may declare (2^24, about 16.7 million: room for every operation of
+/// a large model's graph). Planning never walks the stages one by one, so its cost does not
+/// grow with the count; the limit only turns an absurd count into an error. (The derive allows
+/// fewer, 4096, because it writes one view struct per stage.)
+pub const MAX_STAGES: usize = 1 << 24;
+
 /// The inclusive range of stages in which a field is live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LiveRange {

@@ -4,7 +4,7 @@
 use super::align::{DEFAULT_ALIGN, align_up, is_valid_align};
 use super::error::{PlanError, PlanErrorKind, field_err};
 use super::stages::alias_into;
-use super::{FieldSpec, LayoutSpec, LiveRange, Plan, Slot, Totals};
+use super::{FieldSpec, LayoutSpec, LiveRange, MAX_STAGES, Plan, Slot, Totals};
 
 /// The default alignment of the layout's fields.
 pub const fn layout_default_align(layout: &LayoutSpec) -> Result<usize, PlanError> {
@@ -37,6 +37,14 @@ pub const fn check_align(
             index,
             PlanErrorKind::AlignNotPowerOfTwo {
                 align: spec.elem_align,
+            },
+        ));
+    }
+    if !is_valid_align(spec.elem_align) {
+        return Err(field_err(
+            index,
+            PlanErrorKind::ElementAlignTooLarge {
+                elem_align: spec.elem_align,
             },
         ));
     }
@@ -148,6 +156,15 @@ pub const fn plan_into(
         Ok(a) => a,
         Err(e) => return Err(e),
     };
+    if layout.stages > MAX_STAGES {
+        return Err(PlanError {
+            field: None,
+            kind: PlanErrorKind::TooManyStages {
+                stages: layout.stages,
+                max: MAX_STAGES,
+            },
+        });
+    }
     if !specs.is_empty() {
         align = 1;
     }
