@@ -6,7 +6,7 @@
 //!     cargo run --release -p devarena --example plan_quality [-- --instances 1000 --seed 7]
 
 use devarena::LayoutBuilder;
-use devarena::plan::{FieldSpec, Slot, Strategy, place_with};
+use devarena::plan::{FieldSpec, Slot, Strategy, place_with, scratch_len};
 
 /// xorshift64*: a small deterministic generator, so the instances are the same on every run.
 struct Rng(u64);
@@ -97,8 +97,9 @@ fn main() {
                 align: f.align,
             })
             .collect();
-        let (mut order, mut placed) = (vec![0; specs.len()], vec![0; specs.len()]);
-        let end = place_with(Strategy::BySize, &specs, &slots, &mut order, &mut placed).unwrap();
+        let mut placed = vec![0; specs.len()];
+        let mut scratch = vec![0; scratch_len(specs.len())];
+        let end = place_with(Strategy::BySize, &specs, &slots, &mut placed, &mut scratch).unwrap();
         let greedy = end.div_ceil(t.align) * t.align;
         planner.push(t.size as f64 / t.peak_live_bound as f64);
         by_size.push(greedy as f64 / t.peak_live_bound as f64);

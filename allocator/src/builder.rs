@@ -155,8 +155,8 @@ impl LayoutBuilder {
         }
         let mut slots = alloc::vec![Slot::EMPTY; self.specs.len()];
         let n = self.specs.len();
-        let (mut best, mut current) = (alloc::vec![0; n], alloc::vec![0; n]);
-        match plan::plan_into(&self.spec, &self.specs, &mut slots, &mut best, &mut current) {
+        let mut scratch = alloc::vec![0; plan::scratch_len(n)];
+        match plan::plan_into(&self.spec, &self.specs, &mut slots, &mut scratch) {
             Ok(totals) => Ok(RuntimeLayout {
                 name: self.name,
                 spec: self.spec,

@@ -369,7 +369,9 @@ pub fn emit(layout: &Layout) -> TokenStream {
             const __DEVARENA_TYPES: [&'static str; #n] = [#(#types),*];
             #[doc(hidden)]
             const __DEVARENA_RESULT: ::core::result::Result<#plan::Plan<#n>, #plan::PlanError> =
-                #plan::plan(&Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS);
+                #plan::plan::<#n, { #plan::scratch_len(#n) }>(
+                    &Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS,
+                );
             #[doc(hidden)]
             const __DEVARENA_PLAN: #plan::Plan<#n> = #derive_plan;
             /// Byte offset of every field, computed by the compiler.

@@ -1,7 +1,7 @@
 //! Compile-time memory planning with stages: buffers whose live ranges never meet share bytes,
 //! and per-stage views keep every buffer out of reach outside its live range.
 
-use devarena::plan::{FieldSpec, Slot, Strategy as PlanStrategy, place_with};
+use devarena::plan::{FieldSpec, Slot, Strategy as PlanStrategy, place_with, scratch_len};
 use devarena::{Arena, DeviceLayout, HostBackend, LayoutBuilder, LayoutReport, LiveRange};
 use proptest::prelude::*;
 
@@ -40,14 +40,14 @@ fn five_buffers_reach_the_bound_greedy_by_size_does_not() {
             align: 1,
         })
         .collect();
-    let (mut order, mut placed) = (vec![0; 5], vec![0; 5]);
+    let (mut placed, mut scratch) = (vec![0; 5], vec![0; scratch_len(5)]);
     assert_eq!(
         place_with(
             PlanStrategy::BySize,
             &specs,
             &slots,
-            &mut order,
-            &mut placed
+            &mut placed,
+            &mut scratch
         ),
         Ok(90)
     );

@@ -30,7 +30,9 @@ mod align;
 mod derive;
 mod error;
 mod place;
+mod sort;
 mod stages;
+mod timeline;
 
 pub use align::{CUDA_ALIGN, DEFAULT_ALIGN, MAX_ALIGN, align_up, align_up_u64, is_valid_align};
 #[doc(hidden)]
@@ -39,7 +41,7 @@ pub use error::{Message, PlanError, PlanErrorKind};
 pub use place::{
     check_align, check_field, check_live, check_size, layout_default_align, plan, plan_into,
 };
-pub use stages::{Strategy, alias_into, place_with};
+pub use stages::{Strategy, alias_into, place_with, scratch_len};
 
 /// The most stages a layout may declare (2^24, about 16.7 million: room for every operation of
 /// a large model's graph). Planning never walks the stages one by one, so its cost does not

@@ -1,9 +1,11 @@
 //! The placement rule: each field checked on its own, then placed in declaration order (or,
 //! with stages, by the aliasing planner of [`stages`](super::alias_into)).
+//!
+//! [`alias_into`]: super::alias_into
 
 use super::align::{DEFAULT_ALIGN, align_up, is_valid_align};
 use super::error::{PlanError, PlanErrorKind, field_err};
-use super::stages::alias_into;
+use super::stages::{Strategy, greedy, peak_live_bound, round_size, scratch_len, spans};
 use super::{FieldSpec, LayoutSpec, LiveRange, MAX_STAGES, Plan, Slot, Totals};
 
 /// The default alignment of the layout's fields.
@@ -136,8 +138,8 @@ pub const fn check_field(
     })
 }
 
-/// Plans `specs` into `out` and returns the totals; `best` and `current` are scratch space.
-/// All four slices hold one entry per field.
+/// Plans `specs` into `out` and returns the totals. `out` holds one entry per field,
+/// `scratch` at least [`scratch_len`]`(specs.len())` entries.
 ///
 /// Without stages, fields are placed in declaration order. With stages, fields whose live
 /// ranges never meet may share bytes: see [`alias_into`].
@@ -145,12 +147,12 @@ pub const fn plan_into(
     layout: &LayoutSpec,
     specs: &[FieldSpec],
     out: &mut [Slot],
-    best: &mut [usize],
-    current: &mut [usize],
+    scratch: &mut [usize],
 ) -> Result<Totals, PlanError> {
+    let n = specs.len();
     assert!(
-        specs.len() == out.len() && best.len() == out.len() && current.len() == out.len(),
-        "plan_into: specs, out and the two scratch slices must have one entry per field"
+        out.len() == n && scratch.len() >= scratch_len(n),
+        "plan_into: out needs one entry per field, scratch scratch_len(fields)"
     );
     let mut align = match layout_default_align(layout) {
         Ok(a) => a,
@@ -234,9 +236,23 @@ pub const fn plan_into(
         unaliased_size,
         peak_live_bound: 0,
     };
-    totals.peak_live_bound = peak_live_bound(layout, specs, out, align);
+    let (lo, rest) = scratch.split_at_mut(n);
+    let (hi, rest) = rest.split_at_mut(n);
+    let (work, rest) = rest.split_at_mut(6 * n);
+    let count = spans(layout, specs, out, lo, hi, work);
+    totals.peak_live_bound = peak_live_bound(out, lo, hi, count, align, work);
     if layout.stages > 0 {
-        totals.size = match alias_into(layout, specs, out, align, best, current) {
+        let (best, rest) = rest.split_at_mut(n);
+        let end = match greedy(&Strategy::ALL, specs, out, lo, hi, count, best, rest) {
+            Ok(e) => e,
+            Err(e) => return Err(e),
+        };
+        let mut i = 0;
+        while i < n {
+            out[i].offset = best[i];
+            i += 1;
+        }
+        totals.size = match round_size(end, align) {
             Ok(s) => s,
             Err(e) => return Err(e),
         };
@@ -253,73 +269,15 @@ pub const fn plan_into(
     Ok(totals)
 }
 
-/// A lower bound on the size of any plan: over all stages, the bytes the fields live in that
-/// stage need side by side, rounded up to the layout's alignment.
-///
-/// In one stage, every live field starts at a multiple of the smallest alignment `m` among
-/// them (alignments are powers of two), so each occupies its size rounded up to `m`, except
-/// that the field placed last needs no rounding: the stage needs at least
-/// `Σ align_up(size, m) − max(align_up(size, m) − size)` bytes, and `SIZE`, a multiple of
-/// `ALIGN`, at least that rounded up to `ALIGN`. When every field has the same alignment
-/// (256 by default) this is the sum of the live sizes, each rounded up to its alignment.
-const fn peak_live_bound(
-    layout: &LayoutSpec,
-    specs: &[FieldSpec],
-    slots: &[Slot],
-    align: usize,
-) -> usize {
-    let stages = if layout.stages == 0 { 1 } else { layout.stages };
-    let mut best = 0;
-    let mut stage = 0;
-    while stage < stages {
-        let mut m = usize::MAX;
-        let mut i = 0;
-        while i < specs.len() {
-            if (layout.stages == 0 || specs[i].live.contains(stage))
-                && slots[i].size > 0
-                && slots[i].align < m
-            {
-                m = slots[i].align;
-            }
-            i += 1;
-        }
-        let mut sum: usize = 0;
-        let mut slack = 0;
-        let mut i = 0;
-        while i < specs.len() {
-            if (layout.stages == 0 || specs[i].live.contains(stage)) && slots[i].size > 0 {
-                // Each term is at most the field's unaliased footprint, which did not overflow.
-                let rounded = match align_up(slots[i].size, m) {
-                    Some(r) => r,
-                    None => slots[i].size,
-                };
-                sum = sum.saturating_add(rounded);
-                if rounded - slots[i].size > slack {
-                    slack = rounded - slots[i].size;
-                }
-            }
-            i += 1;
-        }
-        let need = match align_up(sum - slack, align) {
-            Some(n) => n,
-            None => sum - slack,
-        };
-        if need > best {
-            best = need;
-        }
-        stage += 1;
-    }
-    best
-}
-
-/// Plans a fixed number of fields: what the derive stores in its hidden constant.
-pub const fn plan<const N: usize>(
+/// Plans a fixed number of fields: what the derive stores in its hidden constant. `SCRATCH` is
+/// the length of the scratch space, at least [`scratch_len`]`(N)`.
+pub const fn plan<const N: usize, const SCRATCH: usize>(
     layout: &LayoutSpec,
     specs: &[FieldSpec; N],
 ) -> Result<Plan<N>, PlanError> {
     let mut slots = [Slot::EMPTY; N];
-    let (mut best, mut current) = ([0usize; N], [0usize; N]);
-    match plan_into(layout, specs, &mut slots, &mut best, &mut current) {
+    let mut scratch = [0usize; SCRATCH];
+    match plan_into(layout, specs, &mut slots, &mut scratch) {
         Ok(totals) => Ok(Plan { slots, totals }),
         Err(e) => Err(e),
     }
