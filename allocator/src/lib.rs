@@ -92,7 +92,7 @@ pub mod report;
 
 pub use arena::{Arena, Disjoint, Stage};
 pub use backend::{Allocation, Backend, BackendStats, HostBackend};
-pub use builder::{LayoutBuilder, RuntimeField, RuntimeLayout};
+pub use builder::{Budget, LayoutBuilder, RuntimeField, RuntimeLayout, SearchStats};
 pub use dyn_arena::DynArena;
 pub use error::Error;
 pub use layout::{DeviceLayout, Element, FieldPlacement, HostBase, HostMut, HostRef, ViewKind};

@@ -28,20 +28,26 @@
 
 mod align;
 mod derive;
+mod drive;
 mod error;
 mod place;
+mod search;
 mod sort;
 mod stages;
 mod timeline;
+mod validate;
 
 pub use align::{CUDA_ALIGN, DEFAULT_ALIGN, MAX_ALIGN, align_up, align_up_u64, is_valid_align};
 #[doc(hidden)]
 pub use derive::{Check, derive_check, derive_plan, element_padding_check};
+pub use drive::{COMPILE_TIME_NODES, Goal, Search, Step, improve, search_len};
 pub use error::{Message, PlanError, PlanErrorKind};
 pub use place::{
     check_align, check_field, check_live, check_size, layout_default_align, plan, plan_into,
 };
+pub use search::{Engine, Outcome, Preorder, Sizes, measure};
 pub use stages::{Strategy, alias_into, place_with, scratch_len};
+pub use validate::{Placed, Violation, validate};
 
 /// The most stages a layout may declare (2^24, about 16.7 million: room for every operation of
 /// a large model's graph). Planning never walks the stages one by one, so its cost does not

@@ -1,29 +1,47 @@
-//! Sorting in `const fn`: a heap sort of indices by two keys, ties broken by the index, so
+//! Sorting in `const fn`: a heap sort of indices by up to three keys, ties broken by the index, so
 //! every order is a strict total order and the same on every run. O(n log n) comparisons and
 //! no recursion (the compiler's evaluator has a shallow stack).
 
-/// Whether index `a` goes before index `b`: `(k1, k2, index)` in increasing order.
-const fn less(k1: &[usize], k2: &[usize], a: usize, b: usize) -> bool {
-    if k1[a] != k1[b] {
-        return k1[a] < k1[b];
+/// Up to three sort keys, each indexed by the values being sorted.
+#[derive(Clone, Copy)]
+pub(super) struct Keys<'a> {
+    k1: &'a [usize],
+    k2: &'a [usize],
+    k3: &'a [usize],
+}
+
+impl<'a> Keys<'a> {
+    /// Keys `k1`, then `k2`, then `k3`.
+    pub(super) const fn three(k1: &'a [usize], k2: &'a [usize], k3: &'a [usize]) -> Self {
+        Keys { k1, k2, k3 }
     }
-    if k2[a] != k2[b] {
-        return k2[a] < k2[b];
+
+    /// Whether index `a` goes before index `b`: `(k1, k2, k3, index)` in increasing order.
+    const fn less(&self, a: usize, b: usize) -> bool {
+        if self.k1[a] != self.k1[b] {
+            return self.k1[a] < self.k1[b];
+        }
+        if self.k2[a] != self.k2[b] {
+            return self.k2[a] < self.k2[b];
+        }
+        if self.k3[a] != self.k3[b] {
+            return self.k3[a] < self.k3[b];
+        }
+        a < b
     }
-    a < b
 }
 
 /// Moves `order[root]` down the max-heap `order[..end]`.
-const fn sift_down(order: &mut [usize], k1: &[usize], k2: &[usize], mut root: usize, end: usize) {
+const fn sift_down(order: &mut [usize], keys: Keys<'_>, mut root: usize, end: usize) {
     loop {
         let mut child = 2 * root + 1;
         if child >= end {
             return;
         }
-        if child + 1 < end && less(k1, k2, order[child], order[child + 1]) {
+        if child + 1 < end && keys.less(order[child], order[child + 1]) {
             child += 1;
         }
-        if !less(k1, k2, order[root], order[child]) {
+        if !keys.less(order[root], order[child]) {
             return;
         }
         let t = order[root];
@@ -36,6 +54,11 @@ const fn sift_down(order: &mut [usize], k1: &[usize], k2: &[usize], mut root: us
 /// Sorts the indices in `order` by `(k1[i], k2[i], i)`, increasing. `k1` and `k2` are indexed
 /// by the values in `order`.
 pub(super) const fn sort_by_keys(order: &mut [usize], k1: &[usize], k2: &[usize]) {
+    sort(order, Keys::three(k1, k2, k2));
+}
+
+/// Sorts the indices in `order` by `keys`, then by index, increasing.
+pub(super) const fn sort(order: &mut [usize], keys: Keys<'_>) {
     let n = order.len();
     if n < 2 {
         return;
@@ -43,7 +66,7 @@ pub(super) const fn sort_by_keys(order: &mut [usize], k1: &[usize], k2: &[usize]
     let mut i = n / 2;
     while i > 0 {
         i -= 1;
-        sift_down(order, k1, k2, i, n);
+        sift_down(order, keys, i, n);
     }
     let mut end = n;
     while end > 1 {
@@ -51,7 +74,7 @@ pub(super) const fn sort_by_keys(order: &mut [usize], k1: &[usize], k2: &[usize]
         let t = order[0];
         order[0] = order[end];
         order[end] = t;
-        sift_down(order, k1, k2, 0, end);
+        sift_down(order, keys, 0, end);
     }
 }
 
