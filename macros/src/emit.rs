@@ -172,9 +172,71 @@ pub fn emit(layout: &Layout) -> TokenStream {
         checks.push(derive_check(name, &name_str, "Layout", 0, span));
     }
     let panic_on_error = layout.is_generic();
+    // With stages, the search improves the greedy plan within a fixed number of nodes. Its
+    // scratch space is sized from the layout, so its length is a constant of its own, named
+    // by the type (an array length cannot name `Self`, nor a generic layout's parameters:
+    // generic layouts keep the greedy plan).
+    let search = layout.stages.is_some() && !layout.is_generic() && option_env!("DEVARENA_NO_SEARCH").is_none();
+    // The greedy plan: with stages, one constant per ordering, so that no one evaluation runs
+    // long (a crate that uses the layout's constants evaluates them again, under its own lint
+    // levels: the `long_running_const_eval` lint must not fire there either).
+    let scratch = quote!({ #plan::scratch_len(#n) });
+    let greedy_items = if layout.stages.is_some() {
+        let orderings = ["BySize", "ByStart", "ByDuration", "Declaration"];
+        let names: Vec<Ident> = orderings
+            .iter()
+            .map(|o| format_ident!("__DEVARENA_GREEDY_{}", o.to_uppercase()))
+            .collect();
+        let strategies: Vec<Ident> = orderings.iter().map(|o| format_ident!("{}", o)).collect();
+        let (a, b, c, d) = (&names[0], &names[1], &names[2], &names[3]);
+        quote! {
+            #(
+                #[doc(hidden)]
+                const #names: ::core::result::Result<#plan::Plan<#n>, #plan::PlanError> =
+                    #plan::plan_with::<#n, #scratch>(
+                        &Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS,
+                        &[#plan::Strategy::#strategies],
+                    );
+            )*
+            #[doc(hidden)]
+            const __DEVARENA_RESULT: ::core::result::Result<#plan::Plan<#n>, #plan::PlanError> =
+                #plan::smaller(
+                    #plan::smaller(Self::#a, Self::#b),
+                    #plan::smaller(Self::#c, Self::#d),
+                );
+        }
+    } else {
+        quote! {
+            #[doc(hidden)]
+            const __DEVARENA_RESULT: ::core::result::Result<#plan::Plan<#n>, #plan::PlanError> =
+                #plan::plan::<#n, #scratch>(&Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS);
+        }
+    };
+    let (search_items, planned) = if search {
+        (
+            quote! {
+                #[doc(hidden)]
+                const __DEVARENA_SEARCH_LEN: usize =
+                    #plan::search_len::<#n, { #plan::scratch_len(#n) }>(
+                        &Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS, &Self::__DEVARENA_RESULT,
+                    );
+                #[doc(hidden)]
+                // The search's node budget bounds it; on a large layout it can outrun the
+                // lint's step count, which is no sign of a runaway loop here.
+                #[allow(long_running_const_eval)]
+                const __DEVARENA_SEARCHED: ::core::result::Result<#plan::Plan<#n>, #plan::PlanError> =
+                    #plan::improve_at_compile_time::<#n, { #name::__DEVARENA_SEARCH_LEN }>(
+                        &Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS, Self::__DEVARENA_RESULT,
+                    );
+            },
+            quote!(Self::__DEVARENA_SEARCHED),
+        )
+    } else {
+        (quote!(), quote!(Self::__DEVARENA_RESULT))
+    };
     // A generic layout's error surfaces when an instance is used; point at the struct's name.
     let derive_plan = quote_spanned!(name.span()=> ::devarena::plan::derive_plan(
-        Self::__DEVARENA_RESULT, #panic_on_error, #name_str,
+        #planned, #panic_on_error, #name_str,
         &Self::__DEVARENA_NAMES, &Self::__DEVARENA_TYPES,
     ));
 
@@ -367,11 +429,8 @@ pub fn emit(layout: &Layout) -> TokenStream {
             const __DEVARENA_NAMES: [&'static str; #n] = [#(#names),*];
             #[doc(hidden)]
             const __DEVARENA_TYPES: [&'static str; #n] = [#(#types),*];
-            #[doc(hidden)]
-            const __DEVARENA_RESULT: ::core::result::Result<#plan::Plan<#n>, #plan::PlanError> =
-                #plan::plan::<#n, { #plan::scratch_len(#n) }>(
-                    &Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS,
-                );
+            #greedy_items
+            #search_items
             #[doc(hidden)]
             const __DEVARENA_PLAN: #plan::Plan<#n> = #derive_plan;
             /// Byte offset of every field, computed by the compiler.

@@ -223,20 +223,24 @@ impl Search {
     }
 }
 
-/// How many nodes the derive searches for each layout with stages, at most (see
-/// [`improve`]): about a second of the compiler's time on a layout of a few hundred fields.
-pub const COMPILE_TIME_NODES: u64 = 4_000;
+/// The capacities the derive asks for, in hundredths of the lower bound, loosest first: it
+/// stops at the first it cannot reach.
+const COMPILE_TIME_TARGETS: [usize; 5] = [115, 110, 106, 103, 100];
 
-/// Lowers `plan`'s size with the search, within `nodes` nodes: the derive's driver, evaluated
-/// by the compiler. `LEN` is the scratch space, [`search_len`] of the plan. A layout without
-/// stages, an error, or a plan already at its lower bound passes through unchanged; the plan
-/// never gets larger.
+/// The preorders the derive tries at each capacity.
+const COMPILE_TIME_PREORDERS: [Preorder; 3] = [Preorder::Wat, Preorder::Taw, Preorder::Twa];
+
+/// Lowers `plan`'s size with the search, within a fixed amount of work: the derive's driver,
+/// evaluated by the compiler. It asks for plans within 115%, 110%, 106%, 103% and 100% of
+/// the lower bound in turn, each with three preorders and `limit` nodes per try (`2n`: a dive
+/// with a little backtracking), and stops at the first capacity it cannot reach. `LEN` is the
+/// scratch space, [`search_len`] of the plan. A layout without stages, an error, or a plan
+/// already at its lower bound passes through unchanged; the plan never gets larger.
 pub const fn improve<const N: usize, const LEN: usize>(
     layout: &LayoutSpec,
     specs: &[FieldSpec; N],
     plan: Result<Plan<N>, PlanError>,
-    goal: Goal,
-    nodes: u64,
+    limit: u64,
 ) -> Result<Plan<N>, PlanError> {
     let mut plan = match plan {
         Ok(p) => p,
@@ -254,31 +258,66 @@ pub const fn improve<const N: usize, const LEN: usize>(
     }
     let slots = plan.slots;
     let mut engine = Engine::new(layout, specs, &slots, &sizes, rest);
-    let mut offsets = [0usize; N];
+    let mut best = t.size;
     let mut i = 0;
-    while i < N {
-        offsets[i] = slots[i].offset;
+    while i < COMPILE_TIME_TARGETS.len() {
+        let want = match t.peak_live_bound.checked_mul(COMPILE_TIME_TARGETS[i]) {
+            Some(v) => v / 100,
+            None => break,
+        };
+        let cap = want - want % t.align;
         i += 1;
-    }
-    engine.set_incumbent(&offsets);
-    let mut search = Search::new(goal, t.size, t.peak_live_bound, t.align);
-    while engine.nodes() < nodes {
-        let left = nodes - engine.nodes();
-        match search.step(&mut engine, specs, layout.stages, left) {
-            Step::Working => {}
-            Step::Finished | Step::OutOfNodes => break,
+        if cap >= best {
+            continue;
+        }
+        let mut reached = false;
+        let mut k = 0;
+        while k < COMPILE_TIME_PREORDERS.len() && !reached {
+            engine.set_preorder(COMPILE_TIME_PREORDERS[k], specs, layout.stages);
+            if let Outcome::Found { end } = engine.run(cap, limit) {
+                if let Some(size) = align_up(end, t.align) {
+                    if size < best {
+                        best = size;
+                        let offsets = engine.offsets();
+                        let mut j = 0;
+                        while j < N {
+                            plan.slots[j].offset = offsets[j];
+                            j += 1;
+                        }
+                    }
+                }
+                reached = true;
+            }
+            k += 1;
+        }
+        if !reached {
+            break;
         }
     }
-    if search.size() < t.size {
-        let best = engine.offsets();
-        let mut i = 0;
-        while i < N {
-            plan.slots[i].offset = best[i];
-            i += 1;
-        }
-        plan.totals.size = search.size();
-    }
+    plan.totals.size = best;
     Ok(plan)
+}
+
+/// [`improve`] as the derive calls it, `2n` nodes per try.
+#[doc(hidden)]
+pub const fn improve_at_compile_time<const N: usize, const LEN: usize>(
+    layout: &LayoutSpec,
+    specs: &[FieldSpec; N],
+    plan: Result<Plan<N>, PlanError>,
+) -> Result<Plan<N>, PlanError> {
+    let limit = match option_env!("DEVARENA_EXP_LIMIT") {
+        Some(v) => {
+            let b = v.as_bytes();
+            let (mut x, mut i) = (0u64, 0);
+            while i < b.len() {
+                x = x * 10 + (b[i] - b'0') as u64;
+                i += 1;
+            }
+            x
+        }
+        None => 2 * (N as u64 + 1),
+    };
+    improve::<N, LEN>(layout, specs, plan, limit)
 }
 
 /// Scratch space [`improve`] needs for `plan`: [`scratch_len`]`(N)` for measuring plus the

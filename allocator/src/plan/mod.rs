@@ -40,10 +40,13 @@ mod validate;
 pub use align::{CUDA_ALIGN, DEFAULT_ALIGN, MAX_ALIGN, align_up, align_up_u64, is_valid_align};
 #[doc(hidden)]
 pub use derive::{Check, derive_check, derive_plan, element_padding_check};
-pub use drive::{COMPILE_TIME_NODES, Goal, Search, Step, improve, search_len};
+pub use drive::{
+    Goal, Search, Step, improve, improve_at_compile_time, search_len,
+};
 pub use error::{Message, PlanError, PlanErrorKind};
 pub use place::{
     check_align, check_field, check_live, check_size, layout_default_align, plan, plan_into,
+    plan_into_with, plan_with, smaller,
 };
 pub use search::{Engine, Outcome, Preorder, Sizes, measure};
 pub use stages::{Strategy, alias_into, place_with, scratch_len};

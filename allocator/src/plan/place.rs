@@ -149,6 +149,18 @@ pub const fn plan_into(
     out: &mut [Slot],
     scratch: &mut [usize],
 ) -> Result<Totals, PlanError> {
+    plan_into_with(layout, specs, out, scratch, &Strategy::ALL)
+}
+
+/// [`plan_into`] with only some of the greedy [`Strategy`]s (each is a full pass over the
+/// fields; the derive runs them in separate constants to keep each evaluation short).
+pub const fn plan_into_with(
+    layout: &LayoutSpec,
+    specs: &[FieldSpec],
+    out: &mut [Slot],
+    scratch: &mut [usize],
+    strategies: &[Strategy],
+) -> Result<Totals, PlanError> {
     let n = specs.len();
     assert!(
         out.len() == n && scratch.len() >= scratch_len(n),
@@ -243,7 +255,7 @@ pub const fn plan_into(
     totals.peak_live_bound = peak_live_bound(out, lo, hi, count, align, work);
     if layout.stages > 0 {
         let (best, rest) = rest.split_at_mut(n);
-        let end = match greedy(&Strategy::ALL, specs, out, lo, hi, count, best, rest) {
+        let end = match greedy(strategies, specs, out, lo, hi, count, best, rest) {
             Ok(e) => e,
             Err(e) => return Err(e),
         };
@@ -275,10 +287,30 @@ pub const fn plan<const N: usize, const SCRATCH: usize>(
     layout: &LayoutSpec,
     specs: &[FieldSpec; N],
 ) -> Result<Plan<N>, PlanError> {
+    plan_with::<N, SCRATCH>(layout, specs, &Strategy::ALL)
+}
+
+/// [`plan`] with only some of the greedy [`Strategy`]s; [`smaller`] keeps the better of two.
+pub const fn plan_with<const N: usize, const SCRATCH: usize>(
+    layout: &LayoutSpec,
+    specs: &[FieldSpec; N],
+    strategies: &[Strategy],
+) -> Result<Plan<N>, PlanError> {
     let mut slots = [Slot::EMPTY; N];
     let mut scratch = [0usize; SCRATCH];
-    match plan_into(layout, specs, &mut slots, &mut scratch) {
+    match plan_into_with(layout, specs, &mut slots, &mut scratch, strategies) {
         Ok(totals) => Ok(Plan { slots, totals }),
         Err(e) => Err(e),
+    }
+}
+
+/// The smaller of two plans of one layout (the first on a tie), or the first error.
+pub const fn smaller<const N: usize>(
+    a: Result<Plan<N>, PlanError>,
+    b: Result<Plan<N>, PlanError>,
+) -> Result<Plan<N>, PlanError> {
+    match (a, b) {
+        (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+        (Ok(a), Ok(b)) => Ok(if b.totals.size < a.totals.size { b } else { a }),
     }
 }

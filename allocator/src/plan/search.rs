@@ -214,6 +214,7 @@ pub struct Engine<'a> {
     trail_mark: usize,
     preorder: Preorder,
     rerank: bool,
+    floors: bool,
     rtrail_i: &'a mut [usize],
     rtrail_v: &'a mut [usize],
     rtrail_len: usize,
@@ -428,6 +429,7 @@ impl<'a> Engine<'a> {
             trail_mark: 0,
             preorder: Preorder::Wat,
             rerank: false,
+            floors: true,
             rtrail_i,
             rtrail_v,
             rtrail_len: 0,
@@ -606,6 +608,12 @@ impl<'a> Engine<'a> {
     /// [`set_preorder`](Self::set_preorder)); off, the whole search keeps one order.
     pub const fn set_reorder_parts(&mut self, on: bool) {
         self.rerank = on;
+    }
+
+    /// Whether spatial inference also puts what waits in a section above the lowest offset
+    /// any of it can take (on by default: it prunes much more, at some cost per node).
+    pub const fn set_waiting_floors(&mut self, on: bool) {
+        self.floors = on;
     }
 
     /// Sets the preorder directly: `ranks[b]` is buffer `b`'s place in it (a permutation of
@@ -843,7 +851,9 @@ impl<'a> Engine<'a> {
             }
             x += 1;
         }
-        self.refresh_lows(b);
+        if self.floors {
+            self.refresh_lows(b);
+        }
         let mut x = self.fr(d, F_SLO);
         let shi = self.fr(d, F_SHI);
         while x < shi {
@@ -926,6 +936,9 @@ impl<'a> Engine<'a> {
         self.off[b] = NONE;
         self.free_len += 1;
         self.set(d, F_BUF, NONE);
+        if !self.floors {
+            return;
+        }
         // The same sections as when it was placed, now with the old lowest offsets.
         self.tick += 1;
         self.refresh_span(b);
