@@ -11,24 +11,44 @@
 //! a machine with few or busy CPUs one thread may run its whole script before another starts,
 //! and then neither figure measures contention).
 //!
-//! With the `cuda` feature and a GPU, two device columns run in the same process: a
-//! `devarena::Pool` whose region is one `cuMemAlloc` on the device, and `cuMemAllocAsync` /
-//! `cuMemFreeAsync` (each thread on its own stream, the device's memory pool with its release
-//! threshold raised to `u64::MAX` so freed memory stays pooled; the stream is synchronized at
-//! the end of the timed part). Without a GPU they are skipped with a note.
+//! Each thread count runs on threads started once, each with its worker (a pool client, a
+//! stream) for every round, as a server's threads would: a pool's thread heaps and clients
+//! live across rounds, and only the pairs are timed. `--fresh-threads` starts new threads
+//! (and workers) for every round instead, as this benchmark did before: each round then also
+//! makes and gives back every thread's heap and starts every client's peak from nothing.
+//!
+//! With the `cuda` feature and a GPU, three device columns run in the same process: a
+//! `devarena::Pool` whose region is one `cuMemAlloc` on the device (classic, "cuda"), the same
+//! pool on a growable region ("cuda-vmm": addresses reserved, device memory mapped in chunks
+//! as the workload first reaches it, so the warm-up round maps and the timed rounds should
+//! not), and `cuMemAllocAsync` / `cuMemFreeAsync` (each thread on its own stream, the device's
+//! memory pool with its release threshold raised to `u64::MAX` so freed memory stays pooled;
+//! the stream is synchronized at the end of the timed part). After the table: the growable
+//! pool's ns/pair over the classic one's, and what growing and trimming cost: 1 GiB allocated
+//! as 64 blocks of 16 MiB into a fresh growable pool, for several chunk sizes, then freed and
+//! trimmed, beside one `cuMemAlloc` of 1 GiB. Without a GPU they are skipped with a note.
 //!
 //! ```text
 //! cargo bench -p devarena --bench pool_pairs                   # host columns, table
 //! cargo bench -p devarena --features cuda --bench pool_pairs   # + device columns
 //! cargo bench -p devarena --bench pool_pairs -- --json         # one JSON document
-//! options: --rounds N  --ops N  --live N  --threads 1,4  --only NAME (columns whose name
-//! contains NAME; ratios need the baselines, "std::alloc" and "cuMemAllocAsync")
+//! options: --rounds N  --ops N  --live N  --threads 1,4  --fresh-threads  --only NAME
+//! (columns whose name contains NAME; ratios need the baselines, "std::alloc" and
+//! "cuMemAllocAsync")
 //! ```
 //!
 //! Host columns: the system allocator (the baseline), a `devarena::Pool` on host memory as
-//! built by default, the same pool with its reuse cache off (`PoolBuilder::reuse(0, 0)`: every
-//! free merges at once), and the `offset-allocator` crate behind a mutex. After the table, each
-//! pool reports how many of its allocations took a freed block whole from the reuse cache.
+//! built by default, the same pool with a heap for every thread (`thread heaps`), with peaks
+//! that count leases (`leased peaks`) and with its reuse cache off (`PoolBuilder::reuse(0, 0)`:
+//! every free merges at once), a pool of its own for every thread (`one per thread`: nothing
+//! shared, so its scaling is what the machine allows this work, the ceiling for threads that
+//! share a pool), the `offset-allocator` crate behind a mutex, and the pool on a growable
+//! region over `HostVirtualMemory` (the host stand-in for a device's virtual memory, 2 MiB
+//! chunks), with and without the reuse cache: what checking chunks adds to a pair, and how much
+//! memory a growable region maps for this workload. (The stand-in fills every chunk it maps,
+//! which page-faults it in: a map costs far more there than on a device, so any mapping left in
+//! the timed rounds shows.) After the table, each pool reports how many of its allocations took
+//! a freed block whole from the reuse cache and, when it grew, what it mapped.
 //!
 //! Every allocator is an [`AllocatorUnderTest`] measured by [`measure`]; [`allocators`] lists
 //! them.
@@ -36,10 +56,12 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
 use std::hint::black_box;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use devarena::Pool;
+use devarena::backend::HostVirtualMemory;
 use devarena::pool::PoolClient;
 
 /// An allocator the benchmark can drive.
@@ -73,10 +95,32 @@ struct DevarenaPool {
     pool: Pool,
     /// Beside the backend in the column name (`""` for the default configuration).
     label: &'static str,
+    /// The most threads seen with a heap of their own on the pool (at a worker's end).
+    heaps: AtomicUsize,
 }
 
-struct PoolWorker {
+impl DevarenaPool {
+    fn new(pool: Pool, label: &'static str) -> Self {
+        DevarenaPool {
+            pool,
+            label,
+            heaps: AtomicUsize::new(0),
+        }
+    }
+}
+
+struct PoolWorker<'a> {
     client: PoolClient,
+    of: &'a DevarenaPool,
+}
+
+impl Drop for PoolWorker<'_> {
+    fn drop(&mut self) {
+        // After the timed part: how many threads had a heap of their own.
+        self.of
+            .heaps
+            .fetch_max(self.of.pool.thread_heaps(), Ordering::Relaxed);
+    }
 }
 
 impl AllocatorUnderTest for DevarenaPool {
@@ -86,23 +130,39 @@ impl AllocatorUnderTest for DevarenaPool {
     fn worker(&self, thread: usize) -> Box<dyn Worker + '_> {
         Box::new(PoolWorker {
             client: self.pool.client(&format!("thread-{thread}"), usize::MAX),
+            of: self,
         })
     }
     fn summary(&self) -> Option<String> {
         let s = self.pool.stats();
         (s.allocations > 0).then(|| {
-            format!(
-                "{}: {} of {} allocations ({:.1}%) took a freed block whole from the reuse cache",
+            let mut line = format!(
+                "{}: {} of {} allocations ({:.1}%) took a freed block whole from a reuse \
+                 cache; up to {} threads had a heap of their own",
                 self.name(),
                 s.reused,
                 s.allocations,
                 100.0 * s.reused as f64 / s.allocations as f64,
-            )
+                self.heaps.load(Ordering::Relaxed),
+            );
+            if s.maps > 0 {
+                // Every chunk mapped once and never unmapped: mapping happened on growth only.
+                line += &format!(
+                    "; {} chunks of {} MiB mapped in all ({} MiB mapped now, {} unmapped), \
+                     peak in use {} MiB",
+                    s.maps,
+                    s.chunk >> 20,
+                    s.mapped >> 20,
+                    s.unmaps,
+                    s.peak >> 20
+                );
+            }
+            line
         })
     }
 }
 
-impl Worker for PoolWorker {
+impl Worker for PoolWorker<'_> {
     fn alloc(&mut self, size: usize) -> Option<u64> {
         self.client.allocate(size, 256).ok()
     }
@@ -111,6 +171,78 @@ impl Worker for PoolWorker {
             .deallocate(addr)
             .expect("free a live allocation");
     }
+}
+
+/// A `devarena::Pool` on host memory for each thread, made by the thread that uses it: what
+/// one thread's pairs cost when nothing is shared.
+struct PoolPerThread {
+    live: usize,
+}
+
+impl AllocatorUnderTest for PoolPerThread {
+    fn name(&self) -> String {
+        "devarena Pool (host, one per thread)".into()
+    }
+    fn worker(&self, thread: usize) -> Box<dyn Worker + '_> {
+        // Room for one thread's live set at the largest size, twice over, as for the shared
+        // pools.
+        let capacity = (2 * self.live * (4 << 20)).next_power_of_two();
+        let pool = Pool::builder(capacity)
+            .name(format!("bench-own-{thread}"))
+            .build_host()
+            .expect("reserve the pool's region");
+        Box::new(OwnPoolWorker { pool })
+    }
+}
+
+struct OwnPoolWorker {
+    pool: Pool,
+}
+
+impl Worker for OwnPoolWorker {
+    fn alloc(&mut self, size: usize) -> Option<u64> {
+        self.pool.allocate(size, 256).ok()
+    }
+    fn free(&mut self, addr: u64, _size: usize) {
+        self.pool.deallocate(addr).expect("free a live allocation");
+    }
+}
+
+/// The machine's CPUs as Linux describes them (online CPUs, cores, sockets): whether the
+/// threads of a run have cores of their own or share them with hyperthreads.
+fn cpu_topology() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let read = |cpu: usize, what: &str| {
+        std::fs::read_to_string(format!("/sys/devices/system/cpu/cpu{cpu}/topology/{what}"))
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    let mut cores = std::collections::BTreeSet::new();
+    let mut sockets = std::collections::BTreeSet::new();
+    for cpu in 0..cpus {
+        if let (Some(socket), Some(core)) = (read(cpu, "physical_package_id"), read(cpu, "core_id"))
+        {
+            cores.insert((socket.clone(), core));
+            sockets.insert(socket);
+        }
+    }
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    if cores.is_empty() {
+        return format!("cpus: {cpus} available ({model}); topology unknown");
+    }
+    format!(
+        "cpus: {cpus} available, {} cores in {} socket(s) ({model})",
+        cores.len(),
+        sockets.len()
+    )
 }
 
 /// The system allocator (`std::alloc::System`, glibc malloc here): the host baseline.
@@ -195,26 +327,72 @@ impl Worker for OffsetWorker<'_> {
 
 /// Every column, the host baseline first; then the device columns when there is a GPU (with
 /// `notes` saying why not otherwise).
-fn allocators(capacity: usize, notes: &mut Vec<String>) -> Vec<Box<dyn AllocatorUnderTest>> {
+fn allocators(
+    capacity: usize,
+    live: usize,
+    notes: &mut Vec<String>,
+) -> Vec<Box<dyn AllocatorUnderTest>> {
     let mut all: Vec<Box<dyn AllocatorUnderTest>> = vec![
         Box::new(SystemAlloc),
-        Box::new(DevarenaPool {
-            pool: Pool::builder(capacity)
+        Box::new(DevarenaPool::new(
+            Pool::builder(capacity)
                 .name("bench")
                 .build_host()
                 .expect("reserve the pool's region"),
-            label: "",
-        }),
+            "",
+        )),
+        // The same pool with a heap for every thread from its first call (not only when it
+        // meets another on the pool's lock): what a thread heap's path costs, on any machine.
+        Box::new(DevarenaPool::new(
+            Pool::builder(capacity)
+                .name("bench-heaps")
+                .eager_thread_heaps(true)
+                .build_host()
+                .expect("reserve the pool's region"),
+            ", thread heaps",
+        )),
+        // The same pool with peaks that count the headroom thread heaps hold: heaps ask the
+        // pool for headroom in chunks instead of whenever use nears the peak.
+        Box::new(DevarenaPool::new(
+            Pool::builder(capacity)
+                .name("bench-leased-peaks")
+                .exact_peaks(false)
+                .build_host()
+                .expect("reserve the pool's region"),
+            ", leased peaks",
+        )),
         // The same pool with every free merged at once: what the reuse cache saves.
-        Box::new(DevarenaPool {
-            pool: Pool::builder(capacity)
+        Box::new(DevarenaPool::new(
+            Pool::builder(capacity)
                 .name("bench-no-reuse")
                 .reuse(0, 0)
                 .build_host()
                 .expect("reserve the pool's region"),
-            label: ", no reuse",
-        }),
+            ", no reuse",
+        )),
         Box::new(OffsetAllocator::new(capacity)),
+        // A pool of its own for every thread: no state shared between threads at all, so its
+        // `x 1 thr` is what the machine allows this work (cores, caches, clock), the ceiling
+        // for threads that share one pool.
+        Box::new(PoolPerThread { live }),
+        // The pool on a growable region over the host stand-in for a device's virtual memory:
+        // what checking (and, in the warm-up round, mapping) chunks adds to each pair.
+        Box::new(DevarenaPool::new(
+            Pool::builder(capacity)
+                .name("bench-vm")
+                .build_mapped(HostVirtualMemory::new(2 << 20).expect("a valid granularity"))
+                .expect("reserve the pool's addresses"),
+            "",
+        )),
+        // The same without the reuse cache: the memory a growable region then holds.
+        Box::new(DevarenaPool::new(
+            Pool::builder(capacity)
+                .name("bench-vm-no-reuse")
+                .reuse(0, 0)
+                .build_mapped(HostVirtualMemory::new(2 << 20).expect("a valid granularity"))
+                .expect("reserve the pool's addresses"),
+            ", no reuse",
+        )),
     ];
     device::push_columns(capacity, &mut all, notes);
     all
@@ -225,6 +403,8 @@ mod device {
     use super::AllocatorUnderTest;
 
     pub const ASYNC_NAME: &str = "cuMemAllocAsync";
+    pub const CLASSIC_NAME: &str = "devarena Pool (cuda)";
+    pub const GROWABLE_NAME: &str = "devarena Pool (cuda-vmm)";
 
     pub fn push_columns(
         _capacity: usize,
@@ -242,14 +422,20 @@ mod device {
 
     use std::sync::Arc;
 
+    use std::time::Instant;
+
     use cudarc::driver::{CudaContext, result, sys};
     use devarena::Pool;
     use devarena::backend::cuda::{CudaStream, cuda_stream, describe_device, driver_error};
+    use devarena::pool::RegionKind;
 
     use super::{AllocatorUnderTest, DevarenaPool, Worker};
 
     /// The column name of `cuMemAllocAsync` / `cuMemFreeAsync`.
     pub const ASYNC_NAME: &str = "cuMemAllocAsync";
+    /// The column names of the device pools, classic and growable.
+    pub const CLASSIC_NAME: &str = "devarena Pool (cuda)";
+    pub const GROWABLE_NAME: &str = "devarena Pool (cuda-vmm)";
 
     pub fn push_columns(
         capacity: usize,
@@ -269,14 +455,101 @@ mod device {
         }
         match Pool::builder(capacity)
             .name("bench-cuda")
+            .region(RegionKind::Classic)
             .build_cuda(stream.clone())
         {
-            Ok(pool) => all.push(Box::new(DevarenaPool { pool, label: "" })),
-            Err(e) => notes.push(format!("devarena Pool (cuda) skipped: {e}")),
+            Ok(pool) => all.push(Box::new(DevarenaPool::new(pool, ""))),
+            Err(e) => notes.push(format!("{CLASSIC_NAME} skipped: {e}")),
         }
+        match Pool::builder(capacity)
+            .name("bench-cuda-vmm")
+            .region(RegionKind::Growable)
+            .build_cuda(stream.clone())
+        {
+            Ok(pool) => all.push(Box::new(DevarenaPool::new(pool, ""))),
+            Err(e) => notes.push(format!("{GROWABLE_NAME} skipped: {e}")),
+        }
+        growth_notes(&stream, notes);
         match StreamOrdered::new(&stream) {
             Ok(async_alloc) => all.push(Box::new(async_alloc)),
             Err(e) => notes.push(format!("{ASYNC_NAME} skipped: {e}")),
+        }
+    }
+
+    /// What growing and trimming cost: 1 GiB as 64 blocks of 16 MiB into a fresh growable pool
+    /// (every block maps its chunks), freed and trimmed, per chunk size; and one `cuMemAlloc`
+    /// of 1 GiB (a classic region of that size) beside it. One line each in `notes`.
+    fn growth_notes(stream: &std::sync::Arc<CudaStream>, notes: &mut Vec<String>) {
+        const GIB: usize = 1 << 30;
+        const BLOCK: usize = 16 << 20;
+        let t = Instant::now();
+        match Pool::builder(GIB)
+            .region(RegionKind::Classic)
+            .build_cuda(stream.clone())
+        {
+            Ok(pool) => {
+                let made = t.elapsed();
+                let t = Instant::now();
+                drop(pool);
+                notes.push(format!(
+                    "growth: a classic region of 1 GiB (one cuMemAlloc): {:.2} ms to make, \
+                     {:.2} ms to free",
+                    made.as_secs_f64() * 1e3,
+                    t.elapsed().as_secs_f64() * 1e3
+                ));
+            }
+            Err(e) => notes.push(format!("growth: classic region skipped: {e}")),
+        }
+        for chunk in [2usize << 20, 8 << 20, 32 << 20, 128 << 20] {
+            let pool = match Pool::builder(2 * GIB)
+                .chunk(chunk)
+                .build_cuda(stream.clone())
+            {
+                Ok(pool) => pool,
+                Err(e) => {
+                    notes.push(format!(
+                        "growth with {} MiB chunks skipped: {e}",
+                        chunk >> 20
+                    ));
+                    continue;
+                }
+            };
+            let t = Instant::now();
+            let blocks: Result<Vec<u64>, _> =
+                (0..GIB / BLOCK).map(|_| pool.allocate(BLOCK, 0)).collect();
+            let grew = t.elapsed();
+            let blocks = match blocks {
+                Ok(blocks) => blocks,
+                Err(e) => {
+                    notes.push(format!(
+                        "growth with {} MiB chunks failed: {e}",
+                        chunk >> 20
+                    ));
+                    continue;
+                }
+            };
+            for b in blocks {
+                pool.deallocate(b).expect("free a live block");
+            }
+            let t = Instant::now();
+            let trimmed = pool.trim();
+            let trim = t.elapsed();
+            let s = pool.stats();
+            notes.push(format!(
+                "growth: 1 GiB as {} blocks of 16 MiB, {} MiB chunks: {:.2} ms mapping {} chunks \
+                 ({:.1} us per chunk, {:.2} ms per GiB); trim {:.2} ms{}",
+                GIB / BLOCK,
+                chunk >> 20,
+                grew.as_secs_f64() * 1e3,
+                s.maps,
+                grew.as_secs_f64() * 1e6 / s.maps.max(1) as f64,
+                grew.as_secs_f64() * 1e3 * GIB as f64 / s.peak_mapped.max(1) as f64,
+                trim.as_secs_f64() * 1e3,
+                match trimmed {
+                    Ok(bytes) => format!(" ({} MiB unmapped)", bytes >> 20),
+                    Err(e) => format!(" (failed: {e})"),
+                }
+            ));
         }
     }
 
@@ -350,6 +623,8 @@ struct Config {
     rounds: usize,
     ops: usize,
     live: usize,
+    /// New threads (and workers) for every round, instead of the same ones throughout.
+    fresh_threads: bool,
 }
 
 /// SplitMix64: a fixed, dependency-free random sequence.
@@ -477,16 +752,32 @@ fn measure(alloc: &dyn AllocatorUnderTest, threads: usize, cfg: Config) -> Measu
     let scripts: Vec<Script> = (0..threads)
         .map(|t| script(cfg, 0xDE7A_4E4A + t as u64))
         .collect();
-    let mut measured = Measured {
-        ns_per_pair: Vec::new(),
-        cpu_ns_per_pair: Vec::new(),
-        pairs_per_sec: Vec::new(),
-        overlapped: 0,
-    };
     // Round 0 warms up (page faults, allocator caches) and is not reported.
-    for round in 0..=cfg.rounds {
+    let rounds: Vec<Vec<Timing>> = if cfg.fresh_threads {
+        (0..=cfg.rounds)
+            .map(|_| {
+                let start = Barrier::new(threads);
+                std::thread::scope(|s| {
+                    let handles: Vec<_> = scripts
+                        .iter()
+                        .enumerate()
+                        .map(|(t, script)| {
+                            let start = &start;
+                            s.spawn(move || {
+                                let mut worker = alloc.worker(t);
+                                run_script(&mut *worker, script, start)
+                            })
+                        })
+                        .collect();
+                    handles.into_iter().map(|h| h.join().unwrap()).collect()
+                })
+            })
+            .collect()
+    } else {
+        // The same threads, each with its worker, for every round: the barrier in
+        // `run_script` starts each round's timed part on every thread at once.
         let start = Barrier::new(threads);
-        let timings: Vec<Timing> = std::thread::scope(|s| {
+        let per_thread: Vec<Vec<Timing>> = std::thread::scope(|s| {
             let handles: Vec<_> = scripts
                 .iter()
                 .enumerate()
@@ -494,15 +785,25 @@ fn measure(alloc: &dyn AllocatorUnderTest, threads: usize, cfg: Config) -> Measu
                     let start = &start;
                     s.spawn(move || {
                         let mut worker = alloc.worker(t);
-                        run_script(&mut *worker, script, start)
+                        (0..=cfg.rounds)
+                            .map(|_| run_script(&mut *worker, script, start))
+                            .collect::<Vec<Timing>>()
                     })
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        if round == 0 {
-            continue;
-        }
+        (0..=cfg.rounds)
+            .map(|r| per_thread.iter().map(|rounds| rounds[r]).collect())
+            .collect()
+    };
+    let mut measured = Measured {
+        ns_per_pair: Vec::new(),
+        cpu_ns_per_pair: Vec::new(),
+        pairs_per_sec: Vec::new(),
+        overlapped: 0,
+    };
+    for timings in rounds.iter().skip(1) {
         let first_start = timings.iter().map(|t| t.start).min().expect("a thread");
         let last_start = timings.iter().map(|t| t.start).max().expect("a thread");
         let first_end = timings.iter().map(|t| t.end).min().expect("a thread");
@@ -547,6 +848,7 @@ fn main() {
         rounds: 11,
         ops: 20_000,
         live: 64,
+        fresh_threads: false,
     };
     let mut threads = vec![1usize, 4];
     let mut json = false;
@@ -559,6 +861,7 @@ fn main() {
         };
         match arg.as_str() {
             "--json" => json = true,
+            "--fresh-threads" => cfg.fresh_threads = true,
             "--only" => only = Some(value("--only")),
             "--rounds" => cfg.rounds = value("--rounds").parse().expect("--rounds N"),
             "--ops" => cfg.ops = value("--ops").parse().expect("--ops N"),
@@ -581,7 +884,8 @@ fn main() {
     // Room for every thread's live set at the largest size, twice over (fragmentation).
     let capacity = (2 * max_threads * cfg.live * (4 << 20)).next_power_of_two();
     let mut notes = Vec::new();
-    let allocators = allocators(capacity, &mut notes);
+    notes.push(cpu_topology());
+    let allocators = allocators(capacity, cfg.live, &mut notes);
 
     let mut rows: Vec<Row> = Vec::new();
     for &t in &threads {
@@ -609,6 +913,13 @@ fn main() {
             .map(|r| r.ns)
             .unwrap_or(f64::NAN)
     };
+    // Aggregate throughput against the same allocator on one thread in this run: how it
+    // scales with threads (needs `1` in `--threads`).
+    let scaling = |r: &Row| {
+        rows.iter()
+            .find(|o| o.threads == 1 && o.name == r.name)
+            .map(|o| r.pairs_per_sec / o.pairs_per_sec)
+    };
     // The device baseline, when the device columns ran.
     let async_baseline = |threads: usize| {
         rows.iter()
@@ -623,6 +934,7 @@ fn main() {
                 format!(
                     "{{\"allocator\":\"{}\",\"threads\":{},\"median_ns_per_pair\":{:.2},\
                      \"median_cpu_ns_per_pair\":{},\"median_pairs_per_sec\":{:.0},\
+                     \"scaling_vs_one_thread\":{},\
                      \"rounds_overlapped\":{},\"speedup_vs_system\":{:.3},\
                      \"speedup_vs_cumemallocasync\":{}}}",
                     r.name,
@@ -630,6 +942,7 @@ fn main() {
                     r.ns,
                     r.cpu_ns.map_or("null".to_string(), |c| format!("{c:.2}")),
                     r.pairs_per_sec,
+                    scaling(r).map_or("null".to_string(), |x| format!("{x:.3}")),
                     r.overlapped,
                     baseline(r.threads) / r.ns,
                     async_baseline(r.threads)
@@ -642,10 +955,11 @@ fn main() {
             .map(|n| format!("\"{}\"", n.replace('\\', "\\\\").replace('"', "\\\"")))
             .collect();
         println!(
-            "{{\"workload\":{{\"live\":{},\"ops\":{},\"rounds\":{},\"sizes\":\"log-uniform [256 B, 4 MiB]\",\"align\":256}},\"notes\":[{}],\"results\":[{}]}}",
+            "{{\"workload\":{{\"live\":{},\"ops\":{},\"rounds\":{},\"fresh_threads\":{},\"sizes\":\"log-uniform [256 B, 4 MiB]\",\"align\":256}},\"notes\":[{}],\"results\":[{}]}}",
             cfg.live,
             cfg.ops,
             cfg.rounds,
+            cfg.fresh_threads,
             notes.join(","),
             entries.join(",")
         );
@@ -653,8 +967,15 @@ fn main() {
     }
     println!(
         "alloc+free pairs: {} live, {} ops/round, sizes log-uniform [256 B, 4 MiB], align 256, \
-         median of {} rounds (ns/pair: wall clock per thread; cpu: the thread's on-CPU time)",
-        cfg.live, cfg.ops, cfg.rounds
+         median of {} rounds (ns/pair: wall clock per thread; cpu: the thread's on-CPU time); {}",
+        cfg.live,
+        cfg.ops,
+        cfg.rounds,
+        if cfg.fresh_threads {
+            "new threads every round"
+        } else {
+            "the same threads for every round"
+        }
     );
     for note in &notes {
         println!("{note}");
@@ -662,8 +983,15 @@ fn main() {
     println!();
     let device_ran = rows.iter().any(|r| r.name == device::ASYNC_NAME);
     print!(
-        "{:<31} {:>7} {:>10} {:>10} {:>15} {:>8} {:>11}",
-        "allocator", "threads", "ns/pair", "cpu ns", "Mpairs/s (all)", "overlap", "vs system"
+        "{:<36} {:>7} {:>10} {:>10} {:>15} {:>9} {:>8} {:>11}",
+        "allocator",
+        "threads",
+        "ns/pair",
+        "cpu ns",
+        "Mpairs/s (all)",
+        "x 1 thr",
+        "overlap",
+        "vs system"
     );
     if device_ran {
         print!(" {:>11}", "vs async");
@@ -683,13 +1011,15 @@ fn main() {
         } else {
             format!("{vs_system:.2}x")
         };
+        let scaled = scaling(r).map_or("-".to_string(), |x| format!("{x:.2}x"));
         print!(
-            "{:<31} {:>7} {:>10.1} {:>10} {:>15.2} {:>8} {:>11}",
+            "{:<36} {:>7} {:>10.1} {:>10} {:>15.2} {:>9} {:>8} {:>11}",
             r.name,
             r.threads,
             r.ns,
             cpu,
             r.pairs_per_sec / 1e6,
+            scaled,
             overlap,
             vs_system
         );
@@ -708,9 +1038,43 @@ fn main() {
         );
     }
     if threads.iter().any(|&t| t > 1) {
-        println!("overlap: rounds in which every thread had started before the first one finished");
+        println!(
+            "x 1 thr: aggregate pairs/s over the same allocator's on one thread in this run; \
+             overlap: rounds in which every thread had started before the first one finished"
+        );
+    }
+    for line in growable_vs_classic(&rows, &threads) {
+        println!("{line}");
     }
 }
+
+/// The growable pools' ns/pair over the classic ones', per thread count (where both ran).
+fn growable_vs_classic(rows: &[Row], threads: &[usize]) -> Vec<String> {
+    let ns = |name: &str, t: usize| {
+        rows.iter()
+            .find(|r| r.threads == t && r.name == name)
+            .map(|r| r.ns)
+    };
+    let pairs = [
+        (HOST_GROWABLE_NAME, HOST_CLASSIC_NAME),
+        (device::GROWABLE_NAME, device::CLASSIC_NAME),
+    ];
+    pairs
+        .iter()
+        .flat_map(|&pair| threads.iter().map(move |&t| (pair, t)))
+        .filter_map(|((growable, classic), t)| {
+            let (g, c) = (ns(growable, t)?, ns(classic, t)?);
+            Some(format!(
+                "{growable} vs {classic}, {t} thread(s): {g:.1} / {c:.1} ns per pair = {:.3}x",
+                g / c
+            ))
+        })
+        .collect()
+}
+
+/// The column names of the host pool, classic and on the stand-in's growable region.
+const HOST_CLASSIC_NAME: &str = "devarena Pool (host)";
+const HOST_GROWABLE_NAME: &str = "devarena Pool (host-vm)";
 
 /// One line of the table.
 struct Row {

@@ -1,7 +1,8 @@
 use devarena::plan::*;
 fn main() {
-    let budgets: Vec<u64> = std::env::var("B").unwrap_or("500,1000,2000,4000,8000".into()).split(',').map(|s| s.parse().unwrap()).collect();
-    let goal = match std::env::var("G").as_deref() { Ok("s") => Goal::Smallest, _ => Goal::Descend };
+    let work: u64 = std::env::var("W").map(|s| s.parse().unwrap()).unwrap_or(COMPILE_TIME_WORK);
+    let steps: usize = std::env::var("STEPS").map(|s| s.parse().unwrap()).unwrap_or(12);
+    let mut ratios = vec![];
     for path in std::env::args().skip(1) {
         let text = std::fs::read_to_string(&path).unwrap();
         let rows: Vec<(usize, usize, usize)> = text.lines().skip(1).map(|l| { let v: Vec<usize> = l.split(',').map(|s| s.trim().parse().unwrap()).collect(); (v[1], v[2], v[3]) }).collect();
@@ -12,17 +13,21 @@ fn main() {
         let n = specs.len();
         let mut slots = vec![Slot::EMPTY; n];
         let mut scratch = vec![0; scratch_len(n)];
-        let t = plan_into(&layout, &specs, &mut slots, &mut scratch).unwrap();
-        let mut line = format!("{} greedy {:.3}", &path[path.len()-13..path.len()-12], t.size as f64 / 1048576.0);
-        for &b in &budgets {
-            let sizes = measure(&layout, &specs, &slots, &mut scratch);
-            let mut s2 = vec![0; sizes.scratch_len()];
-            let mut eng = Engine::new(&layout, &specs, &slots, &sizes, &mut s2);
-            eng.set_incumbent(&slots.iter().map(|s| s.offset).collect::<Vec<_>>());
-            let mut search = Search::new(goal, t.size, t.peak_live_bound, t.align);
-            while eng.nodes() < b { let left = b - eng.nodes(); match search.step(&mut eng, &specs, layout.stages, left) { Step::Working => {}, _ => break } }
-            line += &format!(" {}:{:.3}", b, search.size() as f64 / 1048576.0);
+        let mut t = plan_into(&layout, &specs, &mut slots, &mut scratch).unwrap();
+        let g = t.size;
+        let sizes = measure(&layout, &specs, &slots, &mut scratch);
+        let mut s2 = vec![0; scratch_len(n) + sizes.scratch_len()];
+        let mut sch = Schedule::START;
+        let t0 = std::time::Instant::now();
+        let mut used = 0;
+        while used < steps && !sch.done() {
+            improve_slots(&layout, &specs, &mut slots, &mut t, &mut sch, work, &mut s2);
+            used += 1;
         }
-        println!("{line}");
+        let r = t.size as f64 / 1048576.0;
+        ratios.push(r);
+        println!("{} greedy {:.3} best {:.3} steps {} done {} {:.1?}", &path[path.len()-13..path.len()-12], g as f64 / 1048576.0, r, used, sch.done(), t0.elapsed());
     }
+    ratios.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    println!("median {:.3} worst {:.3}", ratios[ratios.len() / 2], ratios[ratios.len() - 1]);
 }

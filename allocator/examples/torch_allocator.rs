@@ -17,21 +17,43 @@
 //! Used through `MemPool` / `use_mem_pool`, PyTorch's caching allocator asks this library for
 //! its segments (2 MiB, 20 MiB, or the size of a large tensor rounded to 2 MiB) and
 //! sub-allocates tensors inside them; a null from [`devarena_torch_alloc`] becomes a
-//! `torch.OutOfMemoryError` there.
+//! `torch.OutOfMemoryError` there. As PyTorch's allocator itself, set before anything touches
+//! the device, every tensor comes from the pool and goes back to it when freed, with no cache
+//! in between, so the device holds what the tensors need:
+//!
+//! ```python
+//! import torch
+//! alloc = torch.cuda.memory.CUDAPluggableAllocator(
+//!     "libtorch_allocator.so", "devarena_torch_alloc", "devarena_torch_free")
+//! torch.cuda.memory.change_current_allocator(alloc)   # first: PyTorch swaps only an unused one
+//! x = torch.randn(1 << 20, device="cuda")             # memory from devarena's pool
+//! ```
 //!
 //! # One pool per device
 //!
-//! The first allocation on a device creates its pool (thread-safe, once): one `cuMemAlloc`
-//! of the capacity in the device's **primary context**, the context the CUDA runtime and so
-//! PyTorch use, so the addresses are valid in PyTorch's kernels. The capacity comes from the
-//! environment:
+//! The first allocation on a device creates its pool (thread-safe, once), in the device's
+//! **primary context**, the context the CUDA runtime and so PyTorch use, so the addresses are
+//! valid in PyTorch's kernels. The pool's region is growable: addresses for the whole capacity
+//! are reserved up front and device memory is mapped under them in 2 MiB chunks as allocations
+//! reach them, so the pool holds what PyTorch uses, not its capacity. The environment says:
 //!
-//! * `DEVARENA_POOL_BYTES`: bytes, with an optional binary suffix (`K`, `M`, `G`, `T`, also
-//!   written `KiB`, `MiB`, ...): `8G`, `512MiB`, `1073741824`. A hard cap: beyond it
-//!   allocations fail (PyTorch raises `torch.OutOfMemoryError`).
-//! * unset: 80% of the device's free memory when the pool is created, rounded down to 2 MiB.
+//! * `DEVARENA_POOL_BYTES`: the capacity, in bytes, with an optional binary suffix (`K`, `M`,
+//!   `G`, `T`, also written `KiB`, `MiB`, ...): `8G`, `512MiB`, `1073741824`. A hard cap:
+//!   beyond it allocations fail (PyTorch raises `torch.OutOfMemoryError`). Unset: the device's
+//!   total memory (it costs nothing until used), rounded down to 2 MiB.
+//! * `DEVARENA_REGION=classic`: one `cuMemAlloc` of the whole capacity when the pool is made,
+//!   instead (for memory that must be one classic allocation: RDMA registration, CUDA IPC);
+//!   with `DEVARENA_POOL_BYTES` unset, the capacity is then 80% of the device's free memory.
 //!
-//! A pool that cannot be created (bad variable, no device, `cuMemAlloc` failing) is reported
+//! Freed blocks merge with their free neighbours at once (no reuse cache): PyTorch's calls come
+//! microseconds apart, and the footprint is what this library is for.
+//!
+//! When the device runs out of memory while the pool maps a chunk, the allocation returns null
+//! and PyTorch raises `torch.OutOfMemoryError`, as it does at the cap; the pool is unchanged.
+//! [`devarena_torch_trim`] gives back the memory of every chunk that no live allocation uses
+//! (after `torch.cuda.empty_cache()` has returned PyTorch's cached segments, for instance).
+//!
+//! A pool that cannot be created (bad variable, no device, the driver failing) is reported
 //! once on stderr and every allocation on that device returns null.
 //!
 //! # Streams
@@ -44,18 +66,54 @@
 //! (`cuStreamWaitEvent`); one freed on another stream is reused only after an event recorded
 //! at the free has completed. Nothing here blocks the host.
 //!
+//! # CUDA graphs
+//!
+//! `torch.cuda.graph(g, pool=mem_pool.id)` with a `MemPool` of this library captures into
+//! devarena's memory: PyTorch's caching allocator serves the graph from the `MemPool`'s private
+//! pool and asks this library for a new segment when that pool is short, **in the middle of the
+//! capture**, on the capturing stream (in relaxed capture mode). What happens then:
+//!
+//! * The allocation sees that its stream is capturing (`cuStreamIsCapturing`) and takes the
+//!   pool's capture path (`Pool::allocate_for_capture`): no event is recorded on the capturing
+//!   stream and it is made to wait for nothing — either would be recorded into PyTorch's graph
+//!   or invalidate the capture. If the pool's home stream freed segments since the last such
+//!   wait, the host waits for the home stream instead (the legacy default stream; legal while a
+//!   non-blocking stream captures, which PyTorch's capture streams are). A growable pool maps
+//!   memory there if it needs to, in relaxed capture mode (`cuMemCreate`/`cuMemMap`/
+//!   `cuMemSetAccess` are refused in the other modes).
+//! * PyTorch keeps the segment for the graph's life and frees it when the graph is gone and the
+//!   `MemPool` (or graph pool) is released and emptied. The free waits for the device to be idle
+//!   first (replays may have run on any stream; PyTorch's own path would call `cudaFree`, which
+//!   waits too), then gives the segment back to the pool.
+//! * A free whose stream is capturing is refused and said on stderr: the segment stays
+//!   allocated (PyTorch does not do this; a graph being captured could be using it).
+//!
+//! [`devarena_torch_capture_stats`] counts all of it.
+//!
 //! # Diagnostics
 //!
-//! * `DEVARENA_VERBOSE=1`: one line on stderr when a pool is created, and one per failed
-//!   allocation with the pool's reason (client, request, what is free).
+//! * `DEVARENA_VERBOSE=1`: one line on stderr when a pool is created, one per failed
+//!   allocation with the pool's reason (client, request, what is free), and one per segment
+//!   allocated while its stream was capturing a graph.
+//! * `DEVARENA_TRACE=1`: one line on stderr per call of [`devarena_torch_alloc`] and
+//!   [`devarena_torch_free`], with the stream, the address and the calling thread.
 //! * `DEVARENA_EVENT_LOG=path`: every allocation and free in RMM's replay-log CSV
 //!   (`Thread,Time,Action,Pointer,Size,Stream`); with several devices, `path.<device>`.
-//! * [`devarena_torch_stats`] fills a C struct with a pool's counters; [`devarena_torch_report`]
-//!   prints the counters and the leak report (every live allocation with its size, age and
-//!   stream) on stderr.
+//! * [`devarena_torch_stats`] fills a C struct with a pool's counters (memory mapped now and at
+//!   most included), and its return code tells a device that has no pool yet (1) from one
+//!   whose pool could not be created (2); [`devarena_torch_report`] prints the counters and the
+//!   leak report (every live allocation with its size, age and stream) on stderr.
+//! * [`devarena_torch_free`] checks every free against the pool: an address not handed out on
+//!   that device (or freed already), or a size other than the one PyTorch allocated it with, is
+//!   refused and said on stderr. A stale pointer whose address was handed out again is caught
+//!   whenever the new segment's size differs.
 //!
 //! No function here unwinds into C: every entry point catches panics and turns them into a
-//! null, an error code, or a line on stderr.
+//! null, an error code, or a line on stderr, and a line on stderr is written so that a failing
+//! stderr loses it instead of panicking.
+//!
+//! The logic behind the entry points (`torch_allocator/abi.rs`) needs no GPU: its tests, and
+//! the fuzz target `torch_abi`, run it on host pools.
 
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -63,71 +121,63 @@ use std::sync::{Arc, OnceLock};
 
 use devarena::Pool;
 use devarena::backend::cuda::{default_stream, mem_info};
-use devarena::pool::{AllocRequest, CsvEventLog, StreamId, Tracking};
+use devarena::pool::{CsvEventLog, RegionKind, StreamId, Tracking};
 
-/// Devices with a pool slot.
-const MAX_DEVICES: usize = 64;
-/// Alignment of every segment handed to PyTorch. The caching allocator places tensors at
-/// multiples of 512 bytes inside a segment; 512-aligned segments keep every tensor 512-aligned,
-/// as with `cudaMalloc`.
-const SEGMENT_ALIGN: usize = 512;
-/// The default capacity's share of the free memory, in percent.
+#[path = "torch_allocator/abi.rs"]
+mod abi;
+pub use abi::{
+    DevarenaTorchCaptureStats, DevarenaTorchStats, MAX_DEVICES, SEGMENT_ALIGN,
+    STATS_INVALID_ARGUMENT, STATS_NO_POOL_YET, STATS_OK, STATS_PANIC, STATS_POOL_FAILED,
+};
+use abi::{Pools, parse_region, report_stderr};
+
+/// The default capacity of a classic region: this share of the free memory, in percent.
 const DEFAULT_SHARE_PERCENT: usize = 80;
 /// The default capacity is rounded down to this.
 const DEFAULT_ROUNDING: usize = 2 << 20;
 
-/// A device's pool, or why there is none.
-type Slot = OnceLock<Result<Pool, String>>;
-
-static POOLS: [Slot; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
+static POOLS: Pools = Pools::new();
 
 fn verbose() -> bool {
     static VERBOSE: OnceLock<bool> = OnceLock::new();
     *VERBOSE.get_or_init(|| std::env::var("DEVARENA_VERBOSE").is_ok_and(|v| v == "1"))
 }
 
-/// Parses `DEVARENA_POOL_BYTES`: digits and an optional binary suffix.
-fn parse_bytes(text: &str) -> Result<usize, String> {
-    let t = text.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (number, suffix) = t.split_at(digits);
-    let shift = match suffix.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        other => {
-            return Err(format!(
-                "DEVARENA_POOL_BYTES={text:?}: unknown unit {other:?} (use bytes, or K, M, G, T)"
-            ));
-        }
-    };
-    let n: usize = number.parse().map_err(|_| {
-        format!("DEVARENA_POOL_BYTES={text:?}: expected a number of bytes, e.g. 8G or 536870912")
-    })?;
-    n.checked_mul(1usize << shift)
-        .ok_or_else(|| format!("DEVARENA_POOL_BYTES={text:?} overflows usize"))
+fn trace() -> bool {
+    static TRACE: OnceLock<bool> = OnceLock::new();
+    *TRACE.get_or_init(|| std::env::var("DEVARENA_TRACE").is_ok_and(|v| v == "1"))
 }
 
-/// The capacity of a new pool on the device of `stream`.
-fn capacity(stream: &devarena::backend::cuda::CudaStream) -> Result<usize, String> {
-    match std::env::var("DEVARENA_POOL_BYTES") {
-        Ok(text) => parse_bytes(&text),
-        Err(std::env::VarError::NotPresent) => {
-            let (free, _) = mem_info(stream).map_err(|e| e.to_string())?;
-            let bytes = free / 100 * DEFAULT_SHARE_PERCENT / DEFAULT_ROUNDING * DEFAULT_ROUNDING;
-            Ok(bytes)
-        }
-        Err(e) => Err(format!("DEVARENA_POOL_BYTES: {e}")),
-    }
+/// A small number naming the calling thread, for trace lines.
+fn thread_tag() -> String {
+    format!("{:?}", std::thread::current().id())
 }
 
+/// Creates the pool of `device`: its region from `DEVARENA_REGION`, its capacity from
+/// `DEVARENA_POOL_BYTES` or the device's memory, its event log from `DEVARENA_EVENT_LOG`.
 fn create_pool(device: usize) -> Result<Pool, String> {
     let stream = default_stream(device).map_err(|e| e.to_string())?;
-    let capacity = capacity(&stream)?;
+    let kind = match std::env::var("DEVARENA_REGION") {
+        Ok(text) => parse_region(&text)?,
+        Err(std::env::VarError::NotPresent) => RegionKind::Growable,
+        Err(e) => return Err(format!("DEVARENA_REGION: {e}")),
+    };
+    let capacity = abi::capacity(std::env::var("DEVARENA_POOL_BYTES"), || {
+        let (free, total) = mem_info(&stream).map_err(|e| e.to_string())?;
+        let bytes = match kind {
+            // Addresses only: the whole device costs nothing until used.
+            RegionKind::Growable => total,
+            RegionKind::Classic => free / 100 * DEFAULT_SHARE_PERCENT,
+        };
+        Ok(bytes / DEFAULT_ROUNDING * DEFAULT_ROUNDING)
+    })?;
     let mut builder = Pool::builder(capacity)
         .name(format!("torch-cuda:{device}"))
+        .region(kind)
+        // Every free merges at once: the tightest footprint. PyTorch's calls come microseconds
+        // apart, so what the reuse cache saves (tens of nanoseconds a pair) does not show, and
+        // blocks waiting unmerged would keep address space, and so memory, from other sizes.
+        .reuse(0, 0)
         .tracking(Tracking::Tags)
         .log_leaks_on_drop(false);
     if let Some(path) = std::env::var_os("DEVARENA_EVENT_LOG") {
@@ -142,38 +192,6 @@ fn create_pool(device: usize) -> Result<Pool, String> {
     builder.build_cuda(stream).map_err(|e| e.to_string())
 }
 
-/// The pool of `device`, created on first use; `None` (reported once) when it cannot be.
-fn pool_for(device: i32) -> Option<&'static Pool> {
-    let Some(index) = usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES) else {
-        eprintln!("devarena: device {device} is outside 0..{MAX_DEVICES}");
-        return None;
-    };
-    let slot = POOLS[index].get_or_init(|| {
-        let result = create_pool(index);
-        match &result {
-            Ok(pool) if verbose() => eprintln!(
-                "devarena: pool `{}`: {} bytes ({:.2} GiB) of device memory at {:#x}",
-                pool.name(),
-                pool.capacity(),
-                pool.capacity() as f64 / (1u64 << 30) as f64,
-                pool.base()
-            ),
-            Ok(_) => {}
-            Err(reason) => eprintln!(
-                "devarena: no pool for cuda:{index}, every allocation there returns null: {reason}"
-            ),
-        }
-        result
-    });
-    slot.as_ref().ok()
-}
-
-/// An existing pool of `device` (frees and queries never create one).
-fn existing_pool(device: i32) -> Option<&'static Pool> {
-    let index = usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES)?;
-    POOLS[index].get()?.as_ref().ok()
-}
-
 /// Allocates `size` bytes on `device` for use on `stream` (a `cudaStream_t`); null on failure
 /// (the pool's capacity is exhausted, no pool could be made) and for a panic.
 #[unsafe(no_mangle)]
@@ -184,31 +202,37 @@ pub extern "C" fn devarena_torch_alloc(
 ) -> *mut c_void {
     let stream = StreamId(stream as usize as u64);
     let result = catch_unwind(|| {
-        let pool = pool_for(device)?;
-        // The tag names the stream in the leak report.
-        let tag = format!("stream {stream}");
-        let request = AllocRequest::new(size, SEGMENT_ALIGN).on(stream).tag(&tag);
-        match pool.allocate_with(request) {
-            Ok(addr) => Some(addr),
-            Err(error) => {
+        let addr = match POOLS.alloc(size, device, stream, create_pool, verbose(), &report_stderr) {
+            Ok(addr) => addr,
+            Err(reason) => {
                 if verbose() {
-                    eprintln!(
-                        "devarena: devarena_torch_alloc({size}, cuda:{device}, stream {stream}) \
-                         failed: {error}"
-                    );
+                    report_stderr(&reason);
                 }
-                None
+                0
             }
+        };
+        if trace() {
+            report_stderr(&format!(
+                "trace: devarena_torch_alloc({size}, cuda:{device}, stream {stream}) -> {addr:#x} \
+                 [{}]",
+                thread_tag()
+            ));
         }
+        addr
     });
     match result {
-        Ok(Some(addr)) => addr as usize as *mut c_void,
-        Ok(None) | Err(_) => std::ptr::null_mut(),
+        Ok(addr) => addr as usize as *mut c_void,
+        Err(_) => {
+            report_stderr("devarena_torch_alloc: a panic was caught; returning null");
+            std::ptr::null_mut()
+        }
     }
 }
 
-/// Frees `ptr` (from [`devarena_torch_alloc`] on `device`) on `stream`. A null is ignored; an
-/// address the pool does not know is reported on stderr and changes nothing.
+/// Frees `ptr` (from [`devarena_torch_alloc`] on `device`, of `size` bytes) on `stream`. A null
+/// is ignored. An address this library did not hand out on `device`, or freed already, or a
+/// `size` other than the one it was allocated with (a stale or foreign pointer), is reported on
+/// stderr and changes nothing.
 #[unsafe(no_mangle)]
 pub extern "C" fn devarena_torch_free(
     ptr: *mut c_void,
@@ -218,88 +242,81 @@ pub extern "C" fn devarena_torch_free(
 ) {
     let addr = ptr as usize as u64;
     let stream = StreamId(stream as usize as u64);
-    if addr == 0 {
-        return;
-    }
     let outcome = catch_unwind(|| {
-        let Some(pool) = existing_pool(device) else {
-            eprintln!(
-                "devarena: devarena_torch_free({addr:#x}, {size}, cuda:{device}): that device \
-                 has no pool"
-            );
-            return;
-        };
-        if let Err(error) = pool.deallocate_on(addr, stream) {
-            eprintln!("devarena: devarena_torch_free({addr:#x}, {size}, cuda:{device}): {error}");
+        let result = POOLS.free(addr, size, device, stream);
+        if trace() {
+            let outcome = if result.is_ok() { "freed" } else { "refused" };
+            report_stderr(&format!(
+                "trace: devarena_torch_free({addr:#x}, {size}, cuda:{device}, stream {stream}): \
+                 {outcome} [{}]",
+                thread_tag()
+            ));
+        }
+        if let Err(reason) = result {
+            report_stderr(&reason);
         }
     });
     if outcome.is_err() {
-        eprintln!("devarena: devarena_torch_free({addr:#x}): a panic was caught");
+        report_stderr(&format!(
+            "devarena_torch_free({addr:#x}): a panic was caught"
+        ));
     }
 }
 
-/// A pool's counters, for C and Python (`ctypes`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DevarenaTorchStats {
-    /// Start of the pool's region (a `CUdeviceptr`).
-    pub base: u64,
-    /// Bytes the pool manages.
-    pub capacity: u64,
-    /// Bytes held by live allocations (rounded up to 256 each).
-    pub in_use: u64,
-    /// Most bytes ever held at once.
-    pub peak: u64,
-    /// Successful allocations so far.
-    pub allocations: u64,
-    /// Frees so far.
-    pub frees: u64,
-    /// Failed allocations so far.
-    pub failures: u64,
-    /// Live allocations.
-    pub live: u64,
-    /// The largest free block.
-    pub largest_free: u64,
-    /// Bytes freed on other streams, waiting for their events.
-    pub pending: u64,
-}
-
-/// Fills `*out` with the counters of `device`'s pool. Returns 0 on success, 1 when the device
-/// has no pool (yet), -1 for a null `out`, a device out of range, or a panic.
+/// Fills `*out` with the counters of `device`'s pool. Returns:
+///
+/// | code | constant | meaning |
+/// | ---: | --- | --- |
+/// | 0 | [`STATS_OK`] | `*out` holds the counters |
+/// | 1 | [`STATS_NO_POOL_YET`] | nothing was allocated on the device yet, so it has no pool |
+/// | 2 | [`STATS_POOL_FAILED`] | creating the device's pool failed (said on stderr then) |
+/// | -1 | [`STATS_INVALID_ARGUMENT`] | `out` is null, or `device` is outside `0..64` |
+/// | -2 | [`STATS_PANIC`] | a panic was caught |
+///
+/// `*out` is written only for 0.
 ///
 /// # Safety
 ///
 /// `out` must be null or point to writable memory for one `DevarenaTorchStats`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn devarena_torch_stats(device: i32, out: *mut DevarenaTorchStats) -> i32 {
-    if out.is_null() || usize::try_from(device).map_or(true, |d| d >= MAX_DEVICES) {
-        return -1;
+    if out.is_null() {
+        return STATS_INVALID_ARGUMENT;
     }
-    let stats = catch_unwind(|| {
-        existing_pool(device).map(|pool| {
-            let s = pool.stats();
-            DevarenaTorchStats {
-                base: pool.base(),
-                capacity: s.capacity as u64,
-                in_use: s.in_use as u64,
-                peak: s.peak as u64,
-                allocations: s.allocations,
-                frees: s.frees,
-                failures: s.failures,
-                live: s.live,
-                largest_free: s.largest_free as u64,
-                pending: s.pending as u64,
-            }
-        })
-    });
-    match stats {
-        Ok(Some(stats)) => {
+    match catch_unwind(|| POOLS.stats(device)) {
+        Ok(Ok(stats)) => {
             // SAFETY: `out` is non-null and, by the caller's contract, writable for one value.
             unsafe { out.write(stats) };
-            0
+            STATS_OK
         }
-        Ok(None) => 1,
-        Err(_) => -1,
+        Ok(Err(code)) => code,
+        Err(_) => STATS_PANIC,
+    }
+}
+
+/// Fills `*out` with what happened to `device`'s segments allocated while their stream was
+/// capturing a CUDA graph (see `DevarenaTorchCaptureStats`). Returns the codes of
+/// [`devarena_torch_stats`]; `*out` is written only for 0.
+///
+/// # Safety
+///
+/// `out` must be null or point to writable memory for one `DevarenaTorchCaptureStats`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn devarena_torch_capture_stats(
+    device: i32,
+    out: *mut DevarenaTorchCaptureStats,
+) -> i32 {
+    if out.is_null() {
+        return STATS_INVALID_ARGUMENT;
+    }
+    match catch_unwind(|| POOLS.capture_stats(device)) {
+        Ok(Ok(stats)) => {
+            // SAFETY: `out` is non-null and, by the caller's contract, writable for one value.
+            unsafe { out.write(stats) };
+            STATS_OK
+        }
+        Ok(Err(code)) => code,
+        Err(_) => STATS_PANIC,
     }
 }
 
@@ -309,36 +326,28 @@ pub unsafe extern "C" fn devarena_torch_stats(device: i32, out: *mut DevarenaTor
 #[unsafe(no_mangle)]
 pub extern "C" fn devarena_torch_report(device: i32) -> i64 {
     let result = catch_unwind(AssertUnwindSafe(|| {
-        let pool = existing_pool(device)?;
-        let stats = pool.stats();
-        eprintln!("devarena: pool `{}`: {stats}", pool.name());
-        eprintln!("{}", pool.leak_report());
-        Some(stats.live as i64)
+        let (text, live) = POOLS.report(device)?;
+        report_stderr(&text);
+        Some(live)
     }));
     result.ok().flatten().unwrap_or(-1)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::parse_bytes;
-
-    #[test]
-    fn pool_bytes_parse_with_binary_units() {
-        assert_eq!(parse_bytes("1073741824"), Ok(1 << 30));
-        assert_eq!(parse_bytes("64M"), Ok(64 << 20));
-        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
-        assert_eq!(parse_bytes(" 8 GiB "), Ok(8 << 30));
-        assert_eq!(parse_bytes("512k"), Ok(512 << 10));
-        assert!(
-            parse_bytes("8 furlongs")
-                .unwrap_err()
-                .contains("unknown unit")
-        );
-        assert!(parse_bytes("").unwrap_err().contains("expected a number"));
-        assert!(
-            parse_bytes("99999999999T")
-                .unwrap_err()
-                .contains("overflows")
-        );
-    }
+/// Gives back the device memory of every chunk of `device`'s pool that no live allocation
+/// uses, until at most `keep` bytes stay mapped (0: all it can); waits for the pool's home
+/// stream (the legacy default stream) first. Returns the bytes given back, or -1 when the
+/// device has no pool, the trim failed (reported on stderr) or a panic was caught.
+#[unsafe(no_mangle)]
+pub extern "C" fn devarena_torch_trim(device: i32, keep: u64) -> i64 {
+    let result = catch_unwind(|| {
+        let keep = usize::try_from(keep).unwrap_or(usize::MAX);
+        match POOLS.trim(device, keep) {
+            Ok(bytes) => Some(i64::try_from(bytes).unwrap_or(i64::MAX)),
+            Err(reason) => {
+                report_stderr(&reason);
+                None
+            }
+        }
+    });
+    result.ok().flatten().unwrap_or(-1)
 }

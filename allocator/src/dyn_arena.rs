@@ -116,8 +116,10 @@ impl<B: Backend> DynArena<B> {
     ) -> Result<<B::Mut as ViewKind>::Slice<'_, T>, Error> {
         let (field, len) = self.field::<T>(name)?;
         let offset = field.offset;
-        // SAFETY: the allocation is live and exclusively borrowed; the field lies inside it
-        // (the planner's guarantee) and its address is aligned for `T` (checked above).
+        self.backend.ready(&self.allocation)?;
+        // SAFETY: the allocation is live and exclusively borrowed, and ready; the field lies
+        // inside it (the planner's guarantee) and its address is aligned for `T` (checked
+        // above).
         unsafe {
             let base = self.backend.base_mut(&self.allocation);
             Ok(<B::Mut as ViewKind>::slice::<T>(base, offset, len))
@@ -130,8 +132,9 @@ impl<B: Backend> DynArena<B> {
         name: &str,
     ) -> Result<<B::Ref as ViewKind>::Slice<'_, T>, Error> {
         let (field, len) = self.field::<T>(name)?;
-        // SAFETY: the allocation is live; a shared borrow lets nothing write it through the
-        // arena; the field lies inside it and is aligned for `T`.
+        self.backend.ready(&self.allocation)?;
+        // SAFETY: the allocation is live and ready; a shared borrow lets nothing write it
+        // through the arena; the field lies inside it and is aligned for `T`.
         unsafe {
             let base = self.backend.base_ref(&self.allocation);
             Ok(<B::Ref as ViewKind>::slice::<T>(base, field.offset, len))
@@ -163,8 +166,10 @@ impl<B: Backend> DynArena<B> {
                 }
             }
         }
-        // SAFETY: the allocation is live and exclusively borrowed for the views' lifetime; each
-        // field lies inside it, is aligned for `T`, and no two of them share a byte (checked).
+        self.backend.ready(&self.allocation)?;
+        // SAFETY: the allocation is live, ready and exclusively borrowed for the views'
+        // lifetime; each field lies inside it, is aligned for `T`, and no two of them share a
+        // byte (checked).
         let base = unsafe { self.backend.base_mut(&self.allocation) };
         Ok(spans.map(|(offset, _, len)| {
             // SAFETY: as above.

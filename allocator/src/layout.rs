@@ -23,7 +23,7 @@ use crate::plan::{LiveRange, Slot};
 /// # use devarena::DeviceLayout;
 /// ```
 ///
-/// With the `cuda` feature, [`cudarc::driver::DeviceRepr`] is what cudarc's own copy functions
+/// With the `cuda` feature, `cudarc::driver::DeviceRepr` is what cudarc's own copy functions
 /// ask for; devarena's views and copy helpers need only `Element`.
 ///
 /// # Safety

@@ -65,9 +65,27 @@
 //!   `IGpuAllocator` contract, with caps, statistics, leak reports and an event log).
 //! * `cuda`: the CUDA backends through cudarc (device memory, stream-ordered, managed, pinned),
 //!   and the pool on device memory (`Pool::cuda`, with CUDA events for stream ordering and
-//!   device views of its slices).
+//!   device views of its slices); CUDA graphs of arenas (`Arena::capture` records a frame's
+//!   work on the arena's stream once, `ArenaGraph::launch` replays it with one call, and the
+//!   graph borrows the arena for as long as it lives).
 //!
 //! Without `std` the crate is `#![no_std]` and needs only `alloc`.
+//!
+//! ## The map
+//!
+//! Imports point one way, down: `plan` ← `layout` ← `backend` ← {`arena`, `dyn_arena`,
+//! `builder`, `pool`} ← `report`. Only `backend::cuda` calls cudarc's driver API; the CUDA
+//! conveniences of arenas and pools live beside them and go through it.
+//!
+//! | module | what |
+//! | --- | --- |
+//! | [`plan`] | `const fn` placement math shared by the derive and [`LayoutBuilder`]: alignment arithmetic (`align.rs`, the crate's one home of [`align_up`](plan::align_up) and the 256-byte [`CUDA_ALIGN`](plan::CUDA_ALIGN)), the placement rule, stage aliasing, error messages |
+//! | `layout` | [`DeviceLayout`], [`Element`], view kinds ([`ViewKind`]) |
+//! | [`backend`] | where an allocation comes from: [`HostBackend`], and with `cuda` the device, managed and pinned backends and device views; [`MemoryKind`] says what each hands out |
+//! | `arena` | [`Arena`]: one allocation, typed views, stage views; `arena/cuda.rs`: prefetching and host views of managed arenas, device views of pinned ones; `arena/graph.rs`: `Arena::capture`, `ArenaGraph` |
+//! | `dyn_arena`, `builder` | layouts planned at run time: [`LayoutBuilder`], [`DynArena`] |
+//! | [`pool`] | the run-time [`Pool`]: engine, builder, handles, region, TLSF index, statistics, event log, stream ordering, graph reservations (`pool::graph`); `pool::cuda` and `Pool::capture` with `cuda` |
+//! | [`report`] | [`LayoutReport`]: tables and SVG maps of a layout |
 #![no_std]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -91,7 +109,9 @@ pub mod pool;
 pub mod report;
 
 pub use arena::{Arena, Disjoint, Stage};
-pub use backend::{Allocation, Backend, BackendStats, HostBackend};
+#[cfg(feature = "cuda")]
+pub use arena::{ArenaGraph, Capture, OnStream};
+pub use backend::{Allocation, Backend, BackendStats, HostBackend, MemoryKind};
 pub use builder::{Budget, LayoutBuilder, RuntimeField, RuntimeLayout, SearchStats};
 pub use dyn_arena::DynArena;
 pub use error::Error;

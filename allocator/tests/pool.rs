@@ -10,8 +10,8 @@ use devarena::pool::{
     PoolStats, StreamId, Tracking, guaranteed_fit, reserved_bytes,
 };
 use devarena::{
-    Allocation, Backend, BackendStats, Error, HostBackend, HostBase, HostMut, HostRef, Pool,
-    PoolClient, PoolSlice,
+    Allocation, Backend, BackendStats, Error, HostBackend, HostBase, HostMut, HostRef, MemoryKind,
+    Pool, PoolClient, PoolSlice,
 };
 use proptest::prelude::*;
 
@@ -67,6 +67,11 @@ unsafe impl Backend for DeviceLike {
 
     fn name(&self) -> &'static str {
         "device-like"
+    }
+    // Claiming device memory for host memory is the safe direction: nothing above the backend
+    // touches it from the host.
+    fn memory(&self) -> MemoryKind {
+        MemoryKind::Device
     }
     fn allocate(&self, bytes: usize, align: usize) -> Result<Allocation, Error> {
         self.0.allocate(bytes, align)
@@ -217,10 +222,17 @@ impl Model {
             live: self.live.len() as u64,
             free: gaps.iter().sum(),
             pending: 0,
+            quarantined: 0,
             largest_free: largest,
             free_blocks: gaps.len(),
             // How many requests a cached block served depends on the order of the frees.
             reused: stats.reused,
+            // A classic region: mapped whole, one chunk.
+            mapped: CAP,
+            peak_mapped: CAP,
+            chunk: CAP,
+            maps: 0,
+            unmaps: 0,
         };
         assert_eq!(stats, expected);
         assert!(stats.reused <= stats.allocations);

@@ -1,103 +1,32 @@
 //! The pool on a CUDA device: device addresses inside the reserved region, kernels and copies
 //! through `PoolSlice` views, stream ordering with real CUDA events, quotas, and the region
-//! going back to the driver on drop.
+//! going back to the driver on drop. The tests that speak of one `cuMemAlloc` region ask for a
+//! classic region; the others run on the default, growable one (`pool_vmm_gpu.rs` tests what is
+//! its own).
 //!
 //! Without a CUDA driver or device each test prints `skipped: no CUDA device` and passes; with
 //! `DEVARENA_REQUIRE_GPU=1` set they fail instead.
 
-/// Whether the environment demands a GPU (`DEVARENA_REQUIRE_GPU=1`).
-fn gpu_required() -> bool {
-    std::env::var("DEVARENA_REQUIRE_GPU").is_ok_and(|v| v == "1")
-}
-
-/// Skips (prints `skipped: no CUDA device`) or, when a GPU is required, fails with `why`.
-fn skip_or_fail(why: &str) {
-    assert!(
-        !gpu_required(),
-        "DEVARENA_REQUIRE_GPU=1 but no CUDA device is usable: {why}"
-    );
-    println!("skipped: no CUDA device ({why})");
-}
+mod gpu_common;
 
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn device_pool_tests_need_the_cuda_feature() {
-    skip_or_fail("built without the `cuda` feature");
+    gpu_common::skip_or_fail("built without the `cuda` feature");
 }
 
 #[cfg(feature = "cuda")]
 mod gpu {
-    use std::ffi::c_void;
-    use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-
-    use cudarc::driver::result;
     use devarena::backend::cuda::{
-        CudaStream, LaunchConfig, PointerMemory, Ptx, PushKernelArg, cuda_stream, mem_info,
-        pointer_info, stream_id,
+        LaunchConfig, PointerMemory, Ptx, PushKernelArg, mem_info, pointer_info,
     };
-    use devarena::pool::{PoolStats, Tracking};
+    use devarena::pool::cuda::stream_id;
+    use devarena::pool::{PoolStats, RegionKind, Tracking};
     use devarena::{Error, Pool};
 
-    use super::skip_or_fail;
+    use super::gpu_common::{StreamGate, gpu};
 
     const SCALE_ADD_PTX: &str = include_str!("kernels/scale_add.ptx");
-
-    /// The tests of this file share one device and compare free-memory readings: one at a time.
-    static DEVICE: Mutex<()> = Mutex::new(());
-
-    /// The device lock and a stream on GPU 0, or `None` after [`skip_or_fail`].
-    fn gpu() -> Option<(MutexGuard<'static, ()>, Arc<CudaStream>)> {
-        let guard = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
-        match cuda_stream(0) {
-            Ok(stream) => Some((guard, stream)),
-            Err(e) => {
-                skip_or_fail(&e.to_string());
-                None
-            }
-        }
-    }
-
-    /// Holds a stream at a host function until released (or dropped, so a failing test never
-    /// leaves the stream blocked): deterministic "work still queued on this stream".
-    struct StreamGate {
-        state: Arc<(Mutex<bool>, Condvar)>,
-    }
-
-    unsafe extern "C" fn wait_for_gate(arg: *mut c_void) {
-        // SAFETY: `arg` is the `Arc` leaked by `StreamGate::block`, reclaimed here once.
-        let state = unsafe { Arc::from_raw(arg as *const (Mutex<bool>, Condvar)) };
-        let (open, cv) = &*state;
-        let mut open = open.lock().unwrap_or_else(|e| e.into_inner());
-        while !*open {
-            open = cv.wait(open).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    impl StreamGate {
-        /// Queues a host function on `stream` that returns only once the gate opens.
-        fn block(stream: &CudaStream) -> StreamGate {
-            let state = Arc::new((Mutex::new(false), Condvar::new()));
-            let arg = Arc::into_raw(state.clone()) as *mut c_void;
-            stream.context().bind_to_thread().unwrap();
-            // SAFETY: the stream is alive; the host function makes no CUDA calls and owns one
-            // reference to the gate's state, which outlives it.
-            unsafe { result::stream::launch_host_function(stream.cu_stream(), wait_for_gate, arg) }
-                .expect("cuLaunchHostFunc");
-            StreamGate { state }
-        }
-
-        fn open(&self) {
-            let (open, cv) = &*self.state;
-            *open.lock().unwrap_or_else(|e| e.into_inner()) = true;
-            cv.notify_all();
-        }
-    }
-
-    impl Drop for StreamGate {
-        fn drop(&mut self) {
-            self.open();
-        }
-    }
 
     fn exhausted(error: &Error) -> (&'static str, usize) {
         match error {
@@ -107,13 +36,17 @@ mod gpu {
     }
 
     #[test]
-    fn device_pool_hands_out_device_addresses_inside_its_region() {
+    fn a_classic_device_pool_hands_out_addresses_inside_its_one_allocation() {
         let Some((_device, stream)) = gpu() else {
             return;
         };
         let capacity = 64 << 20;
-        let pool = Pool::cuda(stream.clone(), capacity).unwrap();
+        let pool = Pool::builder(capacity)
+            .region(RegionKind::Classic)
+            .build_cuda(stream.clone())
+            .unwrap();
         assert_eq!(pool.backend_name(), "cuda");
+        assert_eq!(pool.region_kind(), RegionKind::Classic);
         assert!(!pool.is_host());
         assert_eq!(pool.capacity(), capacity);
         assert_eq!(pool.home_stream(), stream_id(&stream));
@@ -224,10 +157,20 @@ mod gpu {
             err.to_string().contains("was allocated for stream"),
             "{err}"
         );
-        // A slice allocated for the other stream gives views there.
-        let mut z = pool
+        // A stream that is not registered never reaches the driver: an error, nothing changes.
+        let live = pool.stats().live;
+        let err = pool
             .own_client()
             .alloc_slice_on::<u32>(16, stream_id(&other))
+            .unwrap_err();
+        assert!(err.to_string().contains("is not registered"), "{err}");
+        assert_eq!(pool.stats().live, live);
+        // A slice allocated for the registered other stream gives views there.
+        let other_id = pool.register_stream(&other).unwrap();
+        assert_eq!(other_id, stream_id(&other));
+        let mut z = pool
+            .own_client()
+            .alloc_slice_on::<u32>(16, other_id)
             .unwrap();
         z.device_view_mut(&other).unwrap().upload(&[5; 16]).unwrap();
         assert_eq!(z.device_view(&other).unwrap().to_vec().unwrap(), [5; 16]);
@@ -251,6 +194,7 @@ mod gpu {
         let other = home.context().new_stream().unwrap();
         let capacity = 4 << 20;
         let pool = Pool::cuda(home.clone(), capacity).unwrap();
+        pool.register_stream(&other).unwrap();
 
         // `other` still has work queued (a host function held at a gate) when the block is
         // freed there: the event recorded at the free cannot complete.
@@ -280,6 +224,7 @@ mod gpu {
         let other = home.context().new_stream().unwrap();
         let capacity = 4 << 20;
         let pool = Pool::cuda(home.clone(), capacity).unwrap();
+        pool.register_stream(&other).unwrap();
 
         // The home stream is busy, yet its own free is reusable at once: later work on the
         // home stream runs after the work that used the block.
@@ -356,7 +301,7 @@ mod gpu {
     }
 
     #[test]
-    fn dropping_the_last_handle_returns_the_region_to_the_driver() {
+    fn footprint_dropping_the_last_handle_returns_a_classic_region_to_the_driver() {
         let Some((_device, stream)) = gpu() else {
             return;
         };
@@ -370,7 +315,10 @@ mod gpu {
             total / MIB
         );
 
-        let pool = Pool::cuda(stream.clone(), capacity).unwrap();
+        let pool = Pool::builder(capacity)
+            .region(RegionKind::Classic)
+            .build_cuda(stream.clone())
+            .unwrap();
         let (free_with_pool, _) = mem_info(&stream).unwrap();
         assert!(
             free_before.saturating_sub(free_with_pool) >= capacity - 2 * MIB,
@@ -408,13 +356,18 @@ mod gpu {
         );
     }
 
+    // `deliberate_*`: it provokes an out-of-memory error on purpose, which compute-sanitizer reports;
+    // scripts/gpu-sanitize.sh skips it.
     #[test]
-    fn a_device_pool_larger_than_the_device_is_an_out_of_memory_error() {
+    fn deliberate_oom_a_classic_device_pool_larger_than_the_device_is_an_error() {
         let Some((_device, stream)) = gpu() else {
             return;
         };
         let (_, total) = mem_info(&stream).unwrap();
-        let err = Pool::cuda(stream.clone(), total * 2).unwrap_err();
+        let err = Pool::builder(total * 2)
+            .region(RegionKind::Classic)
+            .build_cuda(stream.clone())
+            .unwrap_err();
         match &err {
             Error::OutOfMemory {
                 backend, requested, ..

@@ -1,16 +1,22 @@
-//! A 1080p edge-detection pipeline whose every buffer lives in one `#[derive(DeviceLayout)]`
-//! arena, allocating nothing after setup.
+//! An edge-detection pipeline whose every buffer lives in one `#[derive(DeviceLayout)]` arena,
+//! allocating nothing after setup, run on each image at its own size.
 //!
 //! ```text
-//! cargo run --release --example image_pipeline [-- INPUT.png] [--frames N] [--out DIR] [--host]
-//!                                                 [--unaliased | --compare]
+//! cargo run --release --example image_pipeline [-- INPUT.png | --size WxH] [--frames N]
+//!     [--out DIR] [--host] [--unaliased | --compare] [--graph | --eager]
 //! ```
 //!
 //! Every frame: decode (the input lands in the `rgb` buffer) → grayscale → Gaussian blur (two
 //! passes through a scratch buffer) → Sobel magnitude → 256-bin histogram → Otsu threshold →
-//! binary edge mask. With no input it generates a deterministic 1920×1080 test frame
-//! (gradients, shapes, noise). The layouts are planned at compile time for 1920×1080: an input
-//! of another size is resampled (bilinear) to 1920×1080, and the program says so.
+//! binary edge mask. With no input it generates a deterministic test frame (gradients, shapes,
+//! noise) of `--size` (default 1920×1080).
+//!
+//! **Sizes.** The layouts are planned at compile time for the largest frame, 3840×2160 pixels
+//! (`MAX_PIXELS`); an image of up to that many pixels (a 1×1 one, an odd 1023×767 one, a
+//! 2160×3840 portrait) runs at its own size: the views are cut to its width × height, the
+//! kernels take its real size, and the outputs are written at its size. Only an image larger
+//! than the maximum is downscaled (bilinear) to the largest size of the same aspect ratio that
+//! fits, and the program says so. An unreadable or truncated PNG is an error naming the file.
 //!
 //! By default the buffers live in `FrameStaged`, a layout with stages whose buffers share
 //! bytes when their live ranges never meet; every stage reaches its buffers only through its
@@ -20,12 +26,19 @@
 //!
 //! With a GPU the stages run as PTX kernels (the crate's default feature `cuda` loads the
 //! driver at run time); without one, or with `--host`, they run on the host backend (built
-//! with `--no-default-features`, the CUDA path is left out). It prints per-stage times
-//! (medians over the frames), frames/s, the layout table, the bytes aliasing saves,
-//! `allocations after setup: 0` from the backend's own counter and, on the GPU, the device's
-//! free memory (`cuMemGetInfo`) before and after the frame loop; it writes gray, blurred,
-//! magnitude and mask PNGs, the layout table and the SVG memory map (a stage × address
-//! picture for the aliased layout) to `--out` (default `out/`).
+//! with `--no-default-features`, the CUDA path is left out). On the GPU a frame is either
+//! submitted **eagerly** (an upload, then the 7 kernels and a memset launched one by one) or
+//! **replayed from a CUDA graph** captured once from the same launches (an upload, then one
+//! `graph.launch()`). By default the program times 20 frames of each and keeps the faster
+//! (and says which); `--graph` and `--eager` choose. In graph mode it also runs one eager frame
+//! and checks that the graph's outputs are bit-identical to it.
+//!
+//! It prints per-stage times (medians over the frames; eager only — a replayed graph is timed
+//! whole), frames/s, the layout table, the bytes aliasing saves, `allocations after setup: 0`
+//! from the backend's own counter and, on the GPU, the device's free memory (`cuMemGetInfo`)
+//! before and after the frame loop; it writes gray, blurred, magnitude and mask PNGs at the
+//! image's size, the layout table and the SVG memory map (a stage × address picture for the
+//! aliased layout) to `--out` (default `out/`).
 
 use std::error::Error as StdError;
 use std::fs::{self, File};
@@ -35,16 +48,16 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use devarena::{Arena, DeviceLayout, HostBackend, LayoutReport};
-use devarena_kernels::pipeline::image::{DEFAULT_SEED, output_images, synthetic_frame};
+use devarena_kernels::pipeline::image::{DEFAULT_SEED, output_images, resample, synthetic_frame};
 use devarena_kernels::pipeline::{
-    FRAME_SIZE, Frame, FrameBuffers, FrameOutputs, FrameStaged, HEIGHT, HIST_SCALE, PIXELS, Stage,
-    WIDTH, host,
+    FRAME_SIZE, Frame, FrameBuffers, FrameOutputs, FrameStaged, HIST_SCALE, ImageSize, MAX_PIXELS,
+    MAX_SIZE, Stage, host,
 };
 
 type Result<T> = std::result::Result<T, Box<dyn StdError>>;
 
-const USAGE: &str = "usage: image_pipeline [INPUT.png] [--frames N] [--out DIR] [--host] \
-                     [--unaliased | --compare]";
+const USAGE: &str = "usage: image_pipeline [INPUT.png | --size WxH] [--frames N] [--out DIR] \
+                     [--host] [--unaliased | --compare] [--graph | --eager]";
 
 /// Which layouts to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,22 +67,47 @@ enum Mode {
     Compare,
 }
 
+/// How the GPU submits frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Exec {
+    /// Time a few frames both ways and keep the faster.
+    Auto,
+    /// Capture the frame once into a CUDA graph, replay it every frame.
+    Graph,
+    /// Launch every kernel every frame.
+    Eager,
+}
+
 #[derive(Debug)]
 struct Args {
     input: Option<PathBuf>,
+    size: Option<ImageSize>,
     frames: usize,
     out: PathBuf,
     host: bool,
     mode: Mode,
+    exec: Exec,
+}
+
+/// `WxH` (or `W×H`) as an image size.
+fn parse_size(v: &str) -> Result<ImageSize> {
+    let bad = || format!("--size: `{v}` is not WIDTHxHEIGHT (e.g. 1920x1080)");
+    let (w, h) = v.split_once(['x', 'X', '×']).ok_or_else(bad)?;
+    let (w, h): (usize, usize) = (w.parse().map_err(|_| bad())?, h.parse().map_err(|_| bad())?);
+    let size = ImageSize::new(w, h);
+    size.check("--size")?;
+    Ok(size)
 }
 
 fn parse_args() -> Result<Args> {
     let mut args = Args {
         input: None,
+        size: None,
         frames: 20,
         out: PathBuf::from("out"),
         host: false,
         mode: Mode::Aliased,
+        exec: Exec::Auto,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -83,6 +121,7 @@ fn parse_args() -> Result<Args> {
                     return Err("--frames must be at least 1".into());
                 }
             }
+            "--size" => args.size = Some(parse_size(&it.next().ok_or("--size needs WxH")?)?),
             "--out" => args.out = it.next().ok_or("--out needs a directory")?.into(),
             "--host" => args.host = true,
             "--unaliased" | "--compare" => {
@@ -98,6 +137,17 @@ fn parse_args() -> Result<Args> {
                 }
                 args.mode = mode;
             }
+            "--graph" | "--eager" => {
+                let exec = if a == "--graph" {
+                    Exec::Graph
+                } else {
+                    Exec::Eager
+                };
+                if args.exec != Exec::Auto && args.exec != exec {
+                    return Err(format!("--graph and --eager exclude each other\n{USAGE}").into());
+                }
+                args.exec = exec;
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -110,6 +160,12 @@ fn parse_args() -> Result<Args> {
                 args.input = Some(s.into());
             }
         }
+    }
+    if args.input.is_some() && args.size.is_some() {
+        return Err(format!(
+            "--size sets the synthetic frame's size; an input image has its own\n{USAGE}"
+        )
+        .into());
     }
     Ok(args)
 }
@@ -162,9 +218,11 @@ impl Layout {
 struct Run {
     layout: Layout,
     backend: String,
+    /// How frames were submitted (the GPU's eager launches or graph replays, or the host).
+    execution: String,
     /// Writing the input into the arena (host copy or upload), per frame.
     decode_times: Vec<Duration>,
-    /// Per stage of [`Stage::ALL`], per frame.
+    /// Per stage of [`Stage::ALL`], per frame (empty for replayed graphs, timed whole).
     stage_times: Vec<Vec<Duration>>,
     /// Decode and every stage, per frame, up to the results being complete.
     frame_times: Vec<Duration>,
@@ -174,20 +232,49 @@ struct Run {
     allocations_after_setup: u64,
     /// Device free memory before and after the frame loop (`cuMemGetInfo`), on the GPU.
     free_memory: Option<(usize, usize)>,
+    /// In graph mode: what the check against one eager frame found.
+    graph_check: Option<String>,
+}
+
+/// The input image at the size the pipeline runs it at, and where it came from.
+struct Input {
+    rgb: Vec<u8>,
+    size: ImageSize,
+    source: String,
+}
+
+/// An image of `size` brought to a size the layouts hold: unchanged when it fits, else
+/// downscaled keeping its aspect ratio, which `source` then says.
+fn fit_input(rgb: Vec<u8>, size: ImageSize, mut source: String) -> Result<Input> {
+    let fitted = size.fit();
+    if fitted == size {
+        return Ok(Input { rgb, size, source });
+    }
+    source.push_str(&format!(
+        ", downscaled (bilinear, aspect ratio kept) to {fitted}: larger than the {MAX_PIXELS} \
+         pixels ({MAX_SIZE}) the layouts are planned for"
+    ));
+    Ok(Input {
+        rgb: resample(&rgb, size, fitted)?,
+        size: fitted,
+        source,
+    })
 }
 
 fn run(args: Args) -> Result<()> {
-    let (input, source) = match &args.input {
+    let input = match &args.input {
         Some(path) => load_png(path)?,
         None => {
-            let mut rgb = vec![0u8; PIXELS * 3];
-            synthetic_frame(FRAME_SIZE, DEFAULT_SEED, &mut rgb)?;
-            (
-                rgb,
-                format!("synthetic {WIDTH}×{HEIGHT} test frame (seed {DEFAULT_SEED:#x})"),
-            )
+            let size = args.size.unwrap_or(FRAME_SIZE);
+            let mut rgb = vec![0u8; size.pixels() * 3];
+            synthetic_frame(size, DEFAULT_SEED, &mut rgb)?;
+            let source = format!("synthetic {size} test frame (seed {DEFAULT_SEED:#x})");
+            fit_input(rgb, size, source)?
         }
     };
+    if input.source.contains("downscaled") {
+        println!("note: {}", input.source);
+    }
     fs::create_dir_all(&args.out)
         .map_err(|e| format!("cannot create `{}`: {e}", args.out.display()))?;
     let mut written = Vec::new();
@@ -195,7 +282,8 @@ fn run(args: Args) -> Result<()> {
         written.push(write_png(
             &args.out,
             "input.png",
-            &input,
+            input.size,
+            &input.rgb,
             png::ColorType::Rgb,
         )?);
     }
@@ -222,16 +310,17 @@ fn run(args: Args) -> Result<()> {
     for &layout in layouts {
         #[cfg(feature = "cuda")]
         if let Some(gpu) = &gpu {
-            runs.push(gpu.run(layout, &input, args.frames)?);
+            runs.push(gpu.run(layout, &input.rgb, input.size, args.frames, args.exec)?);
             continue;
         }
-        runs.push(run_host(layout, &input, args.frames)?);
+        runs.push(run_host(layout, &input.rgb, input.size, args.frames)?);
     }
 
     for (image, data) in output_images(&runs[0].outputs) {
         written.push(write_png(
             &args.out,
             image,
+            input.size,
             &data,
             png::ColorType::Grayscale,
         )?);
@@ -247,10 +336,16 @@ fn run(args: Args) -> Result<()> {
     }
 
     println!("devarena image pipeline");
-    println!("  input:    {source}");
-    println!("  backend:  {}", runs[0].backend);
+    println!("  input:     {}", input.source);
     println!(
-        "  frames:   {} per layout (each: decode + {} stages)",
+        "  frame:     {} ({} pixels; the layouts hold up to {MAX_PIXELS}, {MAX_SIZE})",
+        input.size,
+        input.size.pixels()
+    );
+    println!("  backend:   {}", runs[0].backend);
+    println!("  execution: {}", runs[0].execution);
+    println!(
+        "  frames:    {} per layout (each: decode + {} stages)",
         args.frames,
         Stage::ALL.len()
     );
@@ -286,6 +381,9 @@ fn run(args: Args) -> Result<()> {
                     "CHANGED"
                 }
             );
+        }
+        if let Some(check) = &r.graph_check {
+            println!("{}: {check}", r.layout.label());
         }
         println!("allocations after setup: {}", r.allocations_after_setup);
     }
@@ -335,6 +433,10 @@ fn print_savings() {
 }
 
 fn print_times(runs: &[Run]) {
+    let cell = |times: &[Duration]| match median(times) {
+        Some(d) => format!(" {:>22.3}", ms(d)),
+        None => format!(" {:>22}", "-"),
+    };
     print!("{:<22}", "median ms");
     for r in runs {
         print!(" {:>22}", r.layout.label());
@@ -342,39 +444,47 @@ fn print_times(runs: &[Run]) {
     println!();
     print!("{:<22}", "decode (input)");
     for r in runs {
-        print!(" {:>22.3}", ms(median(&r.decode_times)));
+        print!("{}", cell(&r.decode_times));
     }
     println!();
     for stage in Stage::ALL {
         print!("{:<22}", stage.name());
         for r in runs {
-            print!(" {:>22.3}", ms(median(&r.stage_times[stage.index()])));
+            print!("{}", cell(&r.stage_times[stage.index()]));
         }
         println!();
     }
     print!("{:<22}", "frame");
     for r in runs {
-        print!(" {:>22.3}", ms(median(&r.frame_times)));
+        print!("{}", cell(&r.frame_times));
     }
     println!();
     print!("{:<22}", "frames/s");
     for r in runs {
-        print!(" {:>22.1}", 1.0 / median(&r.frame_times).as_secs_f64());
+        let fps = median(&r.frame_times).map_or(0.0, |d| 1.0 / d.as_secs_f64());
+        print!(" {fps:>22.1}");
     }
     println!();
     println!(
         "(medians over {} frames; a frame is decode plus every stage, up to the results being \
-         complete)",
-        runs[0].frame_times.len()
+         complete{})",
+        runs[0].frame_times.len(),
+        if runs.iter().any(|r| r.stage_times.iter().all(Vec::is_empty)) {
+            "; a replayed graph runs its stages in one launch: '-' where they are not timed \
+             one by one"
+        } else {
+            ""
+        }
     );
 }
 
-fn run_host(layout: Layout, input: &[u8], frames: usize) -> Result<Run> {
+fn run_host(layout: Layout, input: &[u8], size: ImageSize, frames: usize) -> Result<Run> {
     let backend = HostBackend::new();
     let mut stage_times = vec![Vec::with_capacity(frames); Stage::ALL.len()];
     let mut frame_times = Vec::with_capacity(frames);
     let mut decode_times = Vec::with_capacity(frames);
-    let mut outputs = FrameOutputs::new(FRAME_SIZE);
+    let mut outputs = FrameOutputs::new(size);
+    let n = size.pixels();
     let (setup, arena_bytes) = match layout {
         Layout::Unaliased => {
             let mut arena = Arena::<Frame>::new_in(backend.clone())?;
@@ -383,9 +493,9 @@ fn run_host(layout: Layout, input: &[u8], frames: usize) -> Result<Run> {
             // The frame loop: nothing below allocates on the backend (checked after the loop).
             for _ in 0..frames {
                 let start = Instant::now();
-                views.rgb.copy_from_slice(input);
+                views.rgb[..3 * n].copy_from_slice(input);
                 decode_times.push(start.elapsed());
-                host::run_frame_timed(FRAME_SIZE, FrameBuffers::from(&mut views), |s, d| {
+                host::run_frame_timed(size, FrameBuffers::from(&mut views), |s, d| {
                     stage_times[s.index()].push(d)
                 })?;
                 frame_times.push(start.elapsed());
@@ -404,7 +514,7 @@ fn run_host(layout: Layout, input: &[u8], frames: usize) -> Result<Run> {
                     decode_time = start.elapsed();
                     Ok(())
                 };
-                host::run_frame_staged(&mut arena, decode, None, |s, d| {
+                host::run_frame_staged(&mut arena, size, decode, None, |s, d| {
                     stage_times[s.index()].push(d)
                 })?;
                 frame_times.push(start.elapsed());
@@ -416,7 +526,7 @@ fn run_host(layout: Layout, input: &[u8], frames: usize) -> Result<Run> {
                 rgb.copy_from_slice(input);
                 Ok(())
             };
-            host::run_frame_staged(&mut arena, decode, Some(&mut outputs), |_, _| {})?;
+            host::run_frame_staged(&mut arena, size, decode, Some(&mut outputs), |_, _| {})?;
             (setup, arena.size())
         }
     };
@@ -424,6 +534,7 @@ fn run_host(layout: Layout, input: &[u8], frames: usize) -> Result<Run> {
     Ok(Run {
         layout,
         backend: "host (HostBackend, one thread)".into(),
+        execution: "host, stage by stage".into(),
         decode_times,
         stage_times,
         frame_times,
@@ -432,12 +543,14 @@ fn run_host(layout: Layout, input: &[u8], frames: usize) -> Result<Run> {
         setup_allocations: setup.allocations,
         allocations_after_setup: after.allocations - setup.allocations,
         free_memory: None,
+        graph_check: None,
     })
 }
 
 #[cfg(feature = "cuda")]
 mod device {
-    //! The GPU path: the same stages as PTX kernels, on a `CudaBackend` arena.
+    //! The GPU path: the same stages as PTX kernels, on a `CudaBackend` arena, launched eagerly
+    //! or replayed from a CUDA graph of the arena.
 
     use std::sync::Arc;
     use std::time::{Duration, Instant};
@@ -445,15 +558,19 @@ mod device {
     use devarena::backend::cuda::{
         CudaBackend, CudaStream, DeviceViewMut, cuda_stream, describe_device, mem_info,
     };
-    use devarena::{Arena, Error};
+    use devarena::{Arena, ArenaGraph, DeviceLayout, Error};
     use devarena_kernels::pipeline::cuda::{
-        PipelineKernels, StageEvents, download_outputs, driver_error,
+        PipelineKernels, StageEvents, download_mask_stage, download_outputs, driver_error,
+        upload_input, upload_input_staged,
     };
     use devarena_kernels::pipeline::{
-        FRAME_SIZE, Frame, FrameBuffers, FrameOutputs, FrameStaged, Stage,
+        Frame, FrameBuffers, FrameOutputs, FrameStaged, ImageSize, Stage,
     };
 
-    use super::{Layout, Run};
+    use super::{Exec, Layout, Run, median};
+
+    /// Frames timed each way when choosing between eager launches and graph replays.
+    const CHOOSE_FRAMES: usize = 20;
 
     /// A device with the kernels loaded.
     pub struct Gpu {
@@ -461,6 +578,181 @@ mod device {
         kernels: PipelineKernels,
         events: StageEvents,
         device: String,
+    }
+
+    /// One frame's input and its size.
+    struct FrameInput<'i> {
+        input: &'i [u8],
+        size: ImageSize,
+    }
+
+    /// What the example does with one layout on the GPU: eager frames, a graph of the frame,
+    /// replays, and the outputs of each.
+    trait GpuLayout: DeviceLayout + Sized {
+        const LAYOUT: Layout;
+        /// Which outputs a replay leaves to compare with an eager frame.
+        const GRAPH_OUTPUTS: &'static str;
+
+        /// One eager frame (upload, launches; with `outputs`, every output downloaded); returns
+        /// the upload's time. Does not wait unless it downloads.
+        fn eager(
+            gpu: &Gpu,
+            arena: &mut Arena<Self, CudaBackend>,
+            frame: &FrameInput<'_>,
+            events: Option<&StageEvents>,
+            outputs: Option<&mut FrameOutputs>,
+        ) -> Result<Duration, Error>;
+
+        /// The frame captured into a graph of the arena.
+        fn capture<'a>(
+            gpu: &Gpu,
+            arena: &'a mut Arena<Self, CudaBackend>,
+            size: ImageSize,
+        ) -> Result<ArenaGraph<'a, Self, CudaBackend>, Error>;
+
+        /// Uploads a frame's input into the graph's arena, between replays.
+        fn upload(
+            graph: &mut ArenaGraph<'_, Self, CudaBackend>,
+            frame: &FrameInput<'_>,
+        ) -> Result<(), Error>;
+
+        /// The outputs a replay leaves ([`GRAPH_OUTPUTS`](Self::GRAPH_OUTPUTS)) into `outputs`.
+        fn graph_outputs(
+            graph: &mut ArenaGraph<'_, Self, CudaBackend>,
+            outputs: &mut FrameOutputs,
+        ) -> Result<(), Error>;
+
+        /// The first difference between a replay's outputs and an eager frame's, among
+        /// [`GRAPH_OUTPUTS`](Self::GRAPH_OUTPUTS).
+        fn difference(graph: &FrameOutputs, eager: &FrameOutputs) -> Option<String>;
+    }
+
+    impl GpuLayout for Frame {
+        const LAYOUT: Layout = Layout::Unaliased;
+        const GRAPH_OUTPUTS: &'static str =
+            "every stage output (gray, scratch, blurred, magnitude, hist, threshold, mask)";
+
+        fn eager(
+            gpu: &Gpu,
+            arena: &mut Arena<Self, CudaBackend>,
+            frame: &FrameInput<'_>,
+            events: Option<&StageEvents>,
+            outputs: Option<&mut FrameOutputs>,
+        ) -> Result<Duration, Error> {
+            let start = Instant::now();
+            let mut views = arena.views_mut();
+            views
+                .rgb
+                .slice_mut(..frame.input.len())?
+                .upload(frame.input)?;
+            let decode = start.elapsed();
+            let buffers = FrameBuffers::from(&mut views);
+            gpu.kernels
+                .run_frame(&gpu.stream, frame.size, buffers, events)?;
+            if let Some(o) = outputs {
+                download_outputs(&gpu.stream, &FrameBuffers::from(&mut views), o)?;
+            }
+            Ok(decode)
+        }
+
+        fn capture<'a>(
+            gpu: &Gpu,
+            arena: &'a mut Arena<Self, CudaBackend>,
+            size: ImageSize,
+        ) -> Result<ArenaGraph<'a, Self, CudaBackend>, Error> {
+            gpu.kernels.capture_frame(arena, size)
+        }
+
+        fn upload(
+            graph: &mut ArenaGraph<'_, Self, CudaBackend>,
+            frame: &FrameInput<'_>,
+        ) -> Result<(), Error> {
+            upload_input(graph, frame.size, frame.input)
+        }
+
+        fn graph_outputs(
+            graph: &mut ArenaGraph<'_, Self, CudaBackend>,
+            outputs: &mut FrameOutputs,
+        ) -> Result<(), Error> {
+            let stream = graph.stream().clone();
+            download_outputs(
+                &stream,
+                &FrameBuffers::from(&mut graph.views_mut()),
+                outputs,
+            )
+        }
+
+        fn difference(graph: &FrameOutputs, eager: &FrameOutputs) -> Option<String> {
+            graph.first_difference(eager)
+        }
+    }
+
+    impl GpuLayout for FrameStaged {
+        const LAYOUT: Layout = Layout::Aliased;
+        const GRAPH_OUTPUTS: &'static str =
+            "the outputs live in the last stage (magnitude, threshold, mask)";
+
+        fn eager(
+            gpu: &Gpu,
+            arena: &mut Arena<Self, CudaBackend>,
+            frame: &FrameInput<'_>,
+            events: Option<&StageEvents>,
+            outputs: Option<&mut FrameOutputs>,
+        ) -> Result<Duration, Error> {
+            let start = Instant::now();
+            let mut decode_time = Duration::ZERO;
+            let decode = |_: &Arc<CudaStream>, rgb: &mut DeviceViewMut<'_, u8>| {
+                rgb.upload(frame.input)?;
+                decode_time = start.elapsed();
+                Ok(())
+            };
+            gpu.kernels
+                .run_frame_staged(arena, frame.size, decode, events, outputs)?;
+            Ok(decode_time)
+        }
+
+        fn capture<'a>(
+            gpu: &Gpu,
+            arena: &'a mut Arena<Self, CudaBackend>,
+            size: ImageSize,
+        ) -> Result<ArenaGraph<'a, Self, CudaBackend>, Error> {
+            gpu.kernels.capture_frame_staged(arena, size)
+        }
+
+        fn upload(
+            graph: &mut ArenaGraph<'_, Self, CudaBackend>,
+            frame: &FrameInput<'_>,
+        ) -> Result<(), Error> {
+            upload_input_staged(graph, frame.size, frame.input)
+        }
+
+        fn graph_outputs(
+            graph: &mut ArenaGraph<'_, Self, CudaBackend>,
+            outputs: &mut FrameOutputs,
+        ) -> Result<(), Error> {
+            download_mask_stage(graph, outputs)
+        }
+
+        fn difference(graph: &FrameOutputs, eager: &FrameOutputs) -> Option<String> {
+            let mut a = eager.clone();
+            a.magnitude.clone_from(&graph.magnitude);
+            a.threshold = graph.threshold;
+            a.mask.clone_from(&graph.mask);
+            a.first_difference(eager)
+        }
+    }
+
+    /// A replay: upload, launch, wait; returns the upload's time.
+    fn replay<L: GpuLayout>(
+        graph: &mut ArenaGraph<'_, L, CudaBackend>,
+        frame: &FrameInput<'_>,
+    ) -> Result<Duration, Error> {
+        let start = Instant::now();
+        L::upload(graph, frame)?;
+        let decode = start.elapsed();
+        graph.launch()?;
+        graph.synchronize()?;
+        Ok(decode)
     }
 
     impl Gpu {
@@ -488,137 +780,196 @@ mod device {
             mem_info(&self.stream).map(|(free, _)| free)
         }
 
-        /// Runs one warm-up frame and `frames` timed frames of `layout` on a fresh arena (each
-        /// stage timed by events, each frame on the wall clock up to the stream's completion),
-        /// then reads every output back.
-        pub fn run(&self, layout: Layout, input: &[u8], frames: usize) -> super::Result<Run> {
+        /// Runs `layout` on a fresh arena: one warm-up frame, the choice between eager
+        /// launches and graph replays, `frames` timed frames (eager ones with every stage timed
+        /// by events), then the outputs (in graph mode checked against one eager frame).
+        pub fn run(
+            &self,
+            layout: Layout,
+            input: &[u8],
+            size: ImageSize,
+            frames: usize,
+            exec: Exec,
+        ) -> super::Result<Run> {
+            let frame = FrameInput { input, size };
+            match layout {
+                Layout::Unaliased => self.run_layout::<Frame>(&frame, frames, exec),
+                Layout::Aliased => self.run_layout::<FrameStaged>(&frame, frames, exec),
+            }
+        }
+
+        /// Median time of `n` frames run by `f`, each waited for.
+        fn time_frames(
+            &self,
+            n: usize,
+            mut f: impl FnMut() -> Result<Duration, Error>,
+        ) -> Result<Duration, Error> {
+            let mut times = Vec::with_capacity(n);
+            for _ in 0..n {
+                let start = Instant::now();
+                f()?;
+                self.sync()?;
+                times.push(start.elapsed());
+            }
+            Ok(median(&times).unwrap_or_default())
+        }
+
+        fn run_layout<L: GpuLayout>(
+            &self,
+            frame: &FrameInput<'_>,
+            frames: usize,
+            exec: Exec,
+        ) -> super::Result<Run> {
             let backend = CudaBackend::new(self.stream.clone());
-            let mut stage_times = vec![Vec::with_capacity(frames); Stage::ALL.len()];
+            let mut arena = Arena::<L, _>::new_in(backend.clone())?;
+            let setup = backend.stats();
+            let mut stage_times: Vec<Vec<Duration>> = Stage::ALL
+                .iter()
+                .map(|_| Vec::with_capacity(frames))
+                .collect();
             let mut frame_times = Vec::with_capacity(frames);
             let mut decode_times = Vec::with_capacity(frames);
-            let mut outputs = FrameOutputs::new(FRAME_SIZE);
-            let record_stages = |times: &mut Vec<Vec<Duration>>| -> Result<(), Error> {
-                for (t, ms) in times.iter_mut().zip(self.events.elapsed_ms()?) {
-                    t.push(Duration::from_secs_f64(ms as f64 / 1e3));
+            let mut outputs = FrameOutputs::new(frame.size);
+
+            L::eager(self, &mut arena, frame, None, None)?;
+            self.sync()?;
+            let (use_graph, execution) = match exec {
+                Exec::Eager => (
+                    false,
+                    "eager: every kernel launched every frame".to_string(),
+                ),
+                Exec::Graph => (true, "graph: one CUDA graph replay per frame".to_string()),
+                Exec::Auto => {
+                    let eager = self.time_frames(CHOOSE_FRAMES, || {
+                        L::eager(self, &mut arena, frame, None, None)
+                    })?;
+                    let mut graph = L::capture(self, &mut arena, frame.size)?;
+                    replay(&mut graph, frame)?;
+                    let replayed = self.time_frames(CHOOSE_FRAMES, || replay(&mut graph, frame))?;
+                    let faster = replayed < eager;
+                    (
+                        faster,
+                        format!(
+                            "{} (chosen: a frame took {:.1} µs replayed from a graph, {:.1} µs \
+                             launched eagerly, medians of {CHOOSE_FRAMES} each; --graph or \
+                             --eager to choose)",
+                            if faster {
+                                "graph: one CUDA graph replay per frame"
+                            } else {
+                                "eager: every kernel launched every frame"
+                            },
+                            replayed.as_secs_f64() * 1e6,
+                            eager.as_secs_f64() * 1e6
+                        ),
+                    )
                 }
-                Ok(())
             };
-            let (setup, free_before, free_after, arena_bytes) = match layout {
-                Layout::Unaliased => {
-                    let mut arena = Arena::<Frame, _>::new_in(backend.clone())?;
-                    let setup = backend.stats();
-                    let mut views = arena.views_mut();
-                    views.rgb.upload(input)?;
-                    self.kernels.run_frame(
-                        &self.stream,
-                        FRAME_SIZE,
-                        FrameBuffers::from(&mut views),
-                        None,
-                    )?;
-                    self.sync()?;
-                    let free_before = self.free_memory()?;
-                    // The frame loop: an upload, launches, event records and a synchronize;
-                    // no allocation.
-                    for _ in 0..frames {
-                        let start = Instant::now();
-                        views.rgb.upload(input)?;
-                        decode_times.push(start.elapsed());
-                        self.kernels.run_frame(
-                            &self.stream,
-                            FRAME_SIZE,
-                            FrameBuffers::from(&mut views),
-                            Some(&self.events),
-                        )?;
-                        self.sync()?;
-                        frame_times.push(start.elapsed());
-                        record_stages(&mut stage_times)?;
-                    }
-                    let free_after = self.free_memory()?;
-                    download_outputs(&self.stream, &FrameBuffers::from(&mut views), &mut outputs)?;
-                    (setup, free_before, free_after, arena.size())
+
+            let (free_before, free_after, graph_check) = if use_graph {
+                let mut graph = L::capture(self, &mut arena, frame.size)?;
+                replay(&mut graph, frame)?;
+                let free_before = self.free_memory()?;
+                // The frame loop: an upload and one graph launch per frame; no allocation.
+                for _ in 0..frames {
+                    let start = Instant::now();
+                    decode_times.push(replay(&mut graph, frame)?);
+                    frame_times.push(start.elapsed());
                 }
-                Layout::Aliased => {
-                    let mut arena = Arena::<FrameStaged, _>::new_in(backend.clone())?;
-                    let setup = backend.stats();
-                    let upload =
-                        |_: &Arc<CudaStream>, rgb: &mut DeviceViewMut<'_, u8>| rgb.upload(input);
-                    self.kernels
-                        .run_frame_staged(&mut arena, upload, None, None)?;
-                    self.sync()?;
-                    let free_before = self.free_memory()?;
-                    for _ in 0..frames {
-                        let start = Instant::now();
-                        let mut decode_time = Duration::ZERO;
-                        let decode = |_: &Arc<CudaStream>, rgb: &mut DeviceViewMut<'_, u8>| {
-                            rgb.upload(input)?;
-                            decode_time = start.elapsed();
-                            Ok(())
-                        };
-                        self.kernels.run_frame_staged(
-                            &mut arena,
-                            decode,
-                            Some(&self.events),
-                            None,
-                        )?;
-                        self.sync()?;
-                        frame_times.push(start.elapsed());
-                        decode_times.push(decode_time);
-                        record_stages(&mut stage_times)?;
+                let free_after = self.free_memory()?;
+                let mut replayed = FrameOutputs::new(frame.size);
+                L::graph_outputs(&mut graph, &mut replayed)?;
+                drop(graph);
+                // One eager frame, untimed, for the outputs and to check the replays against.
+                L::eager(self, &mut arena, frame, None, Some(&mut outputs))?;
+                let check = match L::difference(&replayed, &outputs) {
+                    None => format!(
+                        "graph replay vs eager launches: {} bit-identical",
+                        L::GRAPH_OUTPUTS
+                    ),
+                    Some(d) => {
+                        return Err(format!("the graph's output differs from eager: {d}").into());
                     }
-                    let free_after = self.free_memory()?;
-                    // One more frame, untimed, that downloads each output in the last stage it
-                    // is live in (its bytes are reused afterwards).
-                    self.kernels
-                        .run_frame_staged(&mut arena, upload, None, Some(&mut outputs))?;
-                    (setup, free_before, free_after, arena.size())
+                };
+                (free_before, free_after, Some(check))
+            } else {
+                let free_before = self.free_memory()?;
+                // The frame loop: an upload, launches, event records and a synchronize; no
+                // allocation.
+                for _ in 0..frames {
+                    let start = Instant::now();
+                    decode_times.push(L::eager(self, &mut arena, frame, Some(&self.events), None)?);
+                    self.sync()?;
+                    frame_times.push(start.elapsed());
+                    for (t, ms) in stage_times.iter_mut().zip(self.events.elapsed_ms()?) {
+                        t.push(Duration::from_secs_f64(ms as f64 / 1e3));
+                    }
                 }
+                let free_after = self.free_memory()?;
+                // One more frame, untimed, that downloads every output (on the aliased layout,
+                // each in the last stage it is live in: its bytes are reused afterwards).
+                L::eager(self, &mut arena, frame, None, Some(&mut outputs))?;
+                (free_before, free_after, None)
             };
             let after = backend.stats();
             Ok(Run {
-                layout,
+                layout: L::LAYOUT,
                 backend: format!(
                     "cuda: {}, PTX kernels, CudaBackend arena (one cuMemAlloc)",
                     self.device
                 ),
+                execution,
                 decode_times,
-                stage_times,
+                stage_times: if use_graph {
+                    vec![Vec::new(); Stage::ALL.len()]
+                } else {
+                    stage_times
+                },
                 frame_times,
                 outputs,
-                arena_bytes,
+                arena_bytes: arena.size(),
                 setup_allocations: setup.allocations,
                 allocations_after_setup: after.allocations - setup.allocations,
                 free_memory: Some((free_before, free_after)),
+                graph_check,
             })
         }
     }
 }
 
-fn median(xs: &[Duration]) -> Duration {
+/// The median, `None` for no values.
+fn median(xs: &[Duration]) -> Option<Duration> {
     let mut v = xs.to_vec();
     v.sort_unstable();
-    v.get(v.len() / 2).copied().unwrap_or_default()
+    v.get(v.len() / 2).copied()
 }
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn write_png(dir: &Path, name: &str, data: &[u8], color: png::ColorType) -> Result<PathBuf> {
+fn write_png(
+    dir: &Path,
+    name: &str,
+    size: ImageSize,
+    data: &[u8],
+    color: png::ColorType,
+) -> Result<PathBuf> {
     let path = dir.join(name);
     let file =
         File::create(&path).map_err(|e| format!("cannot create `{}`: {e}", path.display()))?;
-    let mut enc = png::Encoder::new(BufWriter::new(file), WIDTH as u32, HEIGHT as u32);
+    let mut enc = png::Encoder::new(BufWriter::new(file), size.width as u32, size.height as u32);
     enc.set_color(color);
     enc.set_depth(png::BitDepth::Eight);
-    let mut writer = enc.write_header()?;
-    writer.write_image_data(data)?;
-    writer.finish()?;
+    let fail = |e: png::EncodingError| format!("writing `{}`: {e}", path.display());
+    let mut writer = enc.write_header().map_err(fail)?;
+    writer.write_image_data(data).map_err(fail)?;
+    writer.finish().map_err(fail)?;
     Ok(path)
 }
 
-/// Reads a PNG as 8-bit RGB at 1920×1080: palette, gray and 16-bit images are converted, alpha
-/// is dropped, other sizes are resampled.
-fn load_png(path: &Path) -> Result<(Vec<u8>, String)> {
+/// Reads a PNG as 8-bit RGB at its own size, or downscaled to fit the layouts ([`fit_input`]):
+/// palette, gray and 16-bit images are converted, alpha is dropped. Every error names the file.
+fn load_png(path: &Path) -> Result<Input> {
     let file = File::open(path).map_err(|e| format!("cannot open `{}`: {e}", path.display()))?;
     let mut decoder = png::Decoder::new(BufReader::new(file));
     decoder.set_transformations(png::Transformations::normalize_to_color8());
@@ -629,12 +980,15 @@ fn load_png(path: &Path) -> Result<(Vec<u8>, String)> {
         .output_buffer_size()
         .ok_or_else(|| format!("`{}`: image too large to decode", path.display()))?;
     let mut buf = vec![0u8; len];
-    let info = reader.next_frame(&mut buf)?;
-    let (w, h) = (info.width as usize, info.height as usize);
+    let info = reader
+        .next_frame(&mut buf)
+        .map_err(|e| format!("`{}`: cannot decode the image data: {e}", path.display()))?;
+    let size = ImageSize::new(info.width as usize, info.height as usize);
+    size.check(&format!("`{}`", path.display()))?;
     let samples = info.color_type.samples();
-    let mut rgb = Vec::with_capacity(w * h * 3);
-    for row in buf.chunks(info.line_size).take(h) {
-        for px in row[..w * samples].chunks_exact(samples) {
+    let mut rgb = Vec::with_capacity(size.pixels() * 3);
+    for row in buf.chunks(info.line_size).take(size.height) {
+        for px in row[..size.width * samples].chunks_exact(samples) {
             match info.color_type {
                 png::ColorType::Grayscale | png::ColorType::GrayscaleAlpha => {
                     rgb.extend_from_slice(&[px[0]; 3])
@@ -643,40 +997,144 @@ fn load_png(path: &Path) -> Result<(Vec<u8>, String)> {
             }
         }
     }
-    let mut source = format!(
-        "{} ({w}×{h}, {:?})",
+    let source = format!(
+        "{} ({size}, {:?})",
         path.display(),
         reader.info().color_type
     );
-    if (w, h) != (WIDTH, HEIGHT) {
-        rgb = resample(&rgb, w, h, WIDTH, HEIGHT);
-        source.push_str(&format!(
-            ", resampled (bilinear) to {WIDTH}×{HEIGHT}: the layouts are planned for that size \
-             at compile time"
-        ));
-    }
-    Ok((rgb, source))
+    fit_input(rgb, size, source)
 }
 
-/// Bilinear resampling of 8-bit RGB, pixel centres aligned.
-fn resample(src: &[u8], sw: usize, sh: usize, dw: usize, dh: usize) -> Vec<u8> {
-    let mut out = vec![0u8; dw * dh * 3];
-    let coord = |d: usize, dn: usize, sn: usize| {
-        let s = ((d as f32 + 0.5) * sn as f32 / dn as f32 - 0.5).clamp(0.0, (sn - 1) as f32);
-        let i = s.floor() as usize;
-        (i, (i + 1).min(sn - 1), s - i as f32)
-    };
-    for y in 0..dh {
-        let (y0, y1, fy) = coord(y, dh, sh);
-        for x in 0..dw {
-            let (x0, x1, fx) = coord(x, dw, sw);
-            for c in 0..3 {
-                let p = |xx: usize, yy: usize| src[(yy * sw + xx) * 3 + c] as f32;
-                let top = p(x0, y0) * (1.0 - fx) + p(x1, y0) * fx;
-                let bot = p(x0, y1) * (1.0 - fx) + p(x1, y1) * fx;
-                out[(y * dw + x) * 3 + c] = (top * (1.0 - fy) + bot * fy).round() as u8;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh directory for one test's files.
+    fn scratch_dir(test: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "devarena-image-pipeline-{}-{test}",
+            std::process::id()
+        ));
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Writes an 8-bit PNG of `size` and `color` (`data` holds its samples).
+    fn png_file(
+        dir: &Path,
+        name: &str,
+        size: ImageSize,
+        data: &[u8],
+        color: png::ColorType,
+    ) -> PathBuf {
+        write_png(dir, name, size, data, color).unwrap()
+    }
+
+    /// The size a PNG file says it has.
+    fn png_size(path: &Path) -> ImageSize {
+        let reader = png::Decoder::new(BufReader::new(File::open(path).unwrap()))
+            .read_info()
+            .unwrap();
+        let info = reader.info();
+        ImageSize::new(info.width as usize, info.height as usize)
+    }
+
+    #[test]
+    fn sizes_parse_and_bad_ones_are_named() {
+        assert_eq!(parse_size("1920x1080").unwrap(), ImageSize::new(1920, 1080));
+        assert_eq!(parse_size("7×5").unwrap(), ImageSize::new(7, 5));
+        let e = parse_size("640by480").unwrap_err();
+        assert!(e.to_string().contains("`640by480`"), "{e}");
+        let e = parse_size("0x5").unwrap_err();
+        assert!(e.to_string().contains("0×5"), "{e}");
+    }
+
+    #[test]
+    fn a_truncated_png_is_an_error_naming_the_file() {
+        let dir = scratch_dir("truncated");
+        let size = ImageSize::new(64, 48);
+        let rgb: Vec<u8> = (0..size.pixels() * 3)
+            .map(|i| (i * 7 % 251) as u8)
+            .collect();
+        let path = png_file(&dir, "whole.png", size, &rgb, png::ColorType::Rgb);
+        let bytes = fs::read(&path).unwrap();
+        let cut = dir.join("cut.png");
+        fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).unwrap();
+        let e = load_png(&cut).err().expect("a truncated PNG must not load");
+        assert!(e.to_string().contains(&cut.display().to_string()), "{e}");
+        // Cut inside the header too.
+        fs::write(&cut, &bytes[..20]).unwrap();
+        let e = load_png(&cut)
+            .err()
+            .expect("a truncated header must not load");
+        assert!(e.to_string().contains(&cut.display().to_string()), "{e}");
+        // The whole file loads, at its own size.
+        let input = load_png(&path).unwrap();
+        assert_eq!((input.size, &input.rgb), (size, &rgb));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn small_and_odd_images_run_and_are_written_at_their_own_size() {
+        let dir = scratch_dir("odd");
+        for size in [
+            ImageSize::new(1, 1),
+            ImageSize::new(7, 5),
+            ImageSize::new(3, 11),
+        ] {
+            let gray: Vec<u8> = (0..size.pixels()).map(|i| (i * 37 % 256) as u8).collect();
+            let path = png_file(&dir, "in.png", size, &gray, png::ColorType::Grayscale);
+            let input = load_png(&path).unwrap();
+            assert_eq!(input.size, size);
+            assert!(!input.source.contains("downscaled"), "{}", input.source);
+            let mut outputs = Vec::new();
+            for layout in [Layout::Unaliased, Layout::Aliased] {
+                let run = run_host(layout, &input.rgb, input.size, 2).unwrap();
+                assert_eq!(run.outputs.size, size);
+                assert_eq!(run.allocations_after_setup, 0);
+                outputs.push(run.outputs);
+            }
+            assert_eq!(outputs[0].first_difference(&outputs[1]), None, "{size}");
+            for (name, data) in output_images(&outputs[0]) {
+                let written =
+                    write_png(&dir, name, size, &data, png::ColorType::Grayscale).unwrap();
+                assert_eq!(png_size(&written), size, "{name}");
             }
         }
+        fs::remove_dir_all(&dir).unwrap();
     }
-    out
+
+    #[test]
+    fn an_image_larger_than_the_maximum_is_downscaled_keeping_its_aspect_ratio() {
+        let dir = scratch_dir("large");
+        let size = ImageSize::new(5000, 3000);
+        // Dark left half, bright right half: compresses well, and its edge must stay central.
+        let gray: Vec<u8> = (0..size.pixels())
+            .map(|i| if i % 5000 < 2500 { 30 } else { 220 })
+            .collect();
+        let path = png_file(&dir, "large.png", size, &gray, png::ColorType::Grayscale);
+        let input = load_png(&path).unwrap();
+        assert_eq!(input.size, ImageSize::new(3718, 2230));
+        assert_eq!(input.rgb.len(), input.size.pixels() * 3);
+        assert!(
+            input.source.contains("downscaled") && input.source.contains("aspect ratio kept"),
+            "{}",
+            input.source
+        );
+        let row = &input.rgb[..input.size.width * 3];
+        let half = input.size.width / 2;
+        assert_eq!(row[(half - 3) * 3], 30);
+        assert_eq!(row[(half + 3) * 3], 220);
+        // An image that fits is not touched, however it is shaped.
+        let tall = ImageSize::new(3, 4000);
+        let path = png_file(
+            &dir,
+            "tall.png",
+            tall,
+            &vec![9; tall.pixels()],
+            png::ColorType::Grayscale,
+        );
+        assert_eq!(load_png(&path).unwrap().size, tall);
+        fs::remove_dir_all(&dir).unwrap();
+    }
 }

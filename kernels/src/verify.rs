@@ -1,12 +1,11 @@
 //! The hardware verifier: PTX kernels that prove, on a real GPU, that every view of an arena
-//! keeps its alignment promise and that no two views overlap.
+//! keeps its alignment promise and that no two views overlap. Any `#[derive(DeviceLayout)]`
+//! layout will do; here, the image pipeline's:
 //!
 //! ```no_run
+//! use devarena::Arena;
 //! use devarena::backend::cuda::{cuda_stream, CudaBackend};
-//! use devarena::{Arena, DeviceLayout};
-//!
-//! #[derive(DeviceLayout)]
-//! struct Frame { rgb: [u8; 1920 * 1080 * 3], gray: [f32; 1920 * 1080], hist: [u32; 256] }
+//! use devarena_kernels::pipeline::Frame;
 //!
 //! let stream = cuda_stream(0)?;
 //! let mut arena = Arena::<Frame, _>::new_in(CudaBackend::new(stream))?;
@@ -20,6 +19,23 @@
 //! overlap check runs per stage instead: [`verify_stages`] checks, for every stage, that the
 //! fields live in it are aligned and overlap none of each other, and shows on the device that
 //! the fields the plan lets share bytes do share them.
+//!
+//! # Safe and raw entry points
+//!
+//! The kernels write the memory they check. The safe entry points ([`verify`],
+//! [`verify_stages`], [`Verifier::verify`], [`Verifier::verify_stages`]) take the arena by
+//! `&mut`, so no view of it exists while the device writes it, and they return only after every
+//! kernel they queued has finished (on success and on error), so the views made afterwards see
+//! memory the verifier no longer touches. They take device memory only
+//! ([`VerifyTarget`]: device and managed arenas).
+//!
+//! The raw entry points ([`Verifier::alignment`], [`Verifier::disjoint`], [`Verifier::tma`],
+//! [`Verifier::run`], [`Verifier::run_stages`]) take [`Region`]s, whose addresses the caller
+//! chooses, and are `unsafe`: the caller promises that the regions are device memory it owns
+//! and nothing else uses while the call runs.
+//!
+//! Every byte a kernel reads was written before, by the verifier itself or by the caller:
+//! compute-sanitizer's initcheck finds no read of uninitialised device memory.
 
 use std::fmt;
 use std::sync::Arc;
@@ -28,8 +44,8 @@ use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, sys,
 };
 use cudarc::nvrtc::Ptx;
-use devarena::backend::cuda::{CudaBackend, describe_device, driver_error};
-use devarena::{Arena, DeviceLayout, Disjoint, Error, LiveRange};
+use devarena::backend::cuda::{CudaBackend, ManagedBackend, describe_device, driver_error};
+use devarena::{Arena, Backend, DeviceLayout, Disjoint, Error, LiveRange};
 
 /// PTX of the alignment and overlap kernels (`kernels/cuda/verify.cu`, compute_75).
 pub const VERIFY_PTX: &str = include_str!("../ptx/verify.ptx");
@@ -42,6 +58,9 @@ const TMA_BOX_MAX: usize = 256;
 const TMA_MAP_MAX: u64 = 1 << 30;
 
 /// One region to verify: where it is, how big, and the alignment it promises.
+///
+/// Plain data: making one is safe, handing it to a raw entry point of [`Verifier`] is not
+/// (they are `unsafe fn`s whose kernels write `addr..addr + size`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Region {
     /// Name for the report.
@@ -318,6 +337,39 @@ pub fn tag_byte(i: u32, j: u64) -> u8 {
     (h ^ (h >> 8) ^ (h >> 16) ^ (h >> 24)) as u8
 }
 
+/// Device memory the verifier's kernels may write: the backends of the arenas that the safe
+/// entry points accept, with the stream their work is ordered on. Implemented for
+/// [`CudaBackend`] (device memory, `cuMemAlloc` or stream-ordered) and [`ManagedBackend`]
+/// (managed memory); sealed, because a backend whose memory the device cannot address (host
+/// memory) would make a safe call launch kernels on addresses the device does not own.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not device memory the verifier's kernels may write",
+    label = "the verifier runs on device arenas",
+    note = "verify an arena on `CudaBackend` or `ManagedBackend`"
+)]
+pub trait VerifyTarget: Backend + sealed::Sealed {
+    /// The stream the arena's work is ordered on.
+    fn stream(&self) -> &Arc<CudaStream>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for devarena::backend::cuda::CudaBackend {}
+    impl Sealed for devarena::backend::cuda::ManagedBackend {}
+}
+
+impl VerifyTarget for CudaBackend {
+    fn stream(&self) -> &Arc<CudaStream> {
+        CudaBackend::stream(self)
+    }
+}
+
+impl VerifyTarget for ManagedBackend {
+    fn stream(&self) -> &Arc<CudaStream> {
+        ManagedBackend::stream(self)
+    }
+}
+
 impl Verifier {
     /// Loads the kernels on `stream`'s device (the TMA kernel only on sm_90 and newer).
     pub fn new(stream: &Arc<CudaStream>) -> Result<Self, Error> {
@@ -359,78 +411,100 @@ impl Verifier {
         &self.device
     }
 
+    /// Runs every check on every field of a device arena (see [`verify`]), on this verifier's
+    /// stream. Overwrites the arena's contents, hence the `&mut`; returns once every kernel it
+    /// queued has finished.
+    ///
+    /// The verifier's stream first waits for the work queued on the arena's stream, so any
+    /// stream of the arena's context will do; an arena of another context is an
+    /// [`Error::InvalidArgument`].
+    pub fn verify<L: DeviceLayout + Disjoint, B: VerifyTarget>(
+        &self,
+        arena: &mut Arena<L, B>,
+    ) -> Result<Report, Error> {
+        self.order_after(arena)?;
+        let regions = regions(arena);
+        // SAFETY: the regions are the fields of the arena, inside its one live device
+        // allocation (`VerifyTarget`: memory the device addresses), which the `&mut` borrow
+        // keeps alive and away from every other user for the whole call; the verifier's stream
+        // waits for the arena's earlier work (`order_after`), and `run` returns after its
+        // kernels have finished.
+        unsafe { self.run(arena.addr(), regions) }
+    }
+
+    /// The per-stage checks of a device arena whose layout has stages (see
+    /// [`verify_stages`]), on this verifier's stream; ordered and returning as
+    /// [`Verifier::verify`].
+    pub fn verify_stages<L: DeviceLayout, B: VerifyTarget>(
+        &self,
+        arena: &mut Arena<L, B>,
+    ) -> Result<StagesReport, Error> {
+        if L::STAGES == 0 {
+            return Err(Error::InvalidArgument {
+                what: format!(
+                    "verify stages: `{}` has no stages (no field shares bytes); verify it with \
+                     `verify`",
+                    L::NAME
+                ),
+            });
+        }
+        self.order_after(arena)?;
+        let regions = regions(arena);
+        // SAFETY: as in `verify`: the arena's fields, exclusively borrowed for the call.
+        unsafe { self.run_stages(L::NAME, arena.addr(), &regions, L::LIVE, L::STAGES) }
+    }
+
+    /// Makes the verifier's stream wait for the work queued on the arena's stream.
+    fn order_after<L: DeviceLayout, B: VerifyTarget>(
+        &self,
+        arena: &Arena<L, B>,
+    ) -> Result<(), Error> {
+        let theirs = arena.backend().stream();
+        if theirs.context().cu_ctx() != self.stream.context().cu_ctx() {
+            return Err(Error::InvalidArgument {
+                what: format!(
+                    "verify `{}`: the arena lives in the context of device {}, the verifier in \
+                     that of device {}",
+                    L::NAME,
+                    theirs.context().ordinal(),
+                    self.stream.context().ordinal()
+                ),
+            });
+        }
+        if theirs.cu_stream() != self.stream.cu_stream() {
+            self.stream.join(theirs).map_err(drv("cuStreamWaitEvent"))?;
+        }
+        Ok(())
+    }
+
     fn upload(&self, v: &[u64]) -> Result<CudaSlice<u64>, Error> {
         self.stream.clone_htod(v).map_err(drv("cuMemcpyHtoDAsync"))
     }
 
-    /// Runs the alignment kernel. A region whose address breaks its promise makes the hardware
-    /// fail the launch: that comes back as `Err(Error::Driver { name:
-    /// "CUDA_ERROR_MISALIGNED_ADDRESS", .. })`, and the CUDA context is unusable afterwards.
-    pub fn alignment(&self, regions: &[Region]) -> Result<Vec<AlignmentCheck>, Error> {
-        let n = regions.len();
-        if n == 0 {
-            return Ok(Vec::new());
-        }
-        let ptrs = self.upload(&regions.iter().map(|r| r.addr).collect::<Vec<_>>())?;
-        let aligns = self.upload(&regions.iter().map(|r| r.align as u64).collect::<Vec<_>>())?;
-        let sizes = self.upload(&regions.iter().map(|r| r.size as u64).collect::<Vec<_>>())?;
-        let mut residues = self
+    /// Waits for every kernel the verifier queued, whatever `result` is, so that no kernel of
+    /// a call still runs when it returns; the first error wins.
+    fn settle<T>(&self, result: Result<T, Error>) -> Result<T, Error> {
+        let synced = self
             .stream
-            .alloc_zeros::<u64>(n)
-            .map_err(drv("cuMemAlloc"))?;
-        let mut widths = self
-            .stream
-            .alloc_zeros::<u32>(n)
-            .map_err(drv("cuMemAlloc"))?;
-        let n32 = n as u32;
-        // SAFETY: the kernel reads n entries of the three input arrays and writes n entries of
-        // the two outputs; each region's access stays inside the region (width <= size).
-        unsafe {
-            self.stream
-                .launch_builder(&self.alignment)
-                .arg(&ptrs)
-                .arg(&aligns)
-                .arg(&sizes)
-                .arg(&mut residues)
-                .arg(&mut widths)
-                .arg(&n32)
-                .launch(LaunchConfig::for_num_elems(n32))
-        }
-        .map_err(drv("cuLaunchKernel(verify_alignment)"))?;
-        self.stream.synchronize().map_err(drv("verify_alignment"))?;
-        let residues = self
-            .stream
-            .clone_dtoh(&residues)
-            .map_err(drv("cuMemcpyDtoH"))?;
-        let widths = self
-            .stream
-            .clone_dtoh(&widths)
-            .map_err(drv("cuMemcpyDtoH"))?;
-        Ok(residues
-            .into_iter()
-            .zip(widths)
-            .map(|(residue, access_bytes)| AlignmentCheck {
-                residue,
-                access_bytes,
-            })
-            .collect())
+            .synchronize()
+            .map_err(drv("cuStreamSynchronize"));
+        let value = result?;
+        synced.map(|()| value)
     }
 
-    /// Fills every region entirely with its own tag, all at once, then counts per region the
-    /// bytes that do not hold its tag: an overlap (or a region reaching into another) shows up
-    /// as mismatches. Overwrites the regions.
-    pub fn disjoint(&self, regions: &[Region]) -> Result<Vec<u64>, Error> {
-        let n = regions.len();
-        if n == 0 {
-            return Ok(Vec::new());
-        }
-        let ptrs = self.upload(&regions.iter().map(|r| r.addr).collect::<Vec<_>>())?;
-        let sizes = self.upload(&regions.iter().map(|r| r.size as u64).collect::<Vec<_>>())?;
-        let mut mismatches = self
-            .stream
-            .alloc_zeros::<u64>(n)
-            .map_err(drv("cuMemAlloc"))?;
-        let largest = regions.iter().map(|r| r.size).max().unwrap_or(0);
+    /// Launches the fill kernel: every region's first `sizes[i]` bytes get region `i`'s tag.
+    ///
+    /// # Safety
+    ///
+    /// `ptrs` and `sizes` hold `n` entries; every `[ptrs[i], ptrs[i] + sizes[i])` is device
+    /// memory the caller owns and nothing else uses until the stream has run the kernel.
+    unsafe fn launch_fill(
+        &self,
+        ptrs: &CudaSlice<u64>,
+        sizes: &CudaSlice<u64>,
+        n: usize,
+        largest: usize,
+    ) -> Result<LaunchConfig, Error> {
         let cfg = LaunchConfig {
             grid_dim: (
                 (largest.div_ceil(256 * 16)).clamp(1, 1024) as u32,
@@ -441,143 +515,275 @@ impl Verifier {
             shared_mem_bytes: 0,
         };
         let n32 = n as u32;
-        // SAFETY: each kernel touches bytes [addr, addr + size) of every region, which the
-        // caller owns, and writes n counters.
+        // SAFETY: the kernel writes bytes [ptrs[i], ptrs[i] + sizes[i]) for i < n (the
+        // caller's contract) and reads the two arrays, which hold n entries.
         unsafe {
             self.stream
                 .launch_builder(&self.fill)
-                .arg(&ptrs)
-                .arg(&sizes)
+                .arg(ptrs)
+                .arg(sizes)
                 .arg(&n32)
                 .launch(cfg)
         }
         .map_err(drv("cuLaunchKernel(verify_fill)"))?;
-        // SAFETY: as above.
-        unsafe {
-            self.stream
-                .launch_builder(&self.check)
-                .arg(&ptrs)
-                .arg(&sizes)
-                .arg(&mut mismatches)
-                .arg(&n32)
-                .launch(cfg)
+        Ok(cfg)
+    }
+
+    /// Runs the alignment kernel. A region whose address breaks its promise makes the hardware
+    /// fail the launch: that comes back as `Err(Error::Driver { name:
+    /// "CUDA_ERROR_MISALIGNED_ADDRESS", .. })`, and the CUDA context is unusable afterwards.
+    ///
+    /// Each region's first `min(size, 16)` bytes are written with its tag (the bytes of
+    /// [`tag_byte`], as [`disjoint`](Self::disjoint) writes them) before the kernel loads and
+    /// stores them back, so the kernel reads only bytes the verifier wrote. Returns after the
+    /// kernels have finished.
+    ///
+    /// # Safety
+    ///
+    /// For every region, `addr..addr + size` must be device memory addressable in this
+    /// verifier's context that the caller owns: it stays allocated until the call returns, no
+    /// other code reads or writes it while the call runs (work queued earlier on another
+    /// stream must have finished, or be ordered before this verifier's stream), and the caller
+    /// gives up its first `min(size, 16)` bytes, which are overwritten.
+    pub unsafe fn alignment(&self, regions: &[Region]) -> Result<Vec<AlignmentCheck>, Error> {
+        let n = regions.len();
+        if n == 0 {
+            return Ok(Vec::new());
         }
-        .map_err(drv("cuLaunchKernel(verify_check)"))?;
-        self.stream
-            .clone_dtoh(&mismatches)
-            .map_err(drv("cuMemcpyDtoH"))
+        let checked = || -> Result<Vec<AlignmentCheck>, Error> {
+            let ptrs = self.upload(&regions.iter().map(|r| r.addr).collect::<Vec<_>>())?;
+            let aligns =
+                self.upload(&regions.iter().map(|r| r.align as u64).collect::<Vec<_>>())?;
+            let sizes = self.upload(&regions.iter().map(|r| r.size as u64).collect::<Vec<_>>())?;
+            let heads = self.upload(
+                &regions
+                    .iter()
+                    .map(|r| r.size.min(16) as u64)
+                    .collect::<Vec<_>>(),
+            )?;
+            let mut residues = self
+                .stream
+                .alloc_zeros::<u64>(n)
+                .map_err(drv("cuMemAlloc"))?;
+            let mut widths = self
+                .stream
+                .alloc_zeros::<u32>(n)
+                .map_err(drv("cuMemAlloc"))?;
+            // SAFETY: the first `min(size, 16)` bytes of every region, which the caller gives
+            // up (this function's contract).
+            unsafe { self.launch_fill(&ptrs, &heads, n, 16)? };
+            let n32 = n as u32;
+            // SAFETY: the kernel reads n entries of the three input arrays and writes n entries
+            // of the two outputs; each region's access stays inside the first `min(size, 16)`
+            // bytes (width <= size, width <= 16), which the fill before it wrote, in stream
+            // order.
+            unsafe {
+                self.stream
+                    .launch_builder(&self.alignment)
+                    .arg(&ptrs)
+                    .arg(&aligns)
+                    .arg(&sizes)
+                    .arg(&mut residues)
+                    .arg(&mut widths)
+                    .arg(&n32)
+                    .launch(LaunchConfig::for_num_elems(n32))
+            }
+            .map_err(drv("cuLaunchKernel(verify_alignment)"))?;
+            self.stream.synchronize().map_err(drv("verify_alignment"))?;
+            let residues = self
+                .stream
+                .clone_dtoh(&residues)
+                .map_err(drv("cuMemcpyDtoH"))?;
+            let widths = self
+                .stream
+                .clone_dtoh(&widths)
+                .map_err(drv("cuMemcpyDtoH"))?;
+            Ok(residues
+                .into_iter()
+                .zip(widths)
+                .map(|(residue, access_bytes)| AlignmentCheck {
+                    residue,
+                    access_bytes,
+                })
+                .collect())
+        };
+        self.settle(checked())
+    }
+
+    /// Fills every region entirely with its own tag, all at once, then counts per region the
+    /// bytes that do not hold its tag: an overlap (or a region reaching into another) shows up
+    /// as mismatches. Overwrites the regions; returns after the kernels have finished.
+    ///
+    /// # Safety
+    ///
+    /// As [`alignment`](Self::alignment), for every byte of every region: the caller gives up
+    /// the regions' contents.
+    pub unsafe fn disjoint(&self, regions: &[Region]) -> Result<Vec<u64>, Error> {
+        let n = regions.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let checked = || -> Result<Vec<u64>, Error> {
+            let ptrs = self.upload(&regions.iter().map(|r| r.addr).collect::<Vec<_>>())?;
+            let sizes = self.upload(&regions.iter().map(|r| r.size as u64).collect::<Vec<_>>())?;
+            let mut mismatches = self
+                .stream
+                .alloc_zeros::<u64>(n)
+                .map_err(drv("cuMemAlloc"))?;
+            let largest = regions.iter().map(|r| r.size).max().unwrap_or(0);
+            // SAFETY: every byte of every region, which the caller gives up.
+            let cfg = unsafe { self.launch_fill(&ptrs, &sizes, n, largest)? };
+            let n32 = n as u32;
+            // SAFETY: the kernel reads bytes [addr, addr + size) of every region, which the
+            // fill before it wrote (stream order), and adds to n counters.
+            unsafe {
+                self.stream
+                    .launch_builder(&self.check)
+                    .arg(&ptrs)
+                    .arg(&sizes)
+                    .arg(&mut mismatches)
+                    .arg(&n32)
+                    .launch(cfg)
+            }
+            .map_err(drv("cuLaunchKernel(verify_check)"))?;
+            self.stream
+                .clone_dtoh(&mismatches)
+                .map_err(drv("cuMemcpyDtoH"))
+        };
+        self.settle(checked())
     }
 
     /// For every region aligned to 16 or more and at least 16 bytes long: encodes a 1-D TMA
     /// tensor map over it and moves its first box to shared memory and back, adding 1 to each
     /// byte; then checks on the host that exactly those bytes changed. Expects the regions to
-    /// hold the tags of [`disjoint`](Self::disjoint).
-    pub fn tma(&self, regions: &[Region]) -> Result<Vec<TmaCheck>, Error> {
-        let Some(func) = &self.tma else {
-            return Ok(vec![
-                TmaCheck::Skipped("needs sm_90 or newer");
-                regions.len()
-            ]);
-        };
-        let mut out = Vec::with_capacity(regions.len());
-        for (i, r) in regions.iter().enumerate() {
-            if r.align < 16 {
-                out.push(TmaCheck::Skipped("alignment below 16"));
-                continue;
-            }
-            if r.size < 16 {
-                out.push(TmaCheck::Skipped("smaller than 16 bytes"));
-                continue;
-            }
-            let box_bytes = (r.size.min(TMA_BOX_MAX)) / 16 * 16;
-            let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
-            // The map covers at most the region's first GiB: what is checked is the address the
-            // tensor starts at, and a 1-D map over more than 2^31 elements faulted the copy
-            // engine on an H200 (CUDA_ERROR_ILLEGAL_INSTRUCTION) although the driver encoded it.
-            let dims = [(r.size as u64).min(TMA_MAP_MAX)];
-            let strides: [u64; 1] = [1];
-            let boxes = [box_bytes as u32];
-            let elem_strides = [1u32];
-            // SAFETY: every pointer addresses an array of `rank` (1) entries; the global
-            // address is the region's device address.
-            unsafe {
-                sys::cuTensorMapEncodeTiled(
-                    map.as_mut_ptr(),
-                    sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-                    1,
-                    r.addr as usize as *mut std::ffi::c_void,
-                    dims.as_ptr(),
-                    strides.as_ptr(),
-                    boxes.as_ptr(),
-                    elem_strides.as_ptr(),
-                    sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                    sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
-                    sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                    sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-                )
-            }
-            .result()
-            .map_err(drv("cuTensorMapEncodeTiled"))?;
-            // SAFETY: the driver initialised the map.
-            let map = TensorMapArg(unsafe { map.assume_init() });
-            let box32 = box_bytes as u32;
-            let x0 = 0u32;
-            // SAFETY: the kernel moves `box_bytes` bytes at the start of the region, which the
-            // caller owns, through its own shared memory.
-            unsafe {
+    /// hold the tags of [`disjoint`](Self::disjoint). Returns after the kernels have finished.
+    ///
+    /// # Safety
+    ///
+    /// As [`alignment`](Self::alignment), for the first `min(size, 256)` bytes of every region
+    /// aligned to 16 or more, which are read and written; they must have been written before
+    /// (by [`disjoint`](Self::disjoint), for the check to pass).
+    pub unsafe fn tma(&self, regions: &[Region]) -> Result<Vec<TmaCheck>, Error> {
+        let checked = || -> Result<Vec<TmaCheck>, Error> {
+            let Some(func) = &self.tma else {
+                return Ok(vec![
+                    TmaCheck::Skipped("needs sm_90 or newer");
+                    regions.len()
+                ]);
+            };
+            let mut out = Vec::with_capacity(regions.len());
+            for (i, r) in regions.iter().enumerate() {
+                if r.align < 16 {
+                    out.push(TmaCheck::Skipped("alignment below 16"));
+                    continue;
+                }
+                if r.size < 16 {
+                    out.push(TmaCheck::Skipped("smaller than 16 bytes"));
+                    continue;
+                }
+                let box_bytes = (r.size.min(TMA_BOX_MAX)) / 16 * 16;
+                let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+                // The map covers at most the region's first GiB: what is checked is the address the
+                // tensor starts at, and a 1-D map over more than 2^31 elements faulted the copy
+                // engine on an H200 (CUDA_ERROR_ILLEGAL_INSTRUCTION) although the driver encoded it.
+                let dims = [(r.size as u64).min(TMA_MAP_MAX)];
+                let strides: [u64; 1] = [1];
+                let boxes = [box_bytes as u32];
+                let elem_strides = [1u32];
+                // SAFETY: every pointer addresses an array of `rank` (1) entries; the global
+                // address is the region's device address.
+                unsafe {
+                    sys::cuTensorMapEncodeTiled(
+                        map.as_mut_ptr(),
+                        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                        1,
+                        r.addr as usize as *mut std::ffi::c_void,
+                        dims.as_ptr(),
+                        strides.as_ptr(),
+                        boxes.as_ptr(),
+                        elem_strides.as_ptr(),
+                        sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+                        sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                        sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+                    )
+                }
+                .result()
+                .map_err(drv("cuTensorMapEncodeTiled"))?;
+                // SAFETY: the driver initialised the map.
+                let map = TensorMapArg(unsafe { map.assume_init() });
+                let box32 = box_bytes as u32;
+                let x0 = 0u32;
+                // SAFETY: the kernel moves `box_bytes` bytes at the start of the region, which the
+                // caller owns, through its own shared memory.
+                unsafe {
+                    self.stream
+                        .launch_builder(func)
+                        .arg(&map)
+                        .arg(&box32)
+                        .arg(&x0)
+                        .launch(LaunchConfig {
+                            grid_dim: (1, 1, 1),
+                            block_dim: (128, 1, 1),
+                            shared_mem_bytes: 0,
+                        })
+                }
+                .map_err(drv("cuLaunchKernel(tma_roundtrip)"))?;
+                let mut back = vec![0u8; box_bytes + 16.min(r.size - box_bytes)];
+                self.stream.synchronize().map_err(drv("tma_roundtrip"))?;
+                // SAFETY: `back` is no longer than the region, which is live device memory.
+                unsafe {
+                    cudarc::driver::result::memcpy_dtoh_async(
+                        &mut back,
+                        r.addr,
+                        self.stream.cu_stream(),
+                    )
+                }
+                .map_err(drv("cuMemcpyDtoHAsync"))?;
                 self.stream
-                    .launch_builder(func)
-                    .arg(&map)
-                    .arg(&box32)
-                    .arg(&x0)
-                    .launch(LaunchConfig {
-                        grid_dim: (1, 1, 1),
-                        block_dim: (128, 1, 1),
-                        shared_mem_bytes: 0,
+                    .synchronize()
+                    .map_err(drv("cuStreamSynchronize"))?;
+                let wrong = back
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, &b)| {
+                        let tag = tag_byte(i as u32, j as u64);
+                        let want = if j < box_bytes {
+                            tag.wrapping_add(1)
+                        } else {
+                            tag
+                        };
+                        b != want
                     })
+                    .count();
+                out.push(if wrong == 0 {
+                    TmaCheck::Passed { box_bytes }
+                } else {
+                    TmaCheck::Failed { wrong }
+                });
             }
-            .map_err(drv("cuLaunchKernel(tma_roundtrip)"))?;
-            let mut back = vec![0u8; box_bytes + 16.min(r.size - box_bytes)];
-            self.stream.synchronize().map_err(drv("tma_roundtrip"))?;
-            // SAFETY: `back` is no longer than the region, which is live device memory.
-            unsafe {
-                cudarc::driver::result::memcpy_dtoh_async(
-                    &mut back,
-                    r.addr,
-                    self.stream.cu_stream(),
-                )
-            }
-            .map_err(drv("cuMemcpyDtoHAsync"))?;
-            self.stream
-                .synchronize()
-                .map_err(drv("cuStreamSynchronize"))?;
-            let wrong = back
-                .iter()
-                .enumerate()
-                .filter(|&(j, &b)| {
-                    let tag = tag_byte(i as u32, j as u64);
-                    let want = if j < box_bytes {
-                        tag.wrapping_add(1)
-                    } else {
-                        tag
-                    };
-                    b != want
-                })
-                .count();
-            out.push(if wrong == 0 {
-                TmaCheck::Passed { box_bytes }
-            } else {
-                TmaCheck::Failed { wrong }
-            });
-        }
-        Ok(out)
+            Ok(out)
+        };
+        self.settle(checked())
     }
 
-    /// All three checks over `regions` (overwrites them).
-    pub fn run(&self, base: u64, regions: Vec<Region>) -> Result<Report, Error> {
-        let alignment = self.alignment(&regions)?;
-        let mismatches = self.disjoint(&regions)?;
-        let tma = self.tma(&regions)?;
+    /// All three checks over `regions`: the overlap check first (its fill writes every byte),
+    /// then the alignment check and the bulk-tensor round trip. Overwrites the regions;
+    /// returns after the kernels have finished.
+    ///
+    /// # Safety
+    ///
+    /// As [`alignment`](Self::alignment), for every byte of every region: the caller gives up
+    /// the regions' contents.
+    pub unsafe fn run(&self, base: u64, regions: Vec<Region>) -> Result<Report, Error> {
+        // SAFETY: the caller's contract covers the three checks.
+        let (mismatches, alignment, tma) = unsafe {
+            let mismatches = self.disjoint(&regions)?;
+            let alignment = self.alignment(&regions)?;
+            // The alignment check rewrote the first bytes of each region with the same tags,
+            // so the round trip finds what `disjoint` wrote.
+            (mismatches, alignment, self.tma(&regions)?)
+        };
         Ok(Report {
             device: self.device.clone(),
             base,
@@ -595,15 +801,18 @@ impl Verifier {
                 .collect(),
         })
     }
-}
 
-impl Verifier {
     /// The per-stage checks over `regions` (one per field, in declaration order, with the
-    /// fields' live ranges): per stage, the alignment and overlap checks over the fields live
+    /// fields' live ranges): per stage, the overlap and alignment checks over the fields live
     /// in it; then, for every pair of fields whose live ranges never meet and whose regions
     /// overlap, the overlap check over the two, which must see the shared bytes. Overwrites
-    /// the regions.
-    pub fn run_stages(
+    /// the regions; returns after the kernels have finished.
+    ///
+    /// # Safety
+    ///
+    /// As [`alignment`](Self::alignment), for every byte of every region: the caller gives up
+    /// the regions' contents.
+    pub unsafe fn run_stages(
         &self,
         layout: &'static str,
         base: u64,
@@ -628,8 +837,11 @@ impl Verifier {
                 .filter(|(_, l)| l.contains(s))
                 .map(|(r, _)| r.clone())
                 .collect();
-            let alignment = self.alignment(&here)?;
-            let mismatches = self.disjoint(&here)?;
+            // SAFETY: `here` is a subset of `regions`, which the caller's contract covers. The
+            // fill runs first so that the alignment kernel reads bytes the verifier wrote.
+            let mismatches = unsafe { self.disjoint(&here)? };
+            // SAFETY: as above.
+            let alignment = unsafe { self.alignment(&here)? };
             per_stage.push(
                 here.into_iter()
                     .zip(alignment)
@@ -654,7 +866,8 @@ impl Verifier {
                     continue;
                 }
                 let pair = [a.clone(), b.clone()];
-                let mismatches = self.disjoint(&pair)?.iter().sum();
+                // SAFETY: two of the caller's regions.
+                let mismatches = unsafe { self.disjoint(&pair)? }.iter().sum();
                 let (first, second) = if (b.offset, j) < (a.offset, i) {
                     (b, a)
                 } else {
@@ -681,7 +894,8 @@ impl Verifier {
 /// Verifies a device arena whose layout has stages, stage by stage: in every stage, each field
 /// live in it passes the hardware alignment check and overlaps none of the other fields live
 /// in it; and every pair of fields the plan lets share bytes (live ranges that never meet) is
-/// shown to share them on the device. Overwrites the arena's contents, hence the `&mut`.
+/// shown to share them on the device. Overwrites the arena's contents, hence the `&mut`, and
+/// returns once every kernel it queued has finished.
 ///
 /// A layout without stages is an [`Error::InvalidArgument`]: [`verify`] checks it whole.
 ///
@@ -705,23 +919,15 @@ impl Verifier {
 /// assert!(report.passed() && report.shared.len() == 1);
 /// # Ok::<(), devarena::Error>(())
 /// ```
-pub fn verify_stages<L: DeviceLayout>(
-    arena: &mut Arena<L, CudaBackend>,
+pub fn verify_stages<L: DeviceLayout, B: VerifyTarget>(
+    arena: &mut Arena<L, B>,
 ) -> Result<StagesReport, Error> {
-    if L::STAGES == 0 {
-        return Err(Error::InvalidArgument {
-            what: format!(
-                "verify stages: `{}` has no stages (no field shares bytes); verify it with `verify`",
-                L::NAME
-            ),
-        });
-    }
-    let verifier = Verifier::new(arena.backend().stream())?;
-    verifier.run_stages(L::NAME, arena.addr(), &regions(arena), L::LIVE, L::STAGES)
+    Verifier::new(arena.backend().stream())?.verify_stages(arena)
 }
 
-/// The regions of every field of an arena, as its plan placed them.
-pub fn regions<L: DeviceLayout, B: devarena::Backend>(arena: &Arena<L, B>) -> Vec<Region> {
+/// The regions of every field of an arena, as its plan placed them: plain data (addresses and
+/// sizes), for reports and for the raw entry points of [`Verifier`].
+pub fn regions<L: DeviceLayout, B: Backend>(arena: &Arena<L, B>) -> Vec<Region> {
     L::FIELDS
         .iter()
         .map(|f| Region {
@@ -734,12 +940,11 @@ pub fn regions<L: DeviceLayout, B: devarena::Backend>(arena: &Arena<L, B>) -> Ve
         .collect()
 }
 
-/// Runs every check on every field of a device arena: the hardware alignment check, the
-/// overlap check and (on sm_90) the bulk-tensor round trip. Overwrites the arena's contents,
-/// hence the `&mut`.
-pub fn verify<L: DeviceLayout + Disjoint>(
-    arena: &mut Arena<L, CudaBackend>,
+/// Runs every check on every field of a device (or managed) arena: the hardware alignment
+/// check, the overlap check and (on sm_90) the bulk-tensor round trip. Overwrites the arena's
+/// contents, hence the `&mut`, and returns once every kernel it queued has finished.
+pub fn verify<L: DeviceLayout + Disjoint, B: VerifyTarget>(
+    arena: &mut Arena<L, B>,
 ) -> Result<Report, Error> {
-    let verifier = Verifier::new(arena.backend().stream())?;
-    verifier.run(arena.addr(), regions(arena))
+    Verifier::new(arena.backend().stream())?.verify(arena)
 }

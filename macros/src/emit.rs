@@ -9,7 +9,8 @@
 //!   `<Name>Offsets` struct and `OFFSETS` constant that read the plan;
 //! * the views struct (`<Name>Views<'a, K>`), generic over devarena's `ViewKind`, so one
 //!   struct serves host and device views, and the `views` fn that slices a region into it;
-//! * `Disjoint` for a layout without stages (no two fields share bytes), and per stage a
+//! * `unsafe impl Disjoint` for a layout without stages (no two fields share bytes: the
+//!   planner's promise, which `Disjoint`'s contract asks for), and per stage a
 //!   `<Name>Stage<S>Views` struct with its `Stage<S>` impl;
 //! * for named stages only (`#[layout(stages(decode, blur))]`), a `<Name>Stages` trait
 //!   implemented for `devarena::Arena<Name, B>` over any `devarena::Backend`, so that
@@ -23,6 +24,10 @@ use syn::spanned::Spanned;
 use syn::{GenericParam, Ident, Lifetime};
 
 use crate::model::{FieldKind, Layout};
+
+/// How many constants the derive's search runs in (see `devarena::plan::improve_step`): each
+/// evaluates within a fixed amount of work, so the search's whole cost is bounded by this.
+const SEARCH_STEPS: usize = 3;
 
 pub fn emit(layout: &Layout) -> TokenStream {
     let name = &layout.ident;
@@ -172,71 +177,82 @@ pub fn emit(layout: &Layout) -> TokenStream {
         checks.push(derive_check(name, &name_str, "Layout", 0, span));
     }
     let panic_on_error = layout.is_generic();
-    // With stages, the search improves the greedy plan within a fixed number of nodes. Its
-    // scratch space is sized from the layout, so its length is a constant of its own, named
-    // by the type (an array length cannot name `Self`, nor a generic layout's parameters:
-    // generic layouts keep the greedy plan).
-    let search = layout.stages.is_some() && !layout.is_generic() && option_env!("DEVARENA_NO_SEARCH").is_none();
-    // The greedy plan: with stages, one constant per ordering, so that no one evaluation runs
-    // long (a crate that uses the layout's constants evaluates them again, under its own lint
-    // levels: the `long_running_const_eval` lint must not fire there either).
+    // The plan, in constants of their own so that no one evaluation runs long: rustc's
+    // `long_running_const_eval` lint counts each constant's evaluation apart, and a crate that
+    // uses the layout's constants evaluates them again under its own lint levels, where no
+    // attribute of ours reaches.
+    //
+    // With stages: one constant per greedy ordering (without the `max_bytes` limit: one
+    // ordering alone may be over it), the smallest of them, then a chain of search steps that
+    // improve on it under a fixed amount of work each (`plan::improve_step`), and `max_bytes`
+    // checked once on the final plan. The search's scratch space is sized from the layout, so
+    // its length is a constant of its own, named by the type (an array length cannot name
+    // `Self`, nor a generic layout's parameters: generic layouts keep the greedy plan).
+    let result_ty = quote!(::core::result::Result<#plan::Plan<#n>, #plan::PlanError>);
     let scratch = quote!({ #plan::scratch_len(#n) });
-    let greedy_items = if layout.stages.is_some() {
+    let plan_items = if layout.stages.is_some() {
         let orderings = ["BySize", "ByStart", "ByDuration", "Declaration"];
-        let names: Vec<Ident> = orderings
+        let greedy: Vec<Ident> = orderings
             .iter()
             .map(|o| format_ident!("__DEVARENA_GREEDY_{}", o.to_uppercase()))
             .collect();
         let strategies: Vec<Ident> = orderings.iter().map(|o| format_ident!("{}", o)).collect();
-        let (a, b, c, d) = (&names[0], &names[1], &names[2], &names[3]);
+        let (a, b, c, d) = (&greedy[0], &greedy[1], &greedy[2], &greedy[3]);
+        let (search_items, searched) = if layout.is_generic() {
+            (quote!(), quote!(Self::__DEVARENA_GREEDY))
+        } else {
+            let steps: Vec<Ident> = (0..=SEARCH_STEPS)
+                .map(|k| format_ident!("__DEVARENA_SEARCH_{}", k))
+                .collect();
+            let (prev, next) = (&steps[..SEARCH_STEPS], &steps[1..]);
+            let last = &steps[SEARCH_STEPS];
+            let items = quote! {
+                #[doc(hidden)]
+                const __DEVARENA_SEARCH_LEN: usize = #plan::search_len::<#n, #scratch>(
+                    &Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS, &Self::__DEVARENA_GREEDY,
+                );
+                #[doc(hidden)]
+                const __DEVARENA_SEARCH_0: #plan::Improving<#n> =
+                    #plan::Improving::new(Self::__DEVARENA_GREEDY);
+                #(
+                    #[doc(hidden)]
+                    const #next: #plan::Improving<#n> =
+                        #plan::improve_step::<#n, { #name::__DEVARENA_SEARCH_LEN }>(
+                            &Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS, Self::#prev,
+                        );
+                )*
+            };
+            (items, quote!(Self::#last.result()))
+        };
         quote! {
             #(
                 #[doc(hidden)]
-                const #names: ::core::result::Result<#plan::Plan<#n>, #plan::PlanError> =
-                    #plan::plan_with::<#n, #scratch>(
-                        &Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS,
-                        &[#plan::Strategy::#strategies],
-                    );
+                const #greedy: #result_ty = #plan::plan_with::<#n, #scratch>(
+                    &Self::__DEVARENA_LAYOUT.with_max_bytes(usize::MAX),
+                    &Self::__DEVARENA_SPECS,
+                    &[#plan::Strategy::#strategies],
+                );
             )*
             #[doc(hidden)]
-            const __DEVARENA_RESULT: ::core::result::Result<#plan::Plan<#n>, #plan::PlanError> =
-                #plan::smaller(
-                    #plan::smaller(Self::#a, Self::#b),
-                    #plan::smaller(Self::#c, Self::#d),
-                );
+            const __DEVARENA_GREEDY: #result_ty = #plan::smaller(
+                #plan::smaller(Self::#a, Self::#b),
+                #plan::smaller(Self::#c, Self::#d),
+            );
+            #search_items
+            #[doc(hidden)]
+            const __DEVARENA_RESULT: #result_ty =
+                #plan::within_max_bytes(&Self::__DEVARENA_LAYOUT, #searched);
         }
     } else {
         quote! {
             #[doc(hidden)]
-            const __DEVARENA_RESULT: ::core::result::Result<#plan::Plan<#n>, #plan::PlanError> =
+            const __DEVARENA_RESULT: #result_ty =
                 #plan::plan::<#n, #scratch>(&Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS);
         }
     };
-    let (search_items, planned) = if search {
-        (
-            quote! {
-                #[doc(hidden)]
-                const __DEVARENA_SEARCH_LEN: usize =
-                    #plan::search_len::<#n, { #plan::scratch_len(#n) }>(
-                        &Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS, &Self::__DEVARENA_RESULT,
-                    );
-                #[doc(hidden)]
-                // The search's node budget bounds it; on a large layout it can outrun the
-                // lint's step count, which is no sign of a runaway loop here.
-                #[allow(long_running_const_eval)]
-                const __DEVARENA_SEARCHED: ::core::result::Result<#plan::Plan<#n>, #plan::PlanError> =
-                    #plan::improve_at_compile_time::<#n, { #name::__DEVARENA_SEARCH_LEN }>(
-                        &Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS, Self::__DEVARENA_RESULT,
-                    );
-            },
-            quote!(Self::__DEVARENA_SEARCHED),
-        )
-    } else {
-        (quote!(), quote!(Self::__DEVARENA_RESULT))
-    };
     // A generic layout's error surfaces when an instance is used; point at the struct's name.
     let derive_plan = quote_spanned!(name.span()=> ::devarena::plan::derive_plan(
-        #planned, #panic_on_error, #name_str,
+        Self::__DEVARENA_RESULT, #panic_on_error, #name_str,
         &Self::__DEVARENA_NAMES, &Self::__DEVARENA_TYPES,
     ));
 
@@ -276,7 +292,11 @@ pub fn emit(layout: &Layout) -> TokenStream {
         .map(|ns| ns.iter().map(|n| n.to_string()).collect())
         .unwrap_or_default();
     let disjoint = if layout.stages.is_none() {
-        quote!(impl #impl_g ::devarena::Disjoint for #name #ty_g #where_c {})
+        quote!(
+            // SAFETY: no stages, so the planner placed every field in bytes of its own, and
+            // the generated `views` slices each field's view from its own placement.
+            unsafe impl #impl_g ::devarena::Disjoint for #name #ty_g #where_c {}
+        )
     } else {
         quote!()
     };
@@ -386,7 +406,7 @@ pub fn emit(layout: &Layout) -> TokenStream {
             let mut tgenerics = layout.generics.clone();
             tgenerics
                 .params
-                .push(syn::parse_quote!(__DevarenaB: ::devarena::Backend));
+                .push(syn::parse_quote!(__DevarenaB: ::devarena::backend::DirectViews));
             let (timpl_g, tty_g, _) = tgenerics.split_for_impl();
             let twhere = where_c;
             stage_items.push(quote! {
@@ -429,8 +449,7 @@ pub fn emit(layout: &Layout) -> TokenStream {
             const __DEVARENA_NAMES: [&'static str; #n] = [#(#names),*];
             #[doc(hidden)]
             const __DEVARENA_TYPES: [&'static str; #n] = [#(#types),*];
-            #greedy_items
-            #search_items
+            #plan_items
             #[doc(hidden)]
             const __DEVARENA_PLAN: #plan::Plan<#n> = #derive_plan;
             /// Byte offset of every field, computed by the compiler.

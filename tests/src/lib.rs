@@ -11,6 +11,7 @@
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
 
+pub mod fuzz;
 mod many_fields;
 pub use many_fields::Many;
 
@@ -51,29 +52,10 @@ pub fn gpu_stream() -> Option<()> {
 #[allow(missing_debug_implementations)]
 pub mod fixtures {
     //! Layouts used by several test files. Their expected offsets are computed by hand in
-    //! `tests/layouts.rs`.
+    //! `tests/layouts.rs`. The 1080p layout is not here: the tests use the image pipeline's
+    //! own, [`devarena_kernels::pipeline::Frame`], as the example and the benchmarks do.
 
     use devarena::DeviceLayout;
-
-    /// Width of a 1080p frame.
-    pub const W: usize = 1920;
-    /// Height of a 1080p frame.
-    pub const H: usize = 1080;
-
-    /// The buffers of a 1080p image pipeline, default alignment (256).
-    #[derive(DeviceLayout)]
-    pub struct Pipeline1080 {
-        /// Interleaved RGB input.
-        pub rgb: [u8; W * H * 3],
-        /// Grayscale image.
-        pub gray: [f32; W * H],
-        /// First blur scratch.
-        pub scratch_a: [f32; W * H],
-        /// Second blur scratch.
-        pub scratch_b: [f32; W * H],
-        /// 256-bin histogram.
-        pub hist: [u32; 256],
-    }
 
     /// Alignments from 1 to 4096 in one layout; the struct default is 1.
     #[derive(DeviceLayout)]

@@ -6,7 +6,8 @@
 
 use devarena::plan::{FieldSpec, PlanErrorKind};
 use devarena::{DeviceLayout, Error, LayoutBuilder, RuntimeLayout};
-use devarena_tests::fixtures::{Mixed, Pipeline1080};
+use devarena_kernels::pipeline::{Frame, HIST_BINS, MAX_PIXELS};
+use devarena_tests::fixtures::Mixed;
 use proptest::prelude::*;
 
 /// One field as the reference sees it.
@@ -413,17 +414,19 @@ fn assert_same<L: DeviceLayout>(built: &RuntimeLayout) {
 }
 
 #[test]
-fn derive_and_builder_agree_on_the_1080p_pipeline() {
-    let (w, h) = (1920, 1080);
-    let built = LayoutBuilder::new("Pipeline1080")
-        .array::<u8>("rgb", w * h * 3)
-        .array::<f32>("gray", w * h)
-        .array::<f32>("scratch_a", w * h)
-        .array::<f32>("scratch_b", w * h)
-        .array::<u32>("hist", 256)
+fn derive_and_builder_agree_on_the_pipeline_frame() {
+    let built = LayoutBuilder::new("Frame")
+        .array::<u8>("rgb", MAX_PIXELS * 3)
+        .array::<f32>("gray", MAX_PIXELS)
+        .array::<f32>("scratch", MAX_PIXELS)
+        .array::<f32>("blurred", MAX_PIXELS)
+        .array::<f32>("magnitude", MAX_PIXELS)
+        .array::<u32>("hist", HIST_BINS)
+        .array::<u32>("threshold", 1)
+        .array::<u8>("mask", MAX_PIXELS)
         .build()
         .unwrap();
-    assert_same::<Pipeline1080>(&built);
+    assert_same::<Frame>(&built);
 }
 
 #[test]

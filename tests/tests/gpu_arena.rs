@@ -13,18 +13,9 @@ mod gpu {
         CudaBackend, DevicePtr, ManagedBackend, PinnedBackend, PushKernelArg, mem_info,
     };
     use devarena::{Arena, DeviceLayout, Error};
-    use devarena_kernels::verify::{Region, TmaCheck, Verifier, regions, tag_byte};
+    use devarena_kernels::pipeline::Frame;
+    use devarena_kernels::verify::{Region, TmaCheck, Verifier, tag_byte};
     use devarena_tests::{Many, gpu_stream};
-
-    /// The 1080p pipeline layout of the issue: every stage buffer in one allocation.
-    #[derive(DeviceLayout)]
-    struct Pipeline1080 {
-        rgb: [u8; 1920 * 1080 * 3],
-        gray: [f32; 1920 * 1080],
-        scratch_a: [f32; 1920 * 1080],
-        scratch_b: [f32; 1920 * 1080],
-        hist: [u32; 256],
-    }
 
     #[derive(DeviceLayout)]
     struct Params {
@@ -97,15 +88,15 @@ mod gpu {
     }
 
     #[test]
-    fn pipeline_1080p_is_one_allocation_and_passes_the_verifier() {
+    fn pipeline_frame_is_one_allocation_and_passes_the_verifier() {
         let Some(stream) = gpu_stream() else { return };
         let backend = CudaBackend::new(stream.clone());
-        let mut arena = Arena::<Pipeline1080, _>::new_in(backend.clone()).unwrap();
+        let mut arena = Arena::<Frame, _>::new_in(backend.clone()).unwrap();
         assert_eq!(backend.stats().allocations, 1);
-        assert_eq!(arena.addr() % Pipeline1080::ALIGN as u64, 0);
+        assert_eq!(arena.addr() % Frame::ALIGN as u64, 0);
         let report = devarena_kernels::verify(&mut arena).unwrap();
         check_report(&report, is_sm90(&stream));
-        assert_eq!(report.fields.len(), 5);
+        assert_eq!(report.fields.len(), 8); // the frame's eight buffers
         drop(arena);
         assert_eq!(backend.stats().frees, 1);
     }
@@ -207,7 +198,7 @@ mod gpu {
     }
 
     #[test]
-    fn an_arena_of_several_gib() {
+    fn footprint_an_arena_of_several_gib() {
         let Some(stream) = gpu_stream() else { return };
         const { assert!(Huge::SIZE > 3 << 30) };
         let (free, _) = mem_info(&stream).unwrap();
@@ -234,8 +225,10 @@ mod gpu {
         check_report(&report, is_sm90(&stream));
     }
 
+    // `deliberate_*`: it provokes out-of-memory errors on purpose, which compute-sanitizer reports;
+    // scripts/gpu-sanitize.sh skips it.
     #[test]
-    fn out_of_memory_is_an_error_and_the_device_stays_usable() {
+    fn deliberate_oom_is_an_error_and_the_device_stays_usable() {
         let Some(stream) = gpu_stream() else { return };
         let backend = CudaBackend::new(stream.clone());
         let err = Arena::<TooBig, _>::new_in(backend.clone()).unwrap_err();
@@ -265,7 +258,7 @@ mod gpu {
     }
 
     #[test]
-    fn dropping_an_arena_gives_its_memory_back() {
+    fn footprint_dropping_an_arena_gives_its_memory_back() {
         let Some(stream) = gpu_stream() else { return };
         #[derive(DeviceLayout)]
         struct GiB {
@@ -331,8 +324,7 @@ mod gpu {
         assert!(got.iter().enumerate().all(|(i, &x)| x == i as u32 * 3));
         // The device writes (the verifier's tags); the host reads them after prefetching back.
         let verifier = Verifier::new(&stream).unwrap();
-        let regions = regions(&arena);
-        let report = verifier.run(arena.addr(), regions).unwrap();
+        let report = verifier.verify(&mut arena).unwrap();
         check_report(&report, is_sm90(&stream));
         arena.prefetch_to_host().unwrap();
         let v = arena.host_views().unwrap();
@@ -360,13 +352,13 @@ mod gpu {
         let mut staging = Arena::<Small, _>::new_in(PinnedBackend::new(stream.clone())).unwrap();
         let mut device = Arena::<Small, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
         {
-            let v = staging.views_mut();
+            let v = staging.try_views_mut().unwrap();
             for (i, x) in v.input.iter_mut().enumerate() {
                 *x = (i as u32).wrapping_mul(2_654_435_761);
             }
         }
         {
-            let s = staging.views();
+            let s = staging.try_views().unwrap();
             let mut d = device.views_mut();
             stream.memcpy_htod(s.input, &mut d.input).unwrap();
         }
@@ -380,6 +372,22 @@ mod gpu {
         let dv = staging.device_views_mut().unwrap();
         let mapped = dv.input.to_vec().unwrap();
         assert_eq!(mapped, got);
+    }
+
+    #[test]
+    fn a_verifier_on_another_stream_waits_for_the_arenas_stream() {
+        let Some(stream) = gpu_stream() else { return };
+        let other = stream.context().new_stream().unwrap();
+        let mut arena = Arena::<Mixed, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        arena.views_mut().b.upload(&[1.5; 1000]).unwrap();
+        let verifier = Verifier::new(&other).unwrap();
+        let report = verifier.verify(&mut arena).unwrap();
+        check_report(&report, is_sm90(&stream));
+        // The verifier's kernels have finished: the arena's own stream reads the tags.
+        let bytes = arena.views().a.to_vec().unwrap();
+        // `a` is field 0 and 3 bytes long: below 16, so no TMA round trip changed its tags.
+        let want: Vec<u8> = (0..3).map(|j| tag_byte(0, j)).collect();
+        assert_eq!(bytes, want);
     }
 
     #[test]
@@ -411,7 +419,10 @@ mod gpu {
             },
         ];
         let verifier = Verifier::new(&stream).unwrap();
-        let mismatches = verifier.disjoint(&overlapping).unwrap();
+        // SAFETY: the three regions lie inside the arena's live device allocation (1 MiB +
+        // 1 KiB of its 8 MiB); no view of the arena exists while the call runs, and the call
+        // returns after its kernels.
+        let mismatches = unsafe { verifier.disjoint(&overlapping) }.unwrap();
         println!("mismatches per region: {mismatches:?}");
         assert!(
             mismatches[0] + mismatches[1] > 0,

@@ -2,7 +2,8 @@
 //! pattern written into every view survives intact, and the allocation is freed exactly once.
 
 use devarena::{Arena, Backend, DeviceLayout, Error, HostBackend};
-use devarena_tests::fixtures::{Empty, Inner, Middle, Outer, Pipeline1080};
+use devarena_kernels::pipeline::{Frame, MAX_PIXELS};
+use devarena_tests::fixtures::{Empty, Inner, Middle, Outer};
 
 /// A value that names its field and its index: any overlap or misplaced view changes it.
 fn tag(field: u32, index: usize) -> u32 {
@@ -28,63 +29,84 @@ fn assert_placed<T>(view: &[T], base: u64, offset: usize, size: usize, name: &st
 }
 
 #[test]
-fn pipeline_1080p_views_hold_distinct_patterns() {
+fn pipeline_frame_views_hold_distinct_patterns() {
     let backend = HostBackend::new();
     {
-        let mut arena = Arena::<Pipeline1080>::new_in(backend.clone()).unwrap();
-        assert_eq!(arena.size(), Pipeline1080::SIZE);
-        assert_eq!(arena.allocation().align, Pipeline1080::ALIGN);
-        assert_eq!(arena.addr() % Pipeline1080::ALIGN as u64, 0);
+        let mut arena = Arena::<Frame>::new_in(backend.clone()).unwrap();
+        assert_eq!(arena.size(), Frame::SIZE);
+        assert_eq!(arena.allocation().align, Frame::ALIGN);
+        assert_eq!(arena.addr() % Frame::ALIGN as u64, 0);
         let stats = backend.stats();
         assert_eq!((stats.allocations, stats.frees), (1, 0));
-        assert_eq!(stats.live_bytes, Pipeline1080::SIZE);
+        assert_eq!(stats.live_bytes, Frame::SIZE);
 
         let base = arena.addr();
-        let size = Pipeline1080::SIZE;
-        let o = Pipeline1080::OFFSETS;
+        let size = Frame::SIZE;
+        let o = Frame::OFFSETS;
         let v = arena.views_mut();
         assert_eq!(
-            (
+            [
                 v.rgb.len(),
                 v.gray.len(),
-                v.scratch_a.len(),
-                v.scratch_b.len(),
-                v.hist.len()
-            ),
-            (1920 * 1080 * 3, 1920 * 1080, 1920 * 1080, 1920 * 1080, 256)
+                v.scratch.len(),
+                v.blurred.len(),
+                v.magnitude.len(),
+                v.hist.len(),
+                v.threshold.len(),
+                v.mask.len()
+            ],
+            [
+                MAX_PIXELS * 3,
+                MAX_PIXELS,
+                MAX_PIXELS,
+                MAX_PIXELS,
+                MAX_PIXELS,
+                256,
+                1,
+                MAX_PIXELS
+            ]
         );
         assert_placed(v.rgb, base, o.rgb, size, "rgb");
         assert_placed(v.gray, base, o.gray, size, "gray");
-        assert_placed(v.scratch_a, base, o.scratch_a, size, "scratch_a");
-        assert_placed(v.scratch_b, base, o.scratch_b, size, "scratch_b");
+        assert_placed(v.scratch, base, o.scratch, size, "scratch");
+        assert_placed(v.blurred, base, o.blurred, size, "blurred");
+        assert_placed(v.magnitude, base, o.magnitude, size, "magnitude");
         assert_placed(v.hist, base, o.hist, size, "hist");
+        assert_placed(v.threshold, base, o.threshold, size, "threshold");
+        assert_placed(v.mask, base, o.mask, size, "mask");
 
         // The host backend hands out zeroed memory.
         assert!(v.rgb.iter().all(|&b| b == 0));
         assert!(v.hist.iter().all(|&b| b == 0));
+        assert!(v.mask.iter().all(|&b| b == 0));
 
         // Write everything first, then read everything: a view that overlapped another would
         // have been overwritten by it.
         for (j, x) in v.rgb.iter_mut().enumerate() {
             *x = (j % 251) as u8;
         }
-        for (fi, view) in [1, 2, 3]
+        for (fi, view) in [1, 2, 3, 4]
             .into_iter()
-            .zip([v.gray, v.scratch_a, v.scratch_b])
+            .zip([v.gray, v.scratch, v.blurred, v.magnitude])
         {
             for (j, x) in view.iter_mut().enumerate() {
                 *x = f32::from_bits(tag(fi, j));
             }
         }
-        for (j, x) in v.hist.iter_mut().enumerate() {
-            *x = tag(4, j);
+        for (fi, view) in [5, 6].into_iter().zip([v.hist, v.threshold]) {
+            for (j, x) in view.iter_mut().enumerate() {
+                *x = tag(fi, j);
+            }
+        }
+        for (j, x) in v.mask.iter_mut().enumerate() {
+            *x = (j % 241) as u8 ^ 0x5a;
         }
 
         let r = arena.views();
         assert!(r.rgb.iter().enumerate().all(|(j, &x)| x == (j % 251) as u8));
-        for (fi, view) in [1, 2, 3]
+        for (fi, view) in [1, 2, 3, 4]
             .into_iter()
-            .zip([r.gray, r.scratch_a, r.scratch_b])
+            .zip([r.gray, r.scratch, r.blurred, r.magnitude])
         {
             let bad = view
                 .iter()
@@ -93,7 +115,18 @@ fn pipeline_1080p_views_hold_distinct_patterns() {
                 .count();
             assert_eq!(bad, 0, "field {fi}: {bad} elements changed");
         }
-        assert!(r.hist.iter().enumerate().all(|(j, &x)| x == tag(4, j)));
+        for (fi, view) in [5, 6].into_iter().zip([r.hist, r.threshold]) {
+            assert!(
+                view.iter().enumerate().all(|(j, &x)| x == tag(fi, j)),
+                "field {fi}"
+            );
+        }
+        assert!(
+            r.mask
+                .iter()
+                .enumerate()
+                .all(|(j, &x)| x == (j % 241) as u8 ^ 0x5a)
+        );
 
         // Still one allocation: views borrow, they do not allocate.
         assert_eq!(backend.stats().allocations, 1);
@@ -101,7 +134,7 @@ fn pipeline_1080p_views_hold_distinct_patterns() {
     let stats = backend.stats();
     assert_eq!((stats.allocations, stats.frees, stats.failures), (1, 1, 0));
     assert_eq!(stats.live_bytes, 0);
-    assert_eq!(stats.peak_bytes, Pipeline1080::SIZE);
+    assert_eq!(stats.peak_bytes, Frame::SIZE);
     assert_eq!(stats.live_allocations(), 0);
 }
 

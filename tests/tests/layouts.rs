@@ -7,9 +7,8 @@
 //! rounded up to `ALIGN`.
 
 use devarena::{DeviceLayout, FieldPlacement};
-use devarena_tests::fixtures::{
-    Empty, FrameTiny, FrameVga, Inner, Middle, Mixed, Outer, Padded, Pipeline1080,
-};
+use devarena_kernels::pipeline::Frame;
+use devarena_tests::fixtures::{Empty, FrameTiny, FrameVga, Inner, Middle, Mixed, Outer, Padded};
 use static_assertions::{const_assert, const_assert_eq};
 
 fn placement(name: &'static str, offset: usize, size: usize, align: usize) -> FieldPlacement {
@@ -21,42 +20,65 @@ fn placement(name: &'static str, offset: usize, size: usize, align: usize) -> Fi
     }
 }
 
-// ---- 1080p pipeline ------------------------------------------------------------------------
+// ---- the pipeline's Frame, planned for 3840×2160 ------------------------------------------------
 
-// rgb 1920*1080*3 = 6_220_800 B; gray and both scratch 1920*1080*4 = 8_294_400 B; hist 1024 B.
-// Every size is a multiple of 256, so no padding anywhere.
-const_assert_eq!(Pipeline1080::SIZE, 31_105_024); // 6_220_800 + 3 * 8_294_400 + 1024
-const_assert_eq!(Pipeline1080::ALIGN, 256);
-const_assert!(Pipeline1080::SIZE % Pipeline1080::ALIGN == 0);
+// MAX_PIXELS = 3840*2160 = 8_294_400. rgb 8_294_400*3 = 24_883_200 B; gray, scratch, blurred and
+// magnitude 8_294_400*4 = 33_177_600 B; hist 1024 B; threshold 4 B; mask 8_294_400 B. Every size
+// but threshold's is a multiple of 256: the only padding is the 252 bytes after threshold.
+const_assert_eq!(Frame::SIZE, 165_889_280); // 24_883_200 + 4 * 33_177_600 + 1024 + 256 + 8_294_400
+const_assert_eq!(Frame::ALIGN, 256);
+const_assert!(Frame::SIZE % Frame::ALIGN == 0);
 
 #[test]
-fn pipeline_1080p_offsets() {
+fn pipeline_frame_offsets() {
     assert_eq!(
-        Pipeline1080::FIELDS,
+        Frame::FIELDS,
         &[
-            placement("rgb", 0, 6_220_800, 256),                // 1920*1080*3
-            placement("gray", 6_220_800, 8_294_400, 256),       // 6_220_800 = 24_300 * 256
-            placement("scratch_a", 14_515_200, 8_294_400, 256), // 6_220_800 + 8_294_400
-            placement("scratch_b", 22_809_600, 8_294_400, 256), // 14_515_200 + 8_294_400
-            placement("hist", 31_104_000, 1024, 256),           // 22_809_600 + 8_294_400
+            placement("rgb", 0, 24_883_200, 256),              // 3840*2160*3
+            placement("gray", 24_883_200, 33_177_600, 256),    // 24_883_200 = 97_200 * 256
+            placement("scratch", 58_060_800, 33_177_600, 256), // 24_883_200 + 33_177_600
+            placement("blurred", 91_238_400, 33_177_600, 256), // 58_060_800 + 33_177_600
+            placement("magnitude", 124_416_000, 33_177_600, 256), // 91_238_400 + 33_177_600
+            placement("hist", 157_593_600, 1024, 256),         // 124_416_000 + 33_177_600
+            placement("threshold", 157_594_624, 4, 256),       // 157_593_600 + 1024
+            placement("mask", 157_594_880, 8_294_400, 256),    // 157_594_628 rounded up to 256
         ]
     );
-    let o = Pipeline1080::OFFSETS;
+    let o = Frame::OFFSETS;
     assert_eq!(
-        (o.rgb, o.gray, o.scratch_a, o.scratch_b, o.hist),
-        (0, 6_220_800, 14_515_200, 22_809_600, 31_104_000)
+        (
+            o.rgb,
+            o.gray,
+            o.scratch,
+            o.blurred,
+            o.magnitude,
+            o.hist,
+            o.threshold,
+            o.mask
+        ),
+        (
+            0,
+            24_883_200,
+            58_060_800,
+            91_238_400,
+            124_416_000,
+            157_593_600,
+            157_594_624,
+            157_594_880
+        )
     );
-    assert_eq!(Pipeline1080::NAME, "Pipeline1080");
+    assert_eq!(Frame::NAME, "Frame");
     assert_eq!(
-        Pipeline1080::FIELD_TYPES,
-        &["u8", "f32", "f32", "f32", "u32"]
+        Frame::FIELD_TYPES,
+        &["u8", "f32", "f32", "f32", "f32", "u32", "u32", "u8"]
     );
-    assert_eq!(Pipeline1080::UNALIASED_SIZE, Pipeline1080::SIZE);
+    assert_eq!(Frame::UNALIASED_SIZE, Frame::SIZE);
 }
 
-/// The same pipeline with the histogram on its own 4 KiB page: padding before it and after it.
+/// Five 1080p-sized buffers with the last one, a histogram, on its own 4 KiB page: padding
+/// before it and after it. Defined here for its hand-computed offsets.
 #[derive(DeviceLayout)]
-struct Pipeline1080Paged {
+struct PagedHistogram {
     rgb: [u8; 1920 * 1080 * 3],
     gray: [f32; 1920 * 1080],
     scratch_a: [f32; 1920 * 1080],
@@ -66,13 +88,14 @@ struct Pipeline1080Paged {
 }
 
 #[test]
-fn pipeline_1080p_with_a_paged_histogram() {
+fn a_paged_histogram_is_padded_before_and_after() {
+    // scratch_b: 6_220_800 + 2 * 8_294_400 = 22_809_600, end 31_104_000.
     // hist: 31_104_000 / 4096 = 7593.75, so it moves to 7594 * 4096 = 31_105_024.
-    assert_eq!(Pipeline1080Paged::OFFSETS.hist, 31_105_024);
-    assert_eq!(Pipeline1080Paged::OFFSETS.scratch_b, 22_809_600);
+    assert_eq!(PagedHistogram::OFFSETS.hist, 31_105_024);
+    assert_eq!(PagedHistogram::OFFSETS.scratch_b, 22_809_600);
     // ALIGN 4096; end 31_106_048 = 7594.25 pages, so SIZE = 7595 * 4096.
-    assert_eq!(Pipeline1080Paged::ALIGN, 4096);
-    assert_eq!(Pipeline1080Paged::SIZE, 31_109_120);
+    assert_eq!(PagedHistogram::ALIGN, 4096);
+    assert_eq!(PagedHistogram::SIZE, 31_109_120);
 }
 
 // ---- mixed alignments 1 .. 4096 --------------------------------------------------------------

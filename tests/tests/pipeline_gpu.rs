@@ -14,6 +14,11 @@
 //! (`arena_frame_matches_host`) and on the aliased `FrameStaged` arena, whose output must equal
 //! the unaliased GPU run's bit for bit and which must pass the verifier stage by stage.
 //!
+//! Sizes other than 1080p run in the same arenas (planned for 3840×2160) at their own size:
+//! 1×1, odd sizes, a 5000×3000 image downscaled to fit; bit-identical to a run on buffers of
+//! exactly their size. And CUDA graphs of the frame: a replay's outputs are bit-identical to an
+//! eager frame's, over 1,000 replays whose input changes every time, on both layouts.
+//!
 //! Without a CUDA driver or device every test prints `skipped: no CUDA device` and passes; with
 //! `DEVARENA_REQUIRE_GPU=1` it fails instead.
 
@@ -34,8 +39,11 @@ mod gpu {
     use devarena::backend::cuda::{CudaBackend, CudaStream, DeviceViewMut};
     use devarena::{Arena, DeviceLayout, Error};
     use devarena_kernels::cudarc::driver::{DevicePtr, DevicePtrMut};
-    use devarena_kernels::pipeline::cuda::{FrameSlices, PipelineKernels, download_outputs};
-    use devarena_kernels::pipeline::image::{DEFAULT_SEED, SplitMix64, synthetic_frame};
+    use devarena_kernels::pipeline::cuda::{
+        FrameSlices, PipelineKernels, download_mask_stage, download_outputs, upload_input,
+        upload_input_staged,
+    };
+    use devarena_kernels::pipeline::image::{DEFAULT_SEED, SplitMix64, resample, synthetic_frame};
     use devarena_kernels::pipeline::{
         FRAME_SIZE, FRAME_STAGED_STAGES, Frame, FrameBuffers, FrameOutputs, FrameStaged, HIST_BINS,
         HIST_SCALE, ImageSize, host, magnitude_bin,
@@ -225,19 +233,21 @@ mod gpu {
         assert_eq!(backend.stats().allocations, setup.allocations);
     }
 
-    /// Runs `frames` frames of `input` on an aliased arena; returns the outputs of the last.
+    /// Runs `frames` frames of `input` (of `size`) on an aliased arena; returns the outputs of
+    /// the last.
     fn run_staged(
         kernels: &PipelineKernels,
         arena: &mut Arena<FrameStaged, CudaBackend>,
+        size: ImageSize,
         input: &[u8],
         frames: usize,
     ) -> FrameOutputs {
-        let mut out = FrameOutputs::new(FRAME_SIZE);
+        let mut out = FrameOutputs::new(size);
         for i in 0..frames {
             let upload = |_: &Arc<CudaStream>, rgb: &mut DeviceViewMut<'_, u8>| rgb.upload(input);
             let outputs = (i + 1 == frames).then_some(&mut out);
             kernels
-                .run_frame_staged(arena, upload, None, outputs)
+                .run_frame_staged(arena, size, upload, None, outputs)
                 .unwrap();
         }
         out
@@ -263,7 +273,7 @@ mod gpu {
         let mut arena = Arena::<FrameStaged, _>::new_in(backend.clone()).unwrap();
         assert_eq!(arena.size(), FrameStaged::SIZE);
         const { assert!(FrameStaged::SIZE < FrameStaged::UNALIASED_SIZE) };
-        let aliased = run_staged(&kernels, &mut arena, &input, 1);
+        let aliased = run_staged(&kernels, &mut arena, FRAME_SIZE, &input, 1);
         if let Some(d) = aliased.first_difference(&unaliased) {
             panic!("the aliased GPU run differs from the unaliased GPU run: {d}");
         }
@@ -276,7 +286,14 @@ mod gpu {
             rgb.copy_from_slice(&input);
             Ok(())
         };
-        host::run_frame_staged(&mut host_arena, decode, Some(&mut host_out), |_, _| {}).unwrap();
+        host::run_frame_staged(
+            &mut host_arena,
+            FRAME_SIZE,
+            decode,
+            Some(&mut host_out),
+            |_, _| {},
+        )
+        .unwrap();
         println!(
             "aliased GPU vs aliased host: {}",
             aliased
@@ -286,7 +303,7 @@ mod gpu {
 
         // Frames after the first reuse bytes the previous frame wrote: still the same bits,
         // and no allocation.
-        let again = run_staged(&kernels, &mut arena, &input, 3);
+        let again = run_staged(&kernels, &mut arena, FRAME_SIZE, &input, 3);
         assert_eq!(again.first_difference(&unaliased), None);
         let stats = backend.stats();
         assert_eq!((stats.allocations, stats.frees), (1, 0));
@@ -360,6 +377,191 @@ mod gpu {
             let d = run_on_device(&kernels, &stream, size, slices.buffers(), &input);
             check_against_host(size, &input, &d);
         }
+    }
+
+    /// The synthetic input of `size` with `seed`.
+    fn input_of(size: ImageSize, seed: u64) -> Vec<u8> {
+        let mut input = vec![0u8; size.pixels() * 3];
+        synthetic_frame(size, seed, &mut input).unwrap();
+        input
+    }
+
+    /// One eager frame of `input` on a `Frame` arena (room for the largest frame), every
+    /// output read back.
+    fn eager_frame(
+        kernels: &PipelineKernels,
+        arena: &mut Arena<Frame, CudaBackend>,
+        size: ImageSize,
+        input: &[u8],
+    ) -> FrameOutputs {
+        let stream = arena.backend().stream().clone();
+        let mut views = arena.views_mut();
+        run_on_device(
+            kernels,
+            &stream,
+            size,
+            FrameBuffers::from(&mut views),
+            input,
+        )
+    }
+
+    /// The outputs a `FrameStaged` frame leaves in its last stage, from full outputs (floats
+    /// by their bits).
+    fn mask_stage(o: &FrameOutputs) -> (Vec<u32>, u32, Vec<u8>) {
+        let bits = o.magnitude.iter().map(|m| m.to_bits()).collect();
+        (bits, o.threshold, o.mask.clone())
+    }
+
+    #[test]
+    fn arenas_run_other_sizes_at_their_own_size() {
+        let Some(stream) = stream() else { return };
+        let kernels = PipelineKernels::load(stream.context()).unwrap();
+        let backend = CudaBackend::new(stream.clone());
+        let mut frame = Arena::<Frame, _>::new_in(backend.clone()).unwrap();
+        let mut staged = Arena::<FrameStaged, _>::new_in(backend.clone()).unwrap();
+        for (w, h) in [
+            (1, 1),
+            (2, 3),
+            (37, 23),
+            (256, 256),
+            (1023, 767),
+            (2160, 3840),
+        ] {
+            let size = ImageSize::new(w, h);
+            let input = input_of(size, DEFAULT_SEED ^ (w * 7919 + h) as u64);
+            // Buffers of exactly the image's size: the reference.
+            let mut slices = FrameSlices::alloc(&stream, size).unwrap();
+            let exact = run_on_device(&kernels, &stream, size, slices.buffers(), &input);
+            let d = eager_frame(&kernels, &mut frame, size, &input);
+            assert_eq!(d.first_difference(&exact), None, "{size}: Frame arena");
+            let a = run_staged(&kernels, &mut staged, size, &input, 1);
+            assert_eq!(
+                a.first_difference(&exact),
+                None,
+                "{size}: FrameStaged arena"
+            );
+            check_against_host(size, &input, &d);
+        }
+        // Nothing was allocated for any of them.
+        assert_eq!(backend.stats().allocations, 2);
+    }
+
+    #[test]
+    fn a_5000x3000_image_is_downscaled_and_runs_eagerly_and_from_a_graph() {
+        let Some(stream) = stream() else { return };
+        let kernels = PipelineKernels::load(stream.context()).unwrap();
+        let big = ImageSize::new(5000, 3000);
+        let size = big.fit();
+        assert_eq!(size, ImageSize::new(3718, 2230));
+        let input = resample(&input_of(big, DEFAULT_SEED), big, size).unwrap();
+        let mut arena = Arena::<Frame, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        let eager = eager_frame(&kernels, &mut arena, size, &input);
+        check_against_host(size, &input, &eager);
+        let mut graph = kernels.capture_frame(&mut arena, size).unwrap();
+        upload_input(&mut graph, size, &input).unwrap();
+        graph.launch().unwrap();
+        let mut replayed = FrameOutputs::new(size);
+        let stream = graph.stream().clone();
+        download_outputs(
+            &stream,
+            &FrameBuffers::from(&mut graph.views_mut()),
+            &mut replayed,
+        )
+        .unwrap();
+        assert_eq!(replayed.first_difference(&eager), None);
+    }
+
+    #[test]
+    fn frame_graph_replays_match_eager_frames_over_a_thousand_changing_inputs() {
+        let Some(stream) = stream() else { return };
+        let kernels = PipelineKernels::load(stream.context()).unwrap();
+        let backend = CudaBackend::new(stream.clone());
+        let mut arena = Arena::<Frame, _>::new_in(backend.clone()).unwrap();
+        let size = ImageSize::new(67, 45);
+        let inputs: Vec<Vec<u8>> = (0..16).map(|i| input_of(size, DEFAULT_SEED + i)).collect();
+        let eager: Vec<FrameOutputs> = inputs
+            .iter()
+            .map(|input| eager_frame(&kernels, &mut arena, size, input))
+            .collect();
+        assert!(
+            eager
+                .windows(2)
+                .all(|w| w[0].first_difference(&w[1]).is_some()),
+            "the inputs give different outputs"
+        );
+
+        let mut graph = kernels.capture_frame(&mut arena, size).unwrap();
+        // A memset and seven kernels.
+        assert_eq!(graph.nodes(), 8);
+        let stream = graph.stream().clone();
+        let mut out = FrameOutputs::new(size);
+        for replay in 0..1000usize {
+            // A different input every replay: 7 is coprime to 16.
+            let i = (replay * 7 + 3) % inputs.len();
+            upload_input(&mut graph, size, &inputs[i]).unwrap();
+            graph.launch().unwrap();
+            download_outputs(
+                &stream,
+                &FrameBuffers::from(&mut graph.views_mut()),
+                &mut out,
+            )
+            .unwrap();
+            if let Some(d) = out.first_difference(&eager[i]) {
+                panic!("replay {replay} (input {i}) differs from the eager frame: {d}");
+            }
+        }
+        // Many launches queued back to back, then the last one's outputs.
+        upload_input(&mut graph, size, &inputs[5]).unwrap();
+        for _ in 0..100 {
+            graph.launch().unwrap();
+        }
+        download_outputs(
+            &stream,
+            &FrameBuffers::from(&mut graph.views_mut()),
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(out.first_difference(&eager[5]), None);
+        drop(graph);
+        // The arena is free again, and still holds what the last replay wrote.
+        let again = eager_frame(&kernels, &mut arena, size, &inputs[5]);
+        assert_eq!(again.first_difference(&eager[5]), None);
+        assert_eq!(backend.stats().allocations, 1);
+    }
+
+    #[test]
+    fn staged_graph_replays_match_eager_staged_frames() {
+        let Some(stream) = stream() else { return };
+        let kernels = PipelineKernels::load(stream.context()).unwrap();
+        let backend = CudaBackend::new(stream.clone());
+        let mut arena = Arena::<FrameStaged, _>::new_in(backend.clone()).unwrap();
+        for size in [ImageSize::new(31, 17), FRAME_SIZE] {
+            let inputs: Vec<Vec<u8>> = (0..4).map(|i| input_of(size, DEFAULT_SEED + i)).collect();
+            let eager: Vec<FrameOutputs> = inputs
+                .iter()
+                .map(|input| run_staged(&kernels, &mut arena, size, input, 1))
+                .collect();
+            let mut graph = kernels.capture_frame_staged(&mut arena, size).unwrap();
+            // Stages gray … mask: a memset and seven kernels, recorded in stage order.
+            assert_eq!(graph.nodes(), 8);
+            let replays = if size == FRAME_SIZE { 20 } else { 1000 };
+            let mut out = FrameOutputs::new(size);
+            for replay in 0..replays {
+                let i = (replay * 3 + 1) % inputs.len();
+                upload_input_staged(&mut graph, size, &inputs[i]).unwrap();
+                graph.launch().unwrap();
+                download_mask_stage(&mut graph, &mut out).unwrap();
+                assert!(
+                    mask_stage(&out) == mask_stage(&eager[i]),
+                    "{size}: replay {replay} (input {i}) differs from the eager frame"
+                );
+            }
+            drop(graph);
+            if size == FRAME_SIZE {
+                check_against_host(size, &inputs[0], &eager[0]);
+            }
+        }
+        assert_eq!(backend.stats().allocations, 1);
     }
 
     #[test]

@@ -1,15 +1,18 @@
-//! The host pipeline on the synthetic 1080p frame, in a `Frame` arena on the host backend:
-//! what comes out must be a real edge map of the shapes that went in. And the same pipeline on
-//! the aliased `FrameStaged` arena, whose later stages reuse the bytes of dead buffers: its
-//! outputs must be bit-identical to the unaliased run's.
+//! The host pipeline on the synthetic 1080p frame, in a `Frame` arena (planned for 3840×2160)
+//! on the host backend: what comes out must be a real edge map of the shapes that went in. The
+//! same pipeline on the aliased `FrameStaged` arena, whose later stages reuse the bytes of dead
+//! buffers: its outputs must be bit-identical to the unaliased run's. And images of other sizes
+//! (1×1, odd sizes, a 5000×3000 one downscaled to fit): each runs at its own size in the
+//! arenas, touches nothing beyond its frame, and gives the bits of a run on buffers of exactly
+//! its size.
 
 use devarena::{Arena, DeviceLayout, HostBackend, LayoutReport};
 use devarena_kernels::pipeline::image::{
-    DEFAULT_SEED, fnv1a, output_images, shapes, synthetic_frame,
+    DEFAULT_SEED, fnv1a, output_images, resample, shapes, synthetic_frame,
 };
 use devarena_kernels::pipeline::{
     FRAME_SIZE, FRAME_STAGED_STAGES, Frame, FrameBuffers, FrameOutputs, FrameStaged, HEIGHT,
-    HIST_BINS, PIXELS, Stage, WIDTH, host, magnitude_bin,
+    HIST_BINS, ImageSize, MAX_PIXELS, MAX_SIZE, PIXELS, Stage, WIDTH, host, magnitude_bin,
 };
 
 /// Runs `frames` frames of the synthetic input on a fresh arena; returns the arena, its
@@ -18,7 +21,7 @@ fn run(frames: usize) -> (Arena<Frame>, HostBackend, u32) {
     let backend = HostBackend::new();
     let mut arena = Arena::<Frame>::new_in(backend.clone()).unwrap();
     let mut views = arena.views_mut();
-    synthetic_frame(FRAME_SIZE, DEFAULT_SEED, views.rgb).unwrap();
+    synthetic_frame(FRAME_SIZE, DEFAULT_SEED, &mut views.rgb[..PIXELS * 3]).unwrap();
     let mut threshold = 0;
     for _ in 0..frames {
         threshold = host::run_frame(FRAME_SIZE, FrameBuffers::from(&mut views)).unwrap();
@@ -26,17 +29,17 @@ fn run(frames: usize) -> (Arena<Frame>, HostBackend, u32) {
     (arena, backend, threshold)
 }
 
-/// A fingerprint of every stage's output.
+/// A fingerprint of every stage's output (the frame's part of each buffer).
 fn fingerprint(arena: &Arena<Frame>) -> u64 {
     let v = arena.views();
     let floats = [v.gray, v.scratch, v.blurred, v.magnitude];
     fnv1a(
         floats
             .iter()
-            .flat_map(|b| b.iter().flat_map(|x| x.to_le_bytes()))
+            .flat_map(|b| b[..PIXELS].iter().flat_map(|x| x.to_le_bytes()))
             .chain(v.hist.iter().flat_map(|c| c.to_le_bytes()))
             .chain(v.threshold[0].to_le_bytes())
-            .chain(v.mask.iter().copied()),
+            .chain(v.mask[..PIXELS].iter().copied()),
     )
 }
 
@@ -44,6 +47,7 @@ fn fingerprint(arena: &Arena<Frame>) -> u64 {
 fn host_pipeline_finds_the_shapes() {
     let (arena, backend, threshold) = run(2);
     let v = arena.views();
+    let (mask, magnitude) = (&v.mask[..PIXELS], &v.magnitude[..PIXELS]);
 
     // One allocation, made at setup; two frames added none.
     let stats = backend.stats();
@@ -52,7 +56,7 @@ fn host_pipeline_finds_the_shapes() {
 
     // The mask is binary; the histogram counts every pixel; the threshold lies inside the
     // histogram's occupied range and is what Otsu gives for it.
-    assert!(v.mask.iter().all(|&m| m == 0 || m == 255));
+    assert!(mask.iter().all(|&m| m == 0 || m == 255));
     assert_eq!(v.hist.iter().map(|&c| c as u64).sum::<u64>(), PIXELS as u64);
     let occupied: Vec<usize> = (0..HIST_BINS).filter(|&b| v.hist[b] > 0).collect();
     let (lo, hi) = (occupied[0], *occupied.last().unwrap());
@@ -63,10 +67,10 @@ fn host_pipeline_finds_the_shapes() {
     );
     assert_eq!(v.threshold[0], threshold);
     assert_eq!(host::otsu_threshold(v.hist).unwrap(), threshold);
-    let edges = v.mask.iter().filter(|&&m| m == 255).count();
+    let edges = mask.iter().filter(|&&m| m == 255).count();
     assert_eq!(
         edges,
-        v.magnitude
+        magnitude
             .iter()
             .filter(|&&m| magnitude_bin(m) > threshold)
             .count()
@@ -74,7 +78,7 @@ fn host_pipeline_finds_the_shapes() {
 
     // Every shape's border is found: each sampled border point has an edge pixel within one
     // pixel.
-    let mask = |x: usize, y: usize| v.mask[y * WIDTH + x];
+    let mask = |x: usize, y: usize| mask[y * WIDTH + x];
     for shape in shapes(FRAME_SIZE) {
         let points = shape.border_points(400);
         let missed: Vec<_> = points
@@ -141,7 +145,7 @@ fn input() -> Vec<u8> {
 fn unaliased_outputs(input: &[u8]) -> FrameOutputs {
     let mut arena = Arena::<Frame>::new().unwrap();
     let mut views = arena.views_mut();
-    views.rgb.copy_from_slice(input);
+    views.rgb[..input.len()].copy_from_slice(input);
     let t = host::run_frame(FRAME_SIZE, FrameBuffers::from(&mut views)).unwrap();
     let mut out = FrameOutputs::new(FRAME_SIZE);
     out.copy_from(&FrameBuffers::from(&mut views)).unwrap();
@@ -165,7 +169,7 @@ fn the_staged_layout_aliases_along_the_data_flow() {
     );
     // At most two full-frame float buffers are ever live together: the bound is two of them,
     // and the plan reaches it.
-    assert_eq!(bound, 2 * PIXELS * 4);
+    assert_eq!(bound, 2 * MAX_PIXELS * 4);
     assert_eq!(size, bound);
     assert!(
         unaliased - size > unaliased / 2,
@@ -221,8 +225,10 @@ fn aliased_pipeline_is_bit_identical_to_the_unaliased_one() {
         rgb.copy_from_slice(&input);
         Ok(())
     };
-    let t =
-        host::run_frame_staged(&mut arena, decode, Some(&mut out), |s, _| timed.push(s)).unwrap();
+    let t = host::run_frame_staged(&mut arena, FRAME_SIZE, decode, Some(&mut out), |s, _| {
+        timed.push(s)
+    })
+    .unwrap();
     assert_eq!(timed, Stage::ALL, "every stage ran once, in order");
     assert_eq!(t, reference.threshold);
     if let Some(d) = out.first_difference(&reference) {
@@ -261,7 +267,8 @@ fn aliased_pipeline_is_bit_identical_to_the_unaliased_one() {
             rgb.copy_from_slice(&input);
             Ok(())
         };
-        host::run_frame_staged(&mut arena, decode, Some(&mut again), |_, _| {}).unwrap();
+        host::run_frame_staged(&mut arena, FRAME_SIZE, decode, Some(&mut again), |_, _| {})
+            .unwrap();
         assert_eq!(again.first_difference(&reference), None);
     }
     let stats = backend.stats();
@@ -273,13 +280,20 @@ fn aliased_pipeline_is_bit_identical_to_the_unaliased_one() {
 fn aliased_pipeline_reports_errors_without_running() {
     let mut arena = Arena::<FrameStaged>::new().unwrap();
     let mut small = FrameOutputs::new(devarena_kernels::pipeline::ImageSize::new(64, 64));
-    let e =
-        host::run_frame_staged(&mut arena, |_| Ok(()), Some(&mut small), |_, _| {}).unwrap_err();
+    let e = host::run_frame_staged(
+        &mut arena,
+        FRAME_SIZE,
+        |_| Ok(()),
+        Some(&mut small),
+        |_, _| {},
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("64×64"), "{e}");
     // A failing decode stops the frame before any stage.
     let mut ran = 0;
     let e = host::run_frame_staged(
         &mut arena,
+        FRAME_SIZE,
         |_| {
             Err(devarena::Error::InvalidArgument {
                 what: "corrupt input".into(),
@@ -291,4 +305,209 @@ fn aliased_pipeline_reports_errors_without_running() {
     .unwrap_err();
     assert!(e.to_string().contains("corrupt input"), "{e}");
     assert_eq!(ran, 0);
+}
+
+/// The outputs of one frame of `input` (of `size`) on buffers of exactly that size: what a run
+/// in the arenas, whose buffers have room for the largest frame, must match bit for bit.
+fn exact_outputs(size: ImageSize, input: &[u8]) -> FrameOutputs {
+    let n = size.pixels();
+    let (mut rgb, mut gray, mut scratch, mut blurred, mut magnitude) = (
+        input.to_vec(),
+        vec![0.0f32; n],
+        vec![0.0f32; n],
+        vec![0.0f32; n],
+        vec![0.0f32; n],
+    );
+    let (mut hist, mut threshold, mut mask) = (vec![0u32; HIST_BINS], vec![0u32; 1], vec![0u8; n]);
+    let mut b = FrameBuffers {
+        rgb: &mut rgb,
+        gray: &mut gray,
+        scratch: &mut scratch,
+        blurred: &mut blurred,
+        magnitude: &mut magnitude,
+        hist: &mut hist,
+        threshold: &mut threshold,
+        mask: &mut mask,
+    };
+    host::run_frame(size, b.reborrow()).unwrap();
+    let mut out = FrameOutputs::new(size);
+    out.copy_from(&b).unwrap();
+    out
+}
+
+/// Elements just past a frame that a run must leave untouched (set to a sentinel first).
+const GUARD: usize = 4096;
+
+/// Sets `GUARD` elements after the first `n` of `buffer` to `sentinel`.
+fn guard<T: Copy>(buffer: &mut [T], n: usize, sentinel: T) {
+    let end = (n + GUARD).min(buffer.len());
+    buffer[n..end].fill(sentinel);
+}
+
+/// Whether the `GUARD` elements after the first `n` of `buffer` still hold `sentinel`.
+fn guarded<T: Copy + PartialEq>(buffer: &[T], n: usize, sentinel: T) -> bool {
+    let end = (n + GUARD).min(buffer.len());
+    buffer[n..end].iter().all(|&x| x == sentinel)
+}
+
+#[test]
+fn images_of_other_sizes_run_at_their_own_size() {
+    let backend = HostBackend::new();
+    let mut frame = Arena::<Frame>::new_in(backend.clone()).unwrap();
+    let mut staged = Arena::<FrameStaged>::new_in(backend.clone()).unwrap();
+    let setup = backend.stats();
+    let sentinel = f32::from_bits(0x7fc0_dead); // a NaN no stage writes
+    for (w, h) in [
+        (1, 1),
+        (2, 1),
+        (1, 2),
+        (3, 2),
+        (5, 5),
+        (7, 3),
+        (257, 131),
+        (1023, 7),
+        (33, 1000),
+    ] {
+        let size = ImageSize::new(w, h);
+        let n = size.pixels();
+        let mut input = vec![0u8; n * 3];
+        synthetic_frame(size, DEFAULT_SEED ^ n as u64, &mut input).unwrap();
+        let reference = exact_outputs(size, &input);
+
+        // The unaliased arena: the views cut to the frame, nothing beyond it touched.
+        let mut v = frame.views_mut();
+        v.rgb[..3 * n].copy_from_slice(&input);
+        guard(v.rgb, 3 * n, 0xa5);
+        for b in [
+            &mut *v.gray,
+            &mut *v.scratch,
+            &mut *v.blurred,
+            &mut *v.magnitude,
+        ] {
+            guard(b, n, sentinel);
+        }
+        guard(v.mask, n, 0xa5);
+        let t = host::run_frame(size, FrameBuffers::from(&mut v)).unwrap();
+        let mut out = FrameOutputs::new(size);
+        out.copy_from(&FrameBuffers::from(&mut v)).unwrap();
+        assert_eq!(out.threshold, t);
+        assert_eq!(
+            out.first_difference(&reference),
+            None,
+            "{size}, Frame arena"
+        );
+        assert!(guarded(v.rgb, 3 * n, 0xa5), "{size}: rgb past the frame");
+        for (name, b) in [
+            ("gray", &*v.gray),
+            ("scratch", &*v.scratch),
+            ("blurred", &*v.blurred),
+            ("magnitude", &*v.magnitude),
+        ] {
+            let same = |x: f32| x.to_bits() == sentinel.to_bits();
+            let end = (n + GUARD).min(b.len());
+            assert!(
+                b[n..end].iter().all(|&x| same(x)),
+                "{size}: {name} past the frame"
+            );
+        }
+        assert!(guarded(v.mask, n, 0xa5), "{size}: mask past the frame");
+        assert_eq!(
+            out.hist.iter().map(|&c| c as usize).sum::<usize>(),
+            n,
+            "{size}: every pixel counted once"
+        );
+
+        // The aliased arena: the same bits.
+        let mut out = FrameOutputs::new(size);
+        let decode = |rgb: &mut [u8]| {
+            assert_eq!(rgb.len(), 3 * n, "decode gets the input cut to the frame");
+            rgb.copy_from_slice(&input);
+            Ok(())
+        };
+        host::run_frame_staged(&mut staged, size, decode, Some(&mut out), |_, _| {}).unwrap();
+        assert_eq!(
+            out.first_difference(&reference),
+            None,
+            "{size}, FrameStaged"
+        );
+
+        // The PNGs are the image's size.
+        for (name, image) in output_images(&out) {
+            assert_eq!(image.len(), n, "{size}: {name}");
+        }
+    }
+    // A 1×1 image has one pixel of no gradient: no edge, and no threshold that splits it.
+    let one = exact_outputs(ImageSize::new(1, 1), &[10, 20, 30]);
+    assert_eq!(
+        (one.magnitude[0], one.threshold, one.mask[0]),
+        (0.0, 255, 0)
+    );
+    assert_eq!(backend.stats().allocations, setup.allocations);
+}
+
+#[test]
+fn a_frame_larger_than_the_arena_is_an_error_naming_the_buffer() {
+    let mut arena = Arena::<Frame>::new().unwrap();
+    let too_big = ImageSize::new(4000, 3000);
+    assert!(!too_big.fits());
+    let e = host::run_frame(too_big, FrameBuffers::from(&mut arena.views_mut())).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "frame: `rgb` holds {} elements, a 4000×3000 image needs 36000000",
+            MAX_PIXELS * 3
+        )
+    );
+    let mut staged = Arena::<FrameStaged>::new().unwrap();
+    let e = host::run_frame_staged(&mut staged, too_big, |_| Ok(()), None, |_, _| {}).unwrap_err();
+    assert!(e.to_string().contains("a 4000×3000 image needs"), "{e}");
+}
+
+#[test]
+fn an_image_larger_than_the_maximum_is_downscaled_keeping_its_aspect_ratio() {
+    let big = ImageSize::new(5000, 3000);
+    assert!(!big.fits());
+    let fitted = big.fit();
+    assert_eq!(fitted, ImageSize::new(3718, 2230));
+    assert!(fitted.fits() && fitted.pixels() <= MAX_PIXELS && fitted.width <= 5000);
+    let (a, b) = (5000.0 / 3000.0, fitted.width as f64 / fitted.height as f64);
+    assert!((a / b - 1.0).abs() < 1e-3, "aspect {a} vs {b}");
+    assert_eq!(MAX_SIZE.fit(), MAX_SIZE);
+
+    // A 5000×3000 picture: a dark field with a bright rectangle over its middle third.
+    let inside = |x: usize, y: usize| (1667..3333).contains(&x) && (1000..2000).contains(&y);
+    let src: Vec<u8> = (0..big.pixels())
+        .flat_map(|i| {
+            let v = if inside(i % 5000, i / 5000) { 230 } else { 20 };
+            [v, v, v]
+        })
+        .collect();
+    let input = resample(&src, big, fitted).unwrap();
+    assert_eq!(input.len(), fitted.pixels() * 3);
+
+    let mut arena = Arena::<FrameStaged>::new().unwrap();
+    let mut out = FrameOutputs::new(fitted);
+    let decode = |rgb: &mut [u8]| {
+        rgb.copy_from_slice(&input);
+        Ok(())
+    };
+    host::run_frame_staged(&mut arena, fitted, decode, Some(&mut out), |_, _| {}).unwrap();
+    // The rectangle's border is found where the scale puts it, and only there.
+    let (w, h) = (fitted.width, fitted.height);
+    let scale = w as f64 / 5000.0;
+    let at = |v: f64| (v * scale).round() as usize;
+    let edge = |x: usize, y: usize| {
+        (y.saturating_sub(2)..=(y + 2).min(h - 1)).any(|yy| {
+            (x.saturating_sub(2)..=(x + 2).min(w - 1)).any(|xx| out.mask[yy * w + xx] == 255)
+        })
+    };
+    for (x, y) in [
+        (at(1667.0), at(1500.0)),
+        (at(3333.0), at(1500.0)),
+        (at(2500.0), at(1000.0)),
+        (at(2500.0), at(2000.0)),
+    ] {
+        assert!(edge(x, y), "no edge near ({x}, {y}) of the {fitted} frame");
+    }
+    assert!(!edge(w / 2, h / 2) && !edge(10, 10) && !edge(w - 10, h - 10));
 }

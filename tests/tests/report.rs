@@ -1,7 +1,8 @@
 //! The layout report: the table (`Display`), the totals, and the SVG memory map.
 
 use devarena::{DeviceLayout, LayoutBuilder, LayoutReport};
-use devarena_tests::fixtures::{Empty, Padded, Pipeline1080};
+use devarena_kernels::pipeline::Frame;
+use devarena_tests::fixtures::{Empty, Padded};
 
 /// Padded: a [u8; 100] at 0; b [u32; 10] at 256 (156 bytes of padding before it), end 296;
 /// c [u16; 3] at 1024 (728 bytes of padding), end 1030; SIZE 2048 (1018 bytes after c).
@@ -71,14 +72,20 @@ fn table_lists_every_field_and_the_totals() {
     assert_eq!(lines.len(), 6);
 }
 
+/// The pipeline's `Frame` (planned for 3840×2160): every size but threshold's 4 bytes is a
+/// multiple of 256, so its only padding is the 252 bytes between threshold and mask. Requested
+/// 24_883_200 + 4 * 33_177_600 + 1024 + 4 + 8_294_400 = 165_889_028 of SIZE 165_889_280.
 #[test]
-fn table_of_the_1080p_pipeline_has_no_padding() {
-    let report = LayoutReport::of::<Pipeline1080>();
-    assert_eq!(report.padding_bytes(), 0);
-    assert_eq!(report.totals.requested, 31_105_024);
+fn table_of_the_pipeline_frame_pads_only_before_the_mask() {
+    let report = LayoutReport::of::<Frame>();
+    assert_eq!(report.padding_bytes(), 252);
+    assert_eq!(report.totals.requested, 165_889_028);
     let table = report.to_string();
-    assert!(table.ends_with("requested 31105024 bytes, padding 0 bytes (0.00%)"));
-    for f in Pipeline1080::FIELDS {
+    assert!(
+        table.ends_with("requested 165889028 bytes, padding 252 bytes (0.00%)"),
+        "{table}"
+    );
+    for f in Frame::FIELDS {
         let line = table
             .lines()
             .find(|l| l.split_whitespace().next() == Some(f.name))
@@ -86,6 +93,8 @@ fn table_of_the_1080p_pipeline_has_no_padding() {
         let cols: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(cols[2], f.offset.to_string(), "{}", f.name);
         assert_eq!(cols[3], f.size.to_string(), "{}", f.name);
+        let padding_before = if f.name == "mask" { "252" } else { "0" };
+        assert_eq!(cols[5], padding_before, "{}", f.name);
         assert_eq!(cols[6], f.end().to_string(), "{}", f.name);
     }
 }

@@ -4,9 +4,33 @@ use alloc::alloc::{Layout, alloc_zeroed, dealloc};
 use alloc::format;
 use alloc::sync::Arc;
 
-use super::{Allocation, Backend, BackendStats, Counters};
+use super::{Allocation, Backend, BackendStats, Counters, DirectViews, MemoryKind};
 use crate::error::Error;
 use crate::layout::{HostBase, HostMut, HostRef};
+use crate::plan::align_up_u64;
+
+/// Alignments up to this come from the global allocator's zeroing path as they are (`calloc`);
+/// larger ones are reached by asking for that much more at this alignment and aligning the
+/// address, so the memory still comes zeroed from `calloc`, whose large blocks are fresh pages
+/// that stay untouched until used, instead of an aligned allocation zeroed byte by byte up
+/// front (which touches every page of it: a huge arena on a machine that overcommits memory
+/// would be killed for it instead of failing or costing nothing).
+const CALLOC_ALIGN: usize = 16;
+
+/// The layout asked of the global allocator for `bytes` at `align`; `None` when `align` is not
+/// a power of two or the numbers overflow.
+fn raw_layout(bytes: usize, align: usize) -> Option<Layout> {
+    if !align.is_power_of_two() {
+        return None;
+    }
+    if align <= CALLOC_ALIGN {
+        return Layout::from_size_align(bytes, align).ok();
+    }
+    let padded = bytes.checked_add(align - CALLOC_ALIGN)?;
+    // The aligned end must stay below `isize::MAX` as a layout of `bytes` at `align` would.
+    Layout::from_size_align(bytes, align).ok()?;
+    Layout::from_size_align(padded, CALLOC_ALIGN).ok()
+}
 
 /// Aligned host memory from the global allocator, zeroed so every view starts readable.
 ///
@@ -47,9 +71,13 @@ impl HostBackend {
     }
 }
 
-// SAFETY: `allocate` returns a fresh region from the global allocator with the requested size
-// and alignment (or a dangling, aligned address for zero bytes, which no view dereferences);
-// `base_*` address exactly that region.
+// SAFETY: nothing but the borrow checker stands between the host and its own memory.
+unsafe impl DirectViews for HostBackend {}
+
+// SAFETY: `allocate` returns a fresh region from the global allocator, at least `bytes` long
+// from an address aligned to `align` (over-allocating for alignments above 16), or a dangling,
+// aligned address for zero bytes, which no view dereferences; `base_*` address exactly that
+// region.
 unsafe impl Backend for HostBackend {
     type Mut = HostMut;
     type Ref = HostRef;
@@ -58,8 +86,12 @@ unsafe impl Backend for HostBackend {
         "host"
     }
 
+    fn memory(&self) -> MemoryKind {
+        MemoryKind::Host
+    }
+
     fn allocate(&self, bytes: usize, align: usize) -> Result<Allocation, Error> {
-        let layout = Layout::from_size_align(bytes, align).map_err(|_| {
+        let layout = raw_layout(bytes, align).ok_or_else(|| {
             self.counters.failed();
             Error::invalid(format!(
                 "host backend: {bytes} bytes at alignment {align} is not a valid allocation \
@@ -87,9 +119,11 @@ unsafe impl Backend for HostBackend {
             });
         }
         self.counters.allocated(bytes);
+        let raw = ptr as u64;
         Ok(Allocation {
-            addr: ptr as u64,
-            raw_addr: ptr as u64,
+            // Inside the over-allocation (`raw_layout`), so it cannot overflow.
+            addr: align_up_u64(raw, align as u64).unwrap_or(raw),
+            raw_addr: raw,
             bytes,
             align,
         })
@@ -97,13 +131,11 @@ unsafe impl Backend for HostBackend {
 
     unsafe fn deallocate(&self, allocation: &Allocation) -> Result<(), Error> {
         if allocation.bytes != 0 {
-            // SAFETY: the allocation came from `allocate` with this size and alignment, which
-            // formed a valid layout, and is freed once (the caller's contract).
-            unsafe {
-                dealloc(
-                    allocation.addr as usize as *mut u8,
-                    Layout::from_size_align_unchecked(allocation.bytes, allocation.align),
-                );
+            if let Some(layout) = raw_layout(allocation.bytes, allocation.align) {
+                // SAFETY: the allocation came from `allocate` with this size and alignment,
+                // which gave this same layout, at `raw_addr`, and is freed once (the caller's
+                // contract).
+                unsafe { dealloc(allocation.raw_addr as usize as *mut u8, layout) };
             }
         }
         self.counters.freed(allocation.bytes);

@@ -8,7 +8,7 @@ use super::align::align_up;
 use super::error::PlanError;
 use super::search::{Engine, Outcome, Preorder, measure};
 use super::stages::scratch_len;
-use super::{FieldSpec, LayoutSpec, Plan};
+use super::{FieldSpec, LayoutSpec, Plan, Slot, Totals};
 
 /// The strategies a [`Search`] tries in turn on a part: every preorder, reordering each
 /// independent part as it starts, then keeping one order throughout. No one of them suits
@@ -223,101 +223,255 @@ impl Search {
     }
 }
 
-/// The capacities the derive asks for, in hundredths of the lower bound, loosest first: it
+/// The capacities the derive asks for, in thousandths of the lower bound, loosest first: it
 /// stops at the first it cannot reach.
-const COMPILE_TIME_TARGETS: [usize; 5] = [115, 110, 106, 103, 100];
+const COMPILE_TIME_TARGETS: [usize; 9] = [0, 1150, 1100, 1070, 1050, 1030, 1015, 1005, 1000];
 
 /// The preorders the derive tries at each capacity.
-const COMPILE_TIME_PREORDERS: [Preorder; 3] = [Preorder::Wat, Preorder::Taw, Preorder::Twa];
+const COMPILE_TIME_PREORDERS: [Preorder; 3] = [Preorder::Wat, Preorder::Taw, Preorder::SectionTwa];
 
-/// Lowers `plan`'s size with the search, within a fixed amount of work: the derive's driver,
-/// evaluated by the compiler. It asks for plans within 115%, 110%, 106%, 103% and 100% of
-/// the lower bound in turn, each with three preorders and `limit` nodes per try (`2n`: a dive
-/// with a little backtracking), and stops at the first capacity it cannot reach. `LEN` is the
-/// scratch space, [`search_len`] of the plan. A layout without stages, an error, or a plan
-/// already at its lower bound passes through unchanged; the plan never gets larger.
+/// The work (see [`Engine::work`]) one of the derive's constants may spend searching: a
+/// fraction of what rustc's `long_running_const_eval` lint allows one constant's evaluation
+/// (2,000,000 interpreted terminators), with room for building the engine.
+pub const COMPILE_TIME_WORK: u64 = 400_000;
+
+/// Where the derive's search schedule stands: the next try (a capacity, a preorder) and
+/// whether it has stopped. See [`improve_slots`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Schedule {
+    /// The next try: index into the targets times the preorders.
+    next: usize,
+    /// A capacity could not be reached (or the plan is at its bound): nothing more is tried.
+    stopped: bool,
+}
+
+impl Schedule {
+    /// The start of the schedule.
+    pub const START: Schedule = Schedule {
+        next: 0,
+        stopped: false,
+    };
+
+    /// Whether the schedule is over: every target reached or one out of reach.
+    pub const fn done(&self) -> bool {
+        self.stopped || self.next >= COMPILE_TIME_TARGETS.len() * COMPILE_TIME_PREORDERS.len()
+    }
+
+    /// Whether the schedule is in its first phase: dives, each asking for anything smaller
+    /// than the best plan so far (cheap, and never the end of the schedule when they fail).
+    const fn diving(&self) -> bool {
+        COMPILE_TIME_TARGETS[self.next / COMPILE_TIME_PREORDERS.len()] == 0
+    }
+
+    /// On to the first try of the next capacity.
+    const fn next_capacity(&mut self) {
+        let per = COMPILE_TIME_PREORDERS.len();
+        self.next = (self.next / per + 1) * per;
+    }
+}
+
+/// The derive's search, carried from one constant to the next: the plan so far and where its
+/// [`Schedule`] stands. Each constant runs [`improve_step`]; no one constant's evaluation runs
+/// long, so rustc's lint for long evaluations never fires, in the deriving crate or in any
+/// crate that evaluates its constants again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Improving<const N: usize> {
+    result: Result<Plan<N>, PlanError>,
+    schedule: Schedule,
+}
+
+impl<const N: usize> Improving<N> {
+    /// The search's start: the greedy plan (or its error, which passes through).
+    pub const fn new(result: Result<Plan<N>, PlanError>) -> Self {
+        Improving {
+            result,
+            schedule: Schedule::START,
+        }
+    }
+
+    /// The plan so far: never larger than the one the search started from.
+    pub const fn result(&self) -> Result<Plan<N>, PlanError> {
+        self.result
+    }
+
+    /// Whether the search is over.
+    pub const fn done(&self) -> bool {
+        self.schedule.done() || self.result.is_err()
+    }
+}
+
+/// One of the derive's constants: continues the search from `state` ([`improve_slots`] within
+/// [`COMPILE_TIME_WORK`]). `LEN` is the scratch space, [`search_len`] of the starting plan.
+pub const fn improve_step<const N: usize, const LEN: usize>(
+    layout: &LayoutSpec,
+    specs: &[FieldSpec; N],
+    state: Improving<N>,
+) -> Improving<N> {
+    let mut state = state;
+    let mut plan = match state.result {
+        Ok(p) => p,
+        Err(_) => return state,
+    };
+    if state.schedule.done() {
+        return state;
+    }
+    let mut scratch = [0usize; LEN];
+    improve_slots(
+        layout,
+        specs,
+        &mut plan.slots,
+        &mut plan.totals,
+        &mut state.schedule,
+        COMPILE_TIME_WORK,
+        &mut scratch,
+    );
+    state.result = Ok(plan);
+    state
+}
+
+/// The derive's search on a plan of any length: continues `schedule` on the plan `slots` /
+/// `totals` (updated in place, never larger) within `work` (see [`Engine::work`]).
+///
+/// The schedule asks for capacities of 115%, 110%, 107%, 105%, 103%, 101.5%, 100.5% and 100%
+/// of the lower bound, loosest first, each with three preorders, and stops at the first
+/// capacity it cannot reach. A try that runs out of work with all of `work` to itself has
+/// failed; one cut short by the work earlier tries of this call spent is left for the next
+/// call. `scratch` holds [`search_len`] of the plan; a layout without stages, or a plan already
+/// at its lower bound, stops the schedule at once. Every call makes progress, so calling
+/// until [`Schedule::done`] ends.
+pub const fn improve_slots(
+    layout: &LayoutSpec,
+    specs: &[FieldSpec],
+    slots: &mut [Slot],
+    totals: &mut Totals,
+    schedule: &mut Schedule,
+    work: u64,
+    scratch: &mut [usize],
+) {
+    let t = *totals;
+    let n = specs.len();
+    if layout.stages == 0 || t.size <= t.peak_live_bound || scratch.len() < scratch_len(n) {
+        schedule.stopped = true;
+        return;
+    }
+    // Targets the plan already meets are skipped here, for free.
+    loop {
+        if schedule.done() {
+            return;
+        }
+        match compile_time_cap(&t, schedule.next, totals.size) {
+            Some(cap) if cap < totals.size => break,
+            Some(_) => schedule.next_capacity(),
+            None => {
+                schedule.stopped = true;
+                return;
+            }
+        }
+    }
+    let (head, rest) = scratch.split_at_mut(scratch_len(n));
+    let sizes = measure(layout, specs, slots, head);
+    if sizes.scratch_len() > rest.len() {
+        schedule.stopped = true;
+        return;
+    }
+    let mut engine = Engine::new(layout, specs, slots, &sizes, rest);
+    engine.set_work_stop(work);
+    engine.set_reorder_parts(true);
+    let mut fresh = true;
+    let mut found = false;
+    let mut best = totals.size;
+    while !schedule.done() {
+        let cap = match compile_time_cap(&t, schedule.next, totals.size) {
+            Some(c) => c,
+            None => {
+                schedule.stopped = true;
+                break;
+            }
+        };
+        if cap >= best {
+            // Met by an earlier try: on to the next capacity.
+            schedule.next_capacity();
+            continue;
+        }
+        if !fresh && engine.work() >= work / 2 {
+            // Too little left for a fair try: the next call makes it.
+            break;
+        }
+        let preorder = COMPILE_TIME_PREORDERS[schedule.next % COMPILE_TIME_PREORDERS.len()];
+        engine.set_preorder(preorder, specs, layout.stages);
+        // A dive's capacity rarely binds: the floors' inference costs more than it prunes.
+        engine.set_waiting_floors(!schedule.diving());
+        match engine.run(cap, u64::MAX) {
+            Outcome::Found { end } => {
+                if let Some(size) = align_up(end, t.align) {
+                    if size < best {
+                        best = size;
+                        found = true;
+                    }
+                }
+                if schedule.diving() {
+                    schedule.next += 1;
+                } else {
+                    schedule.next_capacity();
+                }
+            }
+            // Proved out of reach: nothing tighter is either.
+            Outcome::Infeasible => schedule.stopped = true,
+            Outcome::OutOfNodes => {
+                if !fresh {
+                    break;
+                }
+                let diving = schedule.diving();
+                schedule.next += 1;
+                if !diving && schedule.next % COMPILE_TIME_PREORDERS.len() == 0 {
+                    schedule.stopped = true;
+                }
+            }
+        }
+        fresh = false;
+    }
+    if found {
+        // The engine keeps the offsets of its last plan found, the smallest; they move to
+        // `slots` through `head` (free since measuring), as the engine borrows `slots`.
+        let offsets = engine.offsets();
+        let mut i = 0;
+        while i < n {
+            head[i] = offsets[i];
+            i += 1;
+        }
+        let mut i = 0;
+        while i < n {
+            slots[i].offset = head[i];
+            i += 1;
+        }
+        totals.size = best;
+    }
+}
+
+/// The capacity of try `next` of the compile-time schedule for a plan of totals `t`.
+const fn compile_time_cap(t: &Totals, next: usize, best: usize) -> Option<usize> {
+    let target = COMPILE_TIME_TARGETS[next / COMPILE_TIME_PREORDERS.len()];
+    if target == 0 {
+        return if best > t.align { Some(best - t.align) } else { None };
+    }
+    match t.peak_live_bound.checked_mul(target) {
+        Some(v) => Some(v / 1000 - (v / 1000) % t.align),
+        None => None,
+    }
+}
+
+/// The whole compile-time schedule in one evaluation ([`improve_step`] until it is done): what
+/// the derive's chain of constants computes when it has steps enough, as one call.
 pub const fn improve<const N: usize, const LEN: usize>(
     layout: &LayoutSpec,
     specs: &[FieldSpec; N],
     plan: Result<Plan<N>, PlanError>,
-    limit: u64,
 ) -> Result<Plan<N>, PlanError> {
-    let mut plan = match plan {
-        Ok(p) => p,
-        Err(e) => return Err(e),
-    };
-    let t = plan.totals;
-    if layout.stages == 0 || t.size <= t.peak_live_bound || LEN == 0 {
-        return Ok(plan);
+    let mut state = Improving::new(plan);
+    while !state.done() {
+        state = improve_step::<N, LEN>(layout, specs, state);
     }
-    let mut scratch = [0usize; LEN];
-    let (head, rest) = scratch.split_at_mut(scratch_len(N));
-    let sizes = measure(layout, specs, &plan.slots, head);
-    if sizes.scratch_len() > rest.len() {
-        return Ok(plan);
-    }
-    let slots = plan.slots;
-    let mut engine = Engine::new(layout, specs, &slots, &sizes, rest);
-    let mut best = t.size;
-    let mut i = 0;
-    while i < COMPILE_TIME_TARGETS.len() {
-        let want = match t.peak_live_bound.checked_mul(COMPILE_TIME_TARGETS[i]) {
-            Some(v) => v / 100,
-            None => break,
-        };
-        let cap = want - want % t.align;
-        i += 1;
-        if cap >= best {
-            continue;
-        }
-        let mut reached = false;
-        let mut k = 0;
-        while k < COMPILE_TIME_PREORDERS.len() && !reached {
-            engine.set_preorder(COMPILE_TIME_PREORDERS[k], specs, layout.stages);
-            if let Outcome::Found { end } = engine.run(cap, limit) {
-                if let Some(size) = align_up(end, t.align) {
-                    if size < best {
-                        best = size;
-                        let offsets = engine.offsets();
-                        let mut j = 0;
-                        while j < N {
-                            plan.slots[j].offset = offsets[j];
-                            j += 1;
-                        }
-                    }
-                }
-                reached = true;
-            }
-            k += 1;
-        }
-        if !reached {
-            break;
-        }
-    }
-    plan.totals.size = best;
-    Ok(plan)
-}
-
-/// [`improve`] as the derive calls it, `2n` nodes per try.
-#[doc(hidden)]
-pub const fn improve_at_compile_time<const N: usize, const LEN: usize>(
-    layout: &LayoutSpec,
-    specs: &[FieldSpec; N],
-    plan: Result<Plan<N>, PlanError>,
-) -> Result<Plan<N>, PlanError> {
-    let limit = match option_env!("DEVARENA_EXP_LIMIT") {
-        Some(v) => {
-            let b = v.as_bytes();
-            let (mut x, mut i) = (0u64, 0);
-            while i < b.len() {
-                x = x * 10 + (b[i] - b'0') as u64;
-                i += 1;
-            }
-            x
-        }
-        None => 2 * (N as u64 + 1),
-    };
-    improve::<N, LEN>(layout, specs, plan, limit)
+    state.result
 }
 
 /// Scratch space [`improve`] needs for `plan`: [`scratch_len`]`(N)` for measuring plus the

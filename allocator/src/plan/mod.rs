@@ -41,12 +41,13 @@ pub use align::{CUDA_ALIGN, DEFAULT_ALIGN, MAX_ALIGN, align_up, align_up_u64, is
 #[doc(hidden)]
 pub use derive::{Check, derive_check, derive_plan, element_padding_check};
 pub use drive::{
-    Goal, Search, Step, improve, improve_at_compile_time, search_len,
+    COMPILE_TIME_WORK, Goal, Improving, Schedule, Search, Step, improve, improve_slots,
+    improve_step, search_len,
 };
 pub use error::{Message, PlanError, PlanErrorKind};
 pub use place::{
     check_align, check_field, check_live, check_size, layout_default_align, plan, plan_into,
-    plan_into_with, plan_with, smaller,
+    plan_into_with, plan_with, smaller, within_max_bytes,
 };
 pub use search::{Engine, Outcome, Preorder, Sizes, measure};
 pub use stages::{Strategy, alias_into, place_with, scratch_len};

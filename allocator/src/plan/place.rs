@@ -314,3 +314,21 @@ pub const fn smaller<const N: usize>(
         (Ok(a), Ok(b)) => Ok(if b.totals.size < a.totals.size { b } else { a }),
     }
 }
+
+/// `result`, or an error when its plan is over the layout's `max_bytes`: the derive checks its
+/// final plan once, after the search (each greedy ordering alone may well be over).
+pub const fn within_max_bytes<const N: usize>(
+    layout: &LayoutSpec,
+    result: Result<Plan<N>, PlanError>,
+) -> Result<Plan<N>, PlanError> {
+    match result {
+        Ok(p) if p.totals.size > layout.max_bytes => Err(PlanError {
+            field: None,
+            kind: PlanErrorKind::OverMaxBytes {
+                size: p.totals.size,
+                max_bytes: layout.max_bytes,
+            },
+        }),
+        other => other,
+    }
+}

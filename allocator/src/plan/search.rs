@@ -93,7 +93,7 @@ pub enum Outcome {
     },
     /// No plan fits the capacity: the search was exhaustive.
     Infeasible,
-    /// The node limit ran out first.
+    /// The node limit (or the work limit, [`Engine::set_work_stop`]) ran out first.
     OutOfNodes,
 }
 
@@ -219,6 +219,8 @@ pub struct Engine<'a> {
     rtrail_v: &'a mut [usize],
     rtrail_len: usize,
     nodes: u64,
+    work: u64,
+    work_stop: u64,
 }
 
 impl core::fmt::Debug for Engine<'_> {
@@ -434,12 +436,27 @@ impl<'a> Engine<'a> {
             rtrail_v,
             rtrail_len: 0,
             nodes: 0,
+            work: 0,
+            work_stop: u64::MAX,
         }
     }
 
     /// Nodes (placements tried) over all runs so far.
     pub const fn nodes(&self) -> u64 {
         self.nodes
+    }
+
+    /// Units of work done so far: inner-loop steps (a buffer looked at, a conflict or a
+    /// section visited), a measure of time that is the same on every machine and that the
+    /// compiler's step count follows.
+    pub const fn work(&self) -> u64 {
+        self.work
+    }
+
+    /// Makes every later run stop ([`Outcome::OutOfNodes`]) once [`work`](Self::work)
+    /// reaches `stop` (no limit by default): the derive's bound on one constant's evaluation.
+    pub const fn set_work_stop(&mut self, stop: u64) {
+        self.work_stop = stop;
     }
 
     /// The best plan's offsets: the incumbent ([`set_incumbent`](Self::set_incumbent)) with
@@ -573,6 +590,7 @@ impl<'a> Engine<'a> {
             return;
         }
         let mut m = 0;
+        self.work += 2 * self.free_len as u64;
         let mut i = 0;
         while i < self.free_len {
             let b = self.free[i];
@@ -663,6 +681,7 @@ impl<'a> Engine<'a> {
 
     /// Back to nothing placed.
     const fn reset(&mut self) {
+        self.work += (self.n + self.count) as u64 + 1;
         self.free_len = 0;
         let mut b = 0;
         while b < self.n {
@@ -710,6 +729,7 @@ impl<'a> Engine<'a> {
             let mut members = 0;
             let mut height = usize::MAX;
             let mut dead = false;
+            self.work += self.free_len as u64 + 1;
             let mut i = 0;
             while i < self.free_len {
                 let b = self.free[i];
@@ -767,6 +787,7 @@ impl<'a> Engine<'a> {
         let (last_off, last_rank) = (self.fr(d, F_LAST_OFF), self.fr(d, F_LAST_RANK));
         let (slo, shi, height) = (self.fr(d, F_SLO), self.fr(d, F_SHI), self.fr(d, F_HEIGHT));
         let (mut pick, mut pick_off, mut pick_rank) = (NONE, usize::MAX, usize::MAX);
+        self.work += self.free_len as u64 + 1;
         let mut i = 0;
         while i < self.free_len {
             let b = self.free[i];
@@ -841,6 +862,9 @@ impl<'a> Engine<'a> {
             }
         }
         self.set(d, F_HAT, hat);
+        self.work += (self.adj_base[b + 1] - self.adj_base[b]) as u64
+            + (self.hi[b] - self.lo[b]) as u64
+            + (self.fr(d, F_SHI) - self.fr(d, F_SLO)) as u64;
         let mut x = self.lo[b];
         while x < self.hi[b] {
             self.remember(self.n + x, self.floor[x]);
@@ -891,6 +915,7 @@ impl<'a> Engine<'a> {
             if self.stamp[x] != self.tick {
                 self.stamp[x] = self.tick;
                 let mut low = NONE;
+                self.work += (self.sec_base[x + 1] - self.sec_base[x]) as u64 + 1;
                 let mut e = self.sec_base[x];
                 while e < self.sec_base[x + 1] {
                     let u = self.sec_mem[e];
@@ -915,6 +940,7 @@ impl<'a> Engine<'a> {
         let b = self.fr(d, F_BUF);
         let mark = self.fr(d, F_TRAIL);
         let end = self.trail_len;
+        self.work += (end - mark) as u64 + (self.hi[b] - self.lo[b]) as u64 + 1;
         while self.trail_len > mark {
             self.trail_len -= 1;
             let (i, v) = (self.trail_i[self.trail_len], self.trail_v[self.trail_len]);
@@ -1033,6 +1059,7 @@ impl<'a> Engine<'a> {
     /// The plan of the sections `[slo, shi)` just completed: the offsets of the buffers there
     /// become the best, their end is returned.
     const fn record(&mut self, slo: usize, shi: usize) -> usize {
+        self.work += self.n as u64;
         let mut end = 0;
         let mut b = 0;
         while b < self.n {
@@ -1137,7 +1164,7 @@ impl<'a> Engine<'a> {
                 }
                 continue;
             }
-            if self.nodes >= stop {
+            if self.nodes >= stop || self.work >= self.work_stop {
                 return Outcome::OutOfNodes;
             }
             self.nodes += 1;

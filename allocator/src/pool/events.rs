@@ -2,6 +2,7 @@
 //! callback, or a CSV file in RMM's replay-log format.
 
 use alloc::string::String;
+use alloc::sync::Arc;
 use core::fmt;
 use std::cell::Cell;
 use std::io::{self, Write};
@@ -70,6 +71,44 @@ pub struct PoolEvent<'a> {
     pub error: Option<&'a Error>,
 }
 
+/// An event recorded under the pool's lock, delivered to its sink after the lock is released.
+pub(super) struct Record {
+    pub(super) sink: Arc<dyn EventSink>,
+    pub(super) action: PoolAction,
+    pub(super) addr: u64,
+    pub(super) size: usize,
+    pub(super) reserved: usize,
+    pub(super) align: usize,
+    pub(super) client: Arc<str>,
+    pub(super) tag: Option<String>,
+    pub(super) stream: StreamId,
+    pub(super) time: SystemTime,
+    pub(super) thread: u64,
+    pub(super) error: Option<Error>,
+}
+
+impl Record {
+    /// Hands the event to its sink; `false` when the sink panicked (the panic is caught).
+    pub(super) fn deliver(&self, pool: &str) -> bool {
+        let event = PoolEvent {
+            pool,
+            action: self.action,
+            addr: self.addr,
+            size: self.size,
+            reserved: self.reserved,
+            align: self.align,
+            client: &self.client,
+            tag: self.tag.as_deref(),
+            stream: self.stream,
+            time: self.time,
+            thread: self.thread,
+            error: self.error.as_ref(),
+        };
+        // The sink sees only its event; nothing of the pool is borrowed across the call.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.sink.event(&event))).is_ok()
+    }
+}
+
 /// The calling thread's number in the event log.
 pub(crate) fn thread_number() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -86,9 +125,16 @@ pub(crate) fn thread_number() -> u64 {
 
 /// Receives the event log. Any `Fn(&PoolEvent<'_>) + Send + Sync` is a sink.
 ///
-/// The pool calls the sink while it holds its lock, so that the log's order is the order in
-/// which the pool did things (a free is always logged before the allocation that reuses its
-/// address). A sink therefore must not call back into the pool, and should be quick.
+/// The pool records each event under its lock, in the order in which it did things (a free is
+/// always logged before the allocation that reuses its address), and calls the sink after
+/// releasing the lock: one thread at a time, in that order. The call that caused an event
+/// usually delivers it before it returns; while another thread is delivering, that thread
+/// delivers it instead. So a sink may call back into the pool (the events of those calls
+/// follow), and a slow sink holds up only the threads that deliver, never the pool's lock.
+///
+/// A sink that panics does not disturb the pool: the panic is caught, the event is dropped,
+/// the call that caused it returns normally, and the first such panic of a pool is logged
+/// (target `devarena::pool`, level `error`).
 pub trait EventSink: Send + Sync {
     /// Takes one event.
     fn event(&self, event: &PoolEvent<'_>);

@@ -18,9 +18,19 @@
 //! waiters instead (a condition variable, woken on release) did no better there, was worse
 //! with more threads than CPUs, and put a system call on the releasing thread's path.
 
-use core::cell::UnsafeCell;
+use core::cell::{Cell, UnsafeCell};
 use core::ops::{Deref, DerefMut};
 use core::sync::atomic::{AtomicBool, Ordering};
+
+std::thread_local! {
+    /// The lock whose holder, on this thread, is running a user callback right now (null when
+    /// none): taking that lock again here could only wait for ever.
+    static IN_CALLBACK: Cell<*const ()> = const { Cell::new(core::ptr::null()) };
+}
+
+/// The calling thread already holds this lock, further up its stack, in a user callback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reentrant;
 
 /// The longest back-off, in spin-loop hints, before a waiter starts yielding the CPU: about
 /// 2,000 hints in all, tens of microseconds, far beyond the pool's critical sections (well
@@ -60,16 +70,58 @@ impl<T> Lock<T> {
             .is_ok()
     }
 
+    /// Takes the lock, waiting for it; [`Reentrant`] instead of waiting for ever when this
+    /// thread holds it already, in a callback run by [`callback`](Self::callback).
     #[inline]
-    pub(crate) fn lock(&self) -> LockGuard<'_, T> {
+    pub(crate) fn lock(&self) -> Result<LockGuard<'_, T>, Reentrant> {
         if !self.try_lock() {
-            self.lock_contended();
+            self.lock_contended()?;
         }
-        LockGuard { lock: self }
+        Ok(LockGuard { lock: self })
+    }
+
+    /// Takes the lock if it is free now.
+    #[inline]
+    pub(crate) fn try_guard(&self) -> Option<LockGuard<'_, T>> {
+        // Lazily: a guard made and dropped would release the lock.
+        self.try_lock().then(|| LockGuard { lock: self })
+    }
+
+    /// Takes the lock, waiting for it, where this thread cannot be inside a callback made
+    /// under it (a lock no callback runs under).
+    pub(crate) fn lock_wait(&self) -> LockGuard<'_, T> {
+        loop {
+            if let Ok(guard) = self.lock() {
+                return guard;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Whether this thread is running a callback made while it holds this lock.
+    pub(crate) fn in_callback(&self) -> bool {
+        IN_CALLBACK.with(|c| c.get()) == self as *const Self as *const ()
+    }
+
+    /// Runs `f`, a user callback made while this thread holds the lock, so that a call back
+    /// into the lock from `f` fails with [`Reentrant`] instead of waiting for ever.
+    pub(crate) fn callback<R>(&self, f: impl FnOnce() -> R) -> R {
+        /// Puts back the outer callback's lock, also when `f` unwinds.
+        struct Restore(*const ());
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                IN_CALLBACK.with(|c| c.set(self.0));
+            }
+        }
+        let _restore = Restore(IN_CALLBACK.with(|c| c.replace(self as *const Self as *const ())));
+        f()
     }
 
     #[cold]
-    fn lock_contended(&self) {
+    fn lock_contended(&self) -> Result<(), Reentrant> {
+        if IN_CALLBACK.with(|c| c.get()) == self as *const Self as *const () {
+            return Err(Reentrant);
+        }
         let mut backoff = 1;
         loop {
             // Look with plain loads (the line stays shared), backing off between looks.
@@ -84,7 +136,7 @@ impl<T> Lock<T> {
                 }
             }
             if self.try_lock() {
-                return;
+                return Ok(());
             }
         }
     }
@@ -136,7 +188,7 @@ mod tests {
                 let lock = lock.clone();
                 std::thread::spawn(move || {
                     for _ in 0..20_000 {
-                        let mut g = lock.lock();
+                        let mut g = lock.lock().unwrap();
                         let (a, b) = *g;
                         *g = (a + 1, b + 2);
                     }
@@ -146,6 +198,27 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        assert_eq!(*lock.lock(), (160_000, 320_000));
+        assert_eq!(*lock.lock().unwrap(), (160_000, 320_000));
+    }
+
+    #[test]
+    fn a_failed_try_leaves_the_lock_held() {
+        let lock = Lock::new(1u32);
+        let guard = lock.try_guard().expect("free");
+        assert!(lock.try_guard().is_none());
+        // Still held by `guard`: a second failed try changes nothing either.
+        assert!(lock.try_guard().is_none());
+        drop(guard);
+        assert_eq!(lock.try_guard().map(|g| *g), Some(1));
+    }
+
+    #[test]
+    fn a_callback_that_takes_the_lock_again_fails_instead_of_waiting() {
+        let lock = Lock::new(0u32);
+        let guard = lock.lock().unwrap();
+        assert_eq!(lock.callback(|| lock.lock().err()), Some(Reentrant));
+        drop(guard);
+        // Outside the callback the lock is free again and taken normally.
+        assert_eq!(*lock.lock().unwrap(), 0);
     }
 }

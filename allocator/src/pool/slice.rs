@@ -53,6 +53,19 @@ impl<T: Element> PoolSlice<T> {
         len: usize,
         stream: Option<StreamId>,
     ) -> Result<Self, Error> {
+        Self::new_with(client, len, stream, |bytes, align| {
+            client.allocate_owned(bytes, align, stream)
+        })
+    }
+
+    /// A slice whose block `allocate(bytes, align)` takes (as an owned allocation of `client`
+    /// for `stream`).
+    pub(super) fn new_with(
+        client: &PoolClient,
+        len: usize,
+        stream: Option<StreamId>,
+        allocate: impl FnOnce(usize, usize) -> Result<u64, Error>,
+    ) -> Result<Self, Error> {
         let bytes = len.checked_mul(size_of::<T>()).ok_or_else(|| {
             Error::invalid(format!(
                 "a pool slice of {len} elements of {} ({} bytes each) overflows usize",
@@ -61,7 +74,7 @@ impl<T: Element> PoolSlice<T> {
             ))
         })?;
         let align = align_of::<T>().max(DEFAULT_POOL_ALIGN);
-        let addr = client.allocate_owned(bytes, align, stream)?;
+        let addr = allocate(bytes, align)?;
         Ok(PoolSlice {
             client: client.clone(),
             addr,

@@ -32,6 +32,9 @@ pub struct PoolStats {
     /// Bytes freed on another stream whose event has not completed yet (neither in use nor
     /// free).
     pub pending: usize,
+    /// Bytes freed on another stream whose event could not be queried (a driver error): set
+    /// aside for good, since nothing says the stream is done with them. Normally 0.
+    pub quarantined: usize,
     /// The largest free block.
     pub largest_free: usize,
     /// Number of free blocks (1 for an empty pool; more means fragmentation).
@@ -39,6 +42,18 @@ pub struct PoolStats {
     /// Allocations served whole by a block freed earlier and kept for reuse (see
     /// [`PoolBuilder::reuse`](super::PoolBuilder::reuse)), so far.
     pub reused: u64,
+    /// Bytes of the region backed by memory now: what the pool holds of the device. A growable
+    /// region maps chunks as allocations reach them and unmaps them on
+    /// [`Pool::trim`](super::Pool::trim); a classic region holds its whole capacity.
+    pub mapped: usize,
+    /// The most `mapped` has ever been.
+    pub peak_mapped: usize,
+    /// Bytes per chunk, the unit of mapping (a classic region: the capacity, its one chunk).
+    pub chunk: usize,
+    /// Chunks mapped so far (0 for a classic region).
+    pub maps: u64,
+    /// Chunks unmapped so far: by trims, and when a failed map is undone.
+    pub unmaps: u64,
 }
 
 impl PoolStats {
@@ -64,7 +79,7 @@ impl fmt::Display for PoolStats {
             f,
             "{} of {} bytes in use ({} requested) in {} allocations, peak {}; {} free in {} \
              blocks (largest {}, fragmentation {:.3}), {} pending; {} allocations, {} frees, \
-             {} failures so far",
+             {} failures so far; {} bytes mapped (peak {}) in chunks of {}, {} maps, {} unmaps",
             self.in_use,
             self.capacity,
             self.requested,
@@ -77,7 +92,12 @@ impl fmt::Display for PoolStats {
             self.pending,
             self.allocations,
             self.frees,
-            self.failures
+            self.failures,
+            self.mapped,
+            self.peak_mapped,
+            self.chunk,
+            self.maps,
+            self.unmaps
         )
     }
 }

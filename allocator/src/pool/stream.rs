@@ -19,13 +19,25 @@
 //! A pool without a [`StreamSync`] (every host pool by default) treats all streams as one: host
 //! memory has no queued work, so every free is reusable at once.
 //!
+//! **Streams that capture a CUDA graph** take no event and no wait: the capture would record
+//! them into the graph (an event recorded there cannot be queried afterwards) or refuse them and
+//! invalidate itself. The CUDA runtime refuses to record on, wait on or synchronize a capturing
+//! stream, with an error that names it, so a free or an allocation that would need one fails
+//! and changes nothing. Allocations for a capture go through a
+//! [`GraphReservation`](super::GraphReservation) (or
+//! [`Pool::allocate_for_capture`](super::Pool::allocate_for_capture)), which orders the
+//! capturing stream without touching it: the host waits for the home stream's earlier frees
+//! instead. See [`graph`](super::graph) for what holds for the blocks a graph uses.
+//!
 //! The CUDA backend implements [`StreamSync`] with `cuEventRecord` / `cuEventQuery` /
-//! `cuStreamWaitEvent` (`backend::cuda::CudaStreams`); [`ManualStreams`] is a host stand-in whose events complete only when a
+//! `cuStreamWaitEvent` (`pool::cuda::CudaStreams`); [`ManualStreams`] is a host stand-in whose events complete only when a
 //! test says so.
 
 use alloc::boxed::Box;
+use alloc::format;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
+use core::any::Any;
 use core::fmt;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -72,21 +84,60 @@ pub trait StreamEvent: Send + fmt::Debug {
 /// What the pool needs from a stream runtime: record an event, and order one stream after
 /// another. Implemented by the CUDA backend; [`ManualStreams`] is a host stand-in for tests.
 ///
-/// The pool calls these methods while it holds its lock, so they must not call back into the
-/// pool, and they should not block.
-pub trait StreamSync: Send + Sync + fmt::Debug {
+/// The pool calls these methods while it holds its lock, when its state is consistent, so they
+/// should not block, and must not call back into the pool: from inside them, the pool's
+/// allocations, frees and `reclaim` fail with an error, and its statistics and reports wait
+/// for the lock for ever. A panic in them is caught and becomes an error of the pool call
+/// that made it (for [`StreamEvent::is_complete`]: the block is set aside, see
+/// [`PoolStats::quarantined`](super::PoolStats::quarantined)).
+pub trait StreamSync: Any + Send + Sync + fmt::Debug {
     /// Records an event on `stream` that completes when all work queued on it so far has
     /// finished (`cuEventRecord`).
     fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error>;
+
+    /// Whether the runtime can serve `stream`: the pool asks before it hands out a block for a
+    /// stream other than its home stream, or takes a free on one, so that a stream the
+    /// runtime cannot use fails at once and changes nothing. Every stream by default.
+    fn validate(&self, stream: StreamId) -> Result<(), Error> {
+        let _ = stream;
+        Ok(())
+    }
 
     /// Makes work queued on `waiter` from now on wait for all work queued on `producer` so far
     /// (`cuEventRecord` on `producer`, then `cuStreamWaitEvent` on `waiter`). Must not block
     /// the host.
     fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error>;
+
+    /// Whether `stream` is capturing a CUDA graph (`cuStreamIsCapturing`): work queued on it is
+    /// recorded, not run, so the pool records no event on it and makes it wait for nothing.
+    /// `false` by default (a runtime without graphs).
+    fn is_capturing(&self, stream: StreamId) -> Result<bool, Error> {
+        let _ = stream;
+        Ok(false)
+    }
+
+    /// Blocks the calling thread until all work queued on `stream` so far has finished
+    /// (`cuStreamSynchronize`). The pool calls it, without its lock held when it can, before
+    /// it unmaps memory freed on its home stream (`Pool::trim`, `Pool::synchronize`). By
+    /// default: an event recorded on `stream`, polled until it completes.
+    fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
+        let event = self.record(stream)?;
+        while !event.is_complete()? {
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
 }
 
 /// A host stand-in for a stream runtime: events complete only when the test calls
-/// [`complete`](Self::complete); every [`order_after`](StreamSync::order_after) is recorded.
+/// [`complete`](Self::complete) (or the pool [synchronizes](StreamSync::synchronize) their
+/// stream, which completes them: the host waited for the stream to drain); every
+/// [`order_after`](StreamSync::order_after) and every synchronize is recorded.
+///
+/// A stream can be put in capture mode ([`begin_capture`](Self::begin_capture)): like the CUDA
+/// runtime, it then refuses to record an event on that stream, to make it wait or to
+/// synchronize it, and remembers each refused call ([`refused`](Self::refused)), so a test can
+/// check that nothing was asked of a capturing stream.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -113,7 +164,27 @@ pub struct ManualStreams {
 struct ManualInner {
     events: Vec<(StreamId, Arc<AtomicBool>)>,
     waits: Vec<(StreamId, StreamId)>,
+    synchronized: Vec<StreamId>,
     fail_with: Option<Error>,
+    capturing: Vec<StreamId>,
+    refused: Vec<(&'static str, StreamId)>,
+}
+
+impl ManualInner {
+    /// The error of a call the runtime does not make: a failure asked for by the test, or a
+    /// stream in capture mode (remembered as refused).
+    fn refuse(&mut self, call: &'static str, streams: &[StreamId]) -> Result<(), Error> {
+        if let Some(error) = &self.fail_with {
+            return Err(error.clone());
+        }
+        if let Some(&stream) = streams.iter().find(|s| self.capturing.contains(s)) {
+            self.refused.push((call, stream));
+            return Err(Error::invalid(format!(
+                "{call}: stream {stream} is capturing a graph (ManualStreams)"
+            )));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug)]
@@ -173,19 +244,44 @@ impl ManualStreams {
         self.lock().waits.clone()
     }
 
-    /// Makes every later `record` and `order_after` fail with `error` (until called with
+    /// Every stream passed to [`synchronize`](StreamSync::synchronize), in order.
+    pub fn synchronized(&self) -> Vec<StreamId> {
+        self.lock().synchronized.clone()
+    }
+
+    /// Makes every later `record`, `order_after` and `synchronize` fail with `error` (until called with
     /// `None`): for testing that a failing stream runtime disturbs nothing.
     pub fn fail_with(&self, error: Option<Error>) {
         self.lock().fail_with = error;
+    }
+
+    /// Puts `stream` in capture mode: from now on it reports
+    /// [`is_capturing`](StreamSync::is_capturing), and an event on it, a wait by it or for it,
+    /// or a synchronize of it is refused (and remembered) until
+    /// [`end_capture`](Self::end_capture).
+    pub fn begin_capture(&self, stream: StreamId) {
+        let mut inner = self.lock();
+        if !inner.capturing.contains(&stream) {
+            inner.capturing.push(stream);
+        }
+    }
+
+    /// Takes `stream` out of capture mode.
+    pub fn end_capture(&self, stream: StreamId) {
+        self.lock().capturing.retain(|&s| s != stream);
+    }
+
+    /// Every call refused because a stream it named was capturing, in order: the call
+    /// (`"record"`, `"order_after"`, `"synchronize"`) and the capturing stream.
+    pub fn refused(&self) -> Vec<(&'static str, StreamId)> {
+        self.lock().refused.clone()
     }
 }
 
 impl StreamSync for ManualStreams {
     fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
         let mut inner = self.lock();
-        if let Some(error) = &inner.fail_with {
-            return Err(error.clone());
-        }
+        inner.refuse("record", &[stream])?;
         let done = Arc::new(AtomicBool::new(false));
         inner.events.push((stream, done.clone()));
         Ok(Box::new(ManualEvent { done }))
@@ -193,10 +289,19 @@ impl StreamSync for ManualStreams {
 
     fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
         let mut inner = self.lock();
-        if let Some(error) = &inner.fail_with {
-            return Err(error.clone());
-        }
+        inner.refuse("order_after", &[waiter, producer])?;
         inner.waits.push((waiter, producer));
+        Ok(())
+    }
+
+    fn is_capturing(&self, stream: StreamId) -> Result<bool, Error> {
+        Ok(self.lock().capturing.contains(&stream))
+    }
+
+    fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
+        self.lock().refuse("synchronize", &[stream])?;
+        self.complete(stream);
+        self.lock().synchronized.push(stream);
         Ok(())
     }
 }

@@ -8,11 +8,13 @@
 
 use std::time::{Duration, Instant};
 
-use devarena::{Arena, Backend, Error, HostMut};
+use devarena::backend::DirectViews;
+use devarena::{Arena, Error, HostMut};
 
 use super::{
-    BLUR_TAPS, FRAME_SIZE, FrameBuffers, FrameOutputs, FrameStaged, FrameStagedStages, HIST_BINS,
-    ImageSize, LUMA_DIVISOR, LUMA_WEIGHTS, Stage, check_len, copy_out, invalid, magnitude_bin,
+    BLUR_TAPS, FrameBuffers, FrameOutputs, FrameStaged, FrameStagedStages, HIST_BINS, ImageSize,
+    LUMA_DIVISOR, LUMA_WEIGHTS, Stage, check_len, check_room, copy_out, image_prefix,
+    image_prefix_mut, invalid, magnitude_bin,
 };
 
 /// RGB (8-bit, interleaved) to luma in `[0, 1]`:
@@ -240,8 +242,13 @@ pub fn edge_mask(magnitude: &[f32], threshold: u32, mask: &mut [u8]) -> Result<(
     Ok(())
 }
 
-/// Runs every stage on one frame; returns Otsu's threshold (also stored in
+/// Runs every stage on one frame of `size`; returns Otsu's threshold (also stored in
 /// `buffers.threshold[0]`).
+///
+/// Every image buffer must hold at least the frame (`3 · pixels` bytes of `rgb`, `pixels`
+/// elements of the others): the stages run on the first `pixels` elements of each, so buffers
+/// planned for a larger frame ([`Frame`](super::Frame)'s) serve any smaller one, and nothing
+/// beyond the frame is touched.
 pub fn run_frame<B8, BF, BU>(
     size: ImageSize,
     buffers: FrameBuffers<'_, B8, BF, BU>,
@@ -265,37 +272,35 @@ where
     BF: AsRef<[f32]> + AsMut<[f32]> + ?Sized,
     BU: AsRef<[u32]> + AsMut<[u32]> + ?Sized,
 {
-    check_len("otsu", "threshold", b.threshold.as_ref().len(), 1, None)?;
-    let mut timed = |stage: Stage, f: &mut dyn FnMut() -> Result<(), Error>| {
-        let start = Instant::now();
-        f()?;
-        on_stage(stage, start.elapsed());
-        Ok::<(), Error>(())
-    };
-    timed(Stage::Grayscale, &mut || {
-        rgb_to_gray(size, b.rgb.as_ref(), b.gray.as_mut())
+    const STAGE: &str = "frame";
+    size.check(STAGE)?;
+    let n = size.pixels();
+    // The views cut to the frame: every stage below sees exactly the frame's elements.
+    let rgb = image_prefix(STAGE, "rgb", b.rgb.as_ref(), 3 * n, size)?;
+    let gray = image_prefix_mut(STAGE, "gray", b.gray.as_mut(), n, size)?;
+    let scratch = image_prefix_mut(STAGE, "scratch", b.scratch.as_mut(), n, size)?;
+    let blurred = image_prefix_mut(STAGE, "blurred", b.blurred.as_mut(), n, size)?;
+    let magnitude = image_prefix_mut(STAGE, "magnitude", b.magnitude.as_mut(), n, size)?;
+    let mask = image_prefix_mut(STAGE, "mask", b.mask.as_mut(), n, size)?;
+    let hist = b.hist.as_mut();
+    let threshold = b.threshold.as_mut();
+    check_len("otsu", "threshold", threshold.len(), 1, None)?;
+    let on = &mut on_stage;
+    time(Stage::Grayscale, on, || rgb_to_gray(size, rgb, gray))?;
+    time(Stage::BlurHorizontal, on, || {
+        blur_horizontal(size, gray, scratch)
     })?;
-    timed(Stage::BlurHorizontal, &mut || {
-        blur_horizontal(size, b.gray.as_ref(), b.scratch.as_mut())
+    time(Stage::BlurVertical, on, || {
+        blur_vertical(size, scratch, blurred)
     })?;
-    timed(Stage::BlurVertical, &mut || {
-        blur_vertical(size, b.scratch.as_ref(), b.blurred.as_mut())
+    time(Stage::Sobel, on, || {
+        sobel_magnitude(size, blurred, magnitude)
     })?;
-    timed(Stage::Sobel, &mut || {
-        sobel_magnitude(size, b.blurred.as_ref(), b.magnitude.as_mut())
-    })?;
-    timed(Stage::Histogram, &mut || {
-        histogram(b.magnitude.as_ref(), b.hist.as_mut())
-    })?;
-    timed(Stage::Otsu, &mut || {
-        b.threshold.as_mut()[0] = otsu_threshold(b.hist.as_ref())?;
-        Ok(())
-    })?;
-    let threshold = b.threshold.as_ref()[0];
-    timed(Stage::Mask, &mut || {
-        edge_mask(b.magnitude.as_ref(), threshold, b.mask.as_mut())
-    })?;
-    Ok(threshold)
+    time(Stage::Histogram, on, || histogram(magnitude, hist))?;
+    threshold[0] = time(Stage::Otsu, on, || otsu_threshold(hist))?;
+    let t = threshold[0];
+    time(Stage::Mask, on, || edge_mask(magnitude, t, mask))?;
+    Ok(t)
 }
 
 /// Runs `f` and reports its wall-clock time for `stage`.
@@ -310,41 +315,45 @@ fn time<R>(
     Ok(r)
 }
 
-/// Runs one 1920×1080 frame on an aliased [`FrameStaged`] arena; returns Otsu's threshold.
+/// Runs one frame of `size` on an aliased [`FrameStaged`] arena; returns Otsu's threshold.
 ///
 /// Every stage reaches its buffers only through the views of its own stage
 /// (`arena.gray_mut()`, `arena.blur_rows_mut()`, ...), which hold exactly the buffers live in
-/// it: the borrow checker keeps every buffer out of reach outside its live range, so reusing
-/// the bytes of dead buffers cannot change a result. The bits computed are those of
-/// [`run_frame`] on an unaliased [`Frame`](super::Frame).
+/// it, each cut to the frame's elements: the borrow checker keeps every buffer out of reach
+/// outside its live range, so reusing the bytes of dead buffers cannot change a result. The
+/// bits computed are those of [`run_frame`] on an unaliased [`Frame`](super::Frame).
 ///
 /// `decode` writes the frame's input (`3 · pixels` bytes of RGB) in stage `decode`; the
 /// input's bytes are reused by later stages, so every frame starts by decoding. With
-/// `outputs`, each stage output is copied out in the last stage it is live in. `on_stage` gets
-/// each stage's wall-clock time as it finishes (decoding and copying out are not timed).
+/// `outputs` (made for `size`), each stage output is copied out in the last stage it is live
+/// in. `on_stage` gets each stage's wall-clock time as it finishes (decoding and copying out
+/// are not timed).
 ///
 /// ```
 /// use devarena::Arena;
-/// use devarena_kernels::pipeline::{FrameOutputs, FrameStaged, FRAME_SIZE, host};
+/// use devarena_kernels::pipeline::{FrameOutputs, FrameStaged, ImageSize, host};
 ///
 /// let mut arena = Arena::<FrameStaged>::new()?;
-/// let mut out = FrameOutputs::new(FRAME_SIZE);
+/// let size = ImageSize::new(640, 480);
+/// let mut out = FrameOutputs::new(size);
 /// let decode = |rgb: &mut [u8]| {
 ///     rgb.fill(128);
 ///     Ok(())
 /// };
-/// let t = host::run_frame_staged(&mut arena, decode, Some(&mut out), |_, _| {})?;
+/// let t = host::run_frame_staged(&mut arena, size, decode, Some(&mut out), |_, _| {})?;
 /// assert_eq!(t, 255); // a flat image has no edges
 /// assert!(out.mask.iter().all(|&m| m == 0));
 /// # Ok::<(), devarena::Error>(())
 /// ```
-pub fn run_frame_staged<B: Backend<Mut = HostMut>>(
+pub fn run_frame_staged<B: DirectViews<Mut = HostMut>>(
     arena: &mut Arena<FrameStaged, B>,
+    size: ImageSize,
     decode: impl FnOnce(&mut [u8]) -> Result<(), Error>,
     mut outputs: Option<&mut FrameOutputs>,
     mut on_stage: impl FnMut(Stage, Duration),
 ) -> Result<u32, Error> {
-    let size = FRAME_SIZE;
+    const STAGE: &str = "frame";
+    size.check(STAGE)?;
     if let Some(o) = &outputs {
         if o.size != size {
             return Err(invalid(format!(
@@ -353,39 +362,50 @@ pub fn run_frame_staged<B: Backend<Mut = HostMut>>(
             )));
         }
     }
+    let n = size.pixels();
+    // Every image buffer of `FrameStaged` has room for `MAX_PIXELS` pixels: checked here through
+    // `rgb` and `gray`, the cuts below (`..3 * n`, `..n`) stay inside every buffer.
+    check_room(STAGE, "rgb", arena.decode_mut().rgb.len(), 3 * n, size)?;
+    check_room(STAGE, "gray", arena.gray_mut().gray.len(), n, size)?;
     let on = &mut on_stage;
 
-    decode(arena.decode_mut().rgb)?;
+    decode(&mut arena.decode_mut().rgb[..3 * n])?;
 
     let s = arena.gray_mut();
-    time(Stage::Grayscale, on, || rgb_to_gray(size, s.rgb, s.gray))?;
+    time(Stage::Grayscale, on, || {
+        rgb_to_gray(size, &s.rgb[..3 * n], &mut s.gray[..n])
+    })?;
 
     let s = arena.blur_rows_mut();
+    let (gray, scratch) = (&s.gray[..n], &mut s.scratch[..n]);
     time(Stage::BlurHorizontal, on, || {
-        blur_horizontal(size, s.gray, s.scratch)
+        blur_horizontal(size, gray, scratch)
     })?;
     if let Some(o) = outputs.as_deref_mut() {
-        copy_out("gray", &mut o.gray, s.gray)?;
+        copy_out("gray", &mut o.gray, gray)?;
     }
 
     let s = arena.blur_columns_mut();
+    let (scratch, blurred) = (&s.scratch[..n], &mut s.blurred[..n]);
     time(Stage::BlurVertical, on, || {
-        blur_vertical(size, s.scratch, s.blurred)
+        blur_vertical(size, scratch, blurred)
     })?;
     if let Some(o) = outputs.as_deref_mut() {
-        copy_out("scratch", &mut o.scratch, s.scratch)?;
+        copy_out("scratch", &mut o.scratch, scratch)?;
     }
 
     let s = arena.sobel_mut();
+    let (blurred, magnitude) = (&s.blurred[..n], &mut s.magnitude[..n]);
     time(Stage::Sobel, on, || {
-        sobel_magnitude(size, s.blurred, s.magnitude)
+        sobel_magnitude(size, blurred, magnitude)
     })?;
     if let Some(o) = outputs.as_deref_mut() {
-        copy_out("blurred", &mut o.blurred, s.blurred)?;
+        copy_out("blurred", &mut o.blurred, blurred)?;
     }
 
     let s = arena.threshold_mut();
-    time(Stage::Histogram, on, || histogram(s.magnitude, s.hist))?;
+    let magnitude = &s.magnitude[..n];
+    time(Stage::Histogram, on, || histogram(magnitude, s.hist))?;
     check_len("otsu", "threshold", s.threshold.len(), 1, None)?;
     s.threshold[0] = time(Stage::Otsu, on, || otsu_threshold(s.hist))?;
     if let Some(o) = outputs.as_deref_mut() {
@@ -394,13 +414,12 @@ pub fn run_frame_staged<B: Backend<Mut = HostMut>>(
 
     let s = arena.mask_mut();
     let threshold = s.threshold[0];
-    time(Stage::Mask, on, || {
-        edge_mask(s.magnitude, threshold, s.mask)
-    })?;
+    let (magnitude, mask) = (&s.magnitude[..n], &mut s.mask[..n]);
+    time(Stage::Mask, on, || edge_mask(magnitude, threshold, mask))?;
     if let Some(o) = outputs {
-        copy_out("magnitude", &mut o.magnitude, s.magnitude)?;
+        copy_out("magnitude", &mut o.magnitude, magnitude)?;
         o.threshold = threshold;
-        copy_out("mask", &mut o.mask, s.mask)?;
+        copy_out("mask", &mut o.mask, mask)?;
     }
     Ok(threshold)
 }

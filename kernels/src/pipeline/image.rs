@@ -1,6 +1,7 @@
 //! A deterministic synthetic test frame (gradients, shapes, noise) whose shape borders are
-//! known, so a test can check that edges appear where they should; and the 8-bit images the
-//! example writes as PNGs.
+//! known, so a test can check that edges appear where they should; the 8-bit images the example
+//! writes as PNGs; and the bilinear resampling that brings an input larger than the maximum
+//! frame down to a size that fits ([`ImageSize::fit`]).
 
 use devarena::Error;
 
@@ -279,6 +280,46 @@ pub fn output_images(o: &FrameOutputs) -> [(&'static str, Vec<u8>); 4] {
     ]
 }
 
+/// Bilinear resampling of 8-bit RGB (interleaved) from `from` to `to`, pixel centres aligned:
+/// how an input larger than the layouts' maximum is brought down to [`ImageSize::fit`]'s size.
+///
+/// ```
+/// use devarena_kernels::pipeline::ImageSize;
+/// use devarena_kernels::pipeline::image::resample;
+///
+/// // A horizontal ramp halved: each output pixel averages two input pixels.
+/// let src: Vec<u8> = (0..4u8).flat_map(|x| [x * 20; 3]).collect();
+/// let out = resample(&src, ImageSize::new(4, 1), ImageSize::new(2, 1))?;
+/// assert_eq!(out, [10, 10, 10, 50, 50, 50]);
+/// # Ok::<(), devarena::Error>(())
+/// ```
+pub fn resample(src: &[u8], from: ImageSize, to: ImageSize) -> Result<Vec<u8>, Error> {
+    from.check("resample (source)")?;
+    to.check("resample (target)")?;
+    check_len("resample", "src", src.len(), from.pixels() * 3, Some(from))?;
+    let (sw, sh, dw, dh) = (from.width, from.height, to.width, to.height);
+    let mut out = vec![0u8; dw * dh * 3];
+    let coord = |d: usize, dn: usize, sn: usize| {
+        let s = ((d as f32 + 0.5) * sn as f32 / dn as f32 - 0.5).clamp(0.0, (sn - 1) as f32);
+        let i = s.floor() as usize;
+        (i, (i + 1).min(sn - 1), s - i as f32)
+    };
+    let columns: Vec<_> = (0..dw).map(|x| coord(x, dw, sw)).collect();
+    for (y, row) in out.chunks_exact_mut(dw * 3).enumerate() {
+        let (y0, y1, fy) = coord(y, dh, sh);
+        let (top, bottom) = (&src[y0 * sw * 3..][..sw * 3], &src[y1 * sw * 3..][..sw * 3]);
+        for (px, &(x0, x1, fx)) in row.chunks_exact_mut(3).zip(&columns) {
+            for (c, out) in px.iter_mut().enumerate() {
+                let p = |row: &[u8], x: usize| row[x * 3 + c] as f32;
+                let t = p(top, x0) * (1.0 - fx) + p(top, x1) * fx;
+                let b = p(bottom, x0) * (1.0 - fx) + p(bottom, x1) * fx;
+                *out = (t * (1.0 - fy) + b * fy).round() as u8;
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// FNV-1a over bytes: a stable fingerprint for comparing outputs across runs.
 pub fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
     bytes.into_iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -338,6 +379,35 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn resampling_keeps_flat_colours_and_edges_in_proportion() {
+        // A 10×6 image, left half one colour, right half another, brought down to 5×3.
+        let from = ImageSize::new(10, 6);
+        let src: Vec<u8> = (0..60)
+            .flat_map(|i| {
+                if i % 10 < 5 {
+                    [200, 10, 30]
+                } else {
+                    [0, 90, 255]
+                }
+            })
+            .collect();
+        let out = resample(&src, from, ImageSize::new(5, 3)).unwrap();
+        for y in 0..3 {
+            let px = |x: usize| &out[(y * 5 + x) * 3..][..3];
+            assert_eq!(px(0), [200, 10, 30]);
+            assert_eq!(px(1), [200, 10, 30]);
+            assert_eq!(px(3), [0, 90, 255]);
+            assert_eq!(px(4), [0, 90, 255]);
+            // The middle column straddles the edge: halfway.
+            assert_eq!(px(2), [100, 50, 143]);
+        }
+        let same = resample(&src, from, from).unwrap();
+        assert_eq!(same, src);
+        let e = resample(&src[..59], from, ImageSize::new(5, 3)).unwrap_err();
+        assert!(e.to_string().contains("10×6"), "{e}");
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! A 1080p image pipeline whose every buffer lives in one [`Frame`] arena.
+//! An image pipeline whose every buffer lives in one [`Frame`] arena, planned for the largest
+//! frame it takes ([`MAX_SIZE`], 3840 × 2160) and run on each image at its own size.
 //!
 //! Stages, in order (each one reads the previous one's output):
 //!
@@ -16,7 +17,18 @@
 //! [`FrameStaged`], planned with stages so that buffers whose live ranges never meet share
 //! bytes (60% less memory); on it each stage reaches its buffers only through its own stage
 //! views ([`host::run_frame_staged`], and `cuda::PipelineKernels::run_frame_staged`), and the
-//! results are bit-identical to [`Frame`]'s.
+//! results are bit-identical to [`Frame`]'s. [`Frame`] is the one pipeline layout of the
+//! workspace: the example, the benchmarks and the tests all use it; [`FramePaged`] holds the
+//! same buffers on separate 2 MiB pages, for the benchmark's diagnostics.
+//!
+//! **Sizes.** The layouts are planned at compile time for [`MAX_PIXELS`] pixels (3840 × 2160,
+//! 4K UHD); an image of any size up to that many pixels runs at its own size. Each stage takes
+//! the image's width and height and uses the first `width · height` elements of every buffer
+//! (the views cut to the image: [`host::run_frame`] and `cuda::PipelineKernels::run_frame`
+//! check that every buffer holds at least that many and touch nothing beyond). An image larger
+//! than the maximum is downscaled to fit, keeping its aspect ratio ([`ImageSize::fit`],
+//! [`image::resample`]). [`FRAME_SIZE`] (1920 × 1080) is the size of the synthetic test frame
+//! and of the benchmark's main rows.
 //!
 //! [`host`] is the reference implementation (plain Rust, always compiled); `cuda` (feature
 //! `cuda`) runs the same stages as PTX kernels. The floating-point stages are written so the
@@ -32,12 +44,25 @@ pub mod cuda;
 
 use devarena::{DeviceLayout, Error, ViewKind};
 
-/// Frame width in pixels.
+/// Width of the default frame (the synthetic test frame, the benchmark's main size).
 pub const WIDTH: usize = 1920;
-/// Frame height in pixels.
+/// Height of the default frame.
 pub const HEIGHT: usize = 1080;
-/// Pixels per frame.
+/// Pixels of the default frame.
 pub const PIXELS: usize = WIDTH * HEIGHT;
+/// The largest frame the layouts are planned for: 3840 × 2160 (4K UHD). Any image of at most
+/// [`MAX_PIXELS`] pixels and [`MAX_ROWS`] rows runs at its own size, a portrait 2160 × 3840
+/// one too; [`ImageSize::fit`] downscales a larger one.
+pub const MAX_SIZE: ImageSize = ImageSize {
+    width: 3840,
+    height: 2160,
+};
+/// Pixels every buffer of the layouts has room for: [`MAX_SIZE`]'s.
+pub const MAX_PIXELS: usize = MAX_SIZE.pixels();
+/// Block shape of the 2-D kernels (blur, Sobel): 32 × 8 threads.
+pub(crate) const BLOCK_2D: (u32, u32) = (32, 8);
+/// Most rows one launch of the 2-D kernels covers: a grid is at most 65,535 blocks high.
+pub const MAX_ROWS: usize = 65_535 * BLOCK_2D.1 as usize;
 /// Histogram bins.
 pub const HIST_BINS: usize = 256;
 /// Histogram bins per unit of gradient magnitude: bin `b` holds magnitudes in
@@ -53,40 +78,88 @@ pub const LUMA_WEIGHTS: [u32; 3] = [77, 150, 29];
 /// `255 · 256`: the largest weighted luma sum, which grayscale maps to `1.0`.
 pub const LUMA_DIVISOR: f32 = 65280.0;
 
-/// The size of the frame [`Frame`] is planned for.
+/// The default frame: 1920 × 1080.
 pub const FRAME_SIZE: ImageSize = ImageSize {
     width: WIDTH,
     height: HEIGHT,
 };
 
-/// Every buffer of the pipeline, for one 1920×1080 frame, in one allocation.
+/// Every buffer of the pipeline, for one frame of up to [`MAX_PIXELS`] pixels, in one
+/// allocation.
 ///
 /// The stage buffers, the blur's scratch buffer, the histogram and the threshold all live here:
-/// after the arena is made, running a frame allocates nothing.
+/// after the arena is made, running a frame of any size up to the maximum allocates nothing.
+/// A frame of `width · height` pixels uses the first `width · height` elements of each image
+/// buffer.
 ///
 /// The struct is a plan, never a value: its fields are only ever reached through an arena's
 /// views.
 #[derive(Debug, DeviceLayout)]
-#[layout(max_bytes = 64 << 20)]
+#[layout(max_bytes = 192 << 20)]
 #[allow(dead_code)]
 pub struct Frame {
     /// Input, 8-bit RGB interleaved.
-    rgb: [u8; PIXELS * 3],
+    rgb: [u8; MAX_PIXELS * 3],
     /// Luma in `[0, 1]`.
-    gray: [f32; PIXELS],
+    gray: [f32; MAX_PIXELS],
     /// The blur's intermediate (horizontal pass).
-    scratch: [f32; PIXELS],
+    scratch: [f32; MAX_PIXELS],
     /// The blurred luma.
-    blurred: [f32; PIXELS],
+    blurred: [f32; MAX_PIXELS],
     /// Sobel gradient magnitude.
-    magnitude: [f32; PIXELS],
+    magnitude: [f32; MAX_PIXELS],
     /// Histogram of the magnitude's bins.
     hist: [u32; HIST_BINS],
     /// Otsu's threshold (a bin index), written by the device so the mask stage needs no host
     /// round trip.
     threshold: [u32; 1],
     /// Binary edge mask: 0 or 255.
-    mask: [u8; PIXELS],
+    mask: [u8; MAX_PIXELS],
+}
+
+/// The alignment of every [`FramePaged`] buffer: the 2 MiB page that sizes over 2 MiB take on
+/// the target GPU, so each buffer starts a page of its own, as a separate `cuMemAlloc` of it
+/// would.
+pub const PAGE_ALIGN: usize = 2 << 20;
+
+/// [`Frame`]'s buffers, each on a 2 MiB page of its own: a diagnostic layout, not one to run a
+/// pipeline on (it spends up to 2 MiB of padding per buffer).
+///
+/// Separate `cuMemAlloc`s of the frame's buffers land on separate pages; one [`Frame`] arena
+/// packs them. Running a frame on both tells how much of a difference in frame time is the
+/// buffers' placement rather than the arena (the pipeline benchmark's "every field 2
+/// MiB-aligned" row). Same fields, same order, same sizes as [`Frame`]:
+///
+/// ```
+/// use devarena::DeviceLayout;
+/// use devarena_kernels::pipeline::{Frame, FramePaged, PAGE_ALIGN};
+///
+/// assert_eq!(FramePaged::FIELDS.len(), Frame::FIELDS.len());
+/// for (paged, frame) in FramePaged::FIELDS.iter().zip(Frame::FIELDS) {
+///     assert_eq!((paged.name, paged.size), (frame.name, frame.size));
+///     assert_eq!(paged.offset % PAGE_ALIGN, 0);
+/// }
+/// ```
+#[derive(Debug, DeviceLayout)]
+#[layout(align = PAGE_ALIGN)]
+#[allow(dead_code)]
+pub struct FramePaged {
+    /// As [`Frame`]'s.
+    rgb: [u8; MAX_PIXELS * 3],
+    /// As [`Frame`]'s.
+    gray: [f32; MAX_PIXELS],
+    /// As [`Frame`]'s.
+    scratch: [f32; MAX_PIXELS],
+    /// As [`Frame`]'s.
+    blurred: [f32; MAX_PIXELS],
+    /// As [`Frame`]'s.
+    magnitude: [f32; MAX_PIXELS],
+    /// As [`Frame`]'s.
+    hist: [u32; HIST_BINS],
+    /// As [`Frame`]'s.
+    threshold: [u32; 1],
+    /// As [`Frame`]'s.
+    mask: [u8; MAX_PIXELS],
 }
 
 /// The same buffers as [`Frame`], planned with stages: buffers whose live ranges never meet
@@ -108,10 +181,10 @@ pub struct Frame {
 ///
 /// ```
 /// use devarena::DeviceLayout;
-/// use devarena_kernels::pipeline::{Frame, FrameStaged, PIXELS};
+/// use devarena_kernels::pipeline::{Frame, FrameStaged, MAX_PIXELS};
 ///
 /// assert_eq!(FrameStaged::UNALIASED_SIZE, Frame::SIZE);
-/// assert_eq!(FrameStaged::PEAK_LIVE_BOUND, 2 * PIXELS * 4); // e.g. gray + scratch
+/// assert_eq!(FrameStaged::PEAK_LIVE_BOUND, 2 * MAX_PIXELS * 4); // e.g. gray + scratch
 /// assert_eq!(FrameStaged::SIZE, FrameStaged::PEAK_LIVE_BOUND); // the plan reaches the bound
 /// ```
 ///
@@ -120,26 +193,26 @@ pub struct Frame {
 /// `PipelineKernels::run_frame_staged` run a frame on it.
 #[derive(Debug, DeviceLayout)]
 #[layout(
-    max_bytes = 64 << 20,
+    max_bytes = 80 << 20,
     stages(decode, gray, blur_rows, blur_columns, sobel, threshold, mask)
 )]
 #[allow(dead_code)]
 pub struct FrameStaged {
     /// Input, 8-bit RGB interleaved: written by `decode`, read by `gray`.
     #[layout(live = decode..=gray)]
-    rgb: [u8; PIXELS * 3],
+    rgb: [u8; MAX_PIXELS * 3],
     /// Luma in `[0, 1]`.
     #[layout(live = gray..=blur_rows)]
-    gray: [f32; PIXELS],
+    gray: [f32; MAX_PIXELS],
     /// The blur's intermediate (horizontal pass).
     #[layout(live = blur_rows..=blur_columns)]
-    scratch: [f32; PIXELS],
+    scratch: [f32; MAX_PIXELS],
     /// The blurred luma.
     #[layout(live = blur_columns..=sobel)]
-    blurred: [f32; PIXELS],
+    blurred: [f32; MAX_PIXELS],
     /// Sobel gradient magnitude: read by the histogram and by the mask.
     #[layout(live = sobel..=mask)]
-    magnitude: [f32; PIXELS],
+    magnitude: [f32; MAX_PIXELS],
     /// Histogram of the magnitude's bins.
     #[layout(live = threshold)]
     hist: [u32; HIST_BINS],
@@ -148,7 +221,7 @@ pub struct FrameStaged {
     threshold: [u32; 1],
     /// Binary edge mask: 0 or 255.
     #[layout(live = mask)]
-    mask: [u8; PIXELS],
+    mask: [u8; MAX_PIXELS],
 }
 
 /// The names of [`FrameStaged`]'s stages, in order.
@@ -201,22 +274,31 @@ impl FrameOutputs {
         }
     }
 
-    /// Copies every stage output out of a frame's buffers (host slices).
+    /// Copies every stage output of a frame of `self.size` out of a frame's buffers (host
+    /// slices holding at least that frame: the first `pixels` elements are copied).
     pub fn copy_from<B8, BF, BU>(&mut self, b: &FrameBuffers<'_, B8, BF, BU>) -> Result<(), Error>
     where
         B8: AsRef<[u8]> + ?Sized,
         BF: AsRef<[f32]> + ?Sized,
         BU: AsRef<[u32]> + ?Sized,
     {
-        use copy_out as copy;
-        copy("gray", &mut self.gray, b.gray.as_ref())?;
-        copy("scratch", &mut self.scratch, b.scratch.as_ref())?;
-        copy("blurred", &mut self.blurred, b.blurred.as_ref())?;
-        copy("magnitude", &mut self.magnitude, b.magnitude.as_ref())?;
-        copy("hist", &mut self.hist, b.hist.as_ref())?;
+        let size = self.size;
+        let copy_image = |name: &str, dst: &mut [f32], src: &[f32]| {
+            copy_out(
+                name,
+                dst,
+                image_prefix("outputs", name, src, dst.len(), size)?,
+            )
+        };
+        copy_image("gray", &mut self.gray, b.gray.as_ref())?;
+        copy_image("scratch", &mut self.scratch, b.scratch.as_ref())?;
+        copy_image("blurred", &mut self.blurred, b.blurred.as_ref())?;
+        copy_image("magnitude", &mut self.magnitude, b.magnitude.as_ref())?;
+        copy_out("hist", &mut self.hist, b.hist.as_ref())?;
         check_len("outputs", "threshold", b.threshold.as_ref().len(), 1, None)?;
         self.threshold = b.threshold.as_ref()[0];
-        copy("mask", &mut self.mask, b.mask.as_ref())
+        let mask = image_prefix("outputs", "mask", b.mask.as_ref(), self.mask.len(), size)?;
+        copy_out("mask", &mut self.mask, mask)
     }
 
     /// The first difference from `other`, bit for bit (floats compared by their bits, so
@@ -271,6 +353,50 @@ impl ImageSize {
     /// `width · height` (saturating; [`check`](Self::check) rejects sizes where it saturates).
     pub const fn pixels(&self) -> usize {
         self.width.saturating_mul(self.height)
+    }
+
+    /// Whether the pipeline runs an image of this size as it is: at most [`MAX_PIXELS`] pixels
+    /// (the layouts' room) and [`MAX_ROWS`] rows (one launch of the 2-D kernels).
+    pub const fn fits(&self) -> bool {
+        self.pixels() <= MAX_PIXELS && self.height <= MAX_ROWS
+    }
+
+    /// The size the pipeline runs an image of this size at: its own when it
+    /// [`fits`](Self::fits), else the largest size of the same aspect ratio that fits (both
+    /// sides scaled by one factor and rounded down, each at least 1). An empty size stays
+    /// empty (and is refused by [`check`](Self::check)).
+    ///
+    /// ```
+    /// use devarena_kernels::pipeline::{ImageSize, MAX_PIXELS};
+    ///
+    /// assert_eq!(ImageSize::new(1, 1).fit(), ImageSize::new(1, 1));
+    /// assert_eq!(ImageSize::new(2160, 3840).fit(), ImageSize::new(2160, 3840)); // fits as it is
+    /// let fitted = ImageSize::new(5000, 3000).fit();
+    /// assert_eq!(fitted, ImageSize::new(3718, 2230));
+    /// assert!(fitted.pixels() <= MAX_PIXELS);
+    /// ```
+    pub fn fit(self) -> ImageSize {
+        if self.width == 0 || self.height == 0 || self.fits() {
+            return self;
+        }
+        let (w, h) = (self.width as f64, self.height as f64);
+        let scale = (MAX_PIXELS as f64 / (w * h))
+            .sqrt()
+            .min(MAX_ROWS as f64 / h)
+            .min(MAX_PIXELS as f64 / w);
+        let mut fitted = ImageSize::new(
+            ((w * scale) as usize).clamp(1, self.width),
+            ((h * scale) as usize).clamp(1, self.height),
+        );
+        // The square root may round up by an ulp: step the longer side down until it fits.
+        while !fitted.fits() {
+            if fitted.height > MAX_ROWS || fitted.height > fitted.width {
+                fitted.height -= 1;
+            } else {
+                fitted.width -= 1;
+            }
+        }
+        fitted
     }
 
     /// Rejects empty images and images whose byte sizes or pixel counts do not fit the `u32`
@@ -448,6 +574,47 @@ pub(crate) fn invalid(what: String) -> Error {
     Error::InvalidArgument { what }
 }
 
+/// The first `needed` elements of a buffer that holds a frame of `size`: an error naming the
+/// stage, the buffer and the numbers when it holds fewer.
+pub(crate) fn image_prefix<'b, T>(
+    stage: &str,
+    buffer: &str,
+    src: &'b [T],
+    needed: usize,
+    size: ImageSize,
+) -> Result<&'b [T], Error> {
+    check_room(stage, buffer, src.len(), needed, size)?;
+    Ok(&src[..needed])
+}
+
+/// [`image_prefix`], mutable.
+pub(crate) fn image_prefix_mut<'b, T>(
+    stage: &str,
+    buffer: &str,
+    src: &'b mut [T],
+    needed: usize,
+    size: ImageSize,
+) -> Result<&'b mut [T], Error> {
+    check_room(stage, buffer, src.len(), needed, size)?;
+    Ok(&mut src[..needed])
+}
+
+/// Checks that a buffer has room for the `needed` elements of a frame of `size`.
+pub(crate) fn check_room(
+    stage: &str,
+    buffer: &str,
+    len: usize,
+    needed: usize,
+    size: ImageSize,
+) -> Result<(), Error> {
+    if len >= needed {
+        return Ok(());
+    }
+    Err(invalid(format!(
+        "{stage}: `{buffer}` holds {len} elements, a {size} image needs {needed}"
+    )))
+}
+
 /// Copies a stage output into its `FrameOutputs` buffer (same length, else an error naming it).
 pub(crate) fn copy_out<T: Copy>(name: &str, dst: &mut [T], src: &[T]) -> Result<(), Error> {
     check_len("outputs", name, dst.len(), src.len(), None)?;
@@ -480,6 +647,44 @@ mod tests {
     use super::*;
 
     #[test]
+    fn fitting_keeps_the_aspect_ratio_and_the_limits() {
+        for (w, h) in [
+            (5000, 3000),
+            (3000, 5000),
+            (3841, 2160),
+            (100_000, 100_000),
+            (1, 100_000_000),
+            (100_000_000, 1),
+            (600_000, 2),
+            (7, 600_000),
+        ] {
+            let size = ImageSize::new(w, h);
+            let fitted = size.fit();
+            assert!(fitted.fits(), "{size} → {fitted}");
+            assert!(fitted.width >= 1 && fitted.height >= 1, "{size} → {fitted}");
+            assert!(fitted.width <= w && fitted.height <= h, "{size} → {fitted}");
+            // The same aspect ratio, up to the rounding of each side (and the 1-pixel floor).
+            let (a, b) = (
+                w as f64 / h as f64,
+                fitted.width as f64 / fitted.height as f64,
+            );
+            if fitted.width > 100 && fitted.height > 100 {
+                assert!((a / b - 1.0).abs() < 0.01, "{size} → {fitted}: {a} vs {b}");
+            }
+            // Bounded by the pixel count, it uses almost all of it.
+            if fitted.width > 100 && fitted.height > 100 && fitted.height < MAX_ROWS {
+                assert!(
+                    fitted.pixels() * 100 >= MAX_PIXELS * 99,
+                    "{size} → {fitted}"
+                );
+            }
+        }
+        assert_eq!(MAX_SIZE.fit(), MAX_SIZE);
+        assert_eq!(ImageSize::new(0, 7).fit(), ImageSize::new(0, 7));
+        assert_eq!(ImageSize::new(1, MAX_ROWS + 1).fit().height, MAX_ROWS);
+    }
+
+    #[test]
     fn frame_layout_holds_every_stage_buffer() {
         let names: Vec<_> = Frame::FIELDS.iter().map(|f| f.name).collect();
         assert_eq!(
@@ -495,8 +700,8 @@ mod tests {
                 "mask"
             ]
         );
-        assert_eq!(Frame::OFFSETS.gray, PIXELS * 3);
-        assert_eq!(Frame::FIELDS[1].size, PIXELS * 4);
+        assert_eq!(Frame::OFFSETS.gray, MAX_PIXELS * 3);
+        assert_eq!(Frame::FIELDS[1].size, MAX_PIXELS * 4);
         // Every buffer is a multiple of 256 bytes except `threshold`: the only padding is
         // threshold's rounding up to the next 256-byte boundary.
         let requested: usize = Frame::FIELDS.iter().map(|f| f.size).sum();

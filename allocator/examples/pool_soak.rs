@@ -1,0 +1,534 @@
+//! Soak test of the pool: millions of random operations on one host pool from several threads,
+//! with streams, checked against a model as they run.
+//!
+//! ```text
+//! cargo run --release -p devarena --example pool_soak -- --ops 10000000 --threads 4
+//! ```
+//!
+//! Each thread is a client of its own (quotas that add up to more than the capacity, so both
+//! limits are hit) and uses the home stream and a stream of its own, through `ManualStreams`:
+//! it allocates (sizes from 0 to 1 MiB, spread on a log scale, alignments up to 4096), frees
+//! on either stream (a block freed on its own stream is parked until the thread completes that
+//! stream's events), allocates and drops typed slices, completes its stream, and reclaims.
+//!
+//! What is checked, and where:
+//!
+//! * every block handed out is aligned, lies inside the region and overlaps no block that is
+//!   live or parked, in any thread (a shared map of occupied ranges, updated before a block
+//!   goes back to the pool and after it comes out);
+//! * signature bytes written at both ends of every block are intact when it is freed (host
+//!   memory: another thread's block written over would show);
+//! * every failed allocation is a `PoolExhausted` error (quota or capacity), never anything
+//!   else;
+//! * each thread's client statistics equal its model after every operation batch;
+//! * every `--check-every` operations all threads stop at a barrier and the pool's statistics
+//!   (in use, requested, live, allocations, frees, failures, pending) must equal the sum of the
+//!   models, exactly;
+//! * at the end, with every event completed and every block freed, the region is whole again.
+//!
+//! The process exits non-zero (a panic naming the check) on the first violation and prints
+//! `soak: OK` with the counts otherwise.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::Instant;
+
+use devarena::pool::{ManualStreams, PoolClient, StreamId, Tracking, reserved_bytes};
+use devarena::{Error, Pool, PoolSlice};
+
+const HOME: StreamId = StreamId(1);
+const SIGNATURE_BYTES: usize = 64;
+
+/// splitmix64: a small, good, reproducible generator.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// 0 ..= 1 MiB, uniform in the exponent.
+    fn size(&mut self) -> usize {
+        let bits = self.below(21) as u32;
+        (self.next() & ((1u64 << bits) - 1)) as usize
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Settings {
+    ops: u64,
+    threads: usize,
+    capacity: usize,
+    check_every: u64,
+    seed: u64,
+}
+
+fn settings() -> Settings {
+    let mut s = Settings {
+        ops: 10_000_000,
+        threads: 4,
+        capacity: 64 << 20,
+        check_every: 250_000,
+        seed: 1,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < args.len() {
+        let value = |i: usize| -> u64 {
+            args.get(i + 1)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{} needs a number", args[i]))
+        };
+        match args[i].as_str() {
+            "--ops" => s.ops = value(i),
+            "--threads" => s.threads = value(i) as usize,
+            "--capacity" => s.capacity = value(i) as usize,
+            "--check-every" => s.check_every = value(i),
+            "--seed" => s.seed = value(i),
+            other => panic!(
+                "unknown argument {other:?} (--ops, --threads, --capacity, --check-every, --seed)"
+            ),
+        }
+        i += 2;
+    }
+    s
+}
+
+/// What every thread publishes at a barrier, summed.
+#[derive(Default)]
+struct Totals {
+    in_use: AtomicUsize,
+    requested: AtomicUsize,
+    live: AtomicU64,
+    allocations: AtomicU64,
+    frees: AtomicU64,
+    failures: AtomicU64,
+    pending: AtomicUsize,
+}
+
+struct Shared {
+    pool: Pool,
+    streams: Arc<ManualStreams>,
+    /// Occupied ranges of every thread: start → end.
+    occupied: Mutex<BTreeMap<u64, u64>>,
+    barrier: Barrier,
+    totals: Totals,
+    settings: Settings,
+}
+
+impl Shared {
+    fn occupy(&self, addr: u64, reserved: usize, align: usize) {
+        let base = self.pool.base();
+        let end = addr + reserved as u64;
+        assert_eq!(
+            addr % align.max(256) as u64,
+            0,
+            "{addr:#x} breaks align {align}"
+        );
+        assert!(
+            addr >= base && end <= base + self.pool.capacity() as u64,
+            "{addr:#x}+{reserved} outside the region"
+        );
+        let mut map = self.occupied.lock().unwrap();
+        if let Some((&start, &stop)) = map.range(..end).next_back() {
+            assert!(
+                stop <= addr,
+                "{addr:#x}+{reserved} overlaps {start:#x}..{stop:#x}"
+            );
+        }
+        map.insert(addr, end);
+    }
+
+    fn release(&self, addr: u64) {
+        let removed = self.occupied.lock().unwrap().remove(&addr);
+        assert!(removed.is_some(), "{addr:#x} was not occupied");
+    }
+}
+
+struct Block {
+    size: usize,
+    reserved: usize,
+    signature: u8,
+}
+
+struct Worker {
+    index: usize,
+    client: PoolClient,
+    stream: StreamId,
+    rng: Rng,
+    live: BTreeMap<u64, Block>,
+    slices: Vec<(PoolSlice<u64>, u64)>,
+    parked: Vec<(u64, usize)>,
+    in_use: usize,
+    requested: usize,
+    allocations: u64,
+    frees: u64,
+    failures: u64,
+    parks: u64,
+}
+
+fn spans(size: usize) -> [(usize, usize); 2] {
+    let head = size.min(SIGNATURE_BYTES);
+    let tail = (size - head).min(SIGNATURE_BYTES);
+    [(0, head), (size - tail, tail)]
+}
+
+fn write_signature(addr: u64, size: usize, signature: u8) {
+    for (offset, len) in spans(size) {
+        // SAFETY: the block at `addr` is live in a host pool and held by this thread alone;
+        // `offset + len <= size`, the bytes it asked for.
+        unsafe { std::ptr::write_bytes((addr as usize + offset) as *mut u8, signature, len) };
+    }
+}
+
+fn check_signature(addr: u64, size: usize, signature: u8) {
+    for (offset, len) in spans(size) {
+        // SAFETY: as in `write_signature`: live, held by this thread, written before.
+        let bytes =
+            unsafe { std::slice::from_raw_parts((addr as usize + offset) as *const u8, len) };
+        assert!(
+            bytes.iter().all(|&b| b == signature),
+            "block {addr:#x} ({size} bytes): signature overwritten at +{offset}"
+        );
+    }
+}
+
+impl Worker {
+    fn allocated(
+        &mut self,
+        shared: &Shared,
+        result: Result<u64, Error>,
+        size: usize,
+        align: usize,
+    ) -> Option<u64> {
+        match result {
+            Ok(addr) => {
+                let reserved = reserved_bytes(size).expect("a size that fit");
+                shared.occupy(addr, reserved, align);
+                self.in_use += reserved;
+                self.requested += size;
+                self.allocations += 1;
+                Some(addr)
+            }
+            Err(Error::PoolExhausted { .. }) => {
+                self.failures += 1;
+                None
+            }
+            Err(other) => panic!("thread {}: an allocation failed with {other:?}", self.index),
+        }
+    }
+
+    fn allocate(&mut self, shared: &Shared) {
+        let size = self.rng.size();
+        let align = [0, 256, 512, 1024, 4096][self.rng.below(5) as usize];
+        let stream = if self.rng.below(2) == 0 {
+            HOME
+        } else {
+            self.stream
+        };
+        let result = self.client.allocate_on(size, align, stream);
+        if let Some(addr) = self.allocated(shared, result, size, align) {
+            let signature = (self.allocations as u8) | 1;
+            write_signature(addr, size, signature);
+            let reserved = reserved_bytes(size).expect("fit");
+            self.live.insert(
+                addr,
+                Block {
+                    size,
+                    reserved,
+                    signature,
+                },
+            );
+        }
+    }
+
+    fn free(&mut self, shared: &Shared) {
+        let at = shared.pool.base() + self.rng.below(shared.pool.capacity() as u64);
+        let Some(&addr) = self
+            .live
+            .range(at..)
+            .next()
+            .or_else(|| self.live.iter().next())
+            .map(|(a, _)| a)
+        else {
+            return;
+        };
+        let block = self.live.remove(&addr).expect("live");
+        check_signature(addr, block.size, block.signature);
+        let on_own = self.rng.below(3) == 0;
+        if on_own {
+            // Parked: stays occupied until this thread completes its stream.
+            self.client
+                .deallocate_on(addr, self.stream)
+                .expect("a live block");
+            self.parked.push((addr, block.reserved));
+            self.parks += 1;
+        } else {
+            shared.release(addr);
+            self.client.deallocate_on(addr, HOME).expect("a live block");
+        }
+        self.in_use -= block.reserved;
+        self.requested -= block.size;
+        self.frees += 1;
+    }
+
+    fn complete(&mut self, shared: &Shared) {
+        // Out of the occupied map first: once complete, the pool may hand them out at once.
+        for (addr, _) in self.parked.drain(..) {
+            shared.release(addr);
+        }
+        shared.streams.complete(self.stream);
+    }
+
+    fn slice(&mut self, shared: &Shared) {
+        if self.slices.len() >= 8 || self.rng.below(2) == 0 {
+            if let Some((slice, signature)) = self.slices.pop() {
+                let words = slice.as_slice().expect("host");
+                assert!(words.iter().all(|&w| w == signature), "slice overwritten");
+                let (addr, bytes) = (slice.addr(), slice.num_bytes());
+                shared.release(addr);
+                slice.free().expect("a slice of this thread");
+                self.in_use -= reserved_bytes(bytes).expect("fit");
+                self.requested -= bytes;
+                self.frees += 1;
+            }
+            return;
+        }
+        let len = self.rng.below(4096) as usize;
+        match self.client.alloc_slice::<u64>(len) {
+            Ok(mut slice) => {
+                let bytes = len * 8;
+                self.allocated(shared, Ok(slice.addr()), bytes, 256);
+                let signature = self.rng.next();
+                slice.as_mut_slice().expect("host").fill(signature);
+                self.slices.push((slice, signature));
+            }
+            Err(e) => {
+                self.allocated(shared, Err(e), 0, 256);
+            }
+        }
+    }
+
+    fn check_client(&self) {
+        let stats = self.client.stats();
+        assert_eq!(
+            (stats.in_use, stats.requested, stats.live),
+            (
+                self.in_use,
+                self.requested,
+                self.live.len() as u64 + self.slices.len() as u64
+            ),
+            "thread {}: client statistics",
+            self.index
+        );
+        assert_eq!(
+            (stats.allocations, stats.frees, stats.failures),
+            (self.allocations, self.frees, self.failures),
+            "thread {}: client counters",
+            self.index
+        );
+    }
+
+    fn publish(&self, t: &Totals) {
+        t.in_use.fetch_add(self.in_use, Ordering::Relaxed);
+        t.requested.fetch_add(self.requested, Ordering::Relaxed);
+        t.live.fetch_add(
+            self.live.len() as u64 + self.slices.len() as u64,
+            Ordering::Relaxed,
+        );
+        t.allocations.fetch_add(self.allocations, Ordering::Relaxed);
+        t.frees.fetch_add(self.frees, Ordering::Relaxed);
+        t.failures.fetch_add(self.failures, Ordering::Relaxed);
+        t.pending.fetch_add(
+            self.parked.iter().map(|&(_, r)| r).sum::<usize>(),
+            Ordering::Relaxed,
+        );
+    }
+}
+
+/// All threads stop; the pool's statistics must equal the sum of their models.
+fn checkpoint(shared: &Shared, worker: &Worker) {
+    let t = &shared.totals;
+    if shared.barrier.wait().is_leader() {
+        for a in [&t.in_use, &t.requested, &t.pending] {
+            a.store(0, Ordering::Relaxed);
+        }
+        for a in [&t.live, &t.allocations, &t.frees, &t.failures] {
+            a.store(0, Ordering::Relaxed);
+        }
+    }
+    shared.barrier.wait();
+    worker.publish(t);
+    if shared.barrier.wait().is_leader() {
+        let s = shared.pool.stats();
+        let got = (
+            s.in_use,
+            s.requested,
+            s.live,
+            s.allocations,
+            s.frees,
+            s.failures,
+        );
+        let want = (
+            t.in_use.load(Ordering::Relaxed),
+            t.requested.load(Ordering::Relaxed),
+            t.live.load(Ordering::Relaxed),
+            t.allocations.load(Ordering::Relaxed),
+            t.frees.load(Ordering::Relaxed),
+            t.failures.load(Ordering::Relaxed),
+        );
+        assert_eq!(
+            got, want,
+            "pool statistics (in_use, requested, live, allocations, frees, failures)"
+        );
+        // Blocks whose events completed may not be reclaimed yet: pending counts them until
+        // an allocation or `reclaim` returns them.
+        assert!(s.pending >= t.pending.load(Ordering::Relaxed), "pending");
+        assert_eq!(
+            s.free + s.in_use + s.pending,
+            s.capacity,
+            "free + in use + pending"
+        );
+        assert!(s.largest_free <= s.free);
+        assert!(s.peak >= s.in_use && s.peak <= s.capacity);
+    }
+    shared.barrier.wait();
+}
+
+fn run(shared: Arc<Shared>, index: usize) -> Worker {
+    let s = shared.settings;
+    let quota = s.capacity / 3;
+    let mut w = Worker {
+        index,
+        client: shared.pool.client(&format!("soak{index}"), quota),
+        stream: StreamId(100 + index as u64),
+        rng: Rng(s.seed.wrapping_mul(0x1000_0000_01B3) ^ index as u64),
+        live: BTreeMap::new(),
+        slices: Vec::new(),
+        parked: Vec::new(),
+        in_use: 0,
+        requested: 0,
+        allocations: 0,
+        frees: 0,
+        failures: 0,
+        parks: 0,
+    };
+    let per_thread = s.ops / s.threads as u64;
+    for op in 0..per_thread {
+        match w.rng.below(100) {
+            0..=47 => w.allocate(&shared),
+            48..=89 => w.free(&shared),
+            90..=94 => w.complete(&shared),
+            95..=97 => w.slice(&shared),
+            98 => {
+                shared.pool.reclaim().expect("manual events never fail");
+            }
+            _ => {
+                if index == 0 && w.rng.below(64) == 0 {
+                    shared.pool.set_tracking(if w.rng.below(2) == 0 {
+                        Tracking::Tags
+                    } else {
+                        Tracking::Off
+                    });
+                }
+                w.check_client();
+            }
+        }
+        if (op + 1) % s.check_every == 0 {
+            w.check_client();
+            checkpoint(&shared, &w);
+        }
+    }
+    w.check_client();
+    w
+}
+
+fn main() {
+    let s = settings();
+    let streams = Arc::new(ManualStreams::new());
+    let pool = Pool::builder(s.capacity)
+        .name("soak")
+        .streams(streams.clone(), HOME)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .expect("the soak pool");
+    let shared = Arc::new(Shared {
+        pool,
+        streams,
+        occupied: Mutex::new(BTreeMap::new()),
+        barrier: Barrier::new(s.threads),
+        totals: Totals::default(),
+        settings: s,
+    });
+    let start = Instant::now();
+    let workers: Vec<Worker> = (0..s.threads)
+        .map(|i| {
+            let shared = shared.clone();
+            std::thread::spawn(move || run(shared, i))
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().expect("a soak thread panicked"))
+        .collect();
+    let elapsed = start.elapsed();
+    let (mut allocations, mut frees, mut failures, mut parks) = (0, 0, 0, 0);
+    for mut w in workers {
+        allocations += w.allocations;
+        frees += w.frees;
+        failures += w.failures;
+        parks += w.parks;
+        for (addr, block) in std::mem::take(&mut w.live) {
+            check_signature(addr, block.size, block.signature);
+            shared.release(addr);
+            w.client.deallocate(addr).expect("a live block");
+            frees += 1;
+        }
+        for (slice, signature) in std::mem::take(&mut w.slices) {
+            assert!(
+                slice
+                    .as_slice()
+                    .expect("host")
+                    .iter()
+                    .all(|&x| x == signature)
+            );
+            shared.release(slice.addr());
+            slice.free().expect("a live slice");
+            frees += 1;
+        }
+        w.complete(&shared);
+    }
+    shared.pool.reclaim().expect("manual events never fail");
+    let stats = shared.pool.stats();
+    assert_eq!(stats.live, 0);
+    assert_eq!((stats.in_use, stats.requested, stats.pending), (0, 0, 0));
+    assert_eq!(
+        (stats.allocations, stats.frees, stats.failures),
+        (allocations, frees, failures)
+    );
+    assert_eq!(
+        stats.largest_free, stats.capacity,
+        "the region is whole again"
+    );
+    assert!(shared.occupied.lock().unwrap().is_empty());
+    let ops = s.ops / s.threads as u64 * s.threads as u64;
+    println!(
+        "soak: OK: {ops} operations on {} threads in {:.1} s ({:.2} M ops/s): {allocations} \
+         allocations, {frees} frees ({parks} parked on a stream), {failures} refused \
+         (quota or capacity), peak {} of {} bytes, {} blocks served from the reuse cache",
+        s.threads,
+        elapsed.as_secs_f64(),
+        ops as f64 / elapsed.as_secs_f64() / 1e6,
+        stats.peak,
+        stats.capacity,
+        stats.reused
+    );
+}

@@ -1,0 +1,314 @@
+//! Arena graphs: work on an arena's stream captured once into a CUDA graph
+//! ([`Arena::capture`]) and replayed with one launch per frame ([`ArenaGraph`]); the full story
+//! is on [`ArenaGraph`].
+
+use alloc::sync::Arc;
+use core::marker::PhantomData;
+
+use super::{Arena, Disjoint, OnStream, Stage};
+use crate::backend::DirectViews;
+use crate::backend::cuda::{
+    CudaMut, CudaStream, GraphExec, ManagedBackend, StreamCapture, StreamOrdered,
+};
+use crate::error::Error;
+use crate::layout::{DeviceLayout, HostMut};
+
+impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B> {
+    /// Captures the work `record` queues on the arena's stream into a CUDA graph that borrows
+    /// the arena exclusively, and returns it ready to replay (instantiated and uploaded to the
+    /// device).
+    ///
+    /// `record` gets a [`Capture`], whose views are the arena's device views: kernels launched
+    /// and copies or memsets queued with them on the arena's stream (`view.stream()`) are
+    /// recorded, in order, and nothing runs yet. Its error discards the capture and comes back
+    /// unchanged; a call the driver cannot record, or a capture the driver invalidated, is an
+    /// [`Error::Driver`] naming the CUDA error (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`,
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`). The stream is out of capture mode whenever
+    /// this returns, and also when `record` panics. An arena on the legacy default stream
+    /// cannot capture (`default_stream`): use a stream of its own (`cuda_stream`).
+    ///
+    /// See [`ArenaGraph`] for what the borrow guarantees and why the input is
+    /// uploaded between replays.
+    ///
+    /// ```no_run
+    /// use devarena::backend::cuda::{CudaBackend, cuda_stream, driver_error};
+    /// use devarena::{Arena, DeviceLayout};
+    ///
+    /// #[derive(DeviceLayout)]
+    /// struct Frame {
+    ///     input: [f32; 1024],
+    ///     output: [f32; 1024],
+    /// }
+    ///
+    /// let stream = cuda_stream(0)?;
+    /// let mut arena = Arena::<Frame, _>::new_in(CudaBackend::new(stream.clone()))?;
+    /// let mut graph = arena.capture(|capture| {
+    ///     let mut v = capture.views_mut();
+    ///     // Recorded, not run: a copy here, kernels (`launch_builder(..).arg(&v.input)`) alike.
+    ///     v.output.fill_bytes(0)?;
+    ///     stream
+    ///         .memcpy_dtod(&v.input, &mut v.output)
+    ///         .map_err(|e| driver_error("cuMemcpyDtoDAsync", e))
+    /// })?;
+    /// let mut out = [0.0f32; 1024];
+    /// for frame in 0..3 {
+    ///     graph.views_mut().input.upload(&[frame as f32; 1024])?; // between replays
+    ///     graph.launch()?; // one call per frame
+    ///     graph.arena().views().output.download(&mut out)?;
+    ///     assert_eq!(out[0], frame as f32);
+    /// }
+    /// drop(graph); // the arena is free again
+    /// arena.views_mut().input.fill_bytes(0)?;
+    /// # Ok::<(), devarena::Error>(())
+    /// ```
+    pub fn capture<F>(&mut self, record: F) -> Result<ArenaGraph<'_, L, B>, Error>
+    where
+        F: FnOnce(&mut Capture<'_, L, B>) -> Result<(), Error>,
+    {
+        let stream = self.backend.stream().clone();
+        // The views must queue their work where the capture records: on the backend's stream.
+        // SAFETY: `self` is borrowed exclusively and the base only read for its stream; no view
+        // is made from it.
+        let base = unsafe { self.backend.base_mut(&self.allocation) };
+        if base.stream().cu_stream() != stream.cu_stream() {
+            return Err(Error::invalid(alloc::format!(
+                "arena of `{}`: its backend's views are not ordered on the backend's stream, \
+                 so a capture on that stream would not record them",
+                L::NAME
+            )));
+        }
+        // Declared before the capture handle, so that during a panic in `record` it is dropped
+        // after it and ends the capture.
+        let session = StreamCapture::begin(&stream)?;
+        let mut capture = Capture {
+            arena: &mut *self,
+            _thread: PhantomData,
+        };
+        let recorded = record(&mut capture);
+        let exec = session.finish(recorded)?;
+        Ok(ArenaGraph { arena: self, exec })
+    }
+}
+
+/// The arena during [`Arena::capture`]: its device views, on the capturing stream. Work queued
+/// with them is recorded into the graph, not run.
+///
+/// Not `Send`: the capture is thread-local and ends on the thread that began it.
+pub struct Capture<'c, L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> {
+    arena: &'c mut Arena<L, B>,
+    _thread: PhantomData<*const ()>,
+}
+
+impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Capture<'_, L, B> {
+    /// Device views of every field, on the capturing stream (the arena's).
+    pub fn views_mut(&mut self) -> L::Views<'_, CudaMut>
+    where
+        L: Disjoint,
+    {
+        self.arena.views_mut()
+    }
+
+    /// Device views of the fields live in stage `S`. Visit the stages in order: each one's work
+    /// is recorded after the work of the stages visited before it (see [`ArenaGraph`]).
+    pub fn stage_mut<const S: usize>(&mut self) -> <L as Stage<S>>::StageViews<'_, CudaMut>
+    where
+        L: Stage<S>,
+    {
+        self.arena.stage_mut::<S>()
+    }
+
+    /// Device views of every field for work on `stream`, which joins the capture: it waits for
+    /// the work recorded so far on the arena's stream, its own work is recorded, and the arena's
+    /// stream waits for it when the views are dropped ([`Arena::views_mut_on`]).
+    pub fn views_mut_on<'s>(
+        &'s mut self,
+        stream: &'s Arc<CudaStream>,
+    ) -> Result<OnStream<'s, L::Views<'s, CudaMut>>, Error>
+    where
+        L: Disjoint,
+    {
+        self.arena.views_mut_on(stream)
+    }
+
+    /// [`stage_mut`](Self::stage_mut) for work on another stream, joined to the capture as in
+    /// [`views_mut_on`](Self::views_mut_on).
+    pub fn stage_mut_on<'s, const S: usize>(
+        &'s mut self,
+        stream: &'s Arc<CudaStream>,
+    ) -> Result<OnStream<'s, <L as Stage<S>>::StageViews<'s, CudaMut>>, Error>
+    where
+        L: Stage<S>,
+    {
+        self.arena.stage_mut_on::<S>(stream)
+    }
+
+    /// The capturing stream: the arena's.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        self.arena.backend().stream()
+    }
+}
+
+impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> core::fmt::Debug
+    for Capture<'_, L, B>
+{
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Capture")
+            .field("layout", &L::NAME)
+            .field("addr", &format_args!("{:#x}", self.arena.addr()))
+            .finish()
+    }
+}
+
+/// A CUDA graph of an arena: the work of a frame, queued on the arena's stream, captured once
+/// ([`Arena::capture`]) and replayed with one launch per frame ([`launch`](Self::launch)).
+///
+/// An arena is what a graph needs: every buffer at a fixed address for the arena's whole life,
+/// nothing allocated or freed while a frame runs. The graph records those addresses, so it
+/// borrows the arena **exclusively** for as long as it lives ([`ArenaGraph<'a, L, B>`] holds
+/// the `&'a mut Arena`):
+///
+/// * the arena cannot be dropped, freed, moved or swapped for another while a graph that reads
+///   and writes it exists — its addresses stay valid for every replay;
+/// * no view of the arena exists outside the graph: every access between replays goes through
+///   the graph ([`ArenaGraph::views_mut`], [`ArenaGraph::stage_mut`], [`ArenaGraph::arena`]),
+///   and [`launch`](ArenaGraph::launch) takes `&mut self`, so no view survives into a replay's
+///   submission. A shared borrow would not do: a managed arena's host views come from `&self`
+///   (after waiting for the stream), and a replay launched while they live would write under
+///   the host's reads;
+/// * every replay runs on the arena's stream, the stream every view of the arena orders its
+///   work on and every host access waits for (managed host views synchronize it first), so
+///   host access and replays never overlap.
+///
+/// **The input is updated between replays, not inside the graph.** Upload it through the
+/// graph's views (`graph.views_mut().input.upload(&frame)?`, or in stage 0 of a layout with
+/// stages); the upload is ordered on the arena's stream after the previous replay and before
+/// the next, and each replay reads whatever the input field holds when it runs. A captured
+/// host-to-device copy would instead bake a host address into the graph: the host buffer would
+/// have to outlive the graph, be pinned (a copy from pageable memory is staged when it is
+/// queued, which a replay cannot repeat) and never be written while a replay might read it. Uploading outside keeps the graph
+/// a function of the arena's bytes alone. A device-to-device copy from a resident buffer may be
+/// captured (the benchmark does), when that buffer outlives the graph.
+///
+/// # Capture
+///
+/// [`Arena::capture`] begins a capture on the arena's stream, hands a [`Capture`] to the code
+/// that records the frame, and ends the capture when that code returns. The views a [`Capture`]
+/// hands out are the arena's device views on the arena's stream: kernels launched and copies
+/// queued with them are recorded, in the order they are queued. The capture is thread-local
+/// (`CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`: global mode would also refuse allocations on every
+/// other thread of the process while a capture is open, relaxed mode would let a `cuMemAlloc`
+/// through unseen): on the capturing thread, a call the driver cannot record — a synchronous copy (a
+/// view's `upload`/`download`, which wait), a `cuMemAlloc` (a new arena), a stream
+/// synchronize — fails with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates the
+/// capture. Whatever ends a capture — an `Err` from the recording code, an invalidated capture,
+/// a panic — the capture is ended and discarded and the stream is usable again; the error comes
+/// back as [`Error::Driver`] with the CUDA error name.
+///
+/// **Layouts with stages** capture stage by stage: [`Capture::stage_mut`] borrows the capture
+/// mutably, so one stage's views are gone before the next stage's are taken, and all of them
+/// queue their work on the one stream. The captured graph is then a chain in the order the
+/// stages were visited: a later stage's kernels run after an earlier stage's have finished,
+/// and bytes shared between stages are never live twice — as in eager execution.
+///
+/// **Another stream** joins the capture through [`Capture::views_mut_on`] (and
+/// [`Capture::stage_mut_on`]): the other stream waits for the arena's stream, which pulls it
+/// into the capture; its work is recorded; when the views are dropped the arena's stream waits
+/// for it, which joins it back. Replays keep that order. A fork that is never joined (views
+/// leaked with `mem::forget`) fails the capture with `CUDA_ERROR_STREAM_CAPTURE_UNJOINED`.
+///
+/// **Memory other than the arena's.** The graph replays whatever the recording code queued,
+/// also work on buffers that are not the arena's (a cudarc `CudaSlice`, a raw address passed
+/// to a kernel). devarena only knows the arena: such buffers must outlive the graph. (cudarc's
+/// own event tracking refuses most of them: waiting in a capture on an event recorded outside it
+/// invalidates the capture.)
+///
+/// ```compile_fail,E0505
+/// # use devarena::backend::cuda::{CudaBackend, cuda_stream};
+/// # use devarena::{Arena, DeviceLayout};
+/// # #[derive(DeviceLayout)]
+/// # struct Frame { input: [f32; 1024] }
+/// let stream = cuda_stream(0)?;
+/// let mut arena = Arena::<Frame, _>::new_in(CudaBackend::new(stream))?;
+/// let mut graph = arena.capture(|c| c.views_mut().input.fill_bytes(0))?;
+/// drop(arena); // error: `arena` is borrowed by `graph`
+/// graph.launch()?;
+/// # Ok::<(), devarena::Error>(())
+/// ```
+pub struct ArenaGraph<'a, L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> {
+    arena: &'a mut Arena<L, B>,
+    exec: GraphExec,
+}
+
+impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> ArenaGraph<'_, L, B> {
+    /// Queues one replay of the captured work on the arena's stream (`cuGraphLaunch`): after
+    /// everything queued on the stream before (the input's upload), before everything queued
+    /// after (reading the outputs). Returns once it is queued.
+    pub fn launch(&mut self) -> Result<(), Error> {
+        // SAFETY: the captured work reaches the arena's allocation, which `self` borrows
+        // exclusively: it stays allocated for the graph's life, and no view of it outlives the
+        // `&mut self` of this call. The replay is ordered on the arena's stream, on which every
+        // view of the arena orders its work and for which every host access waits. (Memory
+        // other than the arena's that the capture's code chose to reach is that code's to keep
+        // alive, as documented on `Arena::capture`.)
+        unsafe { self.exec.launch() }
+    }
+
+    /// Device views of every field between replays: upload the next input, read outputs. Their
+    /// work is ordered on the arena's stream with the replays.
+    pub fn views_mut(&mut self) -> L::Views<'_, CudaMut>
+    where
+        L: Disjoint,
+    {
+        self.arena.views_mut()
+    }
+
+    /// Device views of the fields live in stage `S`, between replays (for a layout with stages:
+    /// upload the input in the stage that writes it, read each output in its last stage).
+    pub fn stage_mut<const S: usize>(&mut self) -> <L as Stage<S>>::StageViews<'_, CudaMut>
+    where
+        L: Stage<S>,
+    {
+        self.arena.stage_mut::<S>()
+    }
+
+    /// The arena, shared: its shared views (`views()`, `stage::<S>()`), addresses and backend.
+    /// No replay can be launched while the borrow lasts.
+    pub fn arena(&self) -> &Arena<L, B> {
+        self.arena
+    }
+
+    /// The stream the graph replays on: the arena's.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        self.arena.backend().stream()
+    }
+
+    /// Waits for every replay queued so far (and everything else queued on the arena's stream).
+    pub fn synchronize(&self) -> Result<(), Error> {
+        crate::backend::cuda::synchronize(self.stream())
+    }
+
+    /// The number of nodes the capture recorded (kernels, copies, memsets, ...).
+    pub fn nodes(&self) -> usize {
+        self.exec.nodes()
+    }
+}
+
+impl<L: Disjoint> ArenaGraph<'_, L, ManagedBackend> {
+    /// Host views of every field of a managed arena, between replays: waits for the arena's
+    /// stream first, so no replay still runs while the host touches the memory.
+    pub fn host_views_mut(&mut self) -> Result<L::Views<'_, HostMut>, Error> {
+        self.arena.host_views_mut()
+    }
+}
+
+impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> core::fmt::Debug
+    for ArenaGraph<'_, L, B>
+{
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ArenaGraph")
+            .field("layout", &L::NAME)
+            .field("addr", &format_args!("{:#x}", self.arena.addr()))
+            .field("nodes", &self.exec.nodes())
+            .finish()
+    }
+}

@@ -1,0 +1,115 @@
+//! What every CUDA backend shares: the stream its views are ordered on, its counters, and the
+//! shape of an allocation around the driver call (padding to an alignment the driver does not
+//! guarantee, binding the context, counting, aligning) and of a free.
+
+use alloc::format;
+use alloc::sync::Arc;
+
+use cudarc::driver::CudaStream;
+
+use super::driver::{bind, drv};
+use super::view::CudaBase;
+use crate::backend::{Allocation, BackendStats, Counters};
+use crate::error::Error;
+use crate::plan::align_up_u64;
+
+/// The stream and counters of a CUDA backend. Clones share both.
+#[derive(Debug, Clone)]
+pub(super) struct CudaCore {
+    pub(super) stream: Arc<CudaStream>,
+    counters: Arc<Counters>,
+}
+
+impl CudaCore {
+    pub(super) fn new(stream: Arc<CudaStream>) -> Self {
+        CudaCore {
+            stream,
+            counters: Arc::default(),
+        }
+    }
+
+    pub(super) fn stats(&self) -> BackendStats {
+        self.counters.snapshot()
+    }
+
+    /// An allocation around `raw_alloc`: zero bytes take no memory; otherwise ask for enough to
+    /// reach `align` from the `guaranteed` alignment of the driver's addresses, with the context
+    /// bound, count the outcome and align the address.
+    pub(super) fn allocate(
+        &self,
+        bytes: usize,
+        align: usize,
+        guaranteed: usize,
+        raw_alloc: impl FnOnce(usize) -> Result<u64, Error>,
+    ) -> Result<Allocation, Error> {
+        if !align.is_power_of_two() {
+            return Err(Error::invalid(format!(
+                "alignment {align} is not a power of two"
+            )));
+        }
+        if bytes == 0 {
+            self.counters.allocated(0);
+            return Ok(Allocation {
+                addr: align as u64,
+                raw_addr: 0,
+                bytes: 0,
+                align,
+            });
+        }
+        let extra = align.saturating_sub(guaranteed);
+        let Some(total) = bytes.checked_add(extra) else {
+            return Err(Error::invalid(format!(
+                "{bytes} bytes plus {extra} bytes of alignment slack overflow usize"
+            )));
+        };
+        bind(&self.stream)?;
+        let raw = raw_alloc(total).inspect_err(|_| self.counters.failed())?;
+        self.counters.allocated(bytes);
+        Ok(Allocation {
+            // `raw + extra` is inside the allocation, so rounding up cannot overflow.
+            addr: align_up_u64(raw, align as u64).unwrap_or(raw),
+            raw_addr: raw,
+            bytes,
+            align,
+        })
+    }
+
+    /// A free around `raw_free`: count it, skip a zero-sized allocation, bind the context,
+    /// optionally wait for the stream (work queued on it may still use the memory), then free
+    /// the address the driver returned.
+    pub(super) fn free(
+        &self,
+        allocation: &Allocation,
+        wait_for_stream: bool,
+        raw_free: impl FnOnce(u64) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        self.counters.freed(allocation.bytes);
+        if allocation.bytes == 0 {
+            return Ok(());
+        }
+        bind(&self.stream)?;
+        if wait_for_stream {
+            self.stream
+                .synchronize()
+                .map_err(drv("cuStreamSynchronize"))?;
+        }
+        raw_free(allocation.raw_addr)
+    }
+
+    /// The base of device views of `allocation`, ordered on this backend's stream.
+    pub(super) fn device_base<'a>(&'a self, allocation: &Allocation) -> CudaBase<'a> {
+        // SAFETY: the address is where the allocation starts; the caller of the backend's
+        // `base_*` keeps it live and borrowed as the view kind requires.
+        unsafe { CudaBase::new(allocation.addr, &self.stream) }
+    }
+}
+
+impl CudaCore {
+    /// Waits for everything queued on the stream.
+    pub(super) fn synchronize(&self) -> Result<(), Error> {
+        bind(&self.stream)?;
+        self.stream
+            .synchronize()
+            .map_err(drv("cuStreamSynchronize"))
+    }
+}

@@ -1,0 +1,146 @@
+//! Managed (unified) memory: `cuMemAllocManaged`, with prefetching to the device or the host.
+
+use alloc::sync::Arc;
+
+use cudarc::driver::{CudaStream, result, sys};
+
+use super::core::CudaCore;
+use super::driver::{alloc_error, bind, drv};
+use super::view::{CudaBase, CudaMut, CudaRef};
+use crate::backend::{Allocation, Backend, BackendStats, DirectViews, MemoryKind};
+use crate::error::Error;
+use crate::layout::HostBase;
+use crate::plan::CUDA_ALIGN;
+
+/// Managed (unified) memory, `cuMemAllocManaged`: the host writes through its pointer, then
+/// `Arena::prefetch_to_device` moves it before the kernels run. Keep managed arenas small
+/// (hundreds of MiB at most): oversubscribing managed memory can stall the whole GPU.
+#[derive(Debug, Clone)]
+pub struct ManagedBackend {
+    core: CudaCore,
+}
+
+impl ManagedBackend {
+    /// Managed memory whose views are ordered on `stream`.
+    pub fn new(stream: Arc<CudaStream>) -> Self {
+        ManagedBackend {
+            core: CudaCore::new(stream),
+        }
+    }
+
+    /// The stream views are ordered on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.core.stream
+    }
+
+    /// What this backend (and its clones) did so far.
+    pub fn stats(&self) -> BackendStats {
+        self.core.stats()
+    }
+
+    /// Queues a migration of `allocation` to the device (`to_device`) or to host memory on the
+    /// stream (`cuMemPrefetchAsync`).
+    pub(crate) fn prefetch(&self, allocation: &Allocation, to_device: bool) -> Result<(), Error> {
+        if allocation.bytes == 0 {
+            return Ok(());
+        }
+        let stream = &self.core.stream;
+        bind(stream)?;
+        let location = if to_device {
+            sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: stream.context().ordinal() as i32,
+            }
+        } else {
+            sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+                id: 0,
+            }
+        };
+        // SAFETY: the range is one live managed allocation of this backend.
+        unsafe {
+            result::mem_prefetch_async(
+                allocation.addr,
+                allocation.bytes,
+                location,
+                stream.cu_stream(),
+            )
+        }
+        .map_err(drv("cuMemPrefetchAsync"))
+    }
+
+    /// Waits for the stream, then the host base of `allocation`: managed memory is
+    /// host-addressable at the address the driver returned.
+    ///
+    /// # Safety
+    ///
+    /// `allocation` must be a live allocation of this backend, borrowed for `'a` as the views
+    /// made from the base require (exclusively for mutable views).
+    pub(crate) unsafe fn host_base<'a>(
+        &'a self,
+        allocation: &Allocation,
+    ) -> Result<HostBase<'a>, Error> {
+        self.core.synchronize()?;
+        // SAFETY: the caller keeps the allocation live and borrowed; the stream is idle, so
+        // no kernel of it still uses the memory.
+        Ok(unsafe { HostBase::new(allocation.addr as usize as *mut u8) })
+    }
+
+    /// Waits for everything queued on the stream.
+    pub(crate) fn synchronize(&self) -> Result<(), Error> {
+        self.core.synchronize()
+    }
+}
+
+// SAFETY: its views are device views, ordered on the backend's stream: the host never
+// touches the memory through them, so there is nothing to wait for.
+unsafe impl DirectViews for ManagedBackend {}
+
+// SAFETY: as for `CudaBackend`, with `cuMemAllocManaged`; the memory is managed memory.
+unsafe impl Backend for ManagedBackend {
+    type Mut = CudaMut;
+    type Ref = CudaRef;
+
+    fn name(&self) -> &'static str {
+        "cuda-managed"
+    }
+
+    fn memory(&self) -> MemoryKind {
+        MemoryKind::Managed
+    }
+
+    fn allocate(&self, bytes: usize, align: usize) -> Result<Allocation, Error> {
+        self.core.allocate(bytes, align, CUDA_ALIGN, |total| {
+            let attach = sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL;
+            // SAFETY: the context is bound; views hold `Element`s only.
+            unsafe { result::malloc_managed(total, attach) }
+                .map_err(|e| alloc_error("cuMemAllocManaged", "cuda-managed", total, e))
+        })
+    }
+
+    unsafe fn deallocate(&self, allocation: &Allocation) -> Result<(), Error> {
+        self.core.free(allocation, true, |raw| {
+            // SAFETY: `raw` came from `cuMemAllocManaged` and is freed once; the stream that
+            // used it is idle.
+            unsafe { result::free_sync(raw) }.map_err(drv("cuMemFree"))
+        })
+    }
+
+    unsafe fn base_mut<'a>(&'a self, allocation: &Allocation) -> CudaBase<'a> {
+        self.core.device_base(allocation)
+    }
+
+    unsafe fn base_ref<'a>(&'a self, allocation: &Allocation) -> CudaBase<'a> {
+        self.core.device_base(allocation)
+    }
+
+    fn stats(&self) -> BackendStats {
+        self.core.stats()
+    }
+}
+
+impl super::event::StreamOrdered for ManagedBackend {
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.core.stream
+    }
+}

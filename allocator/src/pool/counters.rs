@@ -1,0 +1,290 @@
+//! The counters a pool keeps for itself and for each client, updated in one place.
+
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+/// Bytes and counts of allocations: the pool keeps one for all its clients and one per client,
+/// and every allocation and free updates both through [`on_alloc`](Counters::on_alloc) and
+/// [`on_free`](Counters::on_free).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Counters {
+    /// Bytes held by live allocations counted here, each rounded up to its size class, and
+    /// the bytes leased to thread heaps (`leased` of them): with leases out, a bound that
+    /// their unused part makes conservative (the quota check) and the exact figure once they
+    /// are taken back.
+    pub(super) in_use: usize,
+    /// Bytes the live allocations asked for.
+    pub(super) requested: usize,
+    /// The most `in_use` has ever been.
+    pub(super) peak: usize,
+    /// Successful allocations so far.
+    pub(super) allocations: u64,
+    /// Frees so far.
+    pub(super) frees: u64,
+    /// Failed allocations so far.
+    pub(super) failures: u64,
+    /// Bytes leased to thread heaps (counted in `in_use`): what their live allocations hold
+    /// plus the headroom they may still use without asking. `in_use` never passes `peak`, so
+    /// that a thread heap allocates within its lease without changing the peak, and the peak
+    /// stays exact.
+    pub(super) leased: usize,
+}
+
+impl Counters {
+    /// An allocation of `requested` bytes that holds `reserved` bytes.
+    #[inline(always)]
+    pub(super) fn on_alloc(&mut self, reserved: usize, requested: usize) {
+        self.on_alloc_bytes(reserved);
+        self.requested += requested;
+        self.allocations += 1;
+    }
+
+    /// The bytes of an allocation only: the pool's own counters, whose other counts are its
+    /// clients' added up.
+    #[inline(always)]
+    pub(super) fn on_alloc_bytes(&mut self, reserved: usize) {
+        self.in_use += reserved;
+        self.peak = self.peak.max(self.in_use);
+    }
+
+    /// Whether an allocation of `reserved` bytes keeps the peak exact as
+    /// [`on_alloc`](Self::on_alloc) counts it: no lease, or no new peak. Otherwise the leases'
+    /// headroom must be taken back first (it would count as in use).
+    #[inline(always)]
+    pub(super) fn admits(&self, reserved: usize) -> bool {
+        self.leased == 0 || self.in_use + reserved <= self.peak
+    }
+
+    /// Headroom below the peak that no lease holds.
+    pub(super) fn headroom(&self) -> usize {
+        self.peak - self.in_use
+    }
+
+    /// Leases `bytes` more to a thread heap.
+    pub(super) fn lease(&mut self, bytes: usize) {
+        self.leased += bytes;
+        self.in_use += bytes;
+    }
+
+    /// Takes `bytes` of leases back.
+    pub(super) fn unlease(&mut self, bytes: usize) {
+        self.leased -= bytes;
+        self.in_use -= bytes;
+    }
+
+    /// The free of an allocation counted by [`on_alloc`](Self::on_alloc) with the same numbers.
+    #[inline(always)]
+    pub(super) fn on_free(&mut self, reserved: usize, requested: usize) {
+        self.in_use -= reserved;
+        self.requested -= requested;
+        self.frees += 1;
+    }
+
+    /// As [`on_alloc_bytes`](Self::on_alloc_bytes), for a free.
+    #[inline(always)]
+    pub(super) fn on_free_bytes(&mut self, reserved: usize) {
+        self.in_use -= reserved;
+    }
+
+    /// A failed allocation.
+    pub(super) fn on_failure(&mut self) {
+        self.failures += 1;
+    }
+
+    /// Live allocations (every allocation is freed at most once).
+    pub(super) fn live(&self) -> u64 {
+        self.allocations - self.frees
+    }
+
+    /// Whether `reserved` more bytes stay within `limit` (a quota or the capacity), the
+    /// leases counted as in use (exact once they are taken back): the one check every
+    /// allocation path makes.
+    #[inline(always)]
+    pub(super) fn allows(&self, reserved: usize, limit: usize) -> bool {
+        // No overflow: both are at most the capacity.
+        self.in_use + reserved <= limit
+    }
+}
+
+/// A thread heap's share of the pool's (or a client's) bytes: it may hold up to `cap` bytes
+/// in live allocations without asking the pool, and holds `used`. The pool counts `cap` in
+/// [`Counters::leased`].
+///
+/// With exact peaks a heap takes headroom from a [`Spare`] when its lease runs short, `keep`
+/// bytes beyond its need, and gives back what it holds beyond [`GIVE_BACK`] times `keep`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Lease {
+    pub(super) cap: usize,
+    pub(super) used: usize,
+    /// The headroom the heap keeps (set by the pool whenever the heap asks it).
+    pub(super) keep: usize,
+}
+
+/// A heap holding more than `GIVE_BACK` times its `keep` unused gives back all but `keep`.
+pub(super) const GIVE_BACK: usize = 3;
+
+impl Lease {
+    /// Whether `reserved` more bytes fit in the lease.
+    #[inline(always)]
+    pub(super) fn fits(&self, reserved: usize) -> bool {
+        self.used + reserved <= self.cap
+    }
+
+    /// Headroom the lease holds and does not use.
+    pub(super) fn slack(&self) -> usize {
+        self.cap - self.used
+    }
+
+    /// Whether the lease holds more unused headroom than it should keep.
+    #[inline(always)]
+    pub(super) fn hoards(&self) -> bool {
+        self.cap - self.used > GIVE_BACK * self.keep
+    }
+
+    /// Takes what `reserved` more bytes need from `spare`, and `keep` more if there is;
+    /// whether it fits now.
+    pub(super) fn refill(&mut self, spare: &Spare, reserved: usize) -> bool {
+        let need = self.used + reserved - self.cap;
+        match spare.take(need, self.keep) {
+            Some(taken) => {
+                self.cap += taken;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Gives what it holds beyond `keep` unused back to `spare`.
+    pub(super) fn give_back(&mut self, spare: &Spare) {
+        let back = self.slack().saturating_sub(self.keep);
+        self.cap -= back;
+        spare.give(back);
+    }
+}
+
+/// Headroom leased to no heap in particular: bytes below a peak (and a quota) that the pool
+/// counts as leased ([`Counters::leased`]) and that thread heaps take from and give back to
+/// without the pool's lock, so that a heap short of lease rarely needs the lock. Only the
+/// pool, with every heap that may touch it locked, drains it back into its counts.
+///
+/// Alone on its cache lines: heaps on every core touch it, now and then.
+#[repr(align(128))]
+#[derive(Debug, Default)]
+pub(super) struct Spare(AtomicUsize);
+
+impl Spare {
+    /// Takes `need` bytes and up to `more` beyond them, as many as there are: the bytes
+    /// taken, or `None` (nothing taken) when there are fewer than `need`.
+    pub(super) fn take(&self, need: usize, more: usize) -> Option<usize> {
+        // Relaxed: the value is a count that publishes nothing; its readers that need it
+        // exact hold every lock of those who change it.
+        let mut there = self.0.load(Ordering::Relaxed);
+        loop {
+            if there < need {
+                return None;
+            }
+            let take = need + more.min(there - need);
+            match self.0.compare_exchange_weak(
+                there,
+                there - take,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(take),
+                Err(now) => there = now,
+            }
+        }
+    }
+
+    /// Puts `bytes` back.
+    pub(super) fn give(&self, bytes: usize) {
+        if bytes > 0 {
+            self.0.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes everything (the caller holds every lock of those who change it).
+    pub(super) fn drain(&self) -> usize {
+        self.0.swap(0, Ordering::Relaxed)
+    }
+
+    /// Bytes there now (tests).
+    #[cfg(test)]
+    pub(super) fn bytes(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::vec::Vec;
+    use std::sync::Mutex;
+
+    #[test]
+    fn a_spare_loses_no_byte_while_leases_take_and_give_at_once() {
+        // Four leases, each behind a lock of its own as a heap's is, take from one spare and
+        // give back to it at random; a fifth thread locks them all now and then and checks
+        // that the bytes add up (no update lost or counted twice by the compare-and-swap
+        // loop), draining the spare and putting it back as the pool does.
+        const TOTAL: usize = 1 << 30;
+        let spare = Spare::default();
+        spare.give(TOTAL);
+        let leases: Vec<Mutex<Lease>> = (0..4)
+            .map(|_| {
+                Mutex::new(Lease {
+                    keep: 1 << 20,
+                    ..Lease::default()
+                })
+            })
+            .collect();
+        let running = AtomicUsize::new(4);
+        std::thread::scope(|s| {
+            for (t, lease) in leases.iter().enumerate() {
+                let (spare, running) = (&spare, &running);
+                s.spawn(move || {
+                    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ t as u64;
+                    for _ in 0..100_000 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let mut l = lease.lock().unwrap();
+                        let bytes = (x % (4 << 20)) as usize;
+                        if x % 2 == 0 {
+                            if l.fits(bytes) || l.refill(spare, bytes) {
+                                l.used += bytes;
+                            }
+                        } else {
+                            l.used -= bytes.min(l.used);
+                            if l.hoards() {
+                                l.give_back(spare);
+                            }
+                        }
+                        assert!(l.used <= l.cap);
+                    }
+                    running.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+            let mut checks = 0;
+            while running.load(Ordering::SeqCst) > 0 || checks == 0 {
+                let mut locked: Vec<_> = leases.iter().map(|l| l.lock().unwrap()).collect();
+                let caps: usize = locked.iter().map(|l| l.cap).sum();
+                let drained = spare.drain();
+                assert_eq!(caps + drained, TOTAL);
+                spare.give(drained);
+                // Now and then the pool takes every unused byte back, as a take-back does.
+                if checks % 7 == 0 {
+                    for l in locked.iter_mut() {
+                        let slack = l.slack();
+                        l.cap -= slack;
+                        spare.give(slack);
+                    }
+                }
+                drop(locked);
+                checks += 1;
+                std::thread::yield_now();
+            }
+        });
+        let caps: usize = leases.iter().map(|l| l.lock().unwrap().cap).sum();
+        assert_eq!(caps + spare.bytes(), TOTAL);
+    }
+}

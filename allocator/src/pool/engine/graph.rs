@@ -1,0 +1,248 @@
+//! The engine's side of graph reservations (`pool/graph.rs` has the bookkeeping and the public
+//! handle): allocations for a capturing stream, frees of a graph's blocks, releases. Kept in a
+//! room of its own; the engine calls in from two places only: `deallocate_general` (a block a
+//! graph owns) and `deallocate_fast` (which leaves the pool's blocks to the general path while
+//! any graph owns one).
+
+use alloc::boxed::Box;
+use alloc::format;
+
+use super::super::graph::{GraphEvent, GraphStats, Held, Owner};
+use super::{Ask, Live, LiveInfo, LockGuard, Shared, State, TRIM_TRIES};
+use crate::error::Error;
+use crate::pool::events::PoolAction;
+use crate::pool::stream::StreamId;
+use crate::pool::{AllocRequest, Tracking, effective_align};
+
+impl Shared {
+    /// Opens a graph reservation on `stream` (a stream the runtime must accept); its key.
+    pub(in crate::pool) fn open_graph(&self, stream: StreamId) -> Result<u64, Error> {
+        if let Some(streams) = &self.streams {
+            if stream != self.home {
+                self.stream_call("validate", || streams.validate(stream))?;
+            }
+        }
+        Ok(self.lock()?.graphs.open(stream))
+    }
+
+    /// An allocation for a stream that may be capturing a graph: no event is recorded on it and
+    /// it waits for nothing; instead the host waits for the home stream's frees first (see
+    /// `pool/graph.rs`). With `graph`, the block is that graph's.
+    pub(in crate::pool) fn allocate_for_graph(
+        &self,
+        client: u32,
+        req: AllocRequest<'_>,
+        owned: bool,
+        graph: Option<u64>,
+    ) -> Result<u64, Error> {
+        let stream = req.stream.unwrap_or(self.home);
+        let info = match self.tracking() {
+            Tracking::Off => None,
+            _ => Some(self.record_info(req.tag)),
+        };
+        let mut state = match self.lock_drained(stream) {
+            Ok(state) => state,
+            Err(error) => {
+                let mut state = self.lock()?;
+                let ask = Ask {
+                    client,
+                    size: req.size,
+                    align: effective_align(req.align).unwrap_or(req.align),
+                    stream,
+                };
+                let error = self.allocation_failed(&mut state, &ask, req.tag, error);
+                return self.unlock_and_deliver(state, Err(error));
+            }
+        };
+        if let Some(key) = graph {
+            if !state.graphs.is_open(key) {
+                return Err(Error::invalid(format!(
+                    "pool `{}`: the graph reservation was released",
+                    self.name
+                )));
+            }
+        }
+        // The host has waited for the home stream past every free on it: `stream` is ordered
+        // after them as if it had waited itself, so the general path makes it wait for nothing.
+        if stream != self.home && self.streams.is_some() {
+            let drained = state.graphs.drained;
+            match state.waited.iter_mut().find(|(s, _)| *s == stream) {
+                Some((_, last)) => *last = (*last).max(drained),
+                None => state.waited.push((stream, drained)),
+            }
+        }
+        let result = self.allocate_general(&mut state, client, &req, stream, owned, info);
+        if let (Ok(addr), Some(key)) = (&result, graph) {
+            state.graphs.adopt(key, *addr);
+        }
+        self.unlock_and_deliver(state, result)
+    }
+
+    /// The lock, once the host has waited for the home stream past its last free (nothing to
+    /// wait for on the home stream itself or without a stream runtime). The wait happens
+    /// outside the lock; a free on the home stream that comes in meanwhile sends it round
+    /// again, and after [`TRIM_TRIES`] tries it happens under the lock (as `trim_to` does).
+    fn lock_drained(&self, stream: StreamId) -> Result<LockGuard<'_, State>, Error> {
+        let Some(streams) = self.streams.as_ref().filter(|_| stream != self.home) else {
+            return self.lock();
+        };
+        for _ in 0..TRIM_TRIES {
+            let epoch = {
+                let state = self.lock()?;
+                if state.graphs.drained >= state.home_epoch {
+                    return Ok(state);
+                }
+                state.home_epoch
+            };
+            self.synchronize_home()?;
+            let mut state = self.lock()?;
+            state.graphs.drained = state.graphs.drained.max(epoch);
+            if state.graphs.drained >= state.home_epoch {
+                return Ok(state);
+            }
+        }
+        let mut state = self.lock()?;
+        if state.graphs.drained < state.home_epoch {
+            let epoch = state.home_epoch;
+            self.stream_call("synchronize", || streams.synchronize(self.home))?;
+            state.graphs.drained = epoch;
+        }
+        Ok(state)
+    }
+
+    /// Frees a live block that a graph owns: held for the graph while it lives, parked until
+    /// its release event once it is released. Called by `deallocate_general` after the checks.
+    pub(super) fn free_graph_block(
+        &self,
+        state: &mut State,
+        addr: u64,
+        block: u32,
+        live: &Live,
+        stream: StreamId,
+        owner: Owner,
+    ) -> Result<Option<Box<LiveInfo>>, Error> {
+        // The event of the free itself, recorded before anything changes, for a stream that is
+        // neither the home stream (ordered through its free count) nor the graph's (whose work
+        // the release event covers, and which may be capturing).
+        let event = match &self.streams {
+            Some(streams) if stream != self.home && stream != owner.stream => {
+                Some(self.stream_call("record", || streams.record(stream))?)
+            }
+            _ => None,
+        };
+        let removed = state.live.remove(addr);
+        debug_assert_eq!(removed, Some(block));
+        let info = if live.tracked {
+            state.info[block as usize].take()
+        } else {
+            None
+        };
+        let reserved = state.tlsf.block_size(block) as usize;
+        if stream == self.home && self.streams.is_some() {
+            // As for any free on the home stream: other streams wait for it before reuse.
+            state.home_epoch += 1;
+        }
+        match owner.released {
+            None => {
+                state.pending += reserved;
+                let held = Held {
+                    block,
+                    bytes: reserved,
+                    event,
+                };
+                state.graphs.hold(owner.key, held);
+            }
+            Some(graph) if graph.has_failed() => self.set_aside(state, owner.stream, reserved),
+            Some(graph) => self.park(
+                state,
+                owner.stream,
+                None,
+                block,
+                reserved,
+                graph.with(event),
+            ),
+        }
+        state.graphs.forget(addr);
+        state.counts.on_free_bytes(reserved);
+        state.clients[live.client as usize]
+            .counts
+            .on_free(reserved, live.size);
+        if state.sink.is_some() {
+            let ask = Ask {
+                client: live.client,
+                size: live.size,
+                align: live.align as usize,
+                stream,
+            };
+            let tag = info.as_ref().and_then(|i| i.tag.as_deref());
+            self.emit(state, PoolAction::Free, &ask, addr, reserved, tag, None);
+        }
+        Ok(info)
+    }
+
+    /// Releases a graph reservation: an event on the graph's stream (or the host's wait for
+    /// it, when no event can be recorded), with which every held block is parked and every
+    /// live block of the graph will be at its free. When neither works, the held blocks are
+    /// set aside for good and the error comes back.
+    pub(in crate::pool) fn release_graph(&self, key: u64) -> Result<(), Error> {
+        let mut state = self.lock()?;
+        let Some((stream, has_blocks)) = state.graphs.describe(key) else {
+            return Ok(());
+        };
+        if !has_blocks {
+            state.graphs.release(key, GraphEvent::complete());
+            return Ok(());
+        }
+        let (event, waited, error) = match &self.streams {
+            None => (GraphEvent::complete(), true, None),
+            Some(streams) => match self.stream_call("record", || streams.record(stream)) {
+                Ok(event) => (GraphEvent::after(event), false, None),
+                // Waits under the lock: a rare path (a driver error, or the graph's stream
+                // capturing again), and the state is consistent.
+                Err(record_error) => {
+                    match self.stream_call("synchronize", || streams.synchronize(stream)) {
+                        Ok(()) => (GraphEvent::complete(), true, None),
+                        Err(wait_error) => {
+                            let error = Error::invalid(format!(
+                                "pool `{}`: releasing a graph on stream {stream}: no event could \
+                                 be recorded there ({record_error}) and the host could not wait \
+                                 for it ({wait_error}); the graph's blocks are set aside for good",
+                                self.name
+                            ));
+                            (GraphEvent::failed(error.clone()), false, Some(error))
+                        }
+                    }
+                }
+            },
+        };
+        let failed = event.has_failed();
+        for held in state.graphs.release(key, event.clone()) {
+            state.pending -= held.bytes;
+            if failed {
+                self.set_aside(&mut state, stream, held.bytes);
+            } else if waited && held.event.is_none() {
+                state.tlsf.free(held.block);
+            } else {
+                let event = event.clone().with(held.event);
+                self.park(&mut state, stream, None, held.block, held.bytes, event);
+            }
+        }
+        error.map_or(Ok(()), Err)
+    }
+
+    /// Sets aside a block of a graph whose replays nothing can tell are done.
+    fn set_aside(&self, state: &mut State, stream: StreamId, bytes: usize) {
+        state.quarantined += bytes;
+        log::error!(
+            target: "devarena::pool",
+            "pool `{}`: a block of {bytes} bytes of a graph on stream {stream} is set aside for \
+             good: nothing says the graph's replays are done with it",
+            self.name
+        );
+    }
+
+    /// What a graph reservation holds now.
+    pub(in crate::pool) fn graph_stats(&self, key: u64) -> GraphStats {
+        self.lock_wait().graphs.stats(key)
+    }
+}

@@ -1,0 +1,188 @@
+//! The reuse cache of the TLSF index (deferred coalescing).
+
+use alloc::vec::Vec;
+
+use super::{FL_ROWS, GRANULE_SHIFT, NIL, SL_COUNT, Slots, Tlsf, class, mapping_insert};
+
+/// Blocks freed by their users and kept whole, unmerged, for the next request of the same size
+/// class (deferred coalescing).
+///
+/// Every used block spans a whole size class ([`class_size`]), so a cached block of a request's
+/// class fits it exactly: taking it is a list pop, no search and no split; caching one is a
+/// list push, no merge. A ring of the last [`Cache::ring`]`.len()` blocks cached bounds how many
+/// stay: caching a block overwrites the oldest entry, and the block there, if it is still
+/// cached by that entry (same generation), is merged into the free lists. Each cached block has
+/// its entry in the ring, written when it was cached, which only a later push can overwrite. A
+/// byte limit bounds how much memory waits: a block that would pass it is merged at once.
+#[derive(Debug)]
+pub(super) struct Cache {
+    /// Head of each class's list of cached blocks (linked through `prev_free`/`next_free`).
+    pub(super) heads: [u32; FL_ROWS * SL_COUNT],
+    /// The last blocks cached with their generations, oldest at `pos` ([`NIL`] where none was
+    /// yet); a power of two long (0: no cache).
+    pub(super) ring: Vec<(u32, u32)>,
+    pub(super) pos: usize,
+    /// Bytes and blocks cached now.
+    pub(super) bytes: u64,
+    pub(super) blocks: usize,
+    /// The most bytes cached at once (0 when there is no ring).
+    pub(super) byte_limit: u64,
+    /// Blocks taken from the cache so far.
+    pub(super) hits: u64,
+}
+
+impl Tlsf {
+    /// The head of the cache list of `size`'s class, when it is `size` bytes at `align`.
+    #[inline(always)]
+    pub(super) fn take_cached(&mut self, size: u64, align: u64) -> Option<(u32, u64)> {
+        let (fl, sl) = mapping_insert(size >> GRANULE_SHIFT);
+        let class = class(fl, sl);
+        let block = self.cache.heads[class];
+        if block == NIL {
+            return None;
+        }
+        let blocks = &mut Slots(&mut self.blocks);
+        let b = blocks.at_mut(block);
+        debug_assert!(b.cached && !b.free && b.prev_free == NIL);
+        // Every cached block of this class has the class's size when `size` is a class size;
+        // the check keeps other sizes correct.
+        if b.size != size || b.addr & (align - 1) != 0 {
+            return None;
+        }
+        b.cached = false;
+        let (addr, next) = (b.addr, b.next_free);
+        self.cache.heads[class] = next;
+        blocks.at_mut(next).prev_free = NIL;
+        self.cache.bytes -= size;
+        self.cache.blocks -= 1;
+        self.cache.hits += 1;
+        Some((block, addr))
+    }
+
+    /// Returns a block taken by [`allocate`](Self::allocate) to the cache, to be taken whole by
+    /// a request of its size or merged later; merges it at once when the cache is off or full
+    /// in bytes. Returns the block's size.
+    ///
+    /// # Panics
+    ///
+    /// As [`free`](Self::free).
+    #[inline(always)]
+    pub(crate) fn release(&mut self, block: u32) -> u64 {
+        assert!(
+            (block as usize) < self.blocks.len(),
+            "block {block} out of range"
+        );
+        let size = self.blocks[block as usize].size;
+        let cache = &mut self.cache;
+        // (Without a ring the limit is 0.)
+        if cache.bytes + size > cache.byte_limit {
+            return self.lists.free(&mut Slots(&mut self.blocks), block);
+        }
+        let blocks = &mut Slots(&mut self.blocks);
+        let b = blocks.at_mut(block);
+        debug_assert!(!b.free && !b.cached && b.addr - self.base < self.size);
+        let (fl, sl) = mapping_insert(size >> GRANULE_SHIFT);
+        let class = class(fl, sl);
+        let head = cache.heads[class];
+        b.cached = true;
+        b.generation = b.generation.wrapping_add(1);
+        let generation = b.generation;
+        b.class = class as u16;
+        b.prev_free = NIL;
+        b.next_free = head;
+        blocks.at_mut(head).prev_free = block;
+        cache.heads[class] = block;
+        cache.bytes += size;
+        cache.blocks += 1;
+        // The ring's oldest entry gives way; its block, if still cached since that entry was
+        // written, is merged.
+        let mask = cache.ring.len() - 1;
+        let (oldest, then) =
+            core::mem::replace(&mut cache.ring[cache.pos & mask], (block, generation));
+        cache.pos = cache.pos.wrapping_add(1);
+        // `oldest` is a slot index the ring stored (below the length: slots are never
+        // removed), or NIL.
+        let o = blocks.at(oldest);
+        // One branch, not two (`&`, not `&&`): whether the oldest block is still cached is a
+        // coin flip, whether it must go is mostly "no".
+        if o.cached & (o.generation == then) {
+            self.evict(oldest);
+        }
+        size
+    }
+
+    /// Takes a cached block out of the cache and merges it into the free lists.
+    #[inline(never)]
+    fn evict(&mut self, block: u32) {
+        let blocks = &mut Slots(&mut self.blocks);
+        let b = blocks.at_mut(block);
+        debug_assert!(b.cached);
+        b.cached = false;
+        let (prev, next, class, size) = (b.prev_free, b.next_free, b.class as usize, b.size);
+        if prev != NIL {
+            blocks.at_mut(prev).next_free = next;
+        } else {
+            self.cache.heads[class & (FL_ROWS * SL_COUNT - 1)] = next;
+        }
+        blocks.at_mut(next).prev_free = prev;
+        self.cache.bytes -= size;
+        self.cache.blocks -= 1;
+        self.lists.free(blocks, block);
+    }
+
+    /// Merges cached blocks, oldest first, until `bytes` have been merged or none waits;
+    /// returns the bytes merged.
+    pub(crate) fn evict_oldest(&mut self, bytes: u64) -> u64 {
+        let len = self.cache.ring.len();
+        let mut merged = 0;
+        let mut scanned = 0;
+        while merged < bytes && self.cache.blocks > 0 && scanned < len {
+            let at = (self.cache.pos + scanned) & (len - 1);
+            scanned += 1;
+            let (block, generation) = self.cache.ring[at];
+            let b = &self.blocks[block as usize];
+            if b.cached && b.generation == generation {
+                merged += b.size;
+                self.evict(block);
+            }
+        }
+        merged
+    }
+
+    /// Sets the most bytes that may wait (no cache: stays 0); the oldest blocks past it merge.
+    pub(crate) fn set_cache_limit(&mut self, bytes: u64) {
+        if !self.cache.ring.is_empty() {
+            self.cache.byte_limit = bytes;
+            if self.cache.bytes > bytes {
+                self.evict_oldest(self.cache.bytes - bytes);
+                // Stale ring entries can hide the last few: merge those too.
+                if self.cache.bytes > bytes {
+                    self.flush();
+                }
+            }
+        }
+    }
+
+    /// Merges every cached block into the free lists: afterwards the free lists alone describe
+    /// all free memory (no two free blocks touch). At most the ring's length of merges.
+    pub(crate) fn flush(&mut self) {
+        if self.cache.blocks == 0 {
+            return;
+        }
+        // Newest first: the ring's oldest entries are mostly stale, and the scan stops at the
+        // last cached block.
+        let len = self.cache.ring.len();
+        for i in 1..=len {
+            if self.cache.blocks == 0 {
+                break;
+            }
+            let at = self.cache.pos.wrapping_sub(i) & (len - 1);
+            let (block, generation) = core::mem::replace(&mut self.cache.ring[at], (NIL, 0));
+            let b = &self.blocks[block as usize];
+            if b.cached && b.generation == generation {
+                self.evict(block);
+            }
+        }
+        debug_assert_eq!((self.cache.blocks, self.cache.bytes), (0, 0));
+    }
+}

@@ -1,0 +1,440 @@
+//! Which parts of a pool's region are backed by memory: mapping on demand, trimming, and the
+//! counters of both.
+//!
+//! A growable region reserves addresses for the whole capacity on a [`VirtualMemory`] and maps
+//! physical memory in chunks of one size (a power of two, a multiple of the granularity) as
+//! allocations reach into unmapped space; one bit per chunk says whether it is mapped
+//! ([`ChunkMap`]). The engine asks [`ChunkMap::covers`] after every block a TLSF index hands
+//! out (a shift, a mask and a load on the fast path), and [`Mapping::ensure`] maps what is
+//! missing. [`Mapping::trim`] unmaps chunks that lie entirely inside free blocks; the engine
+//! makes sure no queued work can still touch them first (see `Shared::trim_to`).
+//!
+//! The bits are read without the pool's lock, by thread heaps, and written only under it: a
+//! bit is set after its chunk was mapped, and cleared only by a trim, which gives every thread
+//! heap back first and unmaps only chunks inside free blocks of the pool's index. A chunk that
+//! touches a span a heap holds is therefore never unmapped while the heap holds it, so a heap
+//! that sees the bits of its block set may use the block (the bits are read with `Acquire`
+//! and set with `Release`: what mapping did is visible to the reader).
+//!
+//! A classic region (one backend allocation) is a mapping whose one chunk is the whole region,
+//! mapped from the start: the same check answers yes at once, and there is nothing to trim.
+
+use alloc::boxed::Box;
+use alloc::format;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use super::BLOCK_GRANULE;
+use crate::backend::VirtualMemory;
+use crate::error::Error;
+use crate::plan::align_up;
+
+/// What a pool's statistics say about its mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct MappingStats {
+    pub(super) mapped: usize,
+    pub(super) peak_mapped: usize,
+    pub(super) chunk: usize,
+    pub(super) maps: u64,
+    pub(super) unmaps: u64,
+}
+
+/// Which chunks of a region are mapped, one bit each; clones share the bits. Written only
+/// by the [`Mapping`] (under the pool's lock), read by anyone (see the module docs).
+#[derive(Clone)]
+pub(super) struct ChunkMap {
+    base: u64,
+    /// log2 of the chunk size (63 for a classic region: every offset is in chunk 0).
+    shift: u32,
+    /// One bit per chunk: mapped.
+    words: Arc<[AtomicU64]>,
+}
+
+impl ChunkMap {
+    /// `chunks` chunks of `1 << shift` bytes from `base`, none mapped.
+    fn new(base: u64, shift: u32, chunks: usize) -> ChunkMap {
+        let words = (0..chunks.div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect();
+        ChunkMap { base, shift, words }
+    }
+
+    #[inline(always)]
+    fn bit(&self, chunk: usize) -> bool {
+        self.words[chunk >> 6].load(Ordering::Acquire) >> (chunk & 63) & 1 == 1
+    }
+
+    /// Sets or clears a chunk's bit (the pool's lock held: the only writer).
+    fn set_bit(&self, chunk: usize, on: bool) {
+        let word = &self.words[chunk >> 6];
+        let bit = 1u64 << (chunk & 63);
+        if on {
+            word.fetch_or(bit, Ordering::Release);
+        } else {
+            word.fetch_and(!bit, Ordering::Release);
+        }
+    }
+
+    /// The first and last chunk that `addr..addr + bytes` (inside the region, `bytes > 0`)
+    /// touches.
+    #[inline(always)]
+    fn chunks_of(&self, addr: u64, bytes: u64) -> (u64, u64) {
+        let offset = addr.wrapping_sub(self.base);
+        (offset >> self.shift, (offset + bytes - 1) >> self.shift)
+    }
+
+    /// Whether every chunk that `addr..addr + bytes` (a block a TLSF index handed out)
+    /// touches is mapped: what the allocation paths ask of every block, so a shift, a mask and
+    /// one load when the block lies in one 64-chunk word (always, for a classic region).
+    #[inline(always)]
+    pub(super) fn covers(&self, addr: u64, bytes: u64) -> bool {
+        let (first, last) = self.chunks_of(addr, bytes);
+        let word = (first >> 6) as usize;
+        if word != (last >> 6) as usize {
+            return self.covers_long(first as usize, last as usize);
+        }
+        let Some(bits) = self.words.get(word) else {
+            return false;
+        };
+        // `last - first` < 64 and `first % 64 + (last - first)` = `last % 64` < 64.
+        let mask = (u64::MAX >> (63 - (last - first))) << (first & 63);
+        bits.load(Ordering::Acquire) & mask == mask
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn covers_long(&self, first: usize, last: usize) -> bool {
+        last < self.words.len() * 64 && (first..=last).all(|c| self.bit(c))
+    }
+}
+
+/// The mapped chunks of a region (behind the pool's lock).
+pub(super) struct Mapping {
+    /// `None` for a classic region, mapped whole from the start.
+    vm: Option<Box<dyn VirtualMemory>>,
+    /// The bits, and where the region starts and how large a chunk is.
+    map: ChunkMap,
+    /// Bytes the pool hands out.
+    capacity: usize,
+    /// Bytes reserved: the capacity rounded up to a chunk (a classic region: the capacity).
+    reserved: usize,
+    /// Chunks mapped now, and the most ever.
+    mapped: usize,
+    peak: usize,
+    /// Chunks mapped and unmapped so far.
+    maps: u64,
+    unmaps: u64,
+    /// Bytes [`Shared::synchronize`](super::engine::Shared::synchronize) leaves mapped.
+    pub(super) release_threshold: usize,
+}
+
+impl Mapping {
+    /// A classic region of `capacity` bytes at `base`: one chunk, mapped.
+    pub(super) fn whole(base: u64, capacity: usize) -> Mapping {
+        Mapping {
+            vm: None,
+            map: {
+                let map = ChunkMap::new(base, 63, 1);
+                map.set_bit(0, true);
+                map
+            },
+            capacity,
+            reserved: capacity,
+            mapped: 1,
+            peak: 1,
+            maps: 0,
+            unmaps: 0,
+            release_threshold: usize::MAX,
+        }
+    }
+
+    /// Reserves addresses for `capacity` bytes (a non-zero multiple of [`BLOCK_GRANULE`]) on
+    /// `vm`, to be mapped in chunks of `chunk` bytes (the implementation's recommendation when
+    /// `None`); nothing is mapped yet.
+    pub(super) fn reserve(
+        pool: &str,
+        vm: Box<dyn VirtualMemory>,
+        capacity: usize,
+        chunk: Option<usize>,
+    ) -> Result<Mapping, Error> {
+        let name = vm.name();
+        let granularity = vm.granularity();
+        if !granularity.is_power_of_two() || granularity < BLOCK_GRANULE {
+            return Err(Error::invalid(format!(
+                "pool `{pool}`: `{name}` maps in units of {granularity} bytes, not a power of \
+                 two of at least {BLOCK_GRANULE}"
+            )));
+        }
+        let chunk = chunk.unwrap_or_else(|| vm.recommended_chunk());
+        if !chunk.is_power_of_two() || chunk < granularity {
+            return Err(Error::invalid(format!(
+                "pool `{pool}`: a chunk of {chunk} bytes is not a power of two of at least \
+                 `{name}`'s granularity, {granularity} bytes"
+            )));
+        }
+        let reserved = align_up(capacity, chunk).ok_or_else(|| {
+            Error::invalid(format!(
+                "pool `{pool}`: a capacity of {capacity} bytes rounded up to {chunk}-byte \
+                 chunks overflows usize"
+            ))
+        })?;
+        let base = vm.reserve(reserved)?;
+        let chunks = reserved / chunk;
+        Ok(Mapping {
+            vm: Some(vm),
+            map: ChunkMap::new(base, chunk.trailing_zeros(), chunks),
+            capacity,
+            reserved,
+            mapped: 0,
+            peak: 0,
+            maps: 0,
+            unmaps: 0,
+            release_threshold: usize::MAX,
+        })
+    }
+
+    /// The region's start.
+    pub(super) fn base(&self) -> u64 {
+        self.map.base
+    }
+
+    /// The bits, for readers without the pool's lock.
+    pub(super) fn chunk_map(&self) -> ChunkMap {
+        self.map.clone()
+    }
+
+    /// Whether memory is mapped on demand (`false` for a classic region).
+    pub(super) fn is_growable(&self) -> bool {
+        self.vm.is_some()
+    }
+
+    /// Bytes per chunk (a classic region: the whole region).
+    fn chunk(&self) -> usize {
+        match self.vm {
+            Some(_) => 1 << self.map.shift,
+            None => self.reserved,
+        }
+    }
+
+    /// Bytes mapped now.
+    pub(super) fn mapped_bytes(&self) -> usize {
+        self.mapped * self.chunk()
+    }
+
+    pub(super) fn stats(&self) -> MappingStats {
+        MappingStats {
+            mapped: self.mapped_bytes(),
+            peak_mapped: self.peak * self.chunk(),
+            chunk: self.chunk(),
+            maps: self.maps,
+            unmaps: self.unmaps,
+        }
+    }
+
+    #[inline(always)]
+    fn bit(&self, chunk: usize) -> bool {
+        self.map.bit(chunk)
+    }
+
+    fn addr_of(&self, chunk: usize) -> u64 {
+        self.map.base + ((chunk as u64) << self.map.shift)
+    }
+
+    /// Whether every chunk that `addr..addr + bytes` touches is mapped (see
+    /// [`ChunkMap::covers`]).
+    #[inline(always)]
+    pub(super) fn covers(&self, addr: u64, bytes: u64) -> bool {
+        self.map.covers(addr, bytes)
+    }
+
+    /// Maps every chunk of `addr..addr + bytes` (a block inside the region, `bytes > 0`) that is
+    /// not mapped yet, in runs of consecutive chunks. On an error every chunk this call mapped
+    /// is unmapped again and the mapping is as it was.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn ensure(&mut self, addr: u64, bytes: u64) -> Result<(), Error> {
+        if self.vm.is_none() {
+            return Ok(());
+        }
+        let (first, last) = self.map.chunks_of(addr, bytes);
+        let (first, last) = (first as usize, last as usize);
+        let chunk = self.chunk();
+        let mut c = first;
+        while c <= last {
+            if self.bit(c) {
+                c += 1;
+                continue;
+            }
+            let start = c;
+            while c <= last && !self.bit(c) {
+                c += 1;
+            }
+            let count = c - start;
+            let at = self.addr_of(start);
+            let Some(vm) = &self.vm else { break };
+            // SAFETY: the run lies inside the reservation (the block is inside the capacity,
+            // which the reservation covers), starts at a chunk boundary (a multiple of the
+            // granularity from the granularity-aligned base), and no chunk of it is mapped
+            // (their bits are clear: a chunk's bit is set exactly while it is mapped).
+            let mapped = unsafe { vm.map(at, chunk, count) };
+            if let Err(error) = mapped {
+                self.undo(first, start);
+                return Err(error);
+            }
+            self.maps += count as u64;
+            log::trace!(
+                target: "devarena::pool",
+                "mapped {count} chunk(s) of {chunk} bytes at {at:#x}"
+            );
+        }
+        for c in first..=last {
+            if !self.bit(c) {
+                self.map.set_bit(c, true);
+                self.mapped += 1;
+            }
+        }
+        self.peak = self.peak.max(self.mapped);
+        Ok(())
+    }
+
+    /// Unmaps the chunks of `first..upto` that [`ensure`](Self::ensure) mapped before a later run
+    /// failed (their bits are still clear). A chunk that will not unmap stays mapped, and is
+    /// counted so.
+    #[cold]
+    fn undo(&mut self, first: usize, upto: usize) {
+        let chunk = self.chunk();
+        for c in first..upto {
+            if self.bit(c) {
+                continue;
+            }
+            let at = self.addr_of(c);
+            let Some(vm) = &self.vm else { return };
+            // SAFETY: mapped by this `ensure` call a moment ago; no block that anyone uses
+            // lies in it (the block being allocated is given back).
+            match unsafe { vm.unmap(at, chunk) } {
+                Ok(()) => self.unmaps += 1,
+                Err(error) => {
+                    log::error!(
+                        target: "devarena::pool",
+                        "undoing a failed map, unmapping the chunk at {at:#x} failed: {error}; \
+                         it stays mapped"
+                    );
+                    self.map.set_bit(c, true);
+                    self.mapped += 1;
+                    self.peak = self.peak.max(self.mapped);
+                }
+            }
+        }
+    }
+
+    /// Unmaps mapped chunks that lie entirely inside the `free` blocks (`(address, bytes)`,
+    /// every free block of the region, none of them touching another), highest address
+    /// first, until at most `keep` bytes stay mapped; returns the bytes unmapped.
+    ///
+    /// The caller guarantees that nothing, on the host or queued on a device, uses the free
+    /// blocks any more. An unmap that fails stops the trim: the chunk stays mapped, the error
+    /// is returned, what was unmapped before stays unmapped.
+    pub(super) fn trim(
+        &mut self,
+        free: impl Iterator<Item = (u64, u64)>,
+        keep: usize,
+    ) -> Result<usize, Error> {
+        if self.vm.is_none() || self.mapped_bytes() <= keep {
+            return Ok(0);
+        }
+        let chunk = self.chunk() as u64;
+        let mut candidates = Vec::new();
+        for (addr, bytes) in free {
+            let start = addr - self.map.base;
+            let mut end = start + bytes;
+            // Past the capacity the reservation is never handed out: a free block that reaches
+            // the capacity frees the last chunk's tail too.
+            if end == self.capacity as u64 {
+                end = self.reserved as u64;
+            }
+            let (first, stop) = (start.div_ceil(chunk) as usize, (end / chunk) as usize);
+            candidates.extend((first..stop).filter(|&c| self.bit(c)));
+        }
+        candidates.sort_unstable_by(|a, b| b.cmp(a));
+        let mut released = 0;
+        for c in candidates {
+            if self.mapped_bytes() <= keep {
+                break;
+            }
+            let at = self.addr_of(c);
+            let Some(vm) = &self.vm else { break };
+            // SAFETY: a mapped chunk (its bit is set) inside a free block, which nothing uses
+            // any more (the caller's guarantee).
+            unsafe { vm.unmap(at, chunk as usize) }?;
+            self.map.set_bit(c, false);
+            self.mapped -= 1;
+            self.unmaps += 1;
+            released += chunk as usize;
+        }
+        if released > 0 {
+            log::debug!(
+                target: "devarena::pool",
+                "unmapped {released} bytes in chunks of {chunk} bytes; {} bytes stay mapped",
+                self.mapped_bytes()
+            );
+        }
+        Ok(released)
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        let chunk = self.chunk();
+        let Some(vm) = self.vm.take() else { return };
+        // The last handle to the pool is gone, but work queued on the device may still use
+        // the memory: wait for it, as freeing a classic region does.
+        if self.mapped > 0 {
+            if let Err(error) = vm.synchronize() {
+                log::error!(
+                    target: "devarena::pool",
+                    "tearing down a region of `{}` at {:#x}: waiting for the device failed \
+                     ({error}); unmapping anyway",
+                    vm.name(),
+                    self.map.base
+                );
+            }
+        }
+        let mut stuck = 0;
+        for c in 0..self.reserved >> self.map.shift {
+            if !self.bit(c) {
+                continue;
+            }
+            let at = self.addr_of(c);
+            // SAFETY: a mapped chunk; the pool is gone and the device is idle.
+            if let Err(error) = unsafe { vm.unmap(at, chunk) } {
+                stuck += 1;
+                log::error!(
+                    target: "devarena::pool",
+                    "tearing down a region of `{}`: unmapping the chunk at {at:#x} failed: \
+                     {error}",
+                    vm.name()
+                );
+            }
+        }
+        if stuck > 0 {
+            // The reservation cannot be freed under a mapping: it stays, with those chunks.
+            return;
+        }
+        // SAFETY: the reservation came from `reserve` with this size, and nothing in it is
+        // mapped any more.
+        if let Err(error) = unsafe { vm.free_reservation(self.map.base, self.reserved) } {
+            log::error!(
+                target: "devarena::pool",
+                "tearing down a region of `{}`: freeing the reservation of {} bytes at {:#x} \
+                 failed: {error}",
+                vm.name(),
+                self.reserved,
+                self.map.base
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,352 @@
+//! The pool under user callbacks that misbehave and inputs that used to break it: event sinks
+//! that panic or call back into the pool, stream runtimes that fail, panic or call back, an
+//! event that cannot be queried, reuse settings out of range, stale frees.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Once, OnceLock};
+
+use devarena::pool::{
+    FreeRequest, MAX_REUSE_BLOCKS, PoolAction, PoolEvent, StreamEvent, StreamId, StreamSync,
+};
+use devarena::{Error, Pool, PoolClient};
+
+/// Captures `log` records so tests can read what the pool logged.
+struct Capture;
+
+static LOGS: Mutex<Vec<(log::Level, String)>> = Mutex::new(Vec::new());
+
+impl log::Log for Capture {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        LOGS.lock()
+            .unwrap()
+            .push((record.level(), format!("{}", record.args())));
+    }
+    fn flush(&self) {}
+}
+
+static CAPTURE: Capture = Capture;
+
+fn capture_logs() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        log::set_logger(&CAPTURE).expect("no other logger in this test binary");
+        log::set_max_level(log::LevelFilter::Trace);
+    });
+}
+
+/// Logged lines that contain `needle` (tests run in parallel: each uses its own pool name).
+fn logs_containing(needle: &str) -> Vec<(log::Level, String)> {
+    LOGS.lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, line)| line.contains(needle))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn reuse_settings_out_of_range_are_errors_at_build() {
+    for blocks in [usize::MAX, 1 << 40, MAX_REUSE_BLOCKS + 1] {
+        let err = Pool::builder(1 << 20)
+            .name("reuse-range")
+            .reuse(blocks, usize::MAX)
+            .build_host()
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
+        assert!(
+            text.contains("reuse-range") && text.contains(&blocks.to_string()),
+            "{text}"
+        );
+    }
+    // The largest allowed ring and any byte limit build, and the pool serves and reuses.
+    let pool = Pool::builder(1 << 20)
+        .reuse(MAX_REUSE_BLOCKS, usize::MAX)
+        .build_host()
+        .unwrap();
+    for _ in 0..3 {
+        let a = pool.allocate(5000, 0).unwrap();
+        pool.deallocate(a).unwrap();
+    }
+    let stats = pool.stats();
+    assert_eq!((stats.live, stats.in_use, stats.reused), (0, 0, 2));
+}
+
+/// A sink that panics on every event.
+fn panicking_sink(_: &PoolEvent<'_>) {
+    panic!("sink failure");
+}
+
+#[test]
+fn a_panicking_sink_loses_nothing_and_is_reported_once() {
+    capture_logs();
+    let pool = Pool::builder(1 << 20)
+        .name("panicking-sink")
+        .events(Arc::new(panicking_sink))
+        .build_host()
+        .unwrap();
+    // Every call returns normally; the allocations are live and freed as usual.
+    let a = pool.allocate(1000, 0).unwrap();
+    let b = pool.allocate(2000, 0).unwrap();
+    assert!(pool.allocate(2 << 20, 0).is_err());
+    let stats = pool.stats();
+    assert_eq!((stats.live, stats.allocations, stats.failures), (2, 2, 1));
+    pool.deallocate(a).unwrap();
+    pool.deallocate(b).unwrap();
+    let stats = pool.stats();
+    assert_eq!((stats.live, stats.in_use, stats.frees), (0, 0, 2));
+    // The whole region is still there to take.
+    let all = pool.allocate(1 << 20, 0).unwrap();
+    pool.deallocate(all).unwrap();
+    let reports = logs_containing("pool `panicking-sink`: the event sink panicked");
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    assert_eq!(reports[0].0, log::Level::Error);
+}
+
+#[test]
+fn a_sink_that_calls_back_into_the_pool_works() {
+    // The sink allocates and frees a scratch block on every allocation of another size: the
+    // pool must neither wait for ever nor lose an event.
+    let pool_slot: Arc<OnceLock<PoolClient>> = Arc::new(OnceLock::new());
+    let seen: Arc<Mutex<Vec<(PoolAction, usize)>>> = Arc::default();
+    let sink = {
+        let pool_slot = pool_slot.clone();
+        let seen = seen.clone();
+        move |e: &PoolEvent<'_>| {
+            seen.lock().unwrap().push((e.action, e.size));
+            if e.action == PoolAction::Allocate && e.size != 256 {
+                let client = pool_slot.get().expect("set before the first allocation");
+                let scratch = client.allocate(256, 0).expect("the pool serves its sink");
+                client.deallocate(scratch).expect("and frees for it");
+            }
+        }
+    };
+    let pool = Pool::builder(1 << 20)
+        .events(Arc::new(sink))
+        .build_host()
+        .unwrap();
+    pool_slot.set(pool.own_client().clone()).unwrap();
+    let a = pool.allocate(1000, 0).unwrap();
+    pool.deallocate(a).unwrap();
+    let seen = seen.lock().unwrap().clone();
+    // In the pool's order: the allocation, then the sink's own pair, then the free.
+    assert_eq!(
+        seen,
+        [
+            (PoolAction::Allocate, 1000),
+            (PoolAction::Allocate, 256),
+            (PoolAction::Free, 256),
+            (PoolAction::Free, 1000),
+        ]
+    );
+    let stats = pool.stats();
+    assert_eq!((stats.live, stats.allocations, stats.frees), (0, 2, 2));
+}
+
+#[test]
+fn events_from_many_threads_arrive_in_the_pools_order() {
+    // Every address's events alternate allocate, free, allocate, ... in the log: a free is
+    // never delivered before the allocation it frees, nor an allocation before the free of the
+    // block it reuses.
+    let log: Arc<Mutex<Vec<(PoolAction, u64)>>> = Arc::default();
+    let sink = {
+        let log = log.clone();
+        move |e: &PoolEvent<'_>| log.lock().unwrap().push((e.action, e.addr))
+    };
+    let pool = Arc::new(
+        Pool::builder(1 << 20)
+            .events(Arc::new(sink))
+            .build_host()
+            .unwrap(),
+    );
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let pool = pool.clone();
+            std::thread::spawn(move || {
+                for i in 0..2000 {
+                    let a = pool.allocate(256 * (1 + (i + t) % 4), 0).unwrap();
+                    pool.deallocate(a).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), 4 * 2000 * 2);
+    let mut live = std::collections::HashMap::new();
+    for &(action, addr) in log.iter() {
+        let was_live = live
+            .insert(addr, action == PoolAction::Allocate)
+            .unwrap_or(false);
+        match action {
+            PoolAction::Allocate => assert!(!was_live, "{addr:#x} handed out twice"),
+            PoolAction::Free => assert!(was_live, "{addr:#x} freed before it was allocated"),
+            PoolAction::AllocateFailure => unreachable!(),
+        }
+    }
+}
+
+/// A stream runtime whose events complete, fail or panic as the test says, and which can be
+/// made to panic or to call back into its pool.
+#[derive(Debug, Default)]
+struct Scripted {
+    /// What the next queries of events answer: 0 not yet, 1 complete, 2 an error, 3 a panic.
+    answer: AtomicUsize,
+    panic_on_record: AtomicBool,
+    call_back: AtomicBool,
+    pool: OnceLock<PoolClient>,
+    /// What a call back into the pool got.
+    call_back_result: Mutex<Option<Result<u64, Error>>>,
+}
+
+#[derive(Debug)]
+struct ScriptedEvent(Arc<Scripted>);
+
+impl StreamEvent for ScriptedEvent {
+    fn is_complete(&self) -> Result<bool, Error> {
+        match self.0.answer.load(Ordering::SeqCst) {
+            0 => Ok(false),
+            1 => Ok(true),
+            2 => Err(Error::InvalidArgument {
+                what: "CUDA_ERROR_ILLEGAL_ADDRESS (scripted)".into(),
+            }),
+            _ => panic!("scripted panic in is_complete"),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct ScriptedStreams(Arc<Scripted>);
+
+impl StreamSync for ScriptedStreams {
+    fn record(&self, _stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
+        if self.0.panic_on_record.load(Ordering::SeqCst) {
+            panic!("scripted panic in record");
+        }
+        if self.0.call_back.load(Ordering::SeqCst) {
+            let client = self.0.pool.get().expect("set after build");
+            *self.0.call_back_result.lock().unwrap() = Some(client.allocate(256, 0));
+        }
+        Ok(Box::new(ScriptedEvent(self.0.clone())))
+    }
+
+    fn order_after(&self, _waiter: StreamId, _producer: StreamId) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+const HOME: StreamId = StreamId(1);
+const OTHER: StreamId = StreamId(2);
+
+fn scripted_pool(name: &str, capacity: usize) -> (Pool, Arc<Scripted>) {
+    let script = Arc::new(Scripted::default());
+    let pool = Pool::builder(capacity)
+        .name(name)
+        .reuse(0, 0)
+        .streams(Arc::new(ScriptedStreams(script.clone())), HOME)
+        .build_host()
+        .unwrap();
+    script.pool.set(pool.own_client().clone()).unwrap();
+    (pool, script)
+}
+
+#[test]
+fn an_event_that_cannot_be_queried_sets_aside_only_its_block() {
+    capture_logs();
+    let (pool, script) = scripted_pool("failing-event", 1 << 20);
+    let a = pool.allocate_on(4096, 0, OTHER).unwrap();
+    pool.deallocate_on(a, OTHER).unwrap();
+    assert_eq!(pool.stats().pending, 4096);
+    // The driver fails the query: the block is set aside, the pool carries on.
+    script.answer.store(2, Ordering::SeqCst);
+    let b = pool.allocate(1000, 0).unwrap();
+    assert_eq!(pool.reclaim().unwrap(), 0);
+    let stats = pool.stats();
+    assert_eq!((stats.pending, stats.quarantined, stats.live), (0, 4096, 1));
+    assert_eq!(stats.free, (1 << 20) - 4096 - 1024);
+    // Everything else is still served; only the set-aside block is missing.
+    pool.deallocate(b).unwrap();
+    let half = pool.allocate(1 << 19, 0).unwrap();
+    assert!(half >= a + 4096);
+    pool.deallocate(half).unwrap();
+    assert_eq!(pool.stats().largest_free, (1 << 20) - 4096);
+    assert!(pool.allocate(1 << 20, 0).is_err());
+    let reports = logs_containing("pool `failing-event`: the event of a block of 4096 bytes");
+    assert_eq!(reports.len(), 1, "{reports:?}");
+}
+
+#[test]
+fn a_stream_runtime_that_panics_gives_errors_and_changes_nothing() {
+    let (pool, script) = scripted_pool("panicking-streams", 1 << 20);
+    let a = pool.allocate_on(4096, 0, OTHER).unwrap();
+    script.panic_on_record.store(true, Ordering::SeqCst);
+    let err = pool.deallocate_on(a, OTHER).unwrap_err();
+    assert!(err.to_string().contains("panicked in `record`"), "{err}");
+    // The allocation is still live and the pool as it was.
+    assert_eq!(pool.stats().live, 1);
+    script.panic_on_record.store(false, Ordering::SeqCst);
+    pool.deallocate_on(a, OTHER).unwrap();
+    // A panicking query sets the block aside like a failing one.
+    script.answer.store(3, Ordering::SeqCst);
+    assert_eq!(pool.reclaim().unwrap(), 0);
+    let stats = pool.stats();
+    assert_eq!((stats.pending, stats.quarantined), (0, 4096));
+    let b = pool.allocate(4096, 0).unwrap();
+    pool.deallocate(b).unwrap();
+}
+
+#[test]
+fn a_stream_runtime_that_calls_back_gets_an_error_instead_of_a_hang() {
+    let (pool, script) = scripted_pool("reentrant-streams", 1 << 20);
+    let a = pool.allocate_on(4096, 0, OTHER).unwrap();
+    script.call_back.store(true, Ordering::SeqCst);
+    // `record` runs under the pool's lock and calls `allocate`: that call fails at once.
+    pool.deallocate_on(a, OTHER).unwrap();
+    let inner = script.call_back_result.lock().unwrap().take().unwrap();
+    let err = inner.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("pool `reentrant-streams` was called from its own stream runtime"),
+        "{err}"
+    );
+    script.call_back.store(false, Ordering::SeqCst);
+    script.answer.store(1, Ordering::SeqCst);
+    assert_eq!(pool.reclaim().unwrap(), 4096);
+    let stats = pool.stats();
+    assert_eq!((stats.live, stats.pending, stats.in_use), (0, 0, 0));
+}
+
+#[test]
+fn a_free_that_names_the_wrong_size_frees_nothing() {
+    let pool = Pool::builder(1 << 20).reuse(0, 0).build_host().unwrap();
+    let client = pool.client("sized", usize::MAX);
+    let a = client.allocate(1000, 0).unwrap();
+    let err = client
+        .deallocate_with(FreeRequest::new(a).size(999))
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("names 999 bytes") && text.contains("asked for 1000 bytes"),
+        "{text}"
+    );
+    assert_eq!(client.stats().live, 1);
+    client
+        .deallocate_with(FreeRequest::new(a).size(1000))
+        .unwrap();
+    // A stale free after the address was handed out again is caught by the size.
+    let b = pool.allocate(5000, 0).unwrap();
+    assert_eq!(a, b);
+    assert!(
+        pool.deallocate_with(FreeRequest::new(a).size(1000))
+            .is_err()
+    );
+    assert_eq!(pool.stats().live, 1);
+    pool.deallocate_with(FreeRequest::new(b).size(5000))
+        .unwrap();
+    assert_eq!(pool.stats().live, 0);
+}

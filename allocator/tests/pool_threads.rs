@@ -1,0 +1,1581 @@
+//! The pool shared by threads, with thread heaps: a reference model on one thread and on
+//! four, threads that exit or outlive their pool, the hard cap and quotas with bytes sitting in
+//! other threads' heaps, leak reports, the event log, streams, slices and tracking.
+//!
+//! Thread heaps normally appear only where threads meet on the pool's lock; most tests here
+//! build pools with `eager_thread_heaps(true)` so that every thread has one from its first
+//! allocation, and what they check does not depend on timing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Barrier, Mutex, mpsc};
+
+use devarena::backend::{HostVirtualMemory, VmCall};
+use devarena::pool::{
+    AllocRequest, FreeRequest, ManualStreams, PoolAction, PoolEvent, PoolSlice, StreamId, Tracking,
+    guaranteed_fit,
+};
+use devarena::{Error, Pool, PoolClient};
+
+/// xorshift64: a fixed sequence per seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// Log-uniform-ish in `1..=max`.
+    fn size(&mut self, max: usize) -> usize {
+        let bits = 1 + self.below(max.ilog2() as u64) as u32;
+        1 + (self.next() as usize) % (1usize << bits).min(max)
+    }
+
+    /// 0 ("any"), or a power of two from 256 to 4096.
+    fn align(&mut self) -> usize {
+        match self.below(6) {
+            0 => 0,
+            k => 128 << k,
+        }
+    }
+}
+
+/// The bytes a request takes, computed independently of the pool: 256-byte granules, then
+/// (from 32 granules on) a multiple of 1/32 of the size's power of two.
+fn class_rounded(size: usize) -> usize {
+    let units = size.max(1).div_ceil(256);
+    if units < 32 {
+        return units * 256;
+    }
+    let step = 1usize << (units.ilog2() - 5);
+    units.div_ceil(step) * step * 256
+}
+
+/// The largest request whose reserved bytes are at most `bytes` (a multiple of 256).
+fn fit_down(bytes: usize) -> usize {
+    let mut size = bytes;
+    while class_rounded(size) > bytes {
+        size -= 256;
+    }
+    size
+}
+
+/// Fills client `client`'s quota exactly (one large block, then 256-byte ones); the blocks.
+fn fill_quota(client: &PoolClient, quota: usize) -> Vec<u64> {
+    let room = quota - client.stats().in_use;
+    let mut blocks = vec![client.allocate(fit_down(room), 0).unwrap()];
+    while client.stats().in_use < quota {
+        blocks.push(client.allocate(256, 0).unwrap());
+    }
+    blocks
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    reserved: usize,
+    size: usize,
+    client: usize,
+}
+
+/// The reference: live blocks by address and every count, by client (the pool's own client
+/// is 0).
+#[derive(Debug)]
+struct Model {
+    base: u64,
+    capacity: usize,
+    quotas: Vec<usize>,
+    live: BTreeMap<u64, Block>,
+    in_use: Vec<usize>,
+    requested: Vec<usize>,
+    peak: Vec<usize>,
+    pool_peak: usize,
+    allocations: Vec<u64>,
+    frees: Vec<u64>,
+    failures: Vec<u64>,
+}
+
+impl Model {
+    fn new(pool: &Pool, quotas: &[usize]) -> Self {
+        let n = quotas.len();
+        Model {
+            base: pool.base(),
+            capacity: pool.capacity(),
+            quotas: quotas.to_vec(),
+            live: BTreeMap::new(),
+            in_use: vec![0; n],
+            requested: vec![0; n],
+            peak: vec![0; n],
+            pool_peak: 0,
+            allocations: vec![0; n],
+            frees: vec![0; n],
+            failures: vec![0; n],
+        }
+    }
+
+    fn in_use(&self) -> usize {
+        self.in_use.iter().sum()
+    }
+
+    /// A new live block: inside the region, aligned, overlapping no other.
+    fn allocated(&mut self, addr: u64, size: usize, align: usize, client: usize) {
+        let reserved = class_rounded(size);
+        assert!(addr >= self.base && addr + reserved as u64 <= self.base + self.capacity as u64);
+        assert_eq!(addr % align.max(256) as u64, 0, "alignment {align}");
+        if let Some((&prev, b)) = self.live.range(..addr).next_back() {
+            assert!(
+                prev + b.reserved as u64 <= addr,
+                "{addr:#x} overlaps {prev:#x}"
+            );
+        }
+        if let Some((&next, _)) = self.live.range(addr..).next() {
+            assert!(
+                addr + reserved as u64 <= next,
+                "{addr:#x} overlaps {next:#x}"
+            );
+        }
+        self.live.insert(
+            addr,
+            Block {
+                reserved,
+                size,
+                client,
+            },
+        );
+        self.in_use[client] += reserved;
+        self.requested[client] += size;
+        self.allocations[client] += 1;
+        self.peak[client] = self.peak[client].max(self.in_use[client]);
+        self.pool_peak = self.pool_peak.max(self.in_use());
+        assert!(self.in_use[client] <= self.quotas[client]);
+    }
+
+    fn freed(&mut self, addr: u64) -> Block {
+        let b = self.live.remove(&addr).expect("a live block");
+        self.in_use[b.client] -= b.reserved;
+        self.requested[b.client] -= b.size;
+        self.frees[b.client] += 1;
+        b
+    }
+
+    /// The free runs between live blocks: with every heap given back, the pool's free blocks.
+    fn gaps(&self) -> Vec<usize> {
+        let mut gaps = Vec::new();
+        let mut at = self.base;
+        for (&addr, b) in &self.live {
+            if addr > at {
+                gaps.push((addr - at) as usize);
+            }
+            at = addr + b.reserved as u64;
+        }
+        let end = self.base + self.capacity as u64;
+        if end > at {
+            gaps.push((end - at) as usize);
+        }
+        gaps
+    }
+
+    /// Every count of the pool and its clients, the free blocks, the leak report.
+    fn check(&self, pool: &Pool, exact_peaks: bool) {
+        self.check_peaks(pool, exact_peaks.then_some(0));
+    }
+
+    /// [`check`](Self::check), the peaks exact (`Some(0)`), not checked (`None`), or at
+    /// least the peak reached and at most `slack` above it.
+    fn check_peaks(&self, pool: &Pool, slack: Option<usize>) {
+        let exact_peaks = slack == Some(0);
+        let clients = pool.client_stats();
+        for (c, s) in clients.iter().enumerate() {
+            let got = (
+                s.in_use,
+                s.requested,
+                s.allocations,
+                s.frees,
+                s.failures,
+                s.live,
+            );
+            let want = (
+                self.in_use[c],
+                self.requested[c],
+                self.allocations[c],
+                self.frees[c],
+                self.failures[c],
+                self.allocations[c] - self.frees[c],
+            );
+            assert_eq!(got, want, "client {}", s.name);
+            assert!(s.peak <= s.quota && s.peak >= s.in_use, "client {}", s.name);
+            if exact_peaks {
+                assert_eq!(s.peak, self.peak[c], "peak of client {}", s.name);
+            }
+            if let Some(slack) = slack {
+                assert!(s.peak >= self.peak[c] && s.peak <= self.peak[c] + slack);
+            }
+        }
+        let report = pool.leak_report();
+        let leaked: Vec<(u64, usize, usize)> = report
+            .leaks
+            .iter()
+            .map(|l| (l.addr, l.size, l.reserved))
+            .collect();
+        let live: Vec<(u64, usize, usize)> = self
+            .live
+            .iter()
+            .map(|(&a, b)| (a, b.size, b.reserved))
+            .collect();
+        assert_eq!(leaked, live);
+        let stats = pool.stats();
+        let gaps = self.gaps();
+        assert_eq!(
+            (stats.in_use, stats.live, stats.free, stats.free_blocks),
+            (
+                self.in_use(),
+                self.live.len() as u64,
+                self.capacity - self.in_use(),
+                gaps.len()
+            )
+        );
+        assert_eq!(stats.largest_free, gaps.iter().copied().max().unwrap_or(0));
+        assert_eq!(
+            (stats.allocations, stats.frees, stats.failures),
+            (
+                self.allocations.iter().sum(),
+                self.frees.iter().sum(),
+                self.failures.iter().sum()
+            )
+        );
+        assert_eq!(stats.requested, self.requested.iter().sum::<usize>());
+        assert!(stats.peak <= self.capacity && stats.peak >= stats.in_use);
+        if exact_peaks {
+            assert_eq!(stats.peak, self.pool_peak, "the pool's peak");
+        }
+        if let Some(slack) = slack {
+            assert!(stats.peak >= self.pool_peak && stats.peak <= self.pool_peak + slack);
+        }
+    }
+}
+
+/// Checks a failed allocation of `size` at `align` for client `c` against the model: which
+/// limit, and the figures (the free ones with every heap given back).
+fn check_refusal(model: &Model, err: &Error, c: usize, size: usize, align: usize) {
+    let Error::PoolExhausted {
+        requested,
+        limit,
+        limit_bytes,
+        in_use,
+        free,
+        largest_free,
+        pending,
+        ..
+    } = err
+    else {
+        panic!("unexpected error {err}");
+    };
+    let reserved = class_rounded(size);
+    let gaps = model.gaps();
+    let largest = gaps.iter().copied().max().unwrap_or(0);
+    assert_eq!(*requested, size);
+    assert_eq!(
+        (*free, *largest_free, *pending),
+        (model.capacity - model.in_use(), largest, 0)
+    );
+    if model.in_use[c] + reserved > model.quotas[c] {
+        assert_eq!(
+            (*limit, *limit_bytes, *in_use),
+            ("quota", model.quotas[c], model.in_use[c])
+        );
+    } else {
+        assert_eq!((*limit, *limit_bytes), ("capacity", model.capacity));
+        assert_eq!(*in_use, model.in_use());
+        let fit = guaranteed_fit(size, align).unwrap();
+        assert!(
+            largest < fit,
+            "failed with a free block of {largest} >= {fit}"
+        );
+    }
+}
+
+const QUOTAS: [usize; 3] = [usize::MAX, 3 << 20, 5 << 20];
+
+fn clients(pool: &Pool) -> Vec<PoolClient> {
+    vec![
+        pool.own_client().clone(),
+        pool.client("a", QUOTAS[1]),
+        pool.client("b", QUOTAS[2]),
+    ]
+}
+
+/// `ops` random allocations and frees on one thread, checked against the model (with exact
+/// peaks) every `check_every` operations and at every failure.
+fn run_model(pool: &Pool, model: &mut Model, clients: &[PoolClient], seed: u64, ops: usize) {
+    run_model_peaks(pool, model, clients, seed, ops, Some(0));
+}
+
+/// [`run_model`] with the peaks checked as [`Model::check_peaks`] does.
+fn run_model_peaks(
+    pool: &Pool,
+    model: &mut Model,
+    clients: &[PoolClient],
+    seed: u64,
+    ops: usize,
+    slack: Option<usize>,
+) {
+    let mut rng = Rng(seed);
+    let mut failures = 0;
+    for step in 0..ops {
+        let mine: Vec<u64> = model.live.keys().copied().collect();
+        if rng.below(100) < 55 || mine.is_empty() {
+            let c = rng.below(clients.len() as u64) as usize;
+            let size = rng.size(512 << 10);
+            let align = rng.align();
+            match clients[c].allocate(size, align) {
+                Ok(addr) => model.allocated(addr, size, align, c),
+                Err(err) => {
+                    model.failures[c] += 1;
+                    check_refusal(model, &err, c, size, align);
+                    failures += 1;
+                }
+            }
+        } else {
+            let addr = mine[rng.below(mine.len() as u64) as usize];
+            let b = model.live[&addr];
+            if rng.below(2) == 0 {
+                pool.deallocate(addr).unwrap();
+            } else {
+                clients[b.client].deallocate(addr).unwrap();
+            }
+            model.freed(addr);
+        }
+        if step % 211 == 0 {
+            model.check_peaks(pool, slack);
+        }
+    }
+    assert!(failures > 0, "the workload reaches the limits");
+}
+
+#[test]
+fn one_thread_on_a_heap_matches_the_model_exactly() {
+    // Every count, every refusal (with its figures) and both peaks as a pool without heaps
+    // would give them; between the checks (which give the heap back) the heap serves.
+    let pool = Pool::builder(8 << 20)
+        .name("model-heap")
+        .eager_thread_heaps(true)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let clients = clients(&pool);
+    let mut model = Model::new(&pool, &QUOTAS);
+    run_model(&pool, &mut model, &clients, 0x1234_5678, 20_000);
+    assert_eq!(pool.thread_heaps(), 1);
+    model.check(&pool, true);
+    assert!(pool.stats().reused > 0);
+}
+
+#[test]
+fn peaks_that_count_leases_are_bounds_and_every_other_count_stays_exact() {
+    // `exact_peaks(false)`: a peak may count the headroom a heap holds (a chunk, 1/256 of the
+    // capacity, beyond its need, and up to two before it gives some back): at least the peak
+    // reached and not far above it. Quotas, refusals and every other count stay exact.
+    let capacity = 8 << 20;
+    let pool = Pool::builder(capacity)
+        .name("leased-peaks")
+        .eager_thread_heaps(true)
+        .exact_peaks(false)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let clients = clients(&pool);
+    let mut model = Model::new(&pool, &QUOTAS);
+    let slack = 3 * capacity / 256;
+    run_model_peaks(&pool, &mut model, &clients, 0x5eed, 20_000, Some(slack));
+    model.check_peaks(&pool, Some(slack));
+}
+
+#[test]
+fn bytes_in_an_idle_threads_heap_count_for_the_cap_and_the_quotas() {
+    // Another thread allocates and frees for the same clients, then waits with its heap full
+    // of free spans and unused leases, and with live allocations in it. This thread's requests
+    // must succeed whenever they would with that heap given back, refuse exactly where a
+    // quota or the capacity says so, and free the other thread's allocations.
+    let pool = Pool::builder(8 << 20)
+        .name("idle-heap")
+        .eager_thread_heaps(true)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let clients = clients(&pool);
+    let mut model = Model::new(&pool, &QUOTAS);
+    let (to_main, from_other) = mpsc::channel();
+    let (to_other, from_main) = mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        // Moved in: a failure below drops it, and the other thread stops waiting.
+        let to_other = to_other;
+        let other_clients = clients.clone();
+        // Joined explicitly: a thread's heaps go back in its thread-local destructors, which
+        // a scope's implicit join does not wait for.
+        let other = s.spawn(move || {
+            let mut rng = Rng(99);
+            let mut live = Vec::new();
+            for _ in 0..3000 {
+                let c = rng.below(3) as usize;
+                if let Ok(addr) = other_clients[c].allocate(rng.size(64 << 10), 0) {
+                    live.push((addr, c));
+                }
+                if live.len() > 40 {
+                    let (addr, c) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                    other_clients[c].deallocate(addr).unwrap();
+                }
+            }
+            // Keep a few live; report them (with their sizes, from the leak report).
+            while live.len() > 5 {
+                let (addr, c) = live.pop().unwrap();
+                other_clients[c].deallocate(addr).unwrap();
+            }
+            to_main.send(live).unwrap();
+            // An error here: the main thread failed and dropped its sender.
+            let _ = from_main.recv();
+        });
+        let kept: Vec<(u64, usize)> = from_other.recv().unwrap();
+        assert_eq!(pool.thread_heaps(), 1);
+        // The other thread's counts and live blocks enter the model as they are.
+        let report = pool.leak_report();
+        for (c, s) in pool.client_stats().iter().enumerate() {
+            model.allocations[c] = s.allocations;
+            model.frees[c] = s.frees;
+            model.failures[c] = s.failures;
+            model.peak[c] = s.peak;
+        }
+        model.pool_peak = pool.stats().peak;
+        for &(addr, c) in &kept {
+            let leak = report.leaks.iter().find(|l| l.addr == addr).unwrap();
+            model.live.insert(
+                addr,
+                Block {
+                    reserved: leak.reserved,
+                    size: leak.size,
+                    client: c,
+                },
+            );
+            model.in_use[c] += leak.reserved;
+            model.requested[c] += leak.size;
+        }
+        to_other.send(()).unwrap();
+        other.join().unwrap();
+    });
+    assert_eq!(pool.thread_heaps(), 0, "the other thread exited");
+    model.check(&pool, false);
+    // Again with the other thread alive and idle, its heap full.
+    let (to_main, from_other) = mpsc::channel();
+    let (to_other, from_main) = mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let to_other = to_other;
+        let other_clients = clients.clone();
+        let other = s.spawn(move || {
+            let mut rng = Rng(7);
+            for _ in 0..2000 {
+                let c = 1 + rng.below(2) as usize;
+                let a = other_clients[c].allocate(rng.size(256 << 10), 0).unwrap();
+                let b = other_clients[c].allocate(rng.size(256 << 10), 0).unwrap();
+                other_clients[c].deallocate(a).unwrap();
+                other_clients[c].deallocate(b).unwrap();
+            }
+            to_main.send(()).unwrap();
+            // An error here: the main thread failed and dropped its sender.
+            let _ = from_main.recv();
+        });
+        from_other.recv().unwrap();
+        // The other thread's pairs, counted without giving its heap back (which `stats` or a
+        // failure would do).
+        for (c, stats) in pool.client_stats().iter().enumerate().skip(1) {
+            assert_eq!(
+                stats.allocations - stats.frees,
+                model.allocations[c] - model.frees[c]
+            );
+            model.allocations[c] = stats.allocations;
+            model.frees[c] = stats.frees;
+        }
+        // Without a check first (which would give the other heap back): the quota of each
+        // client is there whole, though the other heap holds leases of both.
+        for (c, client) in clients.iter().enumerate().skip(1) {
+            assert_eq!(client.stats().in_use, model.in_use[c]);
+            let blocks = fill_quota(client, model.quotas[c]);
+            let report = pool.leak_report();
+            for &addr in &blocks {
+                let leak = report.leaks.iter().find(|l| l.addr == addr).unwrap();
+                model.allocated(addr, leak.size, 0, c);
+            }
+            let err = client.allocate(1, 0).unwrap_err();
+            model.failures[c] += 1;
+            check_refusal(&model, &err, c, 1, 0);
+            for addr in blocks {
+                client.deallocate(addr).unwrap();
+                model.freed(addr);
+            }
+        }
+        // And everything free is there for one request, though the other heap holds spans.
+        let largest = model.gaps().into_iter().max().unwrap();
+        let size = fit_down(largest);
+        let big = pool.allocate(size, 0).unwrap();
+        model.allocated(big, size, 0, 0);
+        pool.deallocate(big).unwrap();
+        model.freed(big);
+        run_model(&pool, &mut model, &clients, 0xfeed, 6000);
+        to_other.send(()).unwrap();
+        other.join().unwrap();
+    });
+    for addr in model.live.keys().copied().collect::<Vec<_>>() {
+        pool.deallocate(addr).unwrap();
+        model.freed(addr);
+    }
+    model.check(&pool, false);
+    assert_eq!(pool.stats().largest_free, 8 << 20);
+}
+
+#[test]
+fn four_threads_a_million_operations_on_heaps_without_overlap_and_exact_after_joining() {
+    million(true);
+}
+
+#[test]
+fn four_threads_a_million_operations_meeting_on_the_lock() {
+    // Heaps only where threads meet on the pool's lock: some threads allocate in the pool's
+    // own index while others hold leases.
+    million(false);
+}
+
+/// A block handed to another thread to free: address, size, alignment, client (0: the
+/// allocating thread's own, 1: the shared one).
+type Handed = (u64, usize, usize, usize);
+
+fn million(eager: bool) {
+    million_with(eager, true, Memory::Classic);
+}
+
+#[test]
+fn four_threads_a_million_operations_with_peaks_that_count_leases() {
+    million_with(true, false, Memory::Classic);
+}
+
+#[test]
+fn four_threads_a_million_operations_on_heaps_on_a_growable_region() {
+    // As above on addresses mapped in 64 KiB chunks as blocks reach them, mostly from the
+    // heaps, while one thread trims and another applies a release threshold now and then:
+    // every block is mapped from its allocation to its free, a slice keeps what was written
+    // into it (a chunk mapped or unmapped under it would be filled over), and at the end a
+    // trim gives everything back.
+    million_with(true, true, Memory::Growable);
+}
+
+#[test]
+fn four_threads_a_million_operations_meeting_on_the_lock_of_a_growable_region() {
+    million_with(false, true, Memory::Growable);
+}
+
+/// Where a test pool's memory comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Memory {
+    /// One host allocation of the capacity.
+    Classic,
+    /// The host stand-in for a device's virtual memory, mapped on demand in 64 KiB chunks.
+    Growable,
+}
+
+fn million_with(eager: bool, exact_peaks: bool, memory: Memory) {
+    // 250,000 allocations and frees on each of four threads: sizes up to 64 KiB, every
+    // alignment, each thread's own client and a shared one under a quota, slices, frees of
+    // other threads' blocks, now and then a leak report or statistics (which give every
+    // heap back) while the others run. A shared model sees each block between the pool's
+    // answer and its free: two live blocks never overlap. After joining, every count is exact.
+    const THREADS: usize = 4;
+    const OPS: usize = 250_000;
+    let capacity = 24 << 20;
+    let builder = Pool::builder(capacity)
+        .name("million")
+        .eager_thread_heaps(eager)
+        .exact_peaks(exact_peaks)
+        .thread_heaps(2 << 20)
+        .release_threshold(4 << 20)
+        .log_leaks_on_drop(false);
+    let vm =
+        (memory == Memory::Growable).then(|| Arc::new(HostVirtualMemory::new(64 << 10).unwrap()));
+    let pool = match &vm {
+        Some(vm) => builder.build_mapped(vm.clone()),
+        None => builder.build_host(),
+    }
+    .unwrap();
+    let vm = vm.as_deref();
+    let shared = pool.client("shared", 4 << 20);
+    let own: Vec<PoolClient> = (0..THREADS)
+        .map(|t| pool.client(&format!("thread-{t}"), 6 << 20))
+        .collect();
+    // Live blocks of every thread: address -> (end, thread).
+    let model: Mutex<BTreeMap<u64, (u64, usize)>> = Mutex::new(BTreeMap::new());
+    // Blocks handed to the next thread to free: (address, client index: 0 own, 1 shared).
+    let handoff: Vec<Mutex<Vec<Handed>>> = (0..THREADS).map(|_| Mutex::new(Vec::new())).collect();
+    let start = Barrier::new(THREADS);
+    // Per thread: (allocations, frees, failures) per client: own, shared (frees of blocks
+    // handed to another thread are not counted here).
+    let counts: Vec<[[u64; 3]; 2]> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (pool, shared, own) = (&pool, &shared, &own);
+                let (model, handoff, start) = (&model, &handoff, &start);
+                s.spawn(move || {
+                    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (t as u64 + 1));
+                    let clients = [&own[t], shared];
+                    // Own live blocks: (address, size, align, client index); slices apart.
+                    let mut live: Vec<(u64, usize, usize, usize)> = Vec::new();
+                    let mut slices: Vec<PoolSlice<u8>> = Vec::new();
+                    let mut counts = [[0u64; 3]; 2];
+                    let insert = |addr: u64, size: usize| {
+                        let end = addr + class_rounded(size) as u64;
+                        let mut m = model.lock().unwrap();
+                        if let Some((&prev, &(prev_end, who))) = m.range(..addr).next_back() {
+                            assert!(prev_end <= addr, "{addr:#x} overlaps {prev:#x} of {who}");
+                        }
+                        if let Some((&next, &(_, who))) = m.range(addr..).next() {
+                            assert!(end <= next, "{addr:#x} overlaps {next:#x} of {who}");
+                        }
+                        m.insert(addr, (end, t));
+                    };
+                    let remove = |addr: u64| {
+                        let (end, _) = model.lock().unwrap().remove(&addr).unwrap();
+                        // Mapped until its free, trims or not.
+                        if let Some(vm) = vm {
+                            assert!(vm.is_mapped(addr, (end - addr) as usize), "{addr:#x}");
+                        }
+                    };
+                    // What a slice holds on a growable region: its thread's byte.
+                    let mark = t as u8 + 1;
+                    start.wait();
+                    for op in 0..OPS {
+                        let r = rng.below(1000);
+                        if r < 480 && live.len() < 300 {
+                            let c = (rng.below(4) == 0) as usize;
+                            let (size, align) = (rng.size(64 << 10), rng.align());
+                            match clients[c].allocate(size, align) {
+                                Ok(addr) => {
+                                    assert_eq!(addr % align.max(256) as u64, 0);
+                                    if let Some(vm) = vm {
+                                        assert!(vm.is_mapped(addr, class_rounded(size)));
+                                    }
+                                    insert(addr, size);
+                                    live.push((addr, size, align, c));
+                                    counts[c][0] += 1;
+                                }
+                                Err(Error::PoolExhausted { limit, .. }) => {
+                                    assert!(limit == "quota" || limit == "capacity");
+                                    counts[c][2] += 1;
+                                }
+                                Err(e) => panic!("{e}"),
+                            }
+                        } else if r < 500 && slices.len() < 8 {
+                            let len = rng.size(8 << 10);
+                            if let Ok(mut slice) = own[t].alloc_slice::<u8>(len) {
+                                if vm.is_some() {
+                                    slice.as_mut_slice().unwrap().fill(mark);
+                                }
+                                insert(slice.addr(), len);
+                                slices.push(slice);
+                                counts[0][0] += 1;
+                            } else {
+                                counts[0][2] += 1;
+                            }
+                        } else if r < 510 && !slices.is_empty() {
+                            let slice = slices.swap_remove(rng.below(slices.len() as u64) as usize);
+                            // Only the slice frees its block.
+                            assert!(pool.deallocate(slice.addr()).is_err());
+                            if vm.is_some() {
+                                assert!(slice.as_slice().unwrap().iter().all(|&b| b == mark));
+                            }
+                            remove(slice.addr());
+                            drop(slice);
+                            counts[0][1] += 1;
+                        } else if r < 530 && !live.is_empty() {
+                            // To the next thread, which frees it.
+                            let block = live.swap_remove(rng.below(live.len() as u64) as usize);
+                            handoff[(t + 1) % THREADS].lock().unwrap().push(block);
+                        } else if r < 560 {
+                            let given: Vec<_> = core::mem::take(&mut *handoff[t].lock().unwrap());
+                            for (addr, size, _, c) in given {
+                                remove(addr);
+                                // The previous thread's own client, or the shared one.
+                                let owner = match c {
+                                    0 => &own[(t + THREADS - 1) % THREADS],
+                                    _ => shared,
+                                };
+                                owner
+                                    .deallocate_with(FreeRequest::new(addr).size(size))
+                                    .unwrap();
+                            }
+                        } else if !live.is_empty() {
+                            let (addr, _, _, c) =
+                                live.swap_remove(rng.below(live.len() as u64) as usize);
+                            remove(addr);
+                            clients[c].deallocate(addr).unwrap();
+                            counts[c][1] += 1;
+                        }
+                        if vm.is_some() && op % 20_000 == 19_999 {
+                            // Memory back while the other threads allocate on their heaps.
+                            match t {
+                                0 => drop(pool.trim().unwrap()),
+                                1 => drop(pool.synchronize().unwrap()),
+                                _ => {}
+                            }
+                        }
+                        if op % 60_000 == 59_999 {
+                            if t % 2 == 0 {
+                                let s = pool.stats();
+                                assert!(s.in_use <= capacity && s.peak <= capacity);
+                            } else {
+                                assert!(!pool.leak_report().is_empty() || live.is_empty());
+                            }
+                        }
+                    }
+                    for (addr, _, _, c) in live.drain(..) {
+                        remove(addr);
+                        clients[c].deallocate(addr).unwrap();
+                        counts[c][1] += 1;
+                    }
+                    for slice in slices.drain(..) {
+                        if vm.is_some() {
+                            assert!(slice.as_slice().unwrap().iter().all(|&b| b == mark));
+                        }
+                        remove(slice.addr());
+                        drop(slice);
+                        counts[0][1] += 1;
+                    }
+                    counts
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // Blocks handed off and not freed yet: freed now.
+    let mut handed = 0u64;
+    for queue in &handoff {
+        for (addr, _, _, _) in queue.lock().unwrap().drain(..) {
+            pool.deallocate(addr).unwrap();
+            model.lock().unwrap().remove(&addr);
+            handed += 1;
+        }
+    }
+    assert!(model.lock().unwrap().is_empty());
+    assert_eq!(pool.thread_heaps(), 0, "every thread gave its heap back");
+    assert!(pool.stats().reused > 0);
+    let allocations: u64 = counts.iter().map(|c| c[0][0] + c[1][0]).sum();
+    let failures: u64 = counts.iter().map(|c| c[0][2] + c[1][2]).sum();
+    let s = pool.stats();
+    assert_eq!(
+        (s.allocations, s.frees, s.failures),
+        (allocations, allocations, failures)
+    );
+    assert!(
+        allocations > 400_000 && handed > 0,
+        "{allocations} {handed}"
+    );
+    assert_eq!((s.in_use, s.requested, s.live), (0, 0, 0));
+    assert_eq!(
+        (s.free, s.free_blocks, s.largest_free),
+        (capacity, 1, capacity)
+    );
+    assert!(s.peak <= capacity);
+    let stats = pool.client_stats();
+    let by_name: HashMap<&str, _> = stats.iter().map(|c| (c.name.as_str(), c)).collect();
+    let sh = by_name["shared"];
+    let shared_allocations: u64 = counts.iter().map(|c| c[1][0]).sum();
+    assert_eq!(
+        (sh.allocations, sh.frees, sh.in_use),
+        (shared_allocations, shared_allocations, 0)
+    );
+    assert_eq!(sh.failures, counts.iter().map(|c| c[1][2]).sum::<u64>());
+    assert!(sh.peak <= 4 << 20 && sh.peak > 0);
+    for (t, c) in counts.iter().enumerate() {
+        let own = by_name[format!("thread-{t}").as_str()];
+        let got = (own.allocations, own.frees, own.failures, own.in_use);
+        assert_eq!(got, (c[0][0], c[0][0], c[0][2], 0));
+        assert!(own.peak <= 6 << 20);
+    }
+    if let Some(vm) = vm {
+        let s = pool.stats();
+        assert!(s.maps > 0 && s.unmaps > 0, "{s}");
+        assert_eq!((s.mapped, s.live), (vm.mapped_bytes(), 0));
+        // Nothing live, no heap: every chunk goes back.
+        assert_eq!(pool.trim().unwrap(), s.mapped);
+        assert_eq!((vm.mapped_bytes(), pool.stats().mapped), (0, 0));
+    }
+}
+
+#[test]
+fn a_thread_that_exits_gives_its_heap_back() {
+    let pool = Pool::builder(4 << 20)
+        .name("exiting")
+        .eager_thread_heaps(true)
+        .thread_heaps(1 << 20)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let client = pool.client("worker", 2 << 20);
+    let kept = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut rng = Rng(5);
+            let mut live = Vec::new();
+            for _ in 0..2000 {
+                live.push(client.allocate(rng.size(32 << 10), 0).unwrap());
+                if live.len() > 20 {
+                    let addr = live.swap_remove(rng.below(live.len() as u64) as usize);
+                    client.deallocate(addr).unwrap();
+                }
+            }
+            assert_eq!(pool.thread_heaps(), 1);
+            for addr in live.drain(3..) {
+                client.deallocate(addr).unwrap();
+            }
+            live
+        })
+        .join()
+        .unwrap()
+    });
+    // The thread's heap went back when it exited: its live blocks are the pool's now, its
+    // unused lease is no longer counted, its spans are free.
+    assert_eq!(pool.thread_heaps(), 0);
+    let report = pool.leak_report();
+    assert_eq!(report.leaks.len(), 3);
+    assert_eq!(report.leaks.iter().map(|l| l.addr).collect::<Vec<_>>(), {
+        let mut k = kept.clone();
+        k.sort();
+        k
+    });
+    let held: usize = report.leaks.iter().map(|l| l.reserved).sum();
+    let c = client.stats();
+    assert_eq!((c.in_use, c.live, c.allocations - c.frees), (held, 3, 3));
+    // The quota is there to the byte, and no further.
+    let blocks = fill_quota(&client, 2 << 20);
+    assert_eq!(client.stats().peak, 2 << 20);
+    let err = client.allocate(1, 0).unwrap_err();
+    assert!(
+        matches!(err, Error::PoolExhausted { limit: "quota", in_use, .. } if in_use == 2 << 20)
+    );
+    for addr in blocks.into_iter().chain(kept) {
+        client.deallocate(addr).unwrap();
+    }
+    let c = client.stats();
+    let s = pool.stats();
+    assert_eq!(
+        (s.in_use, s.live, s.free_blocks, s.largest_free),
+        (0, 0, 1, 4 << 20)
+    );
+    assert_eq!(
+        (s.allocations, s.frees, c.in_use),
+        (c.allocations, c.allocations, 0)
+    );
+}
+
+#[test]
+fn a_pool_dropped_while_threads_hold_heaps_frees_its_region_once() {
+    // A thread keeps its heap (with live blocks) past the pool; then uses another pool, and
+    // exits. Nothing leaks, nothing is freed twice, nothing crashes.
+    let first = Pool::builder(1 << 20)
+        .name("dropped-first")
+        .eager_thread_heaps(true)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (dropped_tx, dropped_rx) = mpsc::channel::<()>();
+    let worker = first.own_client().clone();
+    drop(first);
+    let handle = std::thread::spawn(move || {
+        let a = worker.allocate(1000, 0).unwrap();
+        let b = worker.allocate(5000, 0).unwrap();
+        worker.deallocate(a).unwrap();
+        ready_tx.send(b).unwrap();
+        drop(worker);
+        dropped_rx.recv().unwrap();
+        // The first pool is gone; its heap in this thread's list is empty. Another pool works
+        // (and the list forgets the dead one).
+        let second = Pool::builder(1 << 20)
+            .name("second")
+            .eager_thread_heaps(true)
+            .build_host()
+            .unwrap();
+        let c = second.allocate(300, 0).unwrap();
+        second.deallocate(c).unwrap();
+        assert_eq!(second.thread_heaps(), 1);
+        second.stats()
+    });
+    let _live_in_heap = ready_rx.recv().unwrap();
+    // The worker dropped its client: the pool is gone now, with a block live in the heap.
+    dropped_tx.send(()).unwrap();
+    let stats = handle.join().unwrap();
+    assert_eq!((stats.allocations, stats.frees, stats.in_use), (1, 1, 0));
+}
+
+#[test]
+fn live_blocks_of_heaps_are_in_the_leak_report() {
+    let pool = Pool::builder(1 << 20)
+        .name("leaky-heaps")
+        .eager_thread_heaps(true)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let client = pool.client("loader", usize::MAX);
+    let addrs: Vec<u64> = std::thread::scope(|s| {
+        s.spawn(|| {
+            let v: Vec<u64> = (0..4)
+                .map(|i| client.allocate(1000 * (i + 1), 0).unwrap())
+                .collect();
+            // Still this thread's: the report lists them with their client, sizes, serials.
+            let report = pool.leak_report();
+            assert_eq!(report.leaks.len(), 4);
+            v
+        })
+        .join()
+        .unwrap()
+    });
+    let report = pool.leak_report();
+    let mut want = addrs.clone();
+    want.sort();
+    assert_eq!(
+        report.leaks.iter().map(|l| l.addr).collect::<Vec<_>>(),
+        want
+    );
+    assert!(report.leaks.iter().all(|l| l.client == "loader"));
+    let mut serials: Vec<u64> = report.leaks.iter().map(|l| l.serial).collect();
+    serials.sort();
+    serials.dedup();
+    assert_eq!(serials.len(), 4, "serial numbers are unique");
+    assert_eq!(report.reserved_bytes(), 1024 + 2048 + 3072 + 4096);
+}
+
+#[test]
+fn the_event_log_sees_every_allocation_of_every_heap_in_order() {
+    // Threads with heaps allocate and free while a sink is switched on: every event after the
+    // switch is logged, and per address the log alternates allocate, free, allocate, ...: a
+    // free is never logged after the allocation that reuses its block.
+    let log: Arc<Mutex<Vec<(PoolAction, u64)>>> = Arc::default();
+    let pool = Pool::builder(4 << 20)
+        .name("events-heaps")
+        .eager_thread_heaps(true)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let switched = Barrier::new(5);
+    let done: Vec<(u64, u64)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (pool, switched) = (&pool, &switched);
+                s.spawn(move || {
+                    let mut rng = Rng(t + 11);
+                    let mut live: Vec<u64> = Vec::new();
+                    let mut after = (0, 0);
+                    for phase in 0..2 {
+                        if phase == 1 {
+                            switched.wait();
+                        }
+                        for _ in 0..3000 {
+                            if live.len() < 30 && rng.below(2) == 0 {
+                                live.push(pool.allocate(rng.size(16 << 10), 0).unwrap());
+                                after.0 += phase;
+                            } else if !live.is_empty() {
+                                let addr = live.swap_remove(rng.below(live.len() as u64) as usize);
+                                pool.deallocate(addr).unwrap();
+                                after.1 += phase;
+                            }
+                        }
+                        if phase == 0 {
+                            switched.wait();
+                        }
+                    }
+                    for addr in live {
+                        pool.deallocate(addr).unwrap();
+                        after.1 += 1;
+                    }
+                    after
+                })
+            })
+            .collect();
+        // Every thread has finished its first phase: switch the sink on, then let them go.
+        switched.wait();
+        let sink = {
+            let log = log.clone();
+            move |e: &PoolEvent<'_>| log.lock().unwrap().push((e.action, e.addr))
+        };
+        pool.set_events(Some(Arc::new(sink)));
+        switched.wait();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let log = log.lock().unwrap();
+    let allocations: u64 = done.iter().map(|d| d.0).sum();
+    let frees: u64 = done.iter().map(|d| d.1).sum();
+    let logged_allocations = log.iter().filter(|e| e.0 == PoolAction::Allocate).count() as u64;
+    let logged_frees = log.iter().filter(|e| e.0 == PoolAction::Free).count() as u64;
+    assert_eq!((logged_allocations, logged_frees), (allocations, frees));
+    let mut live: HashMap<u64, bool> = HashMap::new();
+    for &(action, addr) in log.iter() {
+        let was = live.insert(addr, action == PoolAction::Allocate);
+        match action {
+            PoolAction::Allocate => assert_ne!(was, Some(true), "{addr:#x} handed out twice"),
+            // A block allocated before the switch may be freed after it.
+            PoolAction::Free => assert_ne!(was, Some(false), "{addr:#x} freed twice in a row"),
+            PoolAction::AllocateFailure => unreachable!(),
+        }
+    }
+}
+
+#[test]
+fn blocks_of_a_heap_freed_on_another_stream_wait_for_their_event() {
+    const HOME: StreamId = StreamId(1);
+    const OTHER: StreamId = StreamId(2);
+    let streams = Arc::new(ManualStreams::new());
+    let pool = Pool::builder(1 << 20)
+        .name("heap-streams")
+        .eager_thread_heaps(true)
+        .streams(streams.clone(), HOME)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // On the home stream: served by the heap, reused at once, no event.
+            let a = pool.allocate(64 << 10, 0).unwrap();
+            pool.deallocate(a).unwrap();
+            assert_eq!(pool.allocate(64 << 10, 0).unwrap(), a);
+            assert_eq!(pool.thread_heaps(), 1);
+            assert!(streams.waits().is_empty());
+            // Freed on another stream: parked until its event completes, even for the heap.
+            pool.deallocate_on(a, OTHER).unwrap();
+            assert_eq!(streams.pending(OTHER), 1);
+            for _ in 0..20 {
+                let b = pool.allocate(64 << 10, 0).unwrap();
+                assert_ne!(b, a, "a parked block is not handed out");
+                pool.deallocate(b).unwrap();
+            }
+            assert_eq!(pool.stats().pending, 64 << 10);
+            streams.complete(OTHER);
+            assert_eq!(pool.reclaim().unwrap(), 64 << 10);
+            assert_eq!(pool.stats().pending, 0);
+            // The heap's home-stream frees reach the pool's index when it gives its spans
+            // back (here, `stats`): another stream then waits for the home stream first.
+            let c = pool.allocate(4096, 0).unwrap();
+            pool.deallocate(c).unwrap();
+            let _ = pool.stats();
+            let d = pool.allocate_on(4096, 0, OTHER).unwrap();
+            assert_eq!(streams.waits(), vec![(OTHER, HOME)]);
+            pool.deallocate_on(d, OTHER).unwrap();
+            streams.complete_all();
+            pool.reclaim().unwrap();
+        });
+    });
+    let s = pool.stats();
+    assert_eq!(
+        (s.in_use, s.pending, s.free_blocks, s.largest_free),
+        (0, 0, 1, 1 << 20)
+    );
+}
+
+#[test]
+fn slices_tracking_and_frees_from_other_threads_with_heaps() {
+    let pool = Pool::builder(4 << 20)
+        .name("heap-rules")
+        .eager_thread_heaps(true)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let a = pool.client("a", usize::MAX);
+    let b = pool.client("b", usize::MAX);
+    let (to_main, from_worker) = mpsc::channel();
+    let (to_worker, from_main) = mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let to_worker = to_worker;
+        let a = &a;
+        s.spawn(move || {
+            let plain = a.allocate(3000, 0).unwrap();
+            let mut slice = a.alloc_slice::<u32>(100).unwrap();
+            slice.as_mut_slice().unwrap().fill(7);
+            to_main.send((plain, slice)).unwrap();
+            // Alive, with the blocks in its heap, while the main thread frees them.
+            // An error here: the main thread failed and dropped its sender.
+            let _ = from_main.recv();
+        });
+        let (plain, slice) = from_worker.recv().unwrap();
+        assert_eq!(pool.thread_heaps(), 1);
+        // Another thread's blocks, by the rules: only the slice frees its block, only its
+        // client (or the pool) frees the other, a size check catches a wrong size, and a
+        // second free is an unknown address.
+        let err = pool.deallocate(slice.addr()).unwrap_err();
+        assert!(err.to_string().contains("PoolSlice"), "{err}");
+        let err = b.deallocate(plain).unwrap_err();
+        assert!(err.to_string().contains("belongs to client `a`"), "{err}");
+        assert!(
+            a.deallocate_with(FreeRequest::new(plain).size(2999))
+                .is_err()
+        );
+        assert_eq!(slice.as_slice().unwrap()[99], 7);
+        a.deallocate_with(FreeRequest::new(plain).size(3000))
+            .unwrap();
+        assert_eq!(
+            a.deallocate(plain).unwrap_err(),
+            Error::UnknownAddress {
+                addr: plain,
+                client: "a".into()
+            }
+        );
+        drop(slice);
+        assert_eq!(a.stats().live, 0);
+        to_worker.send(()).unwrap();
+    });
+    // Tracking on: allocations take the general path and keep their tags, heaps or not.
+    pool.set_tracking(Tracking::Tags);
+    let tagged = std::thread::scope(|s| {
+        s.spawn(|| {
+            pool.allocate_with(AllocRequest::new(500, 0).tag("kv"))
+                .unwrap()
+        })
+        .join()
+        .unwrap()
+    });
+    let report = pool.leak_report();
+    assert_eq!(report.leaks.len(), 1);
+    assert_eq!(
+        (report.leaks[0].addr, report.leaks[0].tag.as_deref()),
+        (tagged, Some("kv"))
+    );
+    pool.deallocate(tagged).unwrap();
+    let s = pool.stats();
+    assert_eq!(
+        (s.live, s.allocations, s.frees, s.largest_free),
+        (0, 3, 3, 4 << 20)
+    );
+}
+
+#[test]
+fn without_reuse_and_without_heaps() {
+    // `reuse(0, 0)`: heaps merge every free at once too; `thread_heaps(0)`: no heaps at all.
+    for (reuse, heaps) in [(false, 1 << 20), (true, 0)] {
+        let mut builder = Pool::builder(4 << 20)
+            .eager_thread_heaps(true)
+            .thread_heaps(heaps)
+            .log_leaks_on_drop(false);
+        if !reuse {
+            builder = builder.reuse(0, 0);
+        }
+        let pool = builder.build_host().unwrap();
+        std::thread::scope(|s| {
+            for t in 0..3u64 {
+                let pool = &pool;
+                s.spawn(move || {
+                    let mut rng = Rng(t + 3);
+                    let mut live = Vec::new();
+                    for _ in 0..2000 {
+                        live.push(pool.allocate(rng.size(16 << 10), 0).unwrap());
+                        if live.len() > 10 {
+                            pool.deallocate(live.swap_remove(0)).unwrap();
+                        }
+                    }
+                    for addr in live {
+                        pool.deallocate(addr).unwrap();
+                    }
+                    if heaps == 0 {
+                        assert_eq!(pool.thread_heaps(), 0);
+                    } else {
+                        assert!(pool.thread_heaps() >= 1);
+                    }
+                });
+            }
+        });
+        let s = pool.stats();
+        assert_eq!((s.allocations, s.frees, s.in_use), (6000, 6000, 0));
+        assert_eq!((s.free_blocks, s.largest_free), (1, 4 << 20));
+        if !reuse {
+            assert_eq!(s.reused, 0);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Thread heaps on a growable region (the host stand-in for a device's virtual memory).
+
+/// The stand-in's chunk in the tests below.
+const CHUNK: usize = 64 << 10;
+
+/// A growable pool of `capacity` bytes over a fresh stand-in, every thread on a heap.
+fn growable_with_heaps(name: &str, capacity: usize) -> (Pool, Arc<HostVirtualMemory>) {
+    let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+    let pool = Pool::builder(capacity)
+        .name(name)
+        .eager_thread_heaps(true)
+        .log_leaks_on_drop(false)
+        .build_mapped(vm.clone())
+        .unwrap();
+    (pool, vm)
+}
+
+/// The chunks (their addresses) that blocks `(address, bytes)` touch.
+fn chunks_touched(pool: &Pool, blocks: &[(u64, usize)]) -> Vec<(u64, usize)> {
+    let chunk = CHUNK as u64;
+    let mut chunks: Vec<u64> = blocks
+        .iter()
+        .flat_map(|&(addr, bytes)| {
+            let first = (addr - pool.base()) / chunk;
+            let last = (addr - pool.base() + bytes as u64 - 1) / chunk;
+            (first..=last).map(|c| pool.base() + c * chunk)
+        })
+        .collect();
+    chunks.sort_unstable();
+    chunks.dedup();
+    chunks.into_iter().map(|c| (c, CHUNK)).collect()
+}
+
+/// The live blocks of the pool, `(address, reserved bytes)` (from the leak report, which
+/// gives no heap back).
+fn live_blocks(pool: &Pool) -> Vec<(u64, usize)> {
+    pool.leak_report()
+        .leaks
+        .iter()
+        .map(|l| (l.addr, l.reserved))
+        .collect()
+}
+
+#[test]
+fn one_thread_on_a_heap_of_a_growable_region_matches_the_model_exactly() {
+    // As on a classic region: every count, refusal and peak; and what is mapped is what the
+    // stand-in says, each live block inside it.
+    let (pool, vm) = growable_with_heaps("model-heap-vm", 8 << 20);
+    let clients = clients(&pool);
+    let mut model = Model::new(&pool, &QUOTAS);
+    run_model(&pool, &mut model, &clients, 0x1234_5678, 20_000);
+    assert_eq!(pool.thread_heaps(), 1);
+    model.check(&pool, true);
+    for (&addr, b) in &model.live {
+        assert!(vm.is_mapped(addr, b.reserved));
+    }
+    let s = pool.stats();
+    assert_eq!(s.mapped, vm.mapped_bytes());
+    assert!(s.maps > 0);
+}
+
+#[test]
+fn heaps_on_a_growable_region_map_what_their_blocks_reach_from_several_threads() {
+    // Four threads, each on its heap, allocate while the others do: every block is mapped when
+    // the pool hands it out, no chunk is mapped twice (the stand-in refuses that), and nothing
+    // is mapped that no block reaches. Freed and given back, every chunk can be trimmed.
+    const THREADS: usize = 4;
+    let (pool, vm) = growable_with_heaps("grow-heaps", 64 << 20);
+    let start = Barrier::new(THREADS);
+    let (to_main, from_threads) = mpsc::channel();
+    let (release_tx, release_rx): (Vec<_>, Vec<_>) =
+        (0..THREADS).map(|_| mpsc::channel::<()>()).unzip();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = release_rx
+            .into_iter()
+            .enumerate()
+            .map(|(t, release)| {
+                let (pool, vm, start, to_main) = (&pool, &vm, &start, to_main.clone());
+                s.spawn(move || {
+                    let mut rng = Rng(0xC0FFEE + t as u64);
+                    let mut live = Vec::new();
+                    start.wait();
+                    for _ in 0..200 {
+                        let size = rng.size(300 << 10);
+                        let addr = pool.allocate(size, rng.align()).unwrap();
+                        assert!(vm.is_mapped(addr, class_rounded(size)));
+                        live.push((addr, class_rounded(size)));
+                    }
+                    to_main.send(live.clone()).unwrap();
+                    // An error here: the main thread failed and dropped its sender.
+                    let _ = release.recv();
+                    for (addr, _) in live {
+                        pool.deallocate(addr).unwrap();
+                    }
+                })
+            })
+            .collect();
+        drop(to_main);
+        let mut blocks: Vec<(u64, usize)> = (0..THREADS)
+            .flat_map(|_| from_threads.recv().unwrap())
+            .collect();
+        assert_eq!(blocks.len(), THREADS * 200);
+        assert_eq!(pool.thread_heaps(), THREADS);
+        blocks.sort_unstable();
+        for pair in blocks.windows(2) {
+            assert!(pair[0].0 + pair[0].1 as u64 <= pair[1].0, "{pair:x?}");
+        }
+        // Nothing was freed: the chunks mapped are exactly those the blocks reach, each mapped
+        // by one call.
+        assert_eq!(vm.mapped_chunks(), chunks_touched(&pool, &blocks));
+        let mapped_by_calls: usize = vm
+            .calls()
+            .iter()
+            .map(|c| match *c {
+                VmCall::Map { count, .. } => count,
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(mapped_by_calls * CHUNK, vm.mapped_bytes());
+        for release in release_tx {
+            release.send(()).unwrap();
+        }
+        for h in handles {
+            h.join().unwrap();
+        }
+    });
+    assert_eq!(pool.thread_heaps(), 0);
+    let s = pool.stats();
+    assert_eq!((s.live, s.in_use, s.mapped), (0, 0, vm.mapped_bytes()));
+    assert_eq!(pool.trim().unwrap(), s.mapped);
+    assert_eq!(vm.mapped_bytes(), 0);
+}
+
+#[test]
+fn a_failed_map_on_a_heap_fails_the_request_and_changes_nothing() {
+    let (pool, vm) = growable_with_heaps("oom-heap", 64 << 20);
+    let client = pool.client("model", usize::MAX);
+    // The heap's first span starts at the region's start, and so does its first block.
+    let keep = client.allocate(3 * CHUNK, 0).unwrap();
+    assert_eq!((keep, pool.thread_heaps()), (pool.base(), 1));
+    // (Statistics would give the heap back: the client's, the leak report and the stand-in
+    // are read with the heap in place.)
+    let before = (
+        client.stats(),
+        vm.mapped_chunks(),
+        pool.leak_report().to_string(),
+    );
+    vm.fail_maps(0, 1);
+    let err = client.allocate(10 * CHUNK, 0).unwrap_err();
+    match &err {
+        Error::OutOfMemory {
+            backend, detail, ..
+        } => {
+            assert_eq!(*backend, "host-vm");
+            assert_eq!(*detail, Some("simulated out of memory"));
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    assert!(vm.calls().contains(&VmCall::MapFailed {
+        addr: pool.base() + 3 * CHUNK as u64,
+        chunk: CHUNK,
+        count: 10
+    }));
+    // Only the failure was counted; the client, the live blocks and the mapping are as they
+    // were, and the heap is still there.
+    let after = (
+        client.stats(),
+        vm.mapped_chunks(),
+        pool.leak_report().to_string(),
+    );
+    assert_eq!(after.0.failures, before.0.failures + 1);
+    let failures_as_before = devarena::pool::ClientStats {
+        failures: before.0.failures,
+        ..after.0.clone()
+    };
+    assert_eq!(failures_as_before, before.0);
+    assert_eq!((&after.1, &after.2), (&before.1, &before.2));
+    assert_eq!(pool.thread_heaps(), 1);
+
+    // The heap keeps serving: the same request succeeds once the device has room, at the
+    // same address (the block went back to the heap's index, merged).
+    let big = client.allocate(10 * CHUNK, 0).unwrap();
+    assert_eq!(big, pool.base() + 3 * CHUNK as u64);
+    assert!(vm.is_mapped(big, 10 * CHUNK));
+    // Freed, `big` waits whole in the heap's reuse cache. A request of another size class
+    // would map new chunks; that fails, so the heap merges its cache and finds mapped memory.
+    client.deallocate(big).unwrap();
+    let mapped = vm.mapped_bytes();
+    vm.fail_maps(0, 1);
+    let c = client.allocate(5 * CHUNK, 0).unwrap();
+    assert_eq!(c, big);
+    assert_eq!(vm.mapped_bytes(), mapped);
+    assert!(matches!(vm.calls().last(), Some(VmCall::MapFailed { .. })));
+    assert_eq!(client.stats().failures, before.0.failures + 1);
+    // Without cached blocks to merge, the failure is the request's.
+    vm.fail_maps(0, 1);
+    assert!(matches!(
+        client.allocate(20 * CHUNK, 0),
+        Err(Error::OutOfMemory { .. })
+    ));
+    assert_eq!(client.stats().failures, before.0.failures + 2);
+    assert_eq!(vm.mapped_bytes(), mapped);
+    client.deallocate(c).unwrap();
+    client.deallocate(keep).unwrap();
+    let s = pool.stats();
+    assert_eq!((s.live, s.in_use, s.failures, s.mapped), (0, 0, 2, mapped));
+    assert_eq!((s.free_blocks, s.largest_free), (1, 64 << 20));
+}
+
+#[test]
+fn trim_gives_every_heap_back_and_keeps_what_live_blocks_touch() {
+    // Three threads fill slices on their heaps, free some, and wait with their heaps (spans,
+    // cached blocks, leases) in place. A trim then gives back every chunk no live block
+    // touches, and nothing else; the slices keep what was written into them, and the heaps
+    // carry on afterwards, mapping again as they need.
+    const THREADS: usize = 3;
+    let (pool, vm) = growable_with_heaps("trim-heaps", 64 << 20);
+    let (to_main, from_threads) = mpsc::channel();
+    let (go_tx, go_rx): (Vec<_>, Vec<_>) = (0..THREADS).map(|_| mpsc::channel::<()>()).unzip();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = go_rx
+            .into_iter()
+            .enumerate()
+            .map(|(t, go)| {
+                let (pool, vm, to_main) = (&pool, &vm, to_main.clone());
+                s.spawn(move || {
+                    let mark = 0x10 + t as u8;
+                    let mut rng = Rng(0xABCD + t as u64);
+                    let mut slices: Vec<PoolSlice<u8>> = Vec::new();
+                    for i in 0..300 {
+                        let mut slice = pool.alloc_slice::<u8>(rng.size(200 << 10)).unwrap();
+                        slice.as_mut_slice().unwrap().fill(mark);
+                        slices.push(slice);
+                        if i % 3 == 2 {
+                            slices.swap_remove(rng.below(slices.len() as u64) as usize);
+                        }
+                    }
+                    to_main.send(()).unwrap();
+                    // An error here: the main thread failed and dropped its sender.
+                    if go.recv().is_err() {
+                        return;
+                    }
+                    for slice in &slices {
+                        assert!(slice.as_slice().unwrap().iter().all(|&b| b == mark));
+                    }
+                    // On after the trim: new spans, mapped again where blocks reach.
+                    for _ in 0..200 {
+                        let size = rng.size(200 << 10);
+                        let mut slice = pool.alloc_slice::<u8>(size).unwrap();
+                        assert!(vm.is_mapped(slice.addr(), size));
+                        slice.as_mut_slice().unwrap().fill(mark);
+                        slices.push(slice);
+                        let gone = slices.swap_remove(rng.below(slices.len() as u64) as usize);
+                        assert!(gone.as_slice().unwrap().iter().all(|&b| b == mark));
+                    }
+                })
+            })
+            .collect();
+        drop(to_main);
+        for _ in 0..THREADS {
+            from_threads.recv().unwrap();
+        }
+        assert_eq!(pool.thread_heaps(), THREADS);
+        let live = live_blocks(&pool);
+        assert_eq!(live.len(), THREADS * 200);
+        let mapped = vm.mapped_bytes();
+        let keep = chunks_touched(&pool, &live);
+        assert!(
+            keep.len() * CHUNK < mapped,
+            "freed blocks left chunks to give back"
+        );
+        assert_eq!(pool.trim().unwrap(), mapped - keep.len() * CHUNK);
+        assert_eq!(vm.mapped_chunks(), keep);
+        assert_eq!(pool.stats().mapped, vm.mapped_bytes());
+        assert_eq!(live_blocks(&pool), live);
+        for go in go_tx {
+            go.send(()).unwrap();
+        }
+        for h in handles {
+            h.join().unwrap();
+        }
+    });
+    assert_eq!(pool.thread_heaps(), 0);
+    let s = pool.stats();
+    assert_eq!((s.live, s.in_use), (0, 0));
+    assert_eq!(pool.trim().unwrap(), s.mapped);
+    assert_eq!(vm.mapped_bytes(), 0);
+}
+
+#[test]
+fn peaks_stay_exact_while_heaps_pass_headroom_among_themselves() {
+    // Four threads on heaps share one client. In turns, every thread allocates (the sums only
+    // grow) or every thread frees (they only shrink), so that after each turn the peak of the
+    // pool and of the client is known exactly: the largest sum after a turn of allocations.
+    // Between turns the heaps hold headroom, give it back to the spare and take it from
+    // there, and take each other's back: the peaks read between turns (without giving the
+    // heaps back) and the pool's (giving them back, now and then) are exact throughout.
+    // (Nothing panics between the barriers: a failure is recorded and reported at the end.)
+    const THREADS: usize = 4;
+    const TURNS: usize = 300;
+    let pool = Pool::builder(256 << 20)
+        .name("exact-peaks")
+        .eager_thread_heaps(true)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let client = pool.client("all", usize::MAX);
+    let held: Vec<std::sync::atomic::AtomicUsize> = (0..THREADS)
+        .map(|_| std::sync::atomic::AtomicUsize::new(0))
+        .collect();
+    let failures: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let turn = Barrier::new(THREADS + 1);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (client, held, turn, failures) = (&client, &held, &turn, &failures);
+            s.spawn(move || {
+                let mut rng = Rng(0x7E57 + t as u64);
+                let mut live: Vec<(u64, usize)> = Vec::new();
+                for n in 0..TURNS {
+                    if n % 2 == 0 {
+                        // Some threads take much, some little: headroom moves between heaps.
+                        let count = rng.below(if (n / 2 + t) % 3 == 0 { 40 } else { 6 });
+                        for _ in 0..count {
+                            let size = rng.size(1 << 20);
+                            match client.allocate(size, 0) {
+                                Ok(addr) => live.push((addr, class_rounded(size))),
+                                Err(e) => failures.lock().unwrap().push(format!("turn {n}: {e}")),
+                            }
+                        }
+                    } else {
+                        let keep = rng.below(live.len() as u64 + 1) as usize;
+                        for (addr, _) in live.drain(keep..) {
+                            if let Err(e) = client.deallocate(addr) {
+                                failures.lock().unwrap().push(format!("turn {n}: {e}"));
+                            }
+                        }
+                    }
+                    let bytes = live.iter().map(|&(_, r)| r).sum();
+                    held[t].store(bytes, std::sync::atomic::Ordering::SeqCst);
+                    turn.wait();
+                    turn.wait();
+                }
+                for (addr, _) in live {
+                    let _ = client.deallocate(addr);
+                }
+            });
+        }
+        let mut peak = 0;
+        for n in 0..TURNS {
+            turn.wait();
+            let in_use: usize = held
+                .iter()
+                .map(|h| h.load(std::sync::atomic::Ordering::SeqCst))
+                .sum();
+            peak = peak.max(in_use);
+            let c = client.stats();
+            if (c.in_use, c.peak) != (in_use, peak) {
+                let seen = (c.in_use, c.peak);
+                failures.lock().unwrap().push(format!(
+                    "turn {n}: the client has (in use, peak) {seen:?}, not {:?}",
+                    (in_use, peak)
+                ));
+            }
+            if n % 25 == 24 {
+                let s = pool.stats();
+                if (s.in_use, s.peak) != (in_use, peak) {
+                    let seen = (s.in_use, s.peak);
+                    failures.lock().unwrap().push(format!(
+                        "turn {n}: the pool has (in use, peak) {seen:?}, not {:?}",
+                        (in_use, peak)
+                    ));
+                }
+            }
+            turn.wait();
+        }
+    });
+    assert_eq!(failures.into_inner().unwrap(), Vec::<String>::new());
+    let s = pool.stats();
+    assert_eq!((s.in_use, s.live), (0, 0));
+    assert!(s.peak > 0 && s.peak == client.stats().peak);
+}

@@ -1,0 +1,571 @@
+//! Growable pools on the host stand-in for a device's virtual memory: memory mapped on demand,
+//! never twice, given back only where no live byte is, failures that change nothing, stream
+//! order before unmapping, the release threshold, and the statistics.
+
+use std::sync::{Arc, Mutex};
+
+use devarena::backend::{HostVirtualMemory, VirtualMemory, VmCall};
+use devarena::pool::{
+    AllocRequest, ManualStreams, PoolAction, PoolEvent, PoolStats, RegionKind, StreamId, Tracking,
+    reserved_bytes,
+};
+use devarena::{Error, Pool};
+use proptest::prelude::*;
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+/// The stand-in's chunk in most tests.
+const CHUNK: usize = 64 * KIB;
+
+fn growable(capacity: usize) -> (Pool, Arc<HostVirtualMemory>) {
+    let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+    let pool = Pool::builder(capacity)
+        .name("grow")
+        .build_mapped(vm.clone())
+        .unwrap();
+    (pool, vm)
+}
+
+fn maps(vm: &HostVirtualMemory) -> usize {
+    vm.calls()
+        .iter()
+        .filter(|c| matches!(c, VmCall::Map { .. }))
+        .count()
+}
+
+fn unmapped(vm: &HostVirtualMemory) -> Vec<(u64, usize)> {
+    vm.calls()
+        .iter()
+        .filter_map(|c| match *c {
+            VmCall::Unmap { addr, bytes } => Some((addr, bytes)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The chunks (as `(start, end)` offsets in chunks) that `addr..addr + size` touches.
+fn chunk_span(pool: &Pool, addr: u64, size: usize) -> (u64, u64) {
+    let off = addr - pool.base();
+    (
+        off / CHUNK as u64,
+        (off + size.max(1) as u64 - 1) / CHUNK as u64,
+    )
+}
+
+#[test]
+fn nothing_is_mapped_until_an_allocation_reaches_it() {
+    let (pool, vm) = growable(64 * MIB);
+    assert_eq!(pool.region_kind(), RegionKind::Growable);
+    assert_eq!(pool.backend_name(), "host-vm");
+    assert!(pool.is_host());
+    assert_eq!(pool.capacity(), 64 * MIB);
+    let s = pool.stats();
+    assert_eq!((s.mapped, s.peak_mapped, s.chunk, s.maps), (0, 0, CHUNK, 0));
+    assert_eq!(
+        vm.calls(),
+        [VmCall::Reserve {
+            base: pool.base(),
+            bytes: 64 * MIB
+        }]
+    );
+    assert_eq!(vm.mapped_bytes(), 0);
+
+    // 1000 bytes: the first chunk.
+    let a = pool.allocate(1000, 0).unwrap();
+    assert!(vm.is_mapped(a, 1000));
+    assert_eq!(pool.stats().mapped, CHUNK);
+    // More small blocks inside that chunk map nothing more.
+    let small: Vec<u64> = (0..20).map(|_| pool.allocate(2000, 0).unwrap()).collect();
+    assert_eq!(maps(&vm), 1);
+    // A block of 5 chunks and a bit: the chunks it touches, in one run.
+    let b = pool.allocate(5 * CHUNK + 100, 0).unwrap();
+    assert!(vm.is_mapped(b, 5 * CHUNK + 100));
+    assert_eq!(maps(&vm), 2);
+    let s = pool.stats();
+    assert_eq!(s.mapped, vm.mapped_bytes());
+    assert_eq!(s.maps as usize * CHUNK, s.mapped);
+    assert!(s.mapped <= s.in_use + 2 * CHUNK, "{s}");
+    for x in small {
+        pool.deallocate(x).unwrap();
+    }
+    pool.deallocate(a).unwrap();
+    pool.deallocate(b).unwrap();
+}
+
+#[test]
+fn a_failed_map_merges_the_reuse_cache_and_looks_again() {
+    let (pool, vm) = growable(64 * MIB);
+    // Four blocks of 1 MiB map 4 MiB; freed, they wait whole in the reuse cache.
+    let blocks: Vec<u64> = (0..4).map(|_| pool.allocate(MIB, 0).unwrap()).collect();
+    for &b in &blocks {
+        pool.deallocate(b).unwrap();
+    }
+    assert_eq!(vm.mapped_bytes(), 4 * MIB);
+    // 3 MiB (another size class) fits in no free block as they stand: the pool would grow,
+    // but the device is out of memory. Merged, the cached blocks hold it.
+    vm.fail_maps(0, 1);
+    let c = pool.allocate(3 * MIB, 0).unwrap();
+    assert_eq!(c, blocks[0]);
+    assert_eq!(vm.mapped_bytes(), 4 * MIB);
+    let calls = vm.calls();
+    assert!(
+        matches!(calls.last(), Some(VmCall::MapFailed { .. })),
+        "{calls:?}"
+    );
+    let s = pool.stats();
+    assert_eq!((s.mapped, s.failures, s.live), (4 * MIB, 0, 1));
+    // Without cached blocks to merge, the failure is the request's.
+    vm.fail_maps(0, 1);
+    assert!(matches!(
+        pool.allocate(3 * MIB, 0),
+        Err(Error::OutOfMemory { .. })
+    ));
+    pool.deallocate(c).unwrap();
+}
+
+/// What the event sink saw: each event's action and error.
+type Seen = Arc<Mutex<Vec<(PoolAction, Option<String>)>>>;
+
+#[test]
+fn a_failed_map_fails_the_request_and_changes_nothing() {
+    let seen: Seen = Arc::default();
+    let sink = {
+        let seen = seen.clone();
+        move |e: &PoolEvent<'_>| {
+            seen.lock()
+                .unwrap()
+                .push((e.action, e.error.map(|err| err.to_string())))
+        }
+    };
+    let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+    let pool = Pool::builder(64 * MIB)
+        .name("oom")
+        .tracking(Tracking::Tags)
+        .events(Arc::new(sink))
+        .build_mapped(vm.clone())
+        .unwrap();
+    let client = pool.client("model", usize::MAX);
+    let keep = client
+        .allocate_with(AllocRequest::new(3 * CHUNK, 0).tag("weights"))
+        .unwrap();
+    let freed = pool.allocate(CHUNK, 0).unwrap();
+    pool.deallocate(freed).unwrap();
+
+    let before = (pool.stats(), pool.client_stats(), vm.mapped_chunks());
+    let report_before = pool.leak_report().to_string();
+    vm.fail_maps(0, 1);
+    let err = client.allocate(10 * CHUNK, 0).unwrap_err();
+    match &err {
+        Error::OutOfMemory {
+            backend, detail, ..
+        } => {
+            assert_eq!(*backend, "host-vm");
+            assert_eq!(*detail, Some("simulated out of memory"));
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    // Only the failure was counted; every block, counter and mapping is as it was.
+    let after = (pool.stats(), pool.client_stats(), vm.mapped_chunks());
+    assert_eq!(after.0.failures, before.0.failures + 1);
+    assert_eq!(after.1[1].failures, before.1[1].failures + 1);
+    let failures_as_before = PoolStats {
+        failures: before.0.failures,
+        ..after.0
+    };
+    assert_eq!(failures_as_before, before.0);
+    assert_eq!(after.2, before.2);
+    assert_eq!(pool.leak_report().to_string(), report_before);
+    // The freed chunk 3 is mapped: the request needed chunks 4..=12.
+    assert!(vm.calls().contains(&VmCall::MapFailed {
+        addr: pool.base() + 4 * CHUNK as u64,
+        chunk: CHUNK,
+        count: 9
+    }));
+    // The event log has the failure with its reason.
+    let last = seen.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(last.0, PoolAction::AllocateFailure);
+    assert!(last.1.unwrap().contains("simulated out of memory"));
+
+    // The pool keeps serving: the same request succeeds once the device has room.
+    let big = client.allocate(10 * CHUNK, 0).unwrap();
+    assert!(vm.is_mapped(big, 10 * CHUNK));
+    assert_eq!(pool.leak_report().leaks.len(), 2);
+    client.deallocate(big).unwrap();
+    client.deallocate(keep).unwrap();
+}
+
+#[test]
+fn trim_gives_back_only_chunks_without_a_live_byte_and_keeps_live_data() {
+    let (pool, vm) = growable(64 * MIB);
+    // Blocks of 40 KiB .. 200 KiB: some share chunks, some span several.
+    let sizes = [
+        40 * KIB,
+        100 * KIB,
+        200 * KIB,
+        64 * KIB,
+        40 * KIB,
+        150 * KIB,
+        70 * KIB,
+    ];
+    let mut slices: Vec<_> = sizes
+        .iter()
+        .map(|&s| pool.alloc_slice::<u8>(s).unwrap())
+        .collect();
+    for (i, s) in slices.iter_mut().enumerate() {
+        s.as_mut_slice().unwrap().fill(i as u8 + 1);
+    }
+    // Free every other one.
+    let mut kept = Vec::new();
+    for (i, s) in slices.into_iter().enumerate() {
+        if i % 2 == 0 {
+            drop(s);
+        } else {
+            kept.push((i, s));
+        }
+    }
+    let mapped_before = pool.stats().mapped;
+    let released = pool.trim().unwrap();
+    assert!(released > 0);
+    assert_eq!(pool.stats().mapped, mapped_before - released);
+    assert_eq!(pool.stats().mapped, vm.mapped_bytes());
+
+    // Live data untouched; every chunk a live block touches is still mapped.
+    for (i, s) in &kept {
+        assert!(vm.is_mapped(s.addr(), s.len()));
+        assert!(
+            s.as_slice().unwrap().iter().all(|&b| b == *i as u8 + 1),
+            "block {i}"
+        );
+    }
+    // Every unmapped chunk lies outside every live block, and every chunk still mapped
+    // touches one (nothing free was left behind).
+    let live: Vec<(u64, u64)> = kept
+        .iter()
+        .map(|(_, s)| chunk_span(&pool, s.addr(), reserved_bytes(s.len()).unwrap()))
+        .collect();
+    for (addr, bytes) in unmapped(&vm) {
+        assert_eq!(bytes, CHUNK);
+        let c = (addr - pool.base()) / CHUNK as u64;
+        assert!(
+            !live.iter().any(|&(a, b)| a <= c && c <= b),
+            "chunk {c} held live bytes"
+        );
+    }
+    for (addr, _) in vm.mapped_chunks() {
+        let c = (addr - pool.base()) / CHUNK as u64;
+        assert!(
+            live.iter().any(|&(a, b)| a <= c && c <= b),
+            "chunk {c} stayed mapped"
+        );
+    }
+    // A second trim finds nothing; the freed memory is mapped again when used.
+    assert_eq!(pool.trim().unwrap(), 0);
+    drop(kept);
+    assert_eq!(pool.trim().unwrap(), mapped_before - released);
+    assert_eq!(vm.mapped_bytes(), 0);
+    let s = pool.stats();
+    assert_eq!((s.mapped, s.peak_mapped), (0, mapped_before));
+    assert_eq!(s.maps, s.unmaps);
+    let again = pool.alloc_slice::<u8>(100 * KIB).unwrap();
+    assert!(vm.is_mapped(again.addr(), again.len()));
+    // Fresh memory holds no promised value: the stand-in fills it on every map.
+    assert!(
+        again
+            .as_slice()
+            .unwrap()
+            .iter()
+            .all(|&b| b == HostVirtualMemory::MAPPED_FILL)
+    );
+}
+
+#[test]
+fn trim_waits_for_the_home_stream_and_leaves_parked_blocks_mapped() {
+    const HOME: StreamId = StreamId(1);
+    const OTHER: StreamId = StreamId(2);
+    let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+    let streams = Arc::new(ManualStreams::new());
+    let pool = Pool::builder(64 * MIB)
+        .streams(streams.clone(), HOME)
+        .build_mapped(vm.clone())
+        .unwrap();
+    let home_block = pool.allocate(4 * CHUNK, 0).unwrap();
+    let other_block = pool.allocate_on(4 * CHUNK, 0, OTHER).unwrap();
+    pool.deallocate(home_block).unwrap();
+    pool.deallocate_on(other_block, OTHER).unwrap();
+    assert_eq!(pool.stats().pending, 4 * CHUNK);
+
+    // The home stream's free may still be in use by queued work: trim waits for the home
+    // stream first. The other stream's event has not completed: its block stays mapped.
+    assert_eq!(pool.trim().unwrap(), 4 * CHUNK);
+    assert_eq!(streams.synchronized(), [HOME]);
+    assert!(!vm.is_mapped(home_block, 4 * CHUNK));
+    assert!(vm.is_mapped(other_block, 4 * CHUNK));
+    // Once the other stream has passed the free, the block is free and goes too.
+    streams.complete(OTHER);
+    assert_eq!(pool.trim().unwrap(), 4 * CHUNK);
+    assert_eq!(vm.mapped_bytes(), 0);
+    assert_eq!(pool.stats().pending, 0);
+
+    // A stream runtime that cannot synchronize: nothing is unmapped, the error comes back,
+    // and the pool keeps serving.
+    let a = pool.allocate(CHUNK, 0).unwrap();
+    pool.deallocate(a).unwrap();
+    let broken = Error::Driver {
+        call: "cuStreamSynchronize",
+        name: "CUDA_ERROR_LAUNCH_FAILED".into(),
+        text: "unspecified launch failure".into(),
+        code: 719,
+    };
+    streams.fail_with(Some(broken.clone()));
+    assert_eq!(pool.trim().unwrap_err(), broken);
+    assert_eq!(vm.mapped_bytes(), CHUNK);
+    streams.fail_with(None);
+    assert_eq!(pool.trim().unwrap(), CHUNK);
+}
+
+#[test]
+fn synchronize_applies_the_release_threshold() {
+    const HOME: StreamId = StreamId(7);
+    let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+    let streams = Arc::new(ManualStreams::new());
+    let pool = Pool::builder(64 * MIB)
+        .streams(streams.clone(), HOME)
+        .release_threshold(3 * CHUNK)
+        .build_mapped(vm.clone())
+        .unwrap();
+    assert_eq!(pool.release_threshold(), 3 * CHUNK);
+    let a = pool.allocate(10 * CHUNK, 0).unwrap();
+    // Nothing free: nothing to give back.
+    assert_eq!(pool.synchronize().unwrap(), 0);
+    pool.deallocate(a).unwrap();
+    assert_eq!(pool.synchronize().unwrap(), 7 * CHUNK);
+    assert_eq!(vm.mapped_bytes(), 3 * CHUNK);
+    // The chunks that stay are the lowest: where the next allocation goes.
+    assert_eq!(vm.mapped_chunks()[0].0, pool.base());
+    let b = pool.allocate(3 * CHUNK, 0).unwrap();
+    assert_eq!(b, pool.base());
+    assert_eq!(pool.stats().maps, 10);
+    pool.deallocate(b).unwrap();
+    pool.set_release_threshold(0);
+    assert_eq!(pool.synchronize().unwrap(), 3 * CHUNK);
+    assert!(streams.synchronized().iter().all(|&s| s == HOME));
+    // The default keeps everything mapped.
+    let (default, _) = growable(MIB);
+    assert_eq!(default.release_threshold(), usize::MAX);
+    let c = default.allocate(CHUNK, 0).unwrap();
+    default.deallocate(c).unwrap();
+    assert_eq!(default.synchronize().unwrap(), 0);
+}
+
+#[test]
+fn a_classic_region_holds_its_capacity_and_trims_nothing() {
+    let pool = Pool::builder(4 * MIB).build_host().unwrap();
+    assert_eq!(pool.region_kind(), RegionKind::Classic);
+    let s = pool.stats();
+    assert_eq!(
+        (s.mapped, s.peak_mapped, s.chunk, s.maps, s.unmaps),
+        (4 * MIB, 4 * MIB, 4 * MIB, 0, 0)
+    );
+    let a = pool.allocate(MIB, 0).unwrap();
+    pool.deallocate(a).unwrap();
+    assert_eq!(pool.trim().unwrap(), 0);
+    assert_eq!(pool.synchronize().unwrap(), 0);
+    assert_eq!(pool.stats().mapped, 4 * MIB);
+}
+
+#[test]
+fn region_settings_that_cannot_hold_are_errors_at_build() {
+    let err = Pool::builder(MIB)
+        .name("p")
+        .region(RegionKind::Growable)
+        .build_host()
+        .unwrap_err();
+    assert!(err.to_string().contains("cannot grow a region"), "{err}");
+    let vm = HostVirtualMemory::new(CHUNK).unwrap();
+    let err = Pool::builder(MIB)
+        .region(RegionKind::Classic)
+        .build_mapped(vm)
+        .unwrap_err();
+    assert!(err.to_string().contains("makes no classic region"), "{err}");
+    let vm = HostVirtualMemory::new(CHUNK).unwrap();
+    let err = Pool::builder(MIB)
+        .chunk(3 * CHUNK)
+        .build_mapped(vm)
+        .unwrap_err();
+    assert!(err.to_string().contains("196608"), "{err}");
+    // A larger chunk than the granularity is fine.
+    let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+    let pool = Pool::builder(MIB)
+        .chunk(4 * CHUNK)
+        .build_mapped(vm.clone())
+        .unwrap();
+    let a = pool.allocate(1, 0).unwrap();
+    assert_eq!(vm.mapped_chunks(), [(pool.base(), 4 * CHUNK)]);
+    pool.deallocate(a).unwrap();
+    // The capacity is not a multiple of the chunk: the reservation rounds up.
+    let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+    let pool = Pool::builder(CHUNK + 256).build_mapped(vm.clone()).unwrap();
+    assert_eq!(pool.capacity(), CHUNK + 256);
+    assert_eq!(
+        vm.calls()[0],
+        VmCall::Reserve {
+            base: pool.base(),
+            bytes: 2 * CHUNK
+        }
+    );
+    let a = pool.allocate(CHUNK, 0).unwrap();
+    let b = pool.allocate(256, 0).unwrap();
+    assert_eq!(vm.mapped_bytes(), 2 * CHUNK);
+    // Still the hard cap.
+    assert!(matches!(
+        pool.allocate(1, 0),
+        Err(Error::PoolExhausted { .. })
+    ));
+    pool.deallocate(a).unwrap();
+    pool.deallocate(b).unwrap();
+    assert_eq!(pool.trim().unwrap(), 2 * CHUNK);
+}
+
+#[test]
+fn the_last_handle_unmaps_everything_and_frees_the_reservation() {
+    let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+    let pool = Pool::builder(8 * MIB)
+        .log_leaks_on_drop(false)
+        .build_mapped(vm.clone())
+        .unwrap();
+    let base = pool.base();
+    let slice = pool.alloc_slice::<u32>(40_000).unwrap();
+    let _leaked = pool.allocate(3 * CHUNK, 0).unwrap();
+    drop(pool);
+    // A slice keeps the region alive.
+    assert!(vm.mapped_bytes() > 0);
+    assert!(slice.as_slice().is_ok());
+    drop(slice);
+    let calls = vm.calls();
+    assert_eq!(
+        calls.last(),
+        Some(&VmCall::FreeReservation {
+            base,
+            bytes: 8 * MIB
+        })
+    );
+    assert!(calls.contains(&VmCall::Synchronize));
+    assert_eq!(vm.mapped_bytes(), 0);
+}
+
+#[test]
+fn a_shared_virtual_memory_serves_two_pools() {
+    let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+    let a = Pool::builder(MIB).build_mapped(vm.clone()).unwrap();
+    let b = Pool::builder(MIB).build_mapped(vm.clone()).unwrap();
+    assert!(a.base() + MIB as u64 <= b.base() || b.base() + MIB as u64 <= a.base());
+    let x = a.allocate(1000, 0).unwrap();
+    let y = b.allocate(1000, 0).unwrap();
+    assert_eq!(vm.mapped_bytes(), 2 * CHUNK);
+    a.deallocate(x).unwrap();
+    b.deallocate(y).unwrap();
+    assert_eq!(vm.granularity(), CHUNK);
+}
+
+/// The chunks each live block touches. A block holds its size class (`reserved_bytes`), not
+/// just what was asked for.
+fn spans_of(pool: &Pool, live: &[(u64, usize)]) -> Vec<(u64, u64)> {
+    live.iter()
+        .map(|&(a, s)| chunk_span(pool, a, reserved_bytes(s).unwrap()))
+        .collect()
+}
+
+/// One step of the random workload.
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc(usize, usize),
+    Free(usize),
+    Trim(usize),
+    FailNextMap,
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (256usize..=600 * KIB, prop_oneof![Just(0usize), Just(512), Just(4096)])
+            .prop_map(|(s, a)| Op::Alloc(s, a)),
+        4 => any::<usize>().prop_map(Op::Free),
+        1 => (0usize..=4).prop_map(|k| Op::Trim(k * CHUNK)),
+        1 => Just(Op::FailNextMap),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Whatever the order of allocations, frees, trims and failed maps: every live block's
+    /// chunks are mapped, nothing is mapped twice (the stand-in would refuse it and the
+    /// allocation fail), the counters agree with the stand-in, and after a full trim every
+    /// mapped chunk holds a live byte.
+    #[test]
+    fn random_workloads_keep_the_mapping_exact(ops in prop::collection::vec(op_strategy(), 1..120)) {
+        let (pool, vm) = growable(16 * MIB);
+        let mut live: Vec<(u64, usize)> = Vec::new();
+        let mut fail_armed = false;
+        for op in ops {
+            match op {
+                Op::Alloc(size, align) => match pool.allocate(size, align) {
+                    Ok(addr) => {
+                        prop_assert!(vm.is_mapped(addr, size.max(1)));
+                        // (An armed failure waits for the next map: this one may have
+                        // needed none.)
+                        live.push((addr, size));
+                    }
+                    Err(Error::OutOfMemory { detail: Some("simulated out of memory"), .. }) => {
+                        prop_assert!(fail_armed, "a map failed that was not told to");
+                        fail_armed = false;
+                    }
+                    Err(Error::PoolExhausted { .. }) => {}
+                    Err(other) => prop_assert!(false, "unexpected error {other:?}"),
+                },
+                Op::Free(pick) if !live.is_empty() => {
+                    let (addr, _) = live.swap_remove(pick % live.len());
+                    pool.deallocate(addr).unwrap();
+                }
+                Op::Free(_) => {}
+                Op::Trim(keep) => {
+                    let before = pool.stats().mapped;
+                    let released = pool.trim_to(keep).unwrap();
+                    let after = pool.stats().mapped;
+                    prop_assert_eq!(after, before - released);
+                    // Down to `keep`, or as far as free chunks allow: then every chunk left
+                    // holds a live byte.
+                    if after > keep {
+                        let spans = spans_of(&pool, &live);
+                        for (addr, _) in vm.mapped_chunks() {
+                            let c = (addr - pool.base()) / CHUNK as u64;
+                            prop_assert!(spans.iter().any(|&(a, b)| a <= c && c <= b));
+                        }
+                    }
+                }
+                Op::FailNextMap => {
+                    vm.fail_maps(0, 1);
+                    fail_armed = true;
+                }
+            }
+            let s = pool.stats();
+            prop_assert_eq!(s.mapped, vm.mapped_bytes());
+            prop_assert_eq!(s.mapped, (s.maps - s.unmaps) as usize * CHUNK);
+            prop_assert!(s.peak_mapped >= s.mapped);
+            for &(addr, size) in &live {
+                prop_assert!(vm.is_mapped(addr, reserved_bytes(size).unwrap()));
+            }
+        }
+        vm.fail_maps(0, 0);
+        pool.trim().unwrap();
+        let spans = spans_of(&pool, &live);
+        for (addr, _) in vm.mapped_chunks() {
+            let c = (addr - pool.base()) / CHUNK as u64;
+            prop_assert!(spans.iter().any(|&(a, b)| a <= c && c <= b), "chunk {} kept without a live byte", c);
+        }
+        for (addr, _) in live {
+            pool.deallocate(addr).unwrap();
+        }
+        pool.trim().unwrap();
+        prop_assert_eq!(vm.mapped_bytes(), 0);
+    }
+}

@@ -1,0 +1,411 @@
+//! CUDA graphs of arenas (`Arena::capture`, `ArenaGraph`): replays that follow a changing input
+//! a thousand times, layouts with stages captured stage by stage, another stream joined to a
+//! capture, a managed arena's host views between replays, and the calls a capture cannot
+//! record — each an error with the CUDA error name, after which the stream is out of capture
+//! mode and usable. The borrow rules are checked at compile time in
+//! `ui/compile_fail/graph_*.rs`.
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn gpu_tests_need_the_cuda_feature() {
+    devarena_tests::skip_or_fail("built without the `cuda` feature");
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use std::sync::Arc;
+
+    use devarena::backend::cuda::{
+        CudaBackend, CudaFunction, CudaStream, DeviceViewMut, LaunchConfig, ManagedBackend, Ptx,
+        PushKernelArg, default_stream, is_capturing,
+    };
+    use devarena::{Arena, DeviceLayout, Error};
+    use devarena_tests::gpu_stream;
+
+    /// `y[i] = a * x[i] + b` (u32, wrapping): the kernel of the pool's GPU tests.
+    const PTX: &str = include_str!("../../allocator/tests/kernels/scale_add.ptx");
+
+    const N: usize = 4096;
+
+    #[derive(DeviceLayout)]
+    struct Pair {
+        input: [u32; N],
+        scratch: [u32; N],
+        output: [u32; N],
+    }
+
+    /// Three stages; `output` (stage 2) reuses the bytes of `input` (stages 0 and 1).
+    #[derive(DeviceLayout)]
+    #[layout(stages = 3)]
+    struct Steps {
+        #[layout(live = 0..=1)]
+        input: [u32; N],
+        #[layout(live = 1..=2)]
+        mid: [u32; N],
+        #[layout(live = 2..=2)]
+        output: [u32; N],
+    }
+
+    fn scale_add(stream: &Arc<CudaStream>) -> CudaFunction {
+        let module = stream.context().load_module(Ptx::from_src(PTX)).unwrap();
+        module.load_function("scale_add_u32").unwrap()
+    }
+
+    /// Queues `y = a * x + b` on `stream`.
+    fn launch(
+        f: &CudaFunction,
+        stream: &Arc<CudaStream>,
+        x: &DeviceViewMut<'_, u32>,
+        y: &mut DeviceViewMut<'_, u32>,
+        (a, b): (u32, u32),
+    ) -> Result<(), Error> {
+        let n = x.len() as u32;
+        let mut args = stream.launch_builder(f);
+        args.arg(x).arg(y).arg(&a).arg(&b).arg(&n);
+        // SAFETY: `scale_add_u32(const u32*, u32*, u32, u32, u32)` reads `n` elements of `x` and
+        // writes `n` of `y`; both views hold `n` (`N`) elements and are ordered on `stream`.
+        unsafe { args.launch(LaunchConfig::for_num_elems(n)) }
+            .map(drop)
+            .map_err(|e| devarena::backend::cuda::driver_error("cuLaunchKernel", e))
+    }
+
+    /// The input of replay `r`: different every time.
+    fn input(r: u32) -> Vec<u32> {
+        (0..N as u32)
+            .map(|i| {
+                i.wrapping_mul(2_654_435_761)
+                    .wrapping_add(r.wrapping_mul(40_503))
+            })
+            .collect()
+    }
+
+    fn expected(input: &[u32]) -> Vec<u32> {
+        input
+            .iter()
+            .map(|&x| {
+                x.wrapping_mul(3)
+                    .wrapping_add(1)
+                    .wrapping_mul(5)
+                    .wrapping_add(7)
+            })
+            .collect()
+    }
+
+    /// The name of a driver error, or a panic naming what came instead.
+    fn driver_error_name(e: &Error) -> &str {
+        match e {
+            Error::Driver { name, .. } => name,
+            other => panic!("expected a driver error, got {other:?}"),
+        }
+    }
+
+    /// After a failed capture: the stream is out of capture mode and the arena works.
+    fn assert_usable(arena: &mut Arena<Pair, CudaBackend>) {
+        let stream = arena.backend().stream().clone();
+        assert!(
+            !is_capturing(&stream).unwrap(),
+            "the stream is still capturing"
+        );
+        let data = input(99);
+        arena.views_mut().input.upload(&data).unwrap();
+        assert_eq!(arena.views().input.to_vec().unwrap(), data);
+    }
+
+    #[test]
+    fn replays_follow_a_changing_input_a_thousand_times() {
+        let Some(stream) = gpu_stream() else { return };
+        let f = scale_add(&stream);
+        let backend = CudaBackend::new(stream.clone());
+        let mut arena = Arena::<Pair, _>::new_in(backend.clone()).unwrap();
+        let mut graph = arena
+            .capture(|c| {
+                let s = c.stream().clone();
+                let mut v = c.views_mut();
+                launch(&f, &s, &v.input, &mut v.scratch, (3, 1))?;
+                launch(&f, &s, &v.scratch, &mut v.output, (5, 7))
+            })
+            .unwrap();
+        assert_eq!(graph.nodes(), 2);
+        let mut out = vec![0u32; N];
+        for r in 0..1000 {
+            let data = input(r);
+            graph.views_mut().input.upload(&data).unwrap();
+            graph.launch().unwrap();
+            graph.arena().views().output.download(&mut out).unwrap();
+            assert!(out == expected(&data), "replay {r}");
+        }
+        // Replays queued back to back run in order, each after the one before.
+        graph.views_mut().input.upload(&input(7)).unwrap();
+        for _ in 0..50 {
+            graph.launch().unwrap();
+        }
+        graph.synchronize().unwrap();
+        assert_eq!(
+            graph.arena().views().output.to_vec().unwrap(),
+            expected(&input(7))
+        );
+        drop(graph);
+        // The arena is the caller's again; nothing was allocated for the graph's replays.
+        arena.views_mut().output.fill_bytes(0).unwrap();
+        assert_eq!(arena.views().output.to_vec().unwrap(), vec![0; N]);
+        assert_eq!(backend.stats().allocations, 1);
+    }
+
+    #[test]
+    fn stages_are_captured_in_stage_order() {
+        let Some(stream) = gpu_stream() else { return };
+        let f = scale_add(&stream);
+        // `output` sits on `input`'s bytes: stage 2 may write them only after stage 1 read them.
+        let (input_at, output_at) = (Steps::OFFSETS.input, Steps::OFFSETS.output);
+        assert!(output_at < input_at + N * 4 && input_at < output_at + N * 4);
+        let mut arena = Arena::<Steps, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        let mut graph = arena
+            .capture(|c| {
+                let s = c.stream().clone();
+                let mut one = c.stage_mut::<1>();
+                launch(&f, &s, &one.input, &mut one.mid, (3, 1))?;
+                let mut two = c.stage_mut::<2>();
+                launch(&f, &s, &two.mid, &mut two.output, (5, 7))
+            })
+            .unwrap();
+        assert_eq!(graph.nodes(), 2);
+        let mut out = vec![0u32; N];
+        for r in 0..300 {
+            let data = input(r);
+            // Stage 0 writes the input between replays; stage 2 holds the result after one.
+            graph.stage_mut::<0>().input.upload(&data).unwrap();
+            graph.launch().unwrap();
+            graph.stage_mut::<2>().output.download(&mut out).unwrap();
+            assert!(out == expected(&data), "replay {r}");
+        }
+    }
+
+    #[test]
+    fn another_stream_joins_the_capture_in_order() {
+        let Some(stream) = gpu_stream() else { return };
+        let other = stream.context().new_stream().unwrap();
+        let f = scale_add(&stream);
+        let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        let mut graph = arena
+            .capture(|c| {
+                let s = c.stream().clone();
+                let mut v = c.views_mut();
+                launch(&f, &s, &v.input, &mut v.scratch, (3, 1))?;
+                {
+                    // Forked onto `other`: after the work above, joined back on drop.
+                    let mut on = c.views_mut_on(&other)?;
+                    assert_eq!(on.output.stream().cu_stream(), other.cu_stream());
+                    let v = &mut *on;
+                    launch(&f, &other, &v.scratch, &mut v.output, (5, 7))?;
+                }
+                // Back on the arena's stream, after `other`'s work: copy the result over.
+                let mut v = c.views_mut();
+                launch(&f, &s, &v.output, &mut v.input, (1, 0))
+            })
+            .unwrap();
+        assert!(!is_capturing(&other).unwrap());
+        for r in 0..200 {
+            let data = input(r);
+            graph.views_mut().input.upload(&data).unwrap();
+            graph.launch().unwrap();
+            let v = graph.arena().views();
+            let want = expected(&data);
+            assert!(v.output.to_vec().unwrap() == want, "replay {r}: output");
+            assert!(v.input.to_vec().unwrap() == want, "replay {r}: the join");
+        }
+    }
+
+    #[test]
+    fn a_managed_arena_is_read_by_the_host_between_replays() {
+        let Some(stream) = gpu_stream() else { return };
+        let f = scale_add(&stream);
+        let mut arena = Arena::<Pair, _>::new_in(ManagedBackend::new(stream.clone())).unwrap();
+        let mut graph = arena
+            .capture(|c| {
+                let s = c.stream().clone();
+                let mut v = c.views_mut();
+                launch(&f, &s, &v.input, &mut v.scratch, (3, 1))?;
+                launch(&f, &s, &v.scratch, &mut v.output, (5, 7))
+            })
+            .unwrap();
+        for r in 0..20 {
+            let data = input(r);
+            graph.host_views_mut().unwrap().input.copy_from_slice(&data);
+            graph.launch().unwrap();
+            // Waits for the replay before the host reads.
+            let v = graph.host_views_mut().unwrap();
+            assert!(v.output == &expected(&data)[..], "replay {r}");
+        }
+    }
+
+    #[test]
+    fn deliberate_api_error_a_synchronous_copy_during_capture_is_an_error_and_the_stream_stays_usable()
+     {
+        let Some(stream) = gpu_stream() else { return };
+        let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        let data = input(1);
+        let e = arena
+            .capture(|c| c.views_mut().input.upload(&data))
+            .unwrap_err();
+        let name = driver_error_name(&e);
+        assert!(name.starts_with("CUDA_ERROR_STREAM_CAPTURE"), "{e}");
+        println!("upload during capture: {e}");
+        assert_usable(&mut arena);
+        let mut out = vec![0u32; N];
+        let e = arena
+            .capture(|c| c.views_mut().output.download(&mut out))
+            .unwrap_err();
+        assert!(
+            driver_error_name(&e).starts_with("CUDA_ERROR_STREAM_CAPTURE"),
+            "{e}"
+        );
+        assert_usable(&mut arena);
+
+        // A capture after the failed ones works.
+        let mut graph = arena
+            .capture(|c| c.views_mut().output.fill_bytes(3))
+            .unwrap();
+        graph.launch().unwrap();
+        assert_eq!(
+            graph.arena().views().output.to_vec().unwrap(),
+            vec![0x0303_0303; N]
+        );
+    }
+
+    #[test]
+    fn deliberate_api_error_an_allocation_during_capture_is_an_error() {
+        let Some(stream) = gpu_stream() else { return };
+        let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        let inner = CudaBackend::new(stream.clone());
+        let e = arena
+            .capture(|c| {
+                c.views_mut().output.fill_bytes(1)?;
+                // `cuMemAlloc` on the capturing thread.
+                Arena::<Pair, _>::new_in(inner.clone()).map(drop)
+            })
+            .unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::Driver {
+                    call: "cuMemAlloc",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            driver_error_name(&e).starts_with("CUDA_ERROR_STREAM_CAPTURE"),
+            "{e}"
+        );
+        println!("cuMemAlloc during capture: {e}");
+        assert_eq!(inner.stats().failures, 1);
+        assert_usable(&mut arena);
+        // Outside a capture the same allocation succeeds.
+        Arena::<Pair, _>::new_in(inner.clone()).unwrap();
+    }
+
+    #[test]
+    fn deliberate_api_error_a_swallowed_error_still_fails_the_capture() {
+        let Some(stream) = gpu_stream() else { return };
+        let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        let data = input(2);
+        let e = arena
+            .capture(|c| {
+                let _ = c.views_mut().input.upload(&data); // the error is dropped
+                Ok(())
+            })
+            .unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::Driver {
+                    call: "cuStreamEndCapture",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            driver_error_name(&e).starts_with("CUDA_ERROR_STREAM_CAPTURE"),
+            "{e}"
+        );
+        println!("swallowed error: {e}");
+        assert_usable(&mut arena);
+    }
+
+    #[test]
+    fn a_panic_during_capture_ends_the_capture() {
+        let Some(stream) = gpu_stream() else { return };
+        let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = arena.capture(|c| {
+                c.views_mut().output.fill_bytes(1)?;
+                panic!("a bug in the recording code");
+            });
+        }));
+        assert!(result.is_err());
+        assert_usable(&mut arena);
+    }
+
+    #[test]
+    fn deliberate_api_error_an_arena_on_the_legacy_default_stream_cannot_capture() {
+        let Some(stream) = gpu_stream() else { return };
+        let legacy = default_stream(stream.context().ordinal()).unwrap();
+        let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(legacy.clone())).unwrap();
+        let e = arena
+            .capture(|c| c.views_mut().output.fill_bytes(1))
+            .unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::Driver {
+                    call: "cuStreamBeginCapture",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        println!("capture on the legacy stream: {e}");
+        assert!(!is_capturing(&legacy).unwrap());
+        arena.views_mut().output.fill_bytes(2).unwrap();
+        assert_eq!(arena.views().output.to_vec().unwrap(), vec![0x0202_0202; N]);
+    }
+
+    #[test]
+    fn deliberate_api_error_a_replay_is_never_recorded_into_another_capture() {
+        let Some(stream) = gpu_stream() else { return };
+        let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        let mut graph = arena
+            .capture(|c| c.views_mut().output.fill_bytes(4))
+            .unwrap();
+        // Someone else's capture of the arena's stream, through cudarc.
+        let mode = devarena_kernels::cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        stream.begin_capture(mode).unwrap();
+        let e = graph.launch().unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+        let flags = devarena_kernels::cudarc::driver::sys::CUgraphInstantiate_flags(0);
+        drop(stream.end_capture(flags).unwrap());
+        assert!(!is_capturing(&stream).unwrap());
+        graph.launch().unwrap();
+        assert_eq!(
+            graph.arena().views().output.to_vec().unwrap(),
+            vec![0x0404_0404; N]
+        );
+    }
+
+    #[test]
+    fn an_empty_capture_replays_nothing() {
+        let Some(stream) = gpu_stream() else { return };
+        let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        arena.views_mut().output.fill_bytes(9).unwrap();
+        let mut graph = arena.capture(|_| Ok(())).unwrap();
+        assert_eq!(graph.nodes(), 0);
+        graph.launch().unwrap();
+        graph.synchronize().unwrap();
+        assert_eq!(
+            graph.arena().views().output.to_vec().unwrap(),
+            vec![0x0909_0909; N]
+        );
+    }
+}
