@@ -264,3 +264,69 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    /// The error for `text`, which must be one.
+    fn error(text: &str) -> String {
+        match parse(text) {
+            Ok(_) => panic!("accepted: {text:?}"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn reads_the_rows_in_any_column_order() {
+        let (header, rows) = parse("size,id,upper,lower,note\n8,a,3,1,x\n\n4,b,2,0,y\n").unwrap();
+        assert_eq!(header, "size,id,upper,lower,note");
+        assert_eq!(rows.len(), 2);
+        assert_eq!((rows[0].lower, rows[0].upper, rows[0].size), (1, 3, 8));
+        assert_eq!((rows[1].id.as_str(), rows[1].size), ("b", 4));
+        assert_eq!(super::peak(&rows), 12);
+    }
+
+    #[test]
+    fn a_missing_column_names_the_line() {
+        let e = error("id,lower,size\n0,1,8\n");
+        assert!(e.starts_with("line 1:") && e.contains("`upper`"), "{e}");
+        let e = error("id,lower,upper,size\n0,0,4,8\n1,0,4\n");
+        assert!(e.starts_with("line 3:") && e.contains("3 columns"), "{e}");
+    }
+
+    #[test]
+    fn a_negative_or_non_numeric_value_names_the_line() {
+        let e = error("id,lower,upper,size\n0,0,4,8\n1,-2,4,8\n");
+        assert!(e.starts_with("line 3:") && e.contains("lower `-2` is negative"), "{e}");
+        let e = error("id,lower,upper,size\n0,0,4,8\n\n1,0,4,eight\n");
+        assert!(e.starts_with("line 4:") && e.contains("size `eight`"), "{e}");
+        let e = error("id,lower,upper,size\n0,0,4.5,8\n");
+        assert!(e.starts_with("line 2:") && e.contains("upper `4.5`"), "{e}");
+    }
+
+    #[test]
+    fn an_empty_live_range_names_the_line() {
+        let e = error("id,lower,upper,size\n0,0,4,8\n1,4,4,8\n");
+        assert!(e.starts_with("line 3:") && e.contains("upper 4 is not after lower 4"), "{e}");
+        let e = error("id,lower,upper,size\n0,5,4,8\n");
+        assert!(e.starts_with("line 2:"), "{e}");
+    }
+
+    #[test]
+    fn a_zero_size_names_the_line() {
+        let e = error("id,lower,upper,size\n0,0,4,8\n1,0,4,0\n");
+        assert!(e.starts_with("line 3:") && e.contains("size is 0"), "{e}");
+    }
+
+    #[test]
+    fn other_bad_input_is_an_error_too() {
+        assert!(error("").contains("empty"));
+        let e = error("id,lower,upper,size\n7,0,4,8\n7,1,2,3\n");
+        assert!(e.starts_with("line 3:") && e.contains("twice"), "{e}");
+        let e = error("id,lower,upper,size\n,0,4,8\n");
+        assert!(e.starts_with("line 2:") && e.contains("empty"), "{e}");
+        let e = error("id,lower,upper,size\n0,0,99999999999999999999999,8\n");
+        assert!(e.starts_with("line 2:"), "{e}");
+    }
+}

@@ -27,6 +27,8 @@ use crate::model::{FieldKind, Layout};
 
 /// How many constants the derive's search runs in (see `devarena::plan::improve_step`): each
 /// evaluates within a fixed amount of work, so the search's whole cost is bounded by this.
+/// `devarena::plan::COMPILE_TIME_STEPS` is the source of truth; the generated code checks
+/// that the two agree.
 const SEARCH_STEPS: usize = 3;
 
 pub fn emit(layout: &Layout) -> TokenStream {
@@ -208,12 +210,19 @@ pub fn emit(layout: &Layout) -> TokenStream {
             let last = &steps[SEARCH_STEPS];
             let items = quote! {
                 #[doc(hidden)]
+                const __DEVARENA_SEARCH_STEPS: () = ::core::assert!(
+                    #SEARCH_STEPS == #plan::COMPILE_TIME_STEPS,
+                    "devarena-macros and devarena disagree on the search's steps: use matching versions",
+                );
+                #[doc(hidden)]
                 const __DEVARENA_SEARCH_LEN: usize = #plan::search_len::<#n, #scratch>(
                     &Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS, &Self::__DEVARENA_GREEDY,
                 );
                 #[doc(hidden)]
-                const __DEVARENA_SEARCH_0: #plan::Improving<#n> =
-                    #plan::Improving::new(Self::__DEVARENA_GREEDY);
+                const __DEVARENA_SEARCH_0: #plan::Improving<#n> = {
+                    let () = Self::__DEVARENA_SEARCH_STEPS;
+                    #plan::Improving::new(Self::__DEVARENA_GREEDY)
+                };
                 #(
                     #[doc(hidden)]
                     const #next: #plan::Improving<#n> =

@@ -58,6 +58,8 @@ fn five_buffers_reach_the_bound_greedy_by_size_does_not() {
     }
     let rt = b.build().unwrap();
     assert_eq!(rt.size(), Five::SIZE);
+    let placed: Vec<devarena::plan::Placed> = rt.fields().iter().map(Into::into).collect();
+    devarena::plan::validate(&placed, rt.size()).unwrap();
     let derived: Vec<usize> = Five::FIELDS.iter().map(|f| f.offset).collect();
     let built: Vec<usize> = rt.fields().iter().map(|f| f.offset).collect();
     assert_eq!(derived, built);
@@ -221,6 +223,10 @@ fn check_plan(specs: &[(usize, usize, usize, usize)], stages: usize) -> Result<(
             .live(first, last);
     }
     let layout = b.build().map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let placed: Vec<devarena::plan::Placed> = layout.fields().iter().map(Into::into).collect();
+    if let Err(v) = devarena::plan::validate(&placed, layout.size()) {
+        return Err(TestCaseError::fail(format!("plan::validate: {v}")));
+    }
     let t = layout.totals();
     let f = layout.fields();
     for (i, a) in f.iter().enumerate() {

@@ -460,16 +460,24 @@ const fn compile_time_cap(t: &Totals, next: usize, best: usize) -> Option<usize>
     }
 }
 
-/// The whole compile-time schedule in one evaluation ([`improve_step`] until it is done): what
-/// the derive's chain of constants computes when it has steps enough, as one call.
+/// How many constants the derive's search runs in, each [`improve_step`]: with
+/// [`COMPILE_TIME_WORK`] each, this bounds what the search adds to a build. (The derive emits
+/// this many and checks, at compile time, that the numbers agree.)
+pub const COMPILE_TIME_STEPS: usize = 3;
+
+/// What the derive's chain of constants computes ([`COMPILE_TIME_STEPS`] calls of
+/// [`improve_step`] from the greedy plan), as one call: the same plan, for run-time tests and
+/// tools.
 pub const fn improve<const N: usize, const LEN: usize>(
     layout: &LayoutSpec,
     specs: &[FieldSpec; N],
     plan: Result<Plan<N>, PlanError>,
 ) -> Result<Plan<N>, PlanError> {
     let mut state = Improving::new(plan);
-    while !state.done() {
+    let mut k = 0;
+    while k < COMPILE_TIME_STEPS {
         state = improve_step::<N, LEN>(layout, specs, state);
+        k += 1;
     }
     state.result
 }
