@@ -1,8 +1,12 @@
-//! The driver of the search: which capacity to ask for, on which part of the timeline, with
-//! which preorder and how many nodes, until the plan is as small as it can be or the budget is
-//! spent. One `const fn` state machine serves the derive (a fixed number of nodes, evaluated by
-//! the compiler) and [`LayoutBuilder::search`](crate::LayoutBuilder::search) (a time budget,
-//! checked between steps).
+//! The drivers of the search: which capacity to ask for, on which part of the timeline, with
+//! which preorder and how much work, until the plan is as small as it can be or the budget is
+//! spent.
+//!
+//! * [`Search`] serves [`LayoutBuilder::search`](crate::LayoutBuilder::search): a resumable
+//!   `const fn` state machine, stepped between checks of a node or time budget.
+//! * [`improve_slots`] (through [`improve_step`], one per constant) serves the derive: a fixed
+//!   schedule (dives, then capacities closer and closer to the lower bound) under a fixed
+//!   amount of work per constant, evaluated by the compiler.
 
 use super::align::align_up;
 use super::error::PlanError;

@@ -23,7 +23,10 @@
 //! * alignment: the arithmetic every floor of the crate shares
 //!   ([`align_up`], [`DEFAULT_ALIGN`], [`MAX_ALIGN`]);
 //! * the placement rule: checks of one field and [`plan_into`] / [`plan`];
-//! * stage aliasing: [`Strategy`], [`place_with`], [`alias_into`];
+//! * stage aliasing: [`Strategy`], [`place_with`], [`alias_into`] (the greedy planner);
+//! * the search: [`Engine`] (MiniMalloc's branch and bound over canonical plans), its drivers
+//!   [`Search`] (run time) and [`improve_step`] (compile time);
+//! * [`validate`]: an independent check of any plan;
 //! * errors: [`PlanError`] and the const-built [`Message`] the compiler prints.
 
 mod align;
