@@ -298,9 +298,15 @@ mod tests {
     #[test]
     fn a_negative_or_non_numeric_value_names_the_line() {
         let e = error("id,lower,upper,size\n0,0,4,8\n1,-2,4,8\n");
-        assert!(e.starts_with("line 3:") && e.contains("lower `-2` is negative"), "{e}");
+        assert!(
+            e.starts_with("line 3:") && e.contains("lower `-2` is negative"),
+            "{e}"
+        );
         let e = error("id,lower,upper,size\n0,0,4,8\n\n1,0,4,eight\n");
-        assert!(e.starts_with("line 4:") && e.contains("size `eight`"), "{e}");
+        assert!(
+            e.starts_with("line 4:") && e.contains("size `eight`"),
+            "{e}"
+        );
         let e = error("id,lower,upper,size\n0,0,4.5,8\n");
         assert!(e.starts_with("line 2:") && e.contains("upper `4.5`"), "{e}");
     }
@@ -308,7 +314,10 @@ mod tests {
     #[test]
     fn an_empty_live_range_names_the_line() {
         let e = error("id,lower,upper,size\n0,0,4,8\n1,4,4,8\n");
-        assert!(e.starts_with("line 3:") && e.contains("upper 4 is not after lower 4"), "{e}");
+        assert!(
+            e.starts_with("line 3:") && e.contains("upper 4 is not after lower 4"),
+            "{e}"
+        );
         let e = error("id,lower,upper,size\n0,5,4,8\n");
         assert!(e.starts_with("line 2:"), "{e}");
     }

@@ -23,13 +23,11 @@ struct Buf {
 /// Up to 40 buffers of 1 B … 4 KiB, alignments 1 … 64, over up to 12 stages.
 fn instance() -> impl Strategy<Value = (usize, Vec<Buf>)> {
     (1usize..=12).prop_flat_map(|stages| {
-        let buf = (1usize..=4096, 0u32..=6, 0..stages, 0..stages).prop_map(|(size, a, x, y)| {
-            Buf {
-                size,
-                align: 1 << a,
-                first: x.min(y),
-                last: x.max(y),
-            }
+        let buf = (1usize..=4096, 0u32..=6, 0..stages, 0..stages).prop_map(|(size, a, x, y)| Buf {
+            size,
+            align: 1 << a,
+            first: x.min(y),
+            last: x.max(y),
         });
         (Just(stages), prop::collection::vec(buf, 1..=40))
     })

@@ -456,7 +456,11 @@ pub const fn improve_slots(
 const fn compile_time_cap(t: &Totals, next: usize, best: usize) -> Option<usize> {
     let target = COMPILE_TIME_TARGETS[next / COMPILE_TIME_PREORDERS.len()];
     if target == 0 {
-        return if best > t.align { Some(best - t.align) } else { None };
+        return if best > t.align {
+            Some(best - t.align)
+        } else {
+            None
+        };
     }
     match t.peak_live_bound.checked_mul(target) {
         Some(v) => Some(v / 1000 - (v / 1000) % t.align),

@@ -142,7 +142,7 @@ pub const fn check_field(
 /// `scratch` at least [`scratch_len`]`(specs.len())` entries.
 ///
 /// Without stages, fields are placed in declaration order. With stages, fields whose live
-/// ranges never meet may share bytes: see [`alias_into`].
+/// ranges never meet may share bytes: see [`alias_into`](super::alias_into).
 pub const fn plan_into(
     layout: &LayoutSpec,
     specs: &[FieldSpec],
