@@ -228,15 +228,17 @@ impl Search {
 }
 
 /// The capacities the derive asks for, in thousandths of the lower bound, loosest first: it
-/// stops at the first it cannot reach.
+/// stops at the first it cannot reach. 0 is a dive: anything below the best plan so far.
 const COMPILE_TIME_TARGETS: [usize; 9] = [0, 1150, 1100, 1070, 1050, 1030, 1015, 1005, 1000];
 
 /// The preorders the derive tries at each capacity.
 const COMPILE_TIME_PREORDERS: [Preorder; 3] = [Preorder::Wat, Preorder::Taw, Preorder::SectionTwa];
 
-/// The work (see [`Engine::work`]) one of the derive's constants may spend searching: a
-/// fraction of what rustc's `long_running_const_eval` lint allows one constant's evaluation
-/// (2,000,000 interpreted terminators), with room for building the engine.
+/// The work (see [`Engine::work`]) one of the derive's constants may spend searching. rustc's
+/// `long_running_const_eval` lint fires after 2,000,000 loop iterations and calls in one
+/// evaluation; a constant of 1,000,000 units on a 454-field layout stayed under it, so this
+/// leaves room (and for building the engine). It also bounds the time: the compiler runs this
+/// code about 1,500 times slower than native code, some 10 µs a unit.
 pub const COMPILE_TIME_WORK: u64 = 400_000;
 
 /// Where the derive's search schedule stands: the next try (a capacity, a preorder) and
@@ -336,9 +338,10 @@ pub const fn improve_step<const N: usize, const LEN: usize>(
 /// The derive's search on a plan of any length: continues `schedule` on the plan `slots` /
 /// `totals` (updated in place, never larger) within `work` (see [`Engine::work`]).
 ///
-/// The schedule asks for capacities of 115%, 110%, 107%, 105%, 103%, 101.5%, 100.5% and 100%
-/// of the lower bound, loosest first, each with three preorders, and stops at the first
-/// capacity it cannot reach. A try that runs out of work with all of `work` to itself has
+/// The schedule first dives under each of three preorders (asks for anything below the best
+/// plan so far: the first plan found, with little backtracking), then asks for capacities of
+/// 115%, 110%, 107%, 105%, 103%, 101.5%, 100.5% and 100% of the lower bound, loosest first,
+/// each with the three preorders, and stops at the first capacity it cannot reach. A try that runs out of work with all of `work` to itself has
 /// failed; one cut short by the work earlier tries of this call spent is left for the next
 /// call. `scratch` holds [`search_len`] of the plan; a layout without stages, or a plan already
 /// at its lower bound, stops the schedule at once. Every call makes progress, so calling
