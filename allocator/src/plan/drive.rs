@@ -239,7 +239,7 @@ const COMPILE_TIME_PREORDERS: [Preorder; 3] = [Preorder::Wat, Preorder::Taw, Pre
 /// evaluation; a constant of 1,000,000 units on a 454-field layout stayed under it, so this
 /// leaves room (and for building the engine). It also bounds the time: the compiler runs this
 /// code about 1,500 times slower than native code, some 10 µs a unit.
-pub const COMPILE_TIME_WORK: u64 = 400_000;
+pub const COMPILE_TIME_WORK: u64 = 500_000;
 
 /// Where the derive's search schedule stands: the next try (a capacity, a preorder) and
 /// whether it has stopped. See [`improve_slots`].
@@ -474,7 +474,7 @@ const fn compile_time_cap(t: &Totals, next: usize, best: usize) -> Option<usize>
 /// How many constants the derive's search runs in, each [`improve_step`]: with
 /// [`COMPILE_TIME_WORK`] each, this bounds what the search adds to a build. (The derive emits
 /// this many and checks, at compile time, that the numbers agree.)
-pub const COMPILE_TIME_STEPS: usize = 3;
+pub const COMPILE_TIME_STEPS: usize = 1;
 
 /// What the derive's chain of constants computes ([`COMPILE_TIME_STEPS`] calls of
 /// [`improve_step`] from the greedy plan), as one call: the same plan, for run-time tests and
