@@ -341,11 +341,11 @@ pub const fn improve_step<const N: usize, const LEN: usize>(
 /// The schedule first dives under each of three preorders (asks for anything below the best
 /// plan so far: the first plan found, with little backtracking), then asks for capacities of
 /// 115%, 110%, 107%, 105%, 103%, 101.5%, 100.5% and 100% of the lower bound, loosest first,
-/// each with the three preorders, and stops at the first capacity it cannot reach. A try that runs out of work with all of `work` to itself has
-/// failed; one cut short by the work earlier tries of this call spent is left for the next
-/// call. `scratch` holds [`search_len`] of the plan; a layout without stages, or a plan already
-/// at its lower bound, stops the schedule at once. Every call makes progress, so calling
-/// until [`Schedule::done`] ends.
+/// each with the three preorders, and stops at the first capacity it cannot reach. A try that
+/// runs out of work with all of `work` to itself has failed; one cut short by the work earlier
+/// tries of this call spent is left for the next call. `scratch` holds [`search_len`] of the
+/// plan; a layout without stages, or a plan already at its lower bound, stops the schedule at
+/// once. Every call makes progress, so calling until [`Schedule::done`] ends.
 pub const fn improve_slots(
     layout: &LayoutSpec,
     specs: &[FieldSpec],
