@@ -6,7 +6,7 @@
 //!     cargo run --release -p devarena --example plan_quality [-- --instances 1000 --seed 7]
 
 use devarena::LayoutBuilder;
-use devarena::plan::{FieldSpec, Slot, Strategy, place_with};
+use devarena::plan::{FieldSpec, Placed, Slot, Strategy, place_with, scratch_len, validate};
 
 /// xorshift64*: a small deterministic generator, so the instances are the same on every run.
 struct Rng(u64);
@@ -77,6 +77,8 @@ fn main() {
                 .live(first, last);
         }
         let layout = b.build().expect("random instances are valid");
+        let checked: Vec<Placed> = layout.fields().iter().map(Placed::from).collect();
+        validate(&checked, layout.size()).expect("plan::validate accepts the plan");
         let t = layout.totals();
         // Greedy by size alone, on the same sizes, alignments and live ranges.
         let specs: Vec<FieldSpec> = inst
@@ -97,9 +99,19 @@ fn main() {
                 align: f.align,
             })
             .collect();
-        let (mut order, mut placed) = (vec![0; specs.len()], vec![0; specs.len()]);
-        let end = place_with(Strategy::BySize, &specs, &slots, &mut order, &mut placed).unwrap();
+        let mut placed = vec![0; specs.len()];
+        let mut scratch = vec![0; scratch_len(specs.len())];
+        let end = place_with(Strategy::BySize, &specs, &slots, &mut placed, &mut scratch).unwrap();
         let greedy = end.div_ceil(t.align) * t.align;
+        let checked: Vec<Placed> = (0..specs.len())
+            .map(|i| Placed {
+                offset: placed[i],
+                size: slots[i].size,
+                align: slots[i].align,
+                live: specs[i].live,
+            })
+            .collect();
+        validate(&checked, greedy).expect("plan::validate accepts greedy by size");
         planner.push(t.size as f64 / t.peak_live_bound as f64);
         by_size.push(greedy as f64 / t.peak_live_bound as f64);
         if t.size <= t.peak_live_bound.next_multiple_of(t.align) {

@@ -51,6 +51,35 @@
 //! block of its `SIZE` aligned to at least its `ALIGN`. `ALIGN` is the largest field alignment
 //! and `SIZE` is rounded up to it. Details in [`plan`].
 //!
+//! ## Stages: buffers that share bytes
+//!
+//! With `#[layout(stages = N)]` (or `stages(a, b, ..)`) and a `#[layout(live = A..=B)]` on
+//! each field, fields whose live ranges never meet may share bytes; the arena hands out the
+//! views of one stage at a time ([`Arena::stage_mut`]). Planning such a layout is the classic
+//! static memory allocation problem, and devarena's planner works at three depths, all the
+//! same `const fn`s in [`plan`]:
+//!
+//! * **Greedy** ([`LayoutBuilder::build`]): four orderings (by size, by first stage, by
+//!   live-range length, declaration order), each buffer at the lowest gap its conflicting
+//!   buffers leave, the smallest plan kept. `O(n log n)` plus the conflicts: 30,000 buffers
+//!   plan in about 0.1 s.
+//! * **Search** ([`LayoutBuilder::search`] with a [`Budget`] of nodes or time): MiniMalloc's
+//!   complete branch and bound over canonical plans, from the greedy plan, never larger
+//!   than it; given the budget it finds the smallest plan and proves it so
+//!   ([`SearchStats::optimal`]). The `plan_csv` example runs it on the field's benchmark
+//!   format (MiniMalloc's CSV): `cargo run --release -p devarena --example plan_csv --
+//!   --input F.csv --output O.csv [--capacity BYTES] [--budget-ms MS]`.
+//! * **At compile time** (the derive): the greedy plan, then the search under a fixed amount
+//!   of work ([`plan::COMPILE_TIME_STEPS`] constants of [`plan::COMPILE_TIME_WORK`] each, so
+//!   that no evaluation trips rustc's `long_running_const_eval` lint and no attribute is
+//!   needed, and the search adds a bounded time to a build: about 5 s for 454 fields). A
+//!   generic layout keeps the greedy plan. The compiler evaluates the planner about 1,500
+//!   times slower than it runs, so the derive's plans stop short of what `search` reaches at
+//!   run time in the same seconds (figures in BENCHMARKS.md).
+//!
+//! [`plan::validate`] checks any plan independently of the planner: conflicting buffers
+//! never overlap, offsets are aligned, everything fits.
+//!
 //! ## Compile-time checks
 //!
 //! An alignment that is not a power of two, a field alignment below its element's, a
@@ -112,7 +141,7 @@ pub use arena::{Arena, Disjoint, Stage};
 #[cfg(feature = "cuda")]
 pub use arena::{ArenaGraph, Capture, OnStream};
 pub use backend::{Allocation, Backend, BackendStats, HostBackend, MemoryKind};
-pub use builder::{LayoutBuilder, RuntimeField, RuntimeLayout};
+pub use builder::{Budget, LayoutBuilder, RuntimeField, RuntimeLayout, SearchStats};
 pub use dyn_arena::DynArena;
 pub use error::Error;
 pub use layout::{DeviceLayout, Element, FieldPlacement, HostBase, HostMut, HostRef, ViewKind};

@@ -25,6 +25,12 @@ use syn::{GenericParam, Ident, Lifetime};
 
 use crate::model::{FieldKind, Layout};
 
+/// How many constants the derive's search runs in (see `devarena::plan::improve_step`): each
+/// evaluates within a fixed amount of work, so the search's whole cost is bounded by this.
+/// `devarena::plan::COMPILE_TIME_STEPS` is the source of truth; the generated code checks
+/// that the two agree.
+const SEARCH_STEPS: usize = 1;
+
 pub fn emit(layout: &Layout) -> TokenStream {
     let name = &layout.ident;
     let name_str = name.to_string();
@@ -173,6 +179,86 @@ pub fn emit(layout: &Layout) -> TokenStream {
         checks.push(derive_check(name, &name_str, "Layout", 0, span));
     }
     let panic_on_error = layout.is_generic();
+    // The plan, in constants of their own so that no one evaluation runs long: rustc's
+    // `long_running_const_eval` lint counts each constant's evaluation apart, and a crate that
+    // uses the layout's constants evaluates them again under its own lint levels, where no
+    // attribute of ours reaches.
+    //
+    // With stages: one constant per greedy ordering (without the `max_bytes` limit: one
+    // ordering alone may be over it), the smallest of them, then a chain of search steps that
+    // improve on it under a fixed amount of work each (`plan::improve_step`), and `max_bytes`
+    // checked once on the final plan. The search's scratch space is sized from the layout, so
+    // its length is a constant of its own, named by the type (an array length cannot name
+    // `Self`, nor a generic layout's parameters: generic layouts keep the greedy plan).
+    let result_ty = quote!(::core::result::Result<#plan::Plan<#n>, #plan::PlanError>);
+    let scratch = quote!({ #plan::scratch_len(#n) });
+    let plan_items = if layout.stages.is_some() {
+        let orderings = ["BySize", "ByStart", "ByDuration", "Declaration"];
+        let greedy: Vec<Ident> = orderings
+            .iter()
+            .map(|o| format_ident!("__DEVARENA_GREEDY_{}", o.to_uppercase()))
+            .collect();
+        let strategies: Vec<Ident> = orderings.iter().map(|o| format_ident!("{}", o)).collect();
+        let (a, b, c, d) = (&greedy[0], &greedy[1], &greedy[2], &greedy[3]);
+        let (search_items, searched) = if layout.is_generic() {
+            (quote!(), quote!(Self::__DEVARENA_GREEDY))
+        } else {
+            let steps: Vec<Ident> = (0..=SEARCH_STEPS)
+                .map(|k| format_ident!("__DEVARENA_SEARCH_{}", k))
+                .collect();
+            let (prev, next) = (&steps[..SEARCH_STEPS], &steps[1..]);
+            let last = &steps[SEARCH_STEPS];
+            let items = quote! {
+                #[doc(hidden)]
+                const __DEVARENA_SEARCH_STEPS: () = ::core::assert!(
+                    #SEARCH_STEPS == #plan::COMPILE_TIME_STEPS,
+                    "devarena-macros and devarena disagree on the search's steps: use matching versions",
+                );
+                #[doc(hidden)]
+                const __DEVARENA_SEARCH_LEN: usize = #plan::search_len::<#n, #scratch>(
+                    &Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS, &Self::__DEVARENA_GREEDY,
+                );
+                #[doc(hidden)]
+                const __DEVARENA_SEARCH_0: #plan::Improving<#n> = {
+                    let () = Self::__DEVARENA_SEARCH_STEPS;
+                    #plan::Improving::new(Self::__DEVARENA_GREEDY)
+                };
+                #(
+                    #[doc(hidden)]
+                    const #next: #plan::Improving<#n> =
+                        #plan::improve_step::<#n, { #name::__DEVARENA_SEARCH_LEN }>(
+                            &Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS, Self::#prev,
+                        );
+                )*
+            };
+            (items, quote!(Self::#last.result()))
+        };
+        quote! {
+            #(
+                #[doc(hidden)]
+                const #greedy: #result_ty = #plan::plan_with::<#n, #scratch>(
+                    &Self::__DEVARENA_LAYOUT.with_max_bytes(usize::MAX),
+                    &Self::__DEVARENA_SPECS,
+                    &[#plan::Strategy::#strategies],
+                );
+            )*
+            #[doc(hidden)]
+            const __DEVARENA_GREEDY: #result_ty = #plan::smaller(
+                #plan::smaller(Self::#a, Self::#b),
+                #plan::smaller(Self::#c, Self::#d),
+            );
+            #search_items
+            #[doc(hidden)]
+            const __DEVARENA_RESULT: #result_ty =
+                #plan::within_max_bytes(&Self::__DEVARENA_LAYOUT, #searched);
+        }
+    } else {
+        quote! {
+            #[doc(hidden)]
+            const __DEVARENA_RESULT: #result_ty =
+                #plan::plan::<#n, #scratch>(&Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS);
+        }
+    };
     // A generic layout's error surfaces when an instance is used; point at the struct's name.
     let derive_plan = quote_spanned!(name.span()=> ::devarena::plan::derive_plan(
         Self::__DEVARENA_RESULT, #panic_on_error, #name_str,
@@ -372,9 +458,7 @@ pub fn emit(layout: &Layout) -> TokenStream {
             const __DEVARENA_NAMES: [&'static str; #n] = [#(#names),*];
             #[doc(hidden)]
             const __DEVARENA_TYPES: [&'static str; #n] = [#(#types),*];
-            #[doc(hidden)]
-            const __DEVARENA_RESULT: ::core::result::Result<#plan::Plan<#n>, #plan::PlanError> =
-                #plan::plan(&Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS);
+            #plan_items
             #[doc(hidden)]
             const __DEVARENA_PLAN: #plan::Plan<#n> = #derive_plan;
             /// Byte offset of every field, computed by the compiler.

@@ -457,3 +457,151 @@ fn builder_nests_a_derived_layout() {
         .unwrap();
     assert_same::<Middle>(&built);
 }
+
+// ---- bad input: an `Err` naming the field and the numbers, never a panic or a hang ---------
+
+#[test]
+fn a_stage_count_over_the_limit_is_refused_at_once() {
+    use devarena::plan::MAX_STAGES;
+    let (kind, message) = plan_error(
+        LayoutBuilder::new("Graph")
+            .stages(1 << 34)
+            .array::<u8>("a", 10)
+            .live(0, 3)
+            .build()
+            .unwrap_err(),
+    );
+    assert_eq!(
+        kind,
+        PlanErrorKind::TooManyStages {
+            stages: 1 << 34,
+            max: MAX_STAGES
+        }
+    );
+    assert_eq!(
+        message,
+        format!("layout `Graph`: 17179869184 stages are over the limit of {MAX_STAGES} stages")
+    );
+    // The limit itself plans, and a plan's cost does not grow with the stage count.
+    let layout = LayoutBuilder::new("Graph")
+        .align(1)
+        .stages(MAX_STAGES)
+        .array::<u8>("a", 10)
+        .live(0, 3)
+        .array::<u8>("b", 20)
+        .live(4, MAX_STAGES - 1)
+        .array::<u8>("c", 30)
+        .live(2, 9)
+        .build()
+        .unwrap();
+    assert_eq!(layout.size(), 50);
+    assert_eq!(layout.totals().peak_live_bound, 50);
+}
+
+#[test]
+fn a_duplicate_field_name_is_refused() {
+    let (kind, message) = plan_error(
+        LayoutBuilder::new("Frame")
+            .array::<u8>("rgb", 3)
+            .array::<f32>("gray", 4)
+            .array::<u16>("rgb", 5)
+            .build()
+            .unwrap_err(),
+    );
+    assert_eq!(kind, PlanErrorKind::DuplicateName { first: 0 });
+    assert_eq!(
+        message,
+        "layout `Frame`, field `rgb` (u16): field 2 has the name of field 0; give every field a \
+         name of its own"
+    );
+}
+
+#[test]
+fn live_before_any_field_is_refused() {
+    let err = LayoutBuilder::new("Frame")
+        .stages(4)
+        .live(1, 2)
+        .array::<u8>("rgb", 3)
+        .build()
+        .unwrap_err();
+    let Error::Plan { error, message } = err else {
+        panic!("expected Error::Plan")
+    };
+    assert_eq!(error.field, None);
+    assert_eq!(
+        error.kind,
+        PlanErrorKind::LiveWithoutField { first: 1, last: 2 }
+    );
+    assert_eq!(
+        message,
+        "layout `Frame`: live(1, 2) comes before any field; call it after the field it belongs to"
+    );
+}
+
+#[test]
+fn an_element_alignment_over_the_largest_alignment_is_refused() {
+    use devarena::plan::MAX_ALIGN;
+    let (kind, message) = plan_error(
+        LayoutBuilder::new("Frame")
+            .array::<u8>("rgb", 3)
+            .field("huge", "Huge", FieldSpec::array(1 << 31, 1 << 31, 1))
+            .build()
+            .unwrap_err(),
+    );
+    assert_eq!(
+        kind,
+        PlanErrorKind::ElementAlignTooLarge {
+            elem_align: 1 << 31
+        }
+    );
+    assert_eq!(
+        message,
+        format!(
+            "layout `Frame`, field `huge` (Huge): the element's alignment of 2147483648 bytes is \
+             over the largest alignment, {MAX_ALIGN} bytes (2^30)"
+        )
+    );
+    // A nested block asking for too much is refused the same way.
+    let (kind, _) = plan_error(
+        LayoutBuilder::new("Frame")
+            .field("inner", "Inner", FieldSpec::nested(4096, 1 << 40))
+            .build()
+            .unwrap_err(),
+    );
+    assert_eq!(
+        kind,
+        PlanErrorKind::ElementAlignTooLarge {
+            elem_align: 1 << 40
+        }
+    );
+}
+
+#[test]
+fn a_dyn_arena_of_extreme_layouts_is_an_error_not_a_panic() {
+    use devarena::DynArena;
+    // Each plans, but no host can allocate it: the arena says so.
+    let huge = [
+        LayoutBuilder::new("Huge").array::<u8>("a", usize::MAX / 2),
+        LayoutBuilder::new("Huge")
+            .align(1 << 30)
+            .array::<u8>("a", (isize::MAX as usize) - (1 << 30)),
+        LayoutBuilder::new("Huge")
+            .align(1)
+            .stages(3)
+            .array::<u8>("a", usize::MAX / 4)
+            .live(0, 0)
+            .array::<u8>("b", usize::MAX / 4)
+            .live(1, 2),
+    ];
+    for b in huge {
+        let layout = b.build().expect("plans");
+        let err = DynArena::new(layout.clone()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidArgument { .. } | Error::OutOfMemory { .. }
+            ),
+            "{err:?}"
+        );
+    }
+}

@@ -1,7 +1,7 @@
 //! Compile-time memory planning with stages: buffers whose live ranges never meet share bytes,
 //! and per-stage views keep every buffer out of reach outside its live range.
 
-use devarena::plan::{FieldSpec, Slot, Strategy as PlanStrategy, place_with};
+use devarena::plan::{FieldSpec, Slot, Strategy as PlanStrategy, place_with, scratch_len};
 use devarena::{Arena, DeviceLayout, HostBackend, LayoutBuilder, LayoutReport, LiveRange};
 use proptest::prelude::*;
 
@@ -40,14 +40,14 @@ fn five_buffers_reach_the_bound_greedy_by_size_does_not() {
             align: 1,
         })
         .collect();
-    let (mut order, mut placed) = (vec![0; 5], vec![0; 5]);
+    let (mut placed, mut scratch) = (vec![0; 5], vec![0; scratch_len(5)]);
     assert_eq!(
         place_with(
             PlanStrategy::BySize,
             &specs,
             &slots,
-            &mut order,
-            &mut placed
+            &mut placed,
+            &mut scratch
         ),
         Ok(90)
     );
@@ -58,6 +58,8 @@ fn five_buffers_reach_the_bound_greedy_by_size_does_not() {
     }
     let rt = b.build().unwrap();
     assert_eq!(rt.size(), Five::SIZE);
+    let placed: Vec<devarena::plan::Placed> = rt.fields().iter().map(Into::into).collect();
+    devarena::plan::validate(&placed, rt.size()).unwrap();
     let derived: Vec<usize> = Five::FIELDS.iter().map(|f| f.offset).collect();
     let built: Vec<usize> = rt.fields().iter().map(|f| f.offset).collect();
     assert_eq!(derived, built);
@@ -221,6 +223,10 @@ fn check_plan(specs: &[(usize, usize, usize, usize)], stages: usize) -> Result<(
             .live(first, last);
     }
     let layout = b.build().map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let placed: Vec<devarena::plan::Placed> = layout.fields().iter().map(Into::into).collect();
+    if let Err(v) = devarena::plan::validate(&placed, layout.size()) {
+        return Err(TestCaseError::fail(format!("plan::validate: {v}")));
+    }
     let t = layout.totals();
     let f = layout.fields();
     for (i, a) in f.iter().enumerate() {

@@ -41,6 +41,34 @@ pub enum PlanErrorKind {
         /// The limit.
         max_bytes: usize,
     },
+    /// The element's own alignment (for a nested layout: its `ALIGN`) is not a power of two up
+    /// to [`MAX_ALIGN`](super::MAX_ALIGN). Only a hand-written [`FieldSpec`](super::FieldSpec)
+    /// can get here: every Rust type's alignment is a power of two up to 2^29.
+    ElementAlignTooLarge {
+        /// The element's alignment.
+        elem_align: usize,
+    },
+    /// More stages than [`MAX_STAGES`](super::MAX_STAGES).
+    TooManyStages {
+        /// The stages asked for.
+        stages: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Two fields of a [`LayoutBuilder`](crate::LayoutBuilder) have one name (the second
+    /// could never be found by name). The error's field is the second.
+    DuplicateName {
+        /// Index of the first field with that name.
+        first: usize,
+    },
+    /// [`LayoutBuilder::live`](crate::LayoutBuilder::live) before any field: there is no field
+    /// for the range to belong to.
+    LiveWithoutField {
+        /// First stage of the range.
+        first: usize,
+        /// Last stage of the range.
+        last: usize,
+    },
     /// A live range that is empty, reversed, or outside `0..stages`.
     BadLiveRange {
         /// First stage of the range.
@@ -245,6 +273,39 @@ impl PlanError {
                 .push_str(" by ")
                 .push_usize(size - max_bytes)
                 .push_str(" bytes"),
+            PlanErrorKind::ElementAlignTooLarge { elem_align } => {
+                let m = m
+                    .push_str("the element's alignment of ")
+                    .push_usize(elem_align)
+                    .push_str(" bytes is ");
+                if elem_align.is_power_of_two() {
+                    m.push_str("over the largest alignment, ")
+                        .push_usize(super::MAX_ALIGN)
+                        .push_str(" bytes (2^30)")
+                } else {
+                    m.push_str("not a power of two")
+                }
+            }
+            PlanErrorKind::TooManyStages { stages, max } => m
+                .push_usize(stages)
+                .push_str(" stages are over the limit of ")
+                .push_usize(max)
+                .push_str(" stages"),
+            PlanErrorKind::DuplicateName { first } => {
+                let m = match self.field {
+                    Some(i) => m.push_str("field ").push_usize(i),
+                    None => m.push_str("a field"),
+                };
+                m.push_str(" has the name of field ")
+                    .push_usize(first)
+                    .push_str("; give every field a name of its own")
+            }
+            PlanErrorKind::LiveWithoutField { first, last } => m
+                .push_str("live(")
+                .push_usize(first)
+                .push_str(", ")
+                .push_usize(last)
+                .push_str(") comes before any field; call it after the field it belongs to"),
             PlanErrorKind::BadLiveRange {
                 first,
                 last,

@@ -23,23 +23,44 @@
 //! * alignment: the arithmetic every floor of the crate shares
 //!   ([`align_up`], [`DEFAULT_ALIGN`], [`MAX_ALIGN`]);
 //! * the placement rule: checks of one field and [`plan_into`] / [`plan`];
-//! * stage aliasing: [`Strategy`], [`place_with`], [`alias_into`];
+//! * stage aliasing: [`Strategy`], [`place_with`], [`alias_into`] (the greedy planner);
+//! * the search: [`Engine`] (MiniMalloc's branch and bound over canonical plans), its drivers
+//!   [`Search`] (run time) and [`improve_step`] (compile time);
+//! * [`validate`]: an independent check of any plan;
 //! * errors: [`PlanError`] and the const-built [`Message`] the compiler prints.
 
 mod align;
 mod derive;
+mod drive;
 mod error;
 mod place;
+mod search;
+mod sort;
 mod stages;
+mod timeline;
+mod validate;
 
 pub use align::{CUDA_ALIGN, DEFAULT_ALIGN, MAX_ALIGN, align_up, align_up_u64, is_valid_align};
 #[doc(hidden)]
 pub use derive::{Check, derive_check, derive_plan, element_padding_check};
+pub use drive::{
+    COMPILE_TIME_STEPS, COMPILE_TIME_WORK, Goal, Improving, Schedule, Search, Step, improve,
+    improve_slots, improve_step, search_len,
+};
 pub use error::{Message, PlanError, PlanErrorKind};
 pub use place::{
     check_align, check_field, check_live, check_size, layout_default_align, plan, plan_into,
+    plan_into_with, plan_with, smaller, within_max_bytes,
 };
-pub use stages::{Strategy, alias_into, place_with};
+pub use search::{Engine, Outcome, Preorder, Sizes, measure};
+pub use stages::{Strategy, alias_into, place_with, scratch_len};
+pub use validate::{Placed, Violation, validate};
+
+/// The most stages a layout may declare (2^24, about 16.7 million: room for every operation of
+/// a large model's graph). Planning never walks the stages one by one, so its cost does not
+/// grow with the count; the limit only turns an absurd count into an error. (The derive allows
+/// fewer, 4096, because it writes one view struct per stage.)
+pub const MAX_STAGES: usize = 1 << 24;
 
 /// The inclusive range of stages in which a field is live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -1,10 +1,12 @@
 //! The placement rule: each field checked on its own, then placed in declaration order (or,
 //! with stages, by the aliasing planner of [`stages`](super::alias_into)).
+//!
+//! [`alias_into`]: super::alias_into
 
 use super::align::{DEFAULT_ALIGN, align_up, is_valid_align};
 use super::error::{PlanError, PlanErrorKind, field_err};
-use super::stages::alias_into;
-use super::{FieldSpec, LayoutSpec, LiveRange, Plan, Slot, Totals};
+use super::stages::{Strategy, greedy, peak_live_bound, round_size, scratch_len, spans};
+use super::{FieldSpec, LayoutSpec, LiveRange, MAX_STAGES, Plan, Slot, Totals};
 
 /// The default alignment of the layout's fields.
 pub const fn layout_default_align(layout: &LayoutSpec) -> Result<usize, PlanError> {
@@ -37,6 +39,14 @@ pub const fn check_align(
             index,
             PlanErrorKind::AlignNotPowerOfTwo {
                 align: spec.elem_align,
+            },
+        ));
+    }
+    if !is_valid_align(spec.elem_align) {
+        return Err(field_err(
+            index,
+            PlanErrorKind::ElementAlignTooLarge {
+                elem_align: spec.elem_align,
             },
         ));
     }
@@ -128,26 +138,47 @@ pub const fn check_field(
     })
 }
 
-/// Plans `specs` into `out` and returns the totals; `best` and `current` are scratch space.
-/// All four slices hold one entry per field.
+/// Plans `specs` into `out` and returns the totals. `out` holds one entry per field,
+/// `scratch` at least [`scratch_len`]`(specs.len())` entries.
 ///
 /// Without stages, fields are placed in declaration order. With stages, fields whose live
-/// ranges never meet may share bytes: see [`alias_into`].
+/// ranges never meet may share bytes: see [`alias_into`](super::alias_into).
 pub const fn plan_into(
     layout: &LayoutSpec,
     specs: &[FieldSpec],
     out: &mut [Slot],
-    best: &mut [usize],
-    current: &mut [usize],
+    scratch: &mut [usize],
 ) -> Result<Totals, PlanError> {
+    plan_into_with(layout, specs, out, scratch, &Strategy::ALL)
+}
+
+/// [`plan_into`] with only some of the greedy [`Strategy`]s (each is a full pass over the
+/// fields; the derive runs them in separate constants to keep each evaluation short).
+pub const fn plan_into_with(
+    layout: &LayoutSpec,
+    specs: &[FieldSpec],
+    out: &mut [Slot],
+    scratch: &mut [usize],
+    strategies: &[Strategy],
+) -> Result<Totals, PlanError> {
+    let n = specs.len();
     assert!(
-        specs.len() == out.len() && best.len() == out.len() && current.len() == out.len(),
-        "plan_into: specs, out and the two scratch slices must have one entry per field"
+        out.len() == n && scratch.len() >= scratch_len(n),
+        "plan_into: out needs one entry per field, scratch scratch_len(fields)"
     );
     let mut align = match layout_default_align(layout) {
         Ok(a) => a,
         Err(e) => return Err(e),
     };
+    if layout.stages > MAX_STAGES {
+        return Err(PlanError {
+            field: None,
+            kind: PlanErrorKind::TooManyStages {
+                stages: layout.stages,
+                max: MAX_STAGES,
+            },
+        });
+    }
     if !specs.is_empty() {
         align = 1;
     }
@@ -217,9 +248,23 @@ pub const fn plan_into(
         unaliased_size,
         peak_live_bound: 0,
     };
-    totals.peak_live_bound = peak_live_bound(layout, specs, out, align);
+    let (lo, rest) = scratch.split_at_mut(n);
+    let (hi, rest) = rest.split_at_mut(n);
+    let (work, rest) = rest.split_at_mut(6 * n);
+    let count = spans(layout, specs, out, lo, hi, work);
+    totals.peak_live_bound = peak_live_bound(out, lo, hi, count, align, work);
     if layout.stages > 0 {
-        totals.size = match alias_into(layout, specs, out, align, best, current) {
+        let (best, rest) = rest.split_at_mut(n);
+        let end = match greedy(strategies, specs, out, lo, hi, count, best, rest) {
+            Ok(e) => e,
+            Err(e) => return Err(e),
+        };
+        let mut i = 0;
+        while i < n {
+            out[i].offset = best[i];
+            i += 1;
+        }
+        totals.size = match round_size(end, align) {
             Ok(s) => s,
             Err(e) => return Err(e),
         };
@@ -236,74 +281,54 @@ pub const fn plan_into(
     Ok(totals)
 }
 
-/// A lower bound on the size of any plan: over all stages, the bytes the fields live in that
-/// stage need side by side, rounded up to the layout's alignment.
-///
-/// In one stage, every live field starts at a multiple of the smallest alignment `m` among
-/// them (alignments are powers of two), so each occupies its size rounded up to `m`, except
-/// that the field placed last needs no rounding: the stage needs at least
-/// `Σ align_up(size, m) − max(align_up(size, m) − size)` bytes, and `SIZE`, a multiple of
-/// `ALIGN`, at least that rounded up to `ALIGN`. When every field has the same alignment
-/// (256 by default) this is the sum of the live sizes, each rounded up to its alignment.
-const fn peak_live_bound(
-    layout: &LayoutSpec,
-    specs: &[FieldSpec],
-    slots: &[Slot],
-    align: usize,
-) -> usize {
-    let stages = if layout.stages == 0 { 1 } else { layout.stages };
-    let mut best = 0;
-    let mut stage = 0;
-    while stage < stages {
-        let mut m = usize::MAX;
-        let mut i = 0;
-        while i < specs.len() {
-            if (layout.stages == 0 || specs[i].live.contains(stage))
-                && slots[i].size > 0
-                && slots[i].align < m
-            {
-                m = slots[i].align;
-            }
-            i += 1;
-        }
-        let mut sum: usize = 0;
-        let mut slack = 0;
-        let mut i = 0;
-        while i < specs.len() {
-            if (layout.stages == 0 || specs[i].live.contains(stage)) && slots[i].size > 0 {
-                // Each term is at most the field's unaliased footprint, which did not overflow.
-                let rounded = match align_up(slots[i].size, m) {
-                    Some(r) => r,
-                    None => slots[i].size,
-                };
-                sum = sum.saturating_add(rounded);
-                if rounded - slots[i].size > slack {
-                    slack = rounded - slots[i].size;
-                }
-            }
-            i += 1;
-        }
-        let need = match align_up(sum - slack, align) {
-            Some(n) => n,
-            None => sum - slack,
-        };
-        if need > best {
-            best = need;
-        }
-        stage += 1;
-    }
-    best
-}
-
-/// Plans a fixed number of fields: what the derive stores in its hidden constant.
-pub const fn plan<const N: usize>(
+/// Plans a fixed number of fields: what the derive stores in its hidden constant. `SCRATCH` is
+/// the length of the scratch space, at least [`scratch_len`]`(N)`.
+pub const fn plan<const N: usize, const SCRATCH: usize>(
     layout: &LayoutSpec,
     specs: &[FieldSpec; N],
 ) -> Result<Plan<N>, PlanError> {
+    plan_with::<N, SCRATCH>(layout, specs, &Strategy::ALL)
+}
+
+/// [`plan`] with only some of the greedy [`Strategy`]s; [`smaller`] keeps the better of two.
+pub const fn plan_with<const N: usize, const SCRATCH: usize>(
+    layout: &LayoutSpec,
+    specs: &[FieldSpec; N],
+    strategies: &[Strategy],
+) -> Result<Plan<N>, PlanError> {
     let mut slots = [Slot::EMPTY; N];
-    let (mut best, mut current) = ([0usize; N], [0usize; N]);
-    match plan_into(layout, specs, &mut slots, &mut best, &mut current) {
+    let mut scratch = [0usize; SCRATCH];
+    match plan_into_with(layout, specs, &mut slots, &mut scratch, strategies) {
         Ok(totals) => Ok(Plan { slots, totals }),
         Err(e) => Err(e),
+    }
+}
+
+/// The smaller of two plans of one layout (the first on a tie), or the first error.
+pub const fn smaller<const N: usize>(
+    a: Result<Plan<N>, PlanError>,
+    b: Result<Plan<N>, PlanError>,
+) -> Result<Plan<N>, PlanError> {
+    match (a, b) {
+        (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+        (Ok(a), Ok(b)) => Ok(if b.totals.size < a.totals.size { b } else { a }),
+    }
+}
+
+/// `result`, or an error when its plan is over the layout's `max_bytes`: the derive checks its
+/// final plan once, after the search (each greedy ordering alone may well be over).
+pub const fn within_max_bytes<const N: usize>(
+    layout: &LayoutSpec,
+    result: Result<Plan<N>, PlanError>,
+) -> Result<Plan<N>, PlanError> {
+    match result {
+        Ok(p) if p.totals.size > layout.max_bytes => Err(PlanError {
+            field: None,
+            kind: PlanErrorKind::OverMaxBytes {
+                size: p.totals.size,
+                max_bytes: layout.max_bytes,
+            },
+        }),
+        other => other,
     }
 }

@@ -1,8 +1,10 @@
 //! Stage aliasing: buffers whose live ranges never meet may share bytes. Greedy placement
-//! under several orderings, the smallest plan kept.
+//! under several orderings, the smallest plan kept; and the lower bound every plan meets.
 
 use super::align::align_up;
 use super::error::{PlanError, PlanErrorKind, field_err};
+use super::sort::sort_by_keys;
+use super::timeline::{Index, index_len, sections};
 use super::{FieldSpec, LayoutSpec, Slot};
 
 /// How the aliasing planner orders buffers before placing each at the lowest offset that keeps
@@ -31,129 +33,143 @@ impl Strategy {
     ];
 }
 
-/// No plan yet: larger than any end.
-const UNPLACED: usize = usize::MAX;
-
-/// Whether buffer `a` goes before buffer `b` under `strategy` (a strict total order).
-const fn before(
-    strategy: Strategy,
-    specs: &[FieldSpec],
-    slots: &[Slot],
-    a: usize,
-    b: usize,
-) -> bool {
-    let (la, lb) = (specs[a].live, specs[b].live);
-    let (sa, sb) = (slots[a].size, slots[b].size);
-    let (da, db) = (la.last - la.first, lb.last - lb.first);
-    let primary = match strategy {
-        Strategy::Declaration => return a < b,
-        Strategy::BySize => {
-            if sa != sb {
-                return sa > sb;
-            }
-            (la.first, lb.first)
-        }
-        Strategy::ByStart => {
-            if la.first != lb.first {
-                return la.first < lb.first;
-            }
-            (sb, sa)
-        }
-        Strategy::ByDuration => {
-            if da != db {
-                return da > db;
-            }
-            (sb, sa)
-        }
-    };
-    if primary.0 != primary.1 {
-        return primary.0 < primary.1;
-    }
-    a < b
+/// Entries of scratch space that planning `fields` fields needs ([`plan_into`],
+/// [`alias_into`], [`place_with`]): linear in the fields but for the interval index's
+/// `O(n log n)`.
+///
+/// [`plan_into`]: super::plan_into
+pub const fn scratch_len(fields: usize) -> usize {
+    // lo, hi; the timeline's sort (6n); the strategy's order and keys (3n); offsets (n); the
+    // conflicts of one buffer, their offsets and ends (3n); the interval index.
+    14 * fields + index_len(fields)
 }
 
-/// Places every buffer in `strategy`'s order at the lowest aligned offset that keeps it apart
-/// from the conflicting buffers already placed; writes the offsets to `placed` and returns the
-/// end of the highest buffer. `slots` gives the sizes and alignments (offsets are ignored);
-/// `order` is scratch space for the placement order. `order` and `placed` hold one entry per
-/// field.
-///
-/// [`alias_into`] runs every strategy and keeps the smallest; this runs one, to compare.
-///
-/// The compiler evaluates this for every derived layout with stages, so it is written for
-/// const evaluation: the order is sorted once, and each buffer looks only at the buffers
-/// placed before it.
-pub const fn place_with(
+/// The sections each buffer spans and the timeline's scratch, carved out of `scratch`: the
+/// spans go to `lo` and `hi`; returns the number of sections. Without stages every buffer of
+/// nonzero size spans the one section.
+pub(super) const fn spans(
+    layout: &LayoutSpec,
+    specs: &[FieldSpec],
+    slots: &[Slot],
+    lo: &mut [usize],
+    hi: &mut [usize],
+    scratch: &mut [usize],
+) -> usize {
+    if layout.stages > 0 {
+        return sections(specs, slots, lo, hi, scratch);
+    }
+    let mut i = 0;
+    while i < specs.len() {
+        lo[i] = 0;
+        hi[i] = if slots[i].size == 0 { 0 } else { 1 };
+        i += 1;
+    }
+    1
+}
+
+/// Fills the sort keys that put buffers in `strategy`'s order (ties by index).
+const fn strategy_keys(
     strategy: Strategy,
     specs: &[FieldSpec],
     slots: &[Slot],
-    order: &mut [usize],
-    placed: &mut [usize],
-) -> Result<usize, PlanError> {
-    let n = specs.len();
-    assert!(
-        slots.len() == n && order.len() == n && placed.len() == n,
-        "place_with: slots, order and placed must have one entry per field"
-    );
-    // Insertion sort into the strategy's order (`before` is a strict total order).
+    k1: &mut [usize],
+    k2: &mut [usize],
+) {
     let mut i = 0;
-    while i < n {
-        let mut j = i;
-        while j > 0 && before(strategy, specs, slots, i, order[j - 1]) {
-            order[j] = order[j - 1];
-            j -= 1;
-        }
-        order[j] = i;
+    while i < specs.len() {
+        let (size, live) = (slots[i].size, specs[i].live);
+        // `!x` sorts larger first.
+        let (a, b) = match strategy {
+            Strategy::Declaration => (0, 0),
+            Strategy::BySize => (!size, live.first),
+            Strategy::ByStart => (live.first, !size),
+            Strategy::ByDuration => (!(live.last - live.first), !size),
+        };
+        k1[i] = a;
+        k2[i] = b;
         i += 1;
     }
+}
+
+/// The lowest offset, aligned to `align`, at which `size` bytes overlap none of the `k`
+/// spans `off[j]..end[j]` (listed by `order[..k]`, which this sorts by offset).
+/// `Err(past)` when the offset would not fit in `usize`, `past` being the end it had to clear.
+const fn lowest_gap(
+    size: usize,
+    align: usize,
+    order: &mut [usize],
+    off: &[usize],
+    end: &[usize],
+    k: usize,
+) -> Result<usize, usize> {
+    let (order, _) = order.split_at_mut(k);
+    sort_by_keys(order, off, end);
+    let mut at = 0usize;
+    let mut j = 0;
+    while j < k {
+        let c = order[j];
+        // Sorted by offset: once a span starts at or past our end, so do all the rest.
+        if off[c] >= at + size {
+            break;
+        }
+        if end[c] > at {
+            at = match align_up(end[c], align) {
+                Some(next) if next.checked_add(size).is_some() => next,
+                _ => return Err(end[c]),
+            };
+        }
+        j += 1;
+    }
+    Ok(at)
+}
+
+/// The greedy core: places the buffers in `order` one by one, each at the lowest aligned
+/// offset that overlaps no conflicting buffer placed before it; writes the offsets to
+/// `placed` and returns the end of the highest buffer. `work` holds `3n` entries.
+const fn place_in_order(
+    order: &[usize],
+    slots: &[Slot],
+    lo: &[usize],
+    hi: &[usize],
+    index: &mut Index<'_>,
+    placed: &mut [usize],
+    work: &mut [usize],
+) -> Result<usize, PlanError> {
+    let n = order.len();
+    let (found, rest) = work.split_at_mut(n);
+    let (off, end_of) = rest.split_at_mut(n);
+    index.clear();
     let mut end = 0usize;
     let mut step = 0;
     while step < n {
         let b = order[step];
-        let (first, last) = (specs[b].live.first, specs[b].live.last);
-        let size = slots[b].size;
-        // The lowest feasible offset: start at 0 and, while the span overlaps conflicting
-        // placed buffers, jump past the furthest of them (aligned). The offset only grows, and
-        // every offset jumped over overlaps one of them, so the first that fits is the lowest;
-        // it takes as many passes as jumps, usually one or two.
-        let mut at: usize = 0;
-        if size != 0 {
-            loop {
-                let mut past = 0;
-                let mut k = 0;
-                while k < step {
-                    let c = order[k];
-                    let (c_at, c_size) = (placed[c], slots[c].size);
-                    // `at + size` cannot overflow: `at` was checked when it was chosen.
-                    if c_at < at + size
-                        && at < c_at + c_size
-                        && c_size != 0
-                        && specs[c].live.first <= last
-                        && first <= specs[c].live.last
-                        && c_at + c_size > past
-                    {
-                        past = c_at + c_size;
-                    }
-                    k += 1;
-                }
-                if past == 0 {
-                    break;
-                }
-                at = match align_up(past, slots[b].align) {
-                    Some(next) if next.checked_add(size).is_some() => next,
-                    // Past every conflicting buffer would overflow usize.
-                    _ => {
-                        return Err(field_err(
-                            b,
-                            PlanErrorKind::OffsetOverflow {
-                                offset: past,
-                                size,
-                                align: slots[b].align,
-                            },
-                        ));
-                    }
-                };
+        let (size, align) = (slots[b].size, slots[b].align);
+        let mut at = 0;
+        if lo[b] < hi[b] {
+            let k = index.meeting(lo[b], hi[b], found);
+            let mut j = 0;
+            while j < k {
+                let c = found[j];
+                off[j] = placed[c];
+                // Cannot overflow: `c`'s end was checked when it was placed.
+                end_of[j] = placed[c] + slots[c].size;
+                found[j] = j;
+                j += 1;
             }
+            at = match lowest_gap(size, align, found, off, end_of, k) {
+                Ok(at) => at,
+                Err(past) => {
+                    return Err(field_err(
+                        b,
+                        PlanErrorKind::OffsetOverflow {
+                            offset: past,
+                            size,
+                            align,
+                        },
+                    ));
+                }
+            };
+            index.insert(b, lo[b], hi[b]);
         }
         placed[b] = at;
         if at + size > end {
@@ -164,17 +180,93 @@ pub const fn place_with(
     Ok(end)
 }
 
+/// Places every buffer in `strategy`'s order at the lowest aligned offset that keeps it apart
+/// from the conflicting buffers already placed; writes the offsets to `placed` and returns the
+/// end of the highest buffer. `slots` gives the sizes and alignments (offsets are ignored);
+/// `scratch` holds [`scratch_len`] entries.
+///
+/// [`alias_into`] runs every strategy and keeps the smallest; this runs one, to compare.
+///
+/// Each buffer looks only at the placed buffers whose live ranges meet its own (an interval
+/// index finds them), so a plan takes `O(n log n)` plus the conflicts: tens of thousands of
+/// buffers plan in well under a second.
+pub const fn place_with(
+    strategy: Strategy,
+    specs: &[FieldSpec],
+    slots: &[Slot],
+    placed: &mut [usize],
+    scratch: &mut [usize],
+) -> Result<usize, PlanError> {
+    let n = specs.len();
+    assert!(
+        slots.len() == n && placed.len() == n && scratch.len() >= scratch_len(n),
+        "place_with: slots and placed need one entry per field, scratch scratch_len(fields)"
+    );
+    let (lo, rest) = scratch.split_at_mut(n);
+    let (hi, rest) = rest.split_at_mut(n);
+    let (timeline, rest) = rest.split_at_mut(6 * n);
+    let count = sections(specs, slots, lo, hi, timeline);
+    greedy(&[strategy], specs, slots, lo, hi, count, placed, rest)
+}
+
+/// Runs `strategies` in turn and keeps the smallest plan: its offsets go to `best`, its end
+/// is returned (0 without buffers). `scratch` holds `7n + index_len(n)` entries.
+#[allow(clippy::too_many_arguments)]
+pub(super) const fn greedy(
+    strategies: &[Strategy],
+    specs: &[FieldSpec],
+    slots: &[Slot],
+    lo: &[usize],
+    hi: &[usize],
+    count: usize,
+    best: &mut [usize],
+    scratch: &mut [usize],
+) -> Result<usize, PlanError> {
+    let n = specs.len();
+    let (order, rest) = scratch.split_at_mut(n);
+    let (k1, rest) = rest.split_at_mut(n);
+    let (k2, rest) = rest.split_at_mut(n);
+    let (work, rest) = rest.split_at_mut(3 * n);
+    let (placed, rest) = rest.split_at_mut(n);
+    let mut index = Index::new(lo, hi, count, rest);
+    let mut best_end = usize::MAX;
+    let mut s = 0;
+    while s < strategies.len() {
+        strategy_keys(strategies[s], specs, slots, k1, k2);
+        let mut i = 0;
+        while i < n {
+            order[i] = i;
+            i += 1;
+        }
+        sort_by_keys(order, k1, k2);
+        let end = match place_in_order(order, slots, lo, hi, &mut index, placed, work) {
+            Ok(e) => e,
+            Err(e) => return Err(e),
+        };
+        if end < best_end {
+            best_end = end;
+            let mut i = 0;
+            while i < n {
+                best[i] = placed[i];
+                i += 1;
+            }
+        }
+        s += 1;
+    }
+    Ok(if n == 0 { 0 } else { best_end })
+}
+
 /// The aliasing planner (stages): places fields so that only fields whose live ranges meet are
 /// kept apart, and returns the planned size (rounded up to `align`). `slots` holds the sizes
-/// and alignments on entry and the aliased offsets on return; `best` and `current` are scratch
-/// space of one entry per field each.
+/// and alignments on entry and the aliased offsets on return; `scratch` holds
+/// [`scratch_len`] entries.
 ///
 /// Every [`Strategy`] is tried and the smallest plan is kept. On the classic five-buffer case
 /// (sizes 10, 20, 30, 40, 50; live 0–1, 1–2, 2–3, 3–4, 0–1) greedy-by-size alone needs 90
 /// bytes; the planner reaches the lower bound of 80:
 ///
 /// ```
-/// use devarena::plan::{alias_into, FieldSpec, LayoutSpec, Slot};
+/// use devarena::plan::{alias_into, scratch_len, FieldSpec, LayoutSpec, Slot};
 ///
 /// let layout = LayoutSpec::DEFAULT.with_align(1).with_stages(5);
 /// let live = [(0, 1), (1, 2), (2, 3), (3, 4), (0, 1)];
@@ -187,43 +279,40 @@ pub const fn place_with(
 ///     .iter()
 ///     .map(|&size| Slot { offset: 0, size, align: 1 })
 ///     .collect();
-/// let (mut best, mut current) = ([0; 5], [0; 5]);
-/// assert_eq!(alias_into(&layout, &specs, &mut slots, 1, &mut best, &mut current), Ok(80));
+/// let mut scratch = vec![0; scratch_len(5)];
+/// assert_eq!(alias_into(&layout, &specs, &mut slots, 1, &mut scratch), Ok(80));
 /// ```
 pub const fn alias_into(
     layout: &LayoutSpec,
     specs: &[FieldSpec],
     slots: &mut [Slot],
     align: usize,
-    best: &mut [usize],
-    current: &mut [usize],
+    scratch: &mut [usize],
 ) -> Result<usize, PlanError> {
-    let _ = layout;
     let n = specs.len();
     assert!(
-        slots.len() == n && best.len() == n && current.len() == n,
-        "alias_into: slots, best and current must have one entry per field"
+        slots.len() == n && scratch.len() >= scratch_len(n),
+        "alias_into: slots needs one entry per field, scratch scratch_len(fields)"
     );
-    // `best` holds the placement order, `current` a strategy's offsets; the smallest plan so
-    // far goes straight into `slots`.
-    let mut best_end = UNPLACED;
-    let mut s = 0;
-    while s < Strategy::ALL.len() {
-        let end = match place_with(Strategy::ALL[s], specs, slots, best, current) {
-            Ok(e) => e,
-            Err(e) => return Err(e),
-        };
-        if end < best_end {
-            best_end = end;
-            let mut i = 0;
-            while i < n {
-                slots[i].offset = current[i];
-                i += 1;
-            }
-        }
-        s += 1;
+    let (lo, rest) = scratch.split_at_mut(n);
+    let (hi, rest) = rest.split_at_mut(n);
+    let (timeline, rest) = rest.split_at_mut(6 * n);
+    let count = spans(layout, specs, slots, lo, hi, timeline);
+    let (best, rest) = rest.split_at_mut(n);
+    let end = match greedy(&Strategy::ALL, specs, slots, lo, hi, count, best, rest) {
+        Ok(e) => e,
+        Err(e) => return Err(e),
+    };
+    let mut i = 0;
+    while i < n {
+        slots[i].offset = best[i];
+        i += 1;
     }
-    let end = if n == 0 { 0 } else { best_end };
+    round_size(end, align)
+}
+
+/// `end` rounded up to the layout's alignment: the plan's `SIZE`.
+pub(super) const fn round_size(end: usize, align: usize) -> Result<usize, PlanError> {
     match align_up(end, align) {
         Some(size) => Ok(size),
         None => Err(PlanError {
@@ -235,4 +324,98 @@ pub const fn alias_into(
             },
         }),
     }
+}
+
+/// A lower bound on the size of any plan: over all sections, the bytes the fields live there
+/// need side by side, rounded up to the layout's alignment.
+///
+/// In one section, every live field starts at a multiple of the smallest alignment `m` among
+/// them (alignments are powers of two), so each occupies its size rounded up to `m`, except
+/// that the field placed last needs no rounding: the section needs at least
+/// `Σ align_up(size, m) − max(align_up(size, m) − size)` bytes, and `SIZE`, a multiple of
+/// `ALIGN`, at least that rounded up to `ALIGN`. When every field has the same alignment
+/// (256 by default) this is the sum of the live sizes, each rounded up to its alignment.
+///
+/// A sweep over the sections keeps the live fields in a list, so the cost is the sum over
+/// fields of the sections each spans. `scratch` holds `4n` entries.
+#[allow(clippy::too_many_arguments)]
+pub(super) const fn peak_live_bound(
+    slots: &[Slot],
+    lo: &[usize],
+    hi: &[usize],
+    count: usize,
+    align: usize,
+    scratch: &mut [usize],
+) -> usize {
+    let n = slots.len();
+    let (by_lo, rest) = scratch.split_at_mut(n);
+    let (by_hi, rest) = rest.split_at_mut(n);
+    let (live, rest) = rest.split_at_mut(n);
+    let (pos, _) = rest.split_at_mut(n);
+    let mut i = 0;
+    while i < n {
+        by_lo[i] = i;
+        by_hi[i] = i;
+        i += 1;
+    }
+    sort_by_keys(by_lo, lo, lo);
+    sort_by_keys(by_hi, hi, hi);
+    let (mut next_lo, mut next_hi, mut live_len) = (0, 0, 0);
+    let mut best = 0;
+    let mut s = 0;
+    while s < count {
+        // Fields ending here leave; fields starting here join (empty spans never join).
+        while next_hi < n && hi[by_hi[next_hi]] <= s {
+            let f = by_hi[next_hi];
+            if lo[f] < hi[f] {
+                let last = live[live_len - 1];
+                live[pos[f]] = last;
+                pos[last] = pos[f];
+                live_len -= 1;
+            }
+            next_hi += 1;
+        }
+        while next_lo < n && lo[by_lo[next_lo]] <= s {
+            let f = by_lo[next_lo];
+            if lo[f] < hi[f] {
+                live[live_len] = f;
+                pos[f] = live_len;
+                live_len += 1;
+            }
+            next_lo += 1;
+        }
+        let mut m = usize::MAX;
+        let mut j = 0;
+        while j < live_len {
+            if slots[live[j]].align < m {
+                m = slots[live[j]].align;
+            }
+            j += 1;
+        }
+        let mut sum: usize = 0;
+        let mut slack = 0;
+        let mut j = 0;
+        while j < live_len {
+            let size = slots[live[j]].size;
+            // Each term is at most the field's unaliased footprint, which did not overflow.
+            let rounded = match align_up(size, m) {
+                Some(r) => r,
+                None => size,
+            };
+            sum = sum.saturating_add(rounded);
+            if rounded - size > slack {
+                slack = rounded - size;
+            }
+            j += 1;
+        }
+        let need = match align_up(sum - slack, align) {
+            Some(n) => n,
+            None => sum - slack,
+        };
+        if need > best {
+            best = need;
+        }
+        s += 1;
+    }
+    best
 }

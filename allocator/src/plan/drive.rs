@@ -1,0 +1,513 @@
+//! The drivers of the search: which capacity to ask for, on which part of the timeline, with
+//! which preorder and how much work, until the plan is as small as it can be or the budget is
+//! spent.
+//!
+//! * [`Search`] serves [`LayoutBuilder::search`](crate::LayoutBuilder::search): a resumable
+//!   `const fn` state machine, stepped between checks of a node or time budget.
+//! * [`improve_slots`] (through [`improve_step`], one per constant) serves the derive: a fixed
+//!   schedule (dives, then capacities closer and closer to the lower bound) under a fixed
+//!   amount of work per constant, evaluated by the compiler.
+
+use super::align::align_up;
+use super::error::PlanError;
+use super::search::{Engine, Outcome, Preorder, measure};
+use super::stages::scratch_len;
+use super::{FieldSpec, LayoutSpec, Plan, Slot, Totals};
+
+/// The strategies a [`Search`] tries in turn on a part: every preorder, reordering each
+/// independent part as it starts, then keeping one order throughout. No one of them suits
+/// every layout (the eleven MiniMalloc benchmarks need five different ones between them).
+const STRATEGIES: [(Preorder, bool); 12] = [
+    (Preorder::Wat, true),
+    (Preorder::Taw, true),
+    (Preorder::Twa, true),
+    (Preorder::SectionWat, true),
+    (Preorder::SectionTaw, true),
+    (Preorder::SectionTwa, true),
+    (Preorder::Wat, false),
+    (Preorder::Taw, false),
+    (Preorder::Twa, false),
+    (Preorder::SectionWat, false),
+    (Preorder::SectionTaw, false),
+    (Preorder::SectionTwa, false),
+];
+
+/// What a [`Search`] is after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Goal {
+    /// The smallest plan: asks for the lower bound, halfway, and one alignment step below
+    /// the best plan so far, in turn, with more nodes each round.
+    Smallest,
+    /// Any plan of at most this many bytes: stops as soon as one is found (or proved not to
+    /// exist). Tighter capacities are asked for too, as they are often found faster.
+    AtMost(usize),
+    /// A smaller plan, one alignment step at a time: the cheapest progress for a small
+    /// budget (the derive's).
+    Descend,
+}
+
+/// What one [`Search::step`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// Made progress (or learned something); call again.
+    Working,
+    /// Done: the goal is met, or the plan is proved as small as it can be, or (for
+    /// [`Goal::AtMost`]) proved unreachable.
+    Finished,
+    /// The step needed more nodes than it was allowed; call again with more.
+    OutOfNodes,
+}
+
+/// A search for a smaller plan over an [`Engine`] that holds the incumbent: a resumable
+/// schedule of runs, each on one part of the timeline, at one capacity, with one strategy and
+/// a node limit that doubles every round (MiniMalloc's round robin with restarts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Search {
+    goal: Goal,
+    align: usize,
+    lower: usize,
+    size: usize,
+    level: u32,
+    target: usize,
+    part: usize,
+    strategy: usize,
+    finished: bool,
+}
+
+impl Search {
+    /// A search that starts from a plan of `size` bytes (the engine's incumbent, rounded up
+    /// to `align`) and knows no plan is below `lower` (a multiple of `align`).
+    pub const fn new(goal: Goal, size: usize, lower: usize, align: usize) -> Search {
+        Search {
+            goal,
+            align,
+            lower,
+            size,
+            level: 1,
+            target: 0,
+            part: 0,
+            strategy: 0,
+            finished: false,
+        }
+    }
+
+    /// The best plan's size so far.
+    pub const fn size(&self) -> usize {
+        self.size
+    }
+
+    /// What is proved: no plan is smaller than this.
+    pub const fn lower(&self) -> usize {
+        self.lower
+    }
+
+    /// Whether the best plan is proved the smallest.
+    pub const fn optimal(&self) -> bool {
+        self.size <= self.lower
+    }
+
+    /// The capacity the current round asks for, or `None` when the goal is met or out of
+    /// reach. A round asks for the most the goal accepts, then the lower bound, then halfway
+    /// between: a tight capacity prunes harder and is often found faster than a loose one.
+    const fn capacity(&mut self) -> Option<usize> {
+        let a = self.align;
+        if self.size <= self.lower || self.size < a {
+            return None;
+        }
+        let below = self.size - a;
+        let top = match self.goal {
+            Goal::AtMost(bytes) => {
+                let want = bytes - bytes % a;
+                if self.size <= bytes || want < self.lower {
+                    return None;
+                }
+                if want < below { want } else { below }
+            }
+            Goal::Descend => return Some(below),
+            Goal::Smallest => below,
+        };
+        let mid = self.lower + (top - self.lower) / 2;
+        let t = [top, self.lower, mid - mid % a];
+        // lower <= mid <= top: ask each distinct one once a round.
+        loop {
+            let v = t[self.target];
+            if (self.target >= 1 && v == t[0]) || (self.target == 2 && v == t[1]) {
+                self.next_target();
+                continue;
+            }
+            return Some(v);
+        }
+    }
+
+    /// On to the next capacity of the round, or the next round with twice the nodes.
+    const fn next_target(&mut self) {
+        self.part = 0;
+        self.strategy = 0;
+        let targets = match self.goal {
+            Goal::Descend => 1,
+            _ => 3,
+        };
+        self.target += 1;
+        if self.target >= targets {
+            self.target = 0;
+            if self.level < 40 {
+                self.level += 1;
+            }
+        }
+    }
+
+    /// A fresh start after the bounds moved.
+    const fn restart(&mut self) {
+        self.target = 0;
+        self.part = 0;
+        self.strategy = 0;
+    }
+
+    /// One run of the engine, of at most `max_nodes` nodes. `specs` and `stages` are the
+    /// layout's (for the preorders).
+    pub const fn step(
+        &mut self,
+        engine: &mut Engine<'_>,
+        specs: &[FieldSpec],
+        stages: usize,
+        max_nodes: u64,
+    ) -> Step {
+        if self.finished {
+            return Step::Finished;
+        }
+        let cap = match self.capacity() {
+            Some(c) => c,
+            None => {
+                self.finished = true;
+                return Step::Finished;
+            }
+        };
+        let parts = engine.parts();
+        while self.part < parts && engine.part_end(self.part) <= cap {
+            self.part += 1;
+            self.strategy = 0;
+        }
+        if self.part == parts {
+            // Every part fits: a smaller plan.
+            self.size = match align_up(engine.end(), self.align) {
+                Some(s) => s,
+                None => self.size,
+            };
+            self.restart();
+            return Step::Working;
+        }
+        let limit = (engine.buffers() as u64 + 1).saturating_mul(1 << self.level);
+        let run = if max_nodes < limit { max_nodes } else { limit };
+        let (preorder, reorder) = STRATEGIES[self.strategy];
+        engine.set_preorder(preorder, specs, stages);
+        engine.set_reorder_parts(reorder);
+        match engine.run_part(self.part, cap, run) {
+            Outcome::Found { .. } => {
+                self.part += 1;
+                self.strategy = 0;
+                Step::Working
+            }
+            Outcome::Infeasible => {
+                // That part cannot fit `cap`: neither can the whole.
+                self.lower = cap + self.align;
+                self.restart();
+                Step::Working
+            }
+            Outcome::OutOfNodes => {
+                if run < limit {
+                    return Step::OutOfNodes;
+                }
+                self.strategy += 1;
+                if self.strategy == STRATEGIES.len() {
+                    self.next_target();
+                }
+                Step::Working
+            }
+        }
+    }
+}
+
+/// The capacities the derive asks for, in thousandths of the lower bound, loosest first: it
+/// stops at the first it cannot reach. 0 is a dive: anything below the best plan so far.
+const COMPILE_TIME_TARGETS: [usize; 9] = [0, 1150, 1100, 1070, 1050, 1030, 1015, 1005, 1000];
+
+/// The preorders the derive tries at each capacity.
+const COMPILE_TIME_PREORDERS: [Preorder; 3] = [Preorder::Wat, Preorder::Taw, Preorder::SectionTwa];
+
+/// The work (see [`Engine::work`]) one of the derive's constants may spend searching. rustc's
+/// `long_running_const_eval` lint fires after 2,000,000 loop iterations and calls in one
+/// evaluation; a constant of 1,000,000 units on a 454-field layout stayed under it, so this
+/// leaves room (and for building the engine). It also bounds the time: the compiler runs this
+/// code about 1,500 times slower than native code, some 10 µs a unit.
+pub const COMPILE_TIME_WORK: u64 = 500_000;
+
+/// Where the derive's search schedule stands: the next try (a capacity, a preorder) and
+/// whether it has stopped. See [`improve_slots`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Schedule {
+    /// The next try: index into the targets times the preorders.
+    next: usize,
+    /// A capacity could not be reached (or the plan is at its bound): nothing more is tried.
+    stopped: bool,
+}
+
+impl Schedule {
+    /// The start of the schedule.
+    pub const START: Schedule = Schedule {
+        next: 0,
+        stopped: false,
+    };
+
+    /// Whether the schedule is over: every target reached or one out of reach.
+    pub const fn done(&self) -> bool {
+        self.stopped || self.next >= COMPILE_TIME_TARGETS.len() * COMPILE_TIME_PREORDERS.len()
+    }
+
+    /// Whether the schedule is in its first phase: dives, each asking for anything smaller
+    /// than the best plan so far (cheap, and never the end of the schedule when they fail).
+    const fn diving(&self) -> bool {
+        COMPILE_TIME_TARGETS[self.next / COMPILE_TIME_PREORDERS.len()] == 0
+    }
+
+    /// On to the first try of the next capacity.
+    const fn next_capacity(&mut self) {
+        let per = COMPILE_TIME_PREORDERS.len();
+        self.next = (self.next / per + 1) * per;
+    }
+}
+
+/// The derive's search, carried from one constant to the next: the plan so far and where its
+/// [`Schedule`] stands. Each constant runs [`improve_step`]; no one constant's evaluation runs
+/// long, so rustc's lint for long evaluations never fires, in the deriving crate or in any
+/// crate that evaluates its constants again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Improving<const N: usize> {
+    result: Result<Plan<N>, PlanError>,
+    schedule: Schedule,
+}
+
+impl<const N: usize> Improving<N> {
+    /// The search's start: the greedy plan (or its error, which passes through).
+    pub const fn new(result: Result<Plan<N>, PlanError>) -> Self {
+        Improving {
+            result,
+            schedule: Schedule::START,
+        }
+    }
+
+    /// The plan so far: never larger than the one the search started from.
+    pub const fn result(&self) -> Result<Plan<N>, PlanError> {
+        self.result
+    }
+
+    /// Whether the search is over.
+    pub const fn done(&self) -> bool {
+        self.schedule.done() || self.result.is_err()
+    }
+}
+
+/// One of the derive's constants: continues the search from `state` ([`improve_slots`] within
+/// [`COMPILE_TIME_WORK`]). `LEN` is the scratch space, [`search_len`] of the starting plan.
+pub const fn improve_step<const N: usize, const LEN: usize>(
+    layout: &LayoutSpec,
+    specs: &[FieldSpec; N],
+    state: Improving<N>,
+) -> Improving<N> {
+    let mut state = state;
+    let mut plan = match state.result {
+        Ok(p) => p,
+        Err(_) => return state,
+    };
+    if state.schedule.done() {
+        return state;
+    }
+    let mut scratch = [0usize; LEN];
+    improve_slots(
+        layout,
+        specs,
+        &mut plan.slots,
+        &mut plan.totals,
+        &mut state.schedule,
+        COMPILE_TIME_WORK,
+        &mut scratch,
+    );
+    state.result = Ok(plan);
+    state
+}
+
+/// The derive's search on a plan of any length: continues `schedule` on the plan `slots` /
+/// `totals` (updated in place, never larger) within `work` (see [`Engine::work`]).
+///
+/// The schedule first dives under each of three preorders (asks for anything below the best
+/// plan so far: the first plan found, with little backtracking), then asks for capacities of
+/// 115%, 110%, 107%, 105%, 103%, 101.5%, 100.5% and 100% of the lower bound, loosest first,
+/// each with the three preorders, and stops at the first capacity it cannot reach. A try that
+/// runs out of work with all of `work` to itself has failed; one cut short by the work earlier
+/// tries of this call spent is left for the next call. `scratch` holds [`search_len`] of the
+/// plan; a layout without stages, or a plan already at its lower bound, stops the schedule at
+/// once. Every call makes progress, so calling until [`Schedule::done`] ends.
+pub const fn improve_slots(
+    layout: &LayoutSpec,
+    specs: &[FieldSpec],
+    slots: &mut [Slot],
+    totals: &mut Totals,
+    schedule: &mut Schedule,
+    work: u64,
+    scratch: &mut [usize],
+) {
+    let t = *totals;
+    let n = specs.len();
+    if layout.stages == 0 || t.size <= t.peak_live_bound || scratch.len() < scratch_len(n) {
+        schedule.stopped = true;
+        return;
+    }
+    // Targets the plan already meets are skipped here, for free.
+    loop {
+        if schedule.done() {
+            return;
+        }
+        match compile_time_cap(&t, schedule.next, totals.size) {
+            Some(cap) if cap < totals.size => break,
+            Some(_) => schedule.next_capacity(),
+            None => {
+                schedule.stopped = true;
+                return;
+            }
+        }
+    }
+    let (head, rest) = scratch.split_at_mut(scratch_len(n));
+    let sizes = measure(layout, specs, slots, head);
+    if sizes.scratch_len() > rest.len() {
+        schedule.stopped = true;
+        return;
+    }
+    let mut engine = Engine::new(layout, specs, slots, &sizes, rest);
+    engine.set_work_stop(work);
+    engine.set_reorder_parts(true);
+    let mut fresh = true;
+    let mut found = false;
+    let mut best = totals.size;
+    while !schedule.done() {
+        let cap = match compile_time_cap(&t, schedule.next, totals.size) {
+            Some(c) => c,
+            None => {
+                schedule.stopped = true;
+                break;
+            }
+        };
+        if cap >= best {
+            // Met by an earlier try: on to the next capacity.
+            schedule.next_capacity();
+            continue;
+        }
+        if !fresh && engine.work() >= work / 2 {
+            // Too little left for a fair try: the next call makes it.
+            break;
+        }
+        let preorder = COMPILE_TIME_PREORDERS[schedule.next % COMPILE_TIME_PREORDERS.len()];
+        engine.set_preorder(preorder, specs, layout.stages);
+        // A dive's capacity rarely binds: the floors' inference costs more than it prunes.
+        engine.set_waiting_floors(!schedule.diving());
+        match engine.run(cap, u64::MAX) {
+            Outcome::Found { end } => {
+                if let Some(size) = align_up(end, t.align) {
+                    if size < best {
+                        best = size;
+                        found = true;
+                    }
+                }
+                if schedule.diving() {
+                    schedule.next += 1;
+                } else {
+                    schedule.next_capacity();
+                }
+            }
+            // Proved out of reach: nothing tighter is either.
+            Outcome::Infeasible => schedule.stopped = true,
+            Outcome::OutOfNodes => {
+                if !fresh {
+                    break;
+                }
+                let diving = schedule.diving();
+                schedule.next += 1;
+                if !diving && schedule.next % COMPILE_TIME_PREORDERS.len() == 0 {
+                    schedule.stopped = true;
+                }
+            }
+        }
+        fresh = false;
+    }
+    if found {
+        // The engine keeps the offsets of its last plan found, the smallest; they move to
+        // `slots` through `head` (free since measuring), as the engine borrows `slots`.
+        let offsets = engine.offsets();
+        let mut i = 0;
+        while i < n {
+            head[i] = offsets[i];
+            i += 1;
+        }
+        let mut i = 0;
+        while i < n {
+            slots[i].offset = head[i];
+            i += 1;
+        }
+        totals.size = best;
+    }
+}
+
+/// The capacity of try `next` of the compile-time schedule for a plan of totals `t`.
+const fn compile_time_cap(t: &Totals, next: usize, best: usize) -> Option<usize> {
+    let target = COMPILE_TIME_TARGETS[next / COMPILE_TIME_PREORDERS.len()];
+    if target == 0 {
+        return if best > t.align {
+            Some(best - t.align)
+        } else {
+            None
+        };
+    }
+    match t.peak_live_bound.checked_mul(target) {
+        Some(v) => Some(v / 1000 - (v / 1000) % t.align),
+        None => None,
+    }
+}
+
+/// How many constants the derive's search runs in, each [`improve_step`]: with
+/// [`COMPILE_TIME_WORK`] each, this bounds what the search adds to a build. (The derive emits
+/// this many and checks, at compile time, that the numbers agree.)
+pub const COMPILE_TIME_STEPS: usize = 1;
+
+/// What the derive's chain of constants computes ([`COMPILE_TIME_STEPS`] calls of
+/// [`improve_step`] from the greedy plan), as one call: the same plan, for run-time tests and
+/// tools.
+pub const fn improve<const N: usize, const LEN: usize>(
+    layout: &LayoutSpec,
+    specs: &[FieldSpec; N],
+    plan: Result<Plan<N>, PlanError>,
+) -> Result<Plan<N>, PlanError> {
+    let mut state = Improving::new(plan);
+    let mut k = 0;
+    while k < COMPILE_TIME_STEPS {
+        state = improve_step::<N, LEN>(layout, specs, state);
+        k += 1;
+    }
+    state.result
+}
+
+/// Scratch space [`improve`] needs for `plan`: [`scratch_len`]`(N)` for measuring plus the
+/// engine's (0 for a layout without stages or an error). `S` is [`scratch_len`]`(N)`.
+pub const fn search_len<const N: usize, const S: usize>(
+    layout: &LayoutSpec,
+    specs: &[FieldSpec; N],
+    plan: &Result<Plan<N>, PlanError>,
+) -> usize {
+    let plan = match plan {
+        Ok(p) => p,
+        Err(_) => return 0,
+    };
+    if layout.stages == 0 || plan.totals.size <= plan.totals.peak_live_bound {
+        return 0;
+    }
+    let mut scratch = [0usize; S];
+    let sizes = measure(layout, specs, &plan.slots, &mut scratch);
+    S + sizes.scratch_len()
+}

@@ -1,0 +1,235 @@
+//! The planner's search, at run time (`LayoutBuilder::search`) and at compile time (the
+//! derive's `plan::improve_step` chain, run here through `plan::improve_slots`, the same
+//! `const fn`): never larger than the four-ordering greedy plan, never larger than the
+//! unaliased plan, and every plan checked by the independent validator `plan::validate`.
+
+use devarena::plan::{
+    self, COMPILE_TIME_STEPS, COMPILE_TIME_WORK, FieldSpec, LayoutSpec, LiveRange, Placed,
+    Schedule, Slot,
+};
+use devarena::{Budget, DeviceLayout, LayoutBuilder, RuntimeLayout};
+use devarena_kernels::pipeline::FrameStaged;
+use proptest::prelude::*;
+
+/// One buffer of a generated instance.
+#[derive(Clone, Debug)]
+struct Buf {
+    size: usize,
+    align: usize,
+    first: usize,
+    last: usize,
+}
+
+/// Up to 40 buffers of 1 B … 4 KiB, alignments 1 … 64, over up to 12 stages.
+fn instance() -> impl Strategy<Value = (usize, Vec<Buf>)> {
+    (1usize..=12).prop_flat_map(|stages| {
+        let buf = (1usize..=4096, 0u32..=6, 0..stages, 0..stages).prop_map(|(size, a, x, y)| Buf {
+            size,
+            align: 1 << a,
+            first: x.min(y),
+            last: x.max(y),
+        });
+        (Just(stages), prop::collection::vec(buf, 1..=40))
+    })
+}
+
+fn builder(stages: usize, bufs: &[Buf]) -> LayoutBuilder {
+    let mut b = LayoutBuilder::new("Generated").align(1).stages(stages);
+    for (i, x) in bufs.iter().enumerate() {
+        b = b
+            .array_aligned::<u8>(format!("b{i}"), x.size, x.align)
+            .live(x.first, x.last);
+    }
+    b
+}
+
+/// The validator's verdict on a run-time plan, and its size against the unaliased plan.
+fn check(layout: &RuntimeLayout) -> Result<(), TestCaseError> {
+    let placed: Vec<Placed> = layout.fields().iter().map(Placed::from).collect();
+    if let Err(v) = plan::validate(&placed, layout.size()) {
+        return Err(TestCaseError::fail(format!("invalid plan: {v}")));
+    }
+    prop_assert!(layout.size() <= layout.totals().unaliased_size);
+    prop_assert!(layout.size() >= layout.totals().peak_live_bound);
+    Ok(())
+}
+
+/// The compile-time search on a plan of any length: the derive's steps, run here.
+fn compile_time_plan(stages: usize, bufs: &[Buf]) -> (Vec<Slot>, plan::Totals, plan::Totals) {
+    let layout = LayoutSpec::DEFAULT.with_align(1).with_stages(stages);
+    let specs: Vec<FieldSpec> = bufs
+        .iter()
+        .map(|b| {
+            FieldSpec::of::<u8>(b.size)
+                .with_align(b.align)
+                .with_live(b.first, b.last)
+        })
+        .collect();
+    let n = specs.len();
+    let mut slots = vec![Slot::EMPTY; n];
+    let mut head = vec![0; plan::scratch_len(n)];
+    let greedy = plan::plan_into(&layout, &specs, &mut slots, &mut head).expect("valid");
+    let sizes = plan::measure(&layout, &specs, &slots, &mut head);
+    let mut scratch = vec![0; plan::scratch_len(n) + sizes.scratch_len()];
+    let mut totals = greedy;
+    let mut schedule = Schedule::START;
+    for _ in 0..COMPILE_TIME_STEPS {
+        plan::improve_slots(
+            &layout,
+            &specs,
+            &mut slots,
+            &mut totals,
+            &mut schedule,
+            COMPILE_TIME_WORK,
+            &mut scratch,
+        );
+    }
+    (slots, greedy, totals)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// `search` is never larger than `build` (the four-ordering greedy), nor than the
+    /// unaliased plan, and both are valid.
+    #[test]
+    fn search_never_loses_to_the_greedy_plan((stages, bufs) in instance()) {
+        let greedy = builder(stages, &bufs).build().unwrap();
+        let searched = builder(stages, &bufs).search(Budget::nodes(2_000)).unwrap();
+        check(&greedy)?;
+        check(&searched)?;
+        prop_assert!(searched.size() <= greedy.size());
+        let stats = searched.search_stats().unwrap();
+        prop_assert_eq!(stats.greedy_size, greedy.size());
+        prop_assert!(stats.lower >= searched.totals().peak_live_bound);
+        prop_assert!(searched.size() >= stats.lower);
+        if stats.optimal {
+            prop_assert_eq!(searched.size(), stats.lower);
+        }
+    }
+
+    /// The derive's search (the same const fns, run here) is never larger than the greedy
+    /// plan it starts from, nor than the unaliased plan, and is valid.
+    #[test]
+    fn compile_time_search_never_loses_to_the_greedy_plan((stages, bufs) in instance()) {
+        let (slots, greedy, totals) = compile_time_plan(stages, &bufs);
+        let built = builder(stages, &bufs).build().unwrap();
+        prop_assert_eq!(greedy.size, built.size());
+        prop_assert!(totals.size <= greedy.size);
+        prop_assert!(totals.size <= totals.unaliased_size);
+        prop_assert!(totals.size >= totals.peak_live_bound);
+        let placed: Vec<Placed> = slots
+            .iter()
+            .zip(&bufs)
+            .map(|(s, b)| Placed {
+                offset: s.offset,
+                size: s.size,
+                align: s.align,
+                live: LiveRange::new(b.first, b.last),
+            })
+            .collect();
+        if let Err(v) = plan::validate(&placed, totals.size) {
+            return Err(TestCaseError::fail(format!("invalid plan: {v}")));
+        }
+    }
+}
+
+/// The plan of a derived layout, checked by the validator.
+fn check_derived<L: DeviceLayout>() {
+    let placed: Vec<Placed> = L::FIELDS
+        .iter()
+        .zip(L::LIVE)
+        .map(|(f, &live)| Placed {
+            offset: f.offset,
+            size: f.size,
+            align: f.align,
+            live,
+        })
+        .collect();
+    if let Err(v) = plan::validate(&placed, L::SIZE) {
+        panic!("{}: invalid plan: {v}", L::NAME);
+    }
+    assert!(L::SIZE <= L::UNALIASED_SIZE, "{}", L::NAME);
+    assert!(L::SIZE >= L::PEAK_LIVE_BOUND, "{}", L::NAME);
+    assert_eq!(L::SIZE % L::ALIGN, 0, "{}", L::NAME);
+}
+
+/// A layout the greedy planner misses: 24 bytes by every ordering, 21 at best (stage 2 holds
+/// `a`, `e` and `f`).
+#[derive(DeviceLayout)]
+#[layout(align = 1, stages = 4)]
+#[allow(dead_code)]
+struct Tight {
+    #[layout(live = 1..=3)]
+    a: [u8; 5],
+    #[layout(live = 0..=0)]
+    b: [u8; 9],
+    #[layout(live = 0..=1)]
+    c: [u8; 1],
+    #[layout(live = 3..=3)]
+    d: [u8; 6],
+    #[layout(live = 2..=3)]
+    e: [u8; 7],
+    #[layout(live = 0..=2)]
+    f: [u8; 9],
+}
+
+#[test]
+fn the_derive_searches_past_the_greedy_plan() {
+    let greedy = LayoutBuilder::new("Tight")
+        .align(1)
+        .stages(4)
+        .array::<u8>("a", 5)
+        .live(1, 3)
+        .array::<u8>("b", 9)
+        .live(0, 0)
+        .array::<u8>("c", 1)
+        .live(0, 1)
+        .array::<u8>("d", 6)
+        .live(3, 3)
+        .array::<u8>("e", 7)
+        .live(2, 3)
+        .array::<u8>("f", 9)
+        .live(0, 2)
+        .build()
+        .unwrap();
+    assert_eq!(greedy.size(), 24);
+    assert_eq!(Tight::PEAK_LIVE_BOUND, 21);
+    assert_eq!(Tight::SIZE, 21, "the compile-time search reaches the bound");
+    check_derived::<Tight>();
+}
+
+/// A generic layout with stages keeps the greedy plan (its search would need an array length
+/// named by its parameters).
+#[derive(DeviceLayout)]
+#[layout(align = 1, stages = 4)]
+#[allow(dead_code)]
+struct TightGeneric<const N: usize> {
+    #[layout(live = 1..=3)]
+    a: [u8; N],
+    #[layout(live = 0..=0)]
+    b: [u8; 9],
+    #[layout(live = 0..=1)]
+    c: [u8; 1],
+    #[layout(live = 3..=3)]
+    d: [u8; 6],
+    #[layout(live = 2..=3)]
+    e: [u8; 7],
+    #[layout(live = 0..=2)]
+    f: [u8; 9],
+}
+
+#[test]
+fn generic_layouts_keep_the_greedy_plan() {
+    assert_eq!(TightGeneric::<5>::SIZE, 24);
+    check_derived::<TightGeneric<5>>();
+    check_derived::<TightGeneric<64>>();
+}
+
+#[test]
+fn derived_plans_are_valid() {
+    check_derived::<Tight>();
+    check_derived::<FrameStaged>();
+    check_derived::<devarena_tests::fixtures::Mixed>();
+    check_derived::<devarena_tests::Many>();
+}
