@@ -1,0 +1,535 @@
+//! The search's steps over its frames: opening a part of the timeline, choosing the next
+//! candidate in canonical order, placing and unplacing a buffer (with spatial inference and
+//! dominance), splitting the timeline into independent parts, and the iterative branch and
+//! bound that runs them.
+
+use super::super::align::align_up;
+use super::{
+    Engine, F_BARRIER, F_BUF, F_DONE, F_HAT, F_HEIGHT, F_LAST_OFF, F_LAST_RANK, F_OFF, F_PEND,
+    F_RANK, F_RMARK, F_SHI, F_SLO, F_TRAIL, GLOBAL, NONE, Outcome,
+};
+
+impl<'a> Engine<'a> {
+    /// Reads field `field` of frame `d`.
+    pub(super) const fn fr(&self, d: usize, field: usize) -> usize {
+        self.frames[field * (self.n + 1) + d]
+    }
+
+    /// Writes field `field` of frame `d`.
+    pub(super) const fn set(&mut self, d: usize, field: usize, v: usize) {
+        self.frames[field * (self.n + 1) + d] = v;
+    }
+
+    /// Back to nothing placed.
+    pub(super) const fn reset(&mut self) {
+        self.work += (self.n + self.count) as u64 + 1;
+        self.free_len = 0;
+        let mut b = 0;
+        while b < self.n {
+            self.min_off[b] = 0;
+            if self.lo[b] < self.hi[b] {
+                self.off[b] = NONE;
+                self.free[self.free_len] = b;
+                self.free_pos[b] = self.free_len;
+                self.free_len += 1;
+            } else {
+                // Zero bytes: at offset 0, in nobody's way.
+                self.off[b] = 0;
+            }
+            b += 1;
+        }
+        let mut x = 0;
+        while x <= self.count {
+            self.floor[x] = 0;
+            self.total[x] = self.total0[x];
+            self.cuts[x] = self.cuts0[x];
+            self.low[x] = self.total0[x];
+            x += 1;
+        }
+        self.trail_len = 0;
+        self.pend_len = 0;
+    }
+
+    /// Opens frame `d` on the part `[slo, shi)` of the timeline. An empty part gives way to
+    /// the next pending one; returns false when there is none left: every buffer is placed.
+    /// A part with a buffer that can no longer fit under `cap` opens with no candidates.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) const fn open(
+        &mut self,
+        d: usize,
+        mut slo: usize,
+        mut shi: usize,
+        mut last_off: usize,
+        mut last_rank: usize,
+        mut barrier: usize,
+        mut root: bool,
+        cap: usize,
+    ) -> bool {
+        self.set(d, F_RMARK, self.rtrail_len);
+        loop {
+            let mut members = 0;
+            let mut height = usize::MAX;
+            let mut dead = false;
+            self.work += self.free_len as u64 + 1;
+            let mut i = 0;
+            while i < self.free_len {
+                let b = self.free[i];
+                if self.lo[b] >= slo && self.lo[b] < shi {
+                    members += 1;
+                    let top = self.min_off[b].saturating_add(self.slots[b].size);
+                    if top > cap {
+                        dead = true;
+                    }
+                    if top < height {
+                        height = top;
+                    }
+                }
+                i += 1;
+            }
+            if members > 0 {
+                if root {
+                    self.rerank_part(slo, shi);
+                }
+                self.set(d, F_BUF, NONE);
+                self.set(d, F_OFF, NONE);
+                self.set(d, F_RANK, NONE);
+                // A buffer that cannot fit any more: exhausted before it starts.
+                self.set(d, F_DONE, dead as usize);
+                self.set(d, F_LAST_OFF, last_off);
+                self.set(d, F_LAST_RANK, last_rank);
+                self.set(d, F_SLO, slo);
+                self.set(d, F_SHI, shi);
+                self.set(d, F_HEIGHT, height);
+                self.set(d, F_BARRIER, barrier);
+                self.set(d, F_PEND, self.pend_len);
+                return true;
+            }
+            if self.pend_len == 0 {
+                return false;
+            }
+            self.pend_len -= 1;
+            slo = self.pend_lo[self.pend_len];
+            shi = self.pend_hi[self.pend_len];
+            barrier = self.pend_owner[self.pend_len];
+            last_off = 0;
+            last_rank = 0;
+            root = true;
+        }
+    }
+
+    /// The next candidate of frame `d` (the waiting buffer of its part with the smallest
+    /// (lowest offset, rank) after the last one tried that canonical order and dominance
+    /// allow), or NONE.
+    pub(super) const fn next_candidate(&mut self, d: usize) -> usize {
+        if self.fr(d, F_DONE) == 1 {
+            return NONE;
+        }
+        let (cur_off, cur_rank) = (self.fr(d, F_OFF), self.fr(d, F_RANK));
+        let (last_off, last_rank) = (self.fr(d, F_LAST_OFF), self.fr(d, F_LAST_RANK));
+        let (slo, shi, height) = (self.fr(d, F_SLO), self.fr(d, F_SHI), self.fr(d, F_HEIGHT));
+        let (mut pick, mut pick_off, mut pick_rank) = (NONE, usize::MAX, usize::MAX);
+        self.work += self.free_len as u64 + 1;
+        let mut i = 0;
+        while i < self.free_len {
+            let b = self.free[i];
+            i += 1;
+            if self.lo[b] < slo || self.lo[b] >= shi {
+                continue;
+            }
+            let (o, r) = (self.min_off[b], self.rank[b]);
+            if o >= height || o < last_off || (o == last_off && r < last_rank) {
+                continue;
+            }
+            if cur_off != NONE && (o < cur_off || (o == cur_off && r <= cur_rank)) {
+                continue;
+            }
+            if o < pick_off || (o == pick_off && r < pick_rank) {
+                pick = b;
+                pick_off = o;
+                pick_rank = r;
+            }
+        }
+        if pick == NONE {
+            self.set(d, F_DONE, 1);
+        } else {
+            self.set(d, F_OFF, pick_off);
+            self.set(d, F_RANK, pick_rank);
+        }
+        pick
+    }
+
+    /// Records a change of `min_off` (index below `n`) or of a section's floor (`n + s`).
+    pub(super) const fn remember(&mut self, i: usize, old: usize) {
+        self.trail_i[self.trail_len] = i;
+        self.trail_v[self.trail_len] = old;
+        self.trail_len += 1;
+    }
+
+    /// Places `b` at its lowest offset as frame `d`'s choice and returns whether every
+    /// section of the frame's part can still hold what waits there under `cap`.
+    pub(super) const fn place(&mut self, d: usize, b: usize, cap: usize) -> bool {
+        self.set(d, F_BUF, b);
+        self.set(d, F_TRAIL, self.trail_len);
+        self.trail_mark = self.trail_len;
+        let o = self.min_off[b];
+        let size = self.slots[b].size;
+        let top = o + size;
+        self.off[b] = o;
+        // Out of the waiting list (put back by `unplace`, last out first in).
+        let p = self.free_pos[b];
+        let last = self.free[self.free_len - 1];
+        self.free[p] = last;
+        self.free_pos[last] = p;
+        self.free[self.free_len - 1] = b;
+        self.free_pos[b] = self.free_len - 1;
+        self.free_len -= 1;
+        // Waiting neighbours now start above it.
+        let mut hat = 0;
+        let mut e = self.adj_base[b];
+        while e < self.adj_base[b + 1] {
+            let c = self.adj[e];
+            e += 1;
+            if self.off[c] != NONE {
+                continue;
+            }
+            hat = 1;
+            let above = match align_up(top, self.slots[c].align) {
+                Some(v) => v,
+                None => usize::MAX,
+            };
+            if self.min_off[c] < above {
+                self.remember(c, self.min_off[c]);
+                self.min_off[c] = above;
+            }
+        }
+        self.set(d, F_HAT, hat);
+        self.work += (self.adj_base[b + 1] - self.adj_base[b]) as u64
+            + (self.hi[b] - self.lo[b]) as u64
+            + (self.fr(d, F_SHI) - self.fr(d, F_SLO)) as u64;
+        let mut x = self.lo[b];
+        while x < self.hi[b] {
+            self.remember(self.n + x, self.floor[x]);
+            self.floor[x] = top;
+            self.total[x] -= size;
+            if x + 1 < self.hi[b] {
+                self.cuts[x] -= 1;
+            }
+            x += 1;
+        }
+        if self.floors {
+            self.refresh_lows(b);
+        }
+        let mut x = self.fr(d, F_SLO);
+        let shi = self.fr(d, F_SHI);
+        while x < shi {
+            // What waits in a section sits above the offset just chosen (canonical order),
+            // above what is placed there, and above the lowest offset any of it can take.
+            let floor = if self.floor[x] > o { self.floor[x] } else { o };
+            if floor.saturating_add(self.total[x]) > cap || self.low[x] > cap {
+                return false;
+            }
+            x += 1;
+        }
+        true
+    }
+
+    /// Recomputes the lowest waiting offset of every section where it may have changed since
+    /// frame `d`'s trail mark: the sections of `b` and of each buffer whose lowest offset the
+    /// trail records.
+    pub(super) const fn refresh_lows(&mut self, b: usize) {
+        self.tick += 1;
+        let mark = self.trail_mark;
+        self.refresh_span(b);
+        let mut t = mark;
+        while t < self.trail_len {
+            if self.trail_i[t] < self.n {
+                self.refresh_span(self.trail_i[t]);
+            }
+            t += 1;
+        }
+    }
+
+    /// Recomputes the lowest waiting offset of `b`'s sections not yet seen this tick.
+    pub(super) const fn refresh_span(&mut self, b: usize) {
+        let mut x = self.lo[b];
+        while x < self.hi[b] {
+            if self.stamp[x] != self.tick {
+                self.stamp[x] = self.tick;
+                let mut low = NONE;
+                self.work += (self.sec_base[x + 1] - self.sec_base[x]) as u64 + 1;
+                let mut e = self.sec_base[x];
+                while e < self.sec_base[x + 1] {
+                    let u = self.sec_mem[e];
+                    if self.off[u] == NONE && self.min_off[u] < low {
+                        low = self.min_off[u];
+                    }
+                    e += 1;
+                }
+                // What waits here stacks above the lowest offset any of it can take.
+                self.low[x] = if low == NONE {
+                    0
+                } else {
+                    low.saturating_add(self.total[x])
+                };
+            }
+            x += 1;
+        }
+    }
+
+    /// Takes back frame `d`'s placement.
+    pub(super) const fn unplace(&mut self, d: usize) {
+        let b = self.fr(d, F_BUF);
+        let mark = self.fr(d, F_TRAIL);
+        let end = self.trail_len;
+        self.work += (end - mark) as u64 + (self.hi[b] - self.lo[b]) as u64 + 1;
+        while self.trail_len > mark {
+            self.trail_len -= 1;
+            let (i, v) = (self.trail_i[self.trail_len], self.trail_v[self.trail_len]);
+            if i < self.n {
+                self.min_off[i] = v;
+            } else {
+                self.floor[i - self.n] = v;
+            }
+        }
+        let size = self.slots[b].size;
+        let mut x = self.lo[b];
+        while x < self.hi[b] {
+            self.total[x] += size;
+            if x + 1 < self.hi[b] {
+                self.cuts[x] += 1;
+            }
+            x += 1;
+        }
+        self.off[b] = NONE;
+        self.free_len += 1;
+        self.set(d, F_BUF, NONE);
+        if !self.floors {
+            return;
+        }
+        // The same sections as when it was placed, now with the old lowest offsets.
+        self.tick += 1;
+        self.refresh_span(b);
+        let mut t = mark;
+        while t < end {
+            if self.trail_i[t] < self.n {
+                self.refresh_span(self.trail_i[t]);
+            }
+            t += 1;
+        }
+    }
+
+    /// Pushes the independent parts `[p1, p2) .. [pk, shi)` of frame `d`'s part that
+    /// placing `b` made (boundaries inside `b`'s span that no waiting buffer crosses now),
+    /// and returns `p1` (or `shi` when nothing split): the child solves `[slo, p1)` first.
+    pub(super) const fn split(&mut self, d: usize, b: usize) -> usize {
+        let (slo, shi) = (self.fr(d, F_SLO), self.fr(d, F_SHI));
+        let start = self.pend_len;
+        let mut first = shi;
+        let mut prev = NONE;
+        let mut x = self.lo[b];
+        while x + 1 < self.hi[b] {
+            let cut = x + 1;
+            if self.cuts[x] == 0 && cut > slo && cut < shi {
+                if prev == NONE {
+                    first = cut;
+                } else {
+                    self.push_part(prev, cut, d);
+                }
+                prev = cut;
+            }
+            x += 1;
+        }
+        if prev != NONE {
+            self.push_part(prev, shi, d);
+            // Reverse what was pushed: the leftmost part is taken first.
+            let (mut i, mut j) = (start, self.pend_len - 1);
+            while i < j {
+                let (l, h) = (self.pend_lo[i], self.pend_hi[i]);
+                self.pend_lo[i] = self.pend_lo[j];
+                self.pend_hi[i] = self.pend_hi[j];
+                self.pend_lo[j] = l;
+                self.pend_hi[j] = h;
+                i += 1;
+                j -= 1;
+            }
+        }
+        first
+    }
+
+    pub(super) const fn push_part(&mut self, lo: usize, hi: usize, owner: usize) {
+        self.pend_lo[self.pend_len] = lo;
+        self.pend_hi[self.pend_len] = hi;
+        self.pend_owner[self.pend_len] = owner;
+        self.pend_len += 1;
+    }
+
+    /// Pushes the independent parts of the whole timeline (boundaries no buffer crosses) and
+    /// returns the end of the first.
+    pub(super) const fn split_root(&mut self) -> usize {
+        let mut first = self.count;
+        let mut prev = NONE;
+        let mut x = 0;
+        while x + 1 < self.count {
+            if self.cuts[x] == 0 {
+                let cut = x + 1;
+                if prev == NONE {
+                    first = cut;
+                } else {
+                    self.push_part(prev, cut, GLOBAL);
+                }
+                prev = cut;
+            }
+            x += 1;
+        }
+        if prev != NONE {
+            self.push_part(prev, self.count, GLOBAL);
+            let (mut i, mut j) = (0, self.pend_len - 1);
+            while i < j {
+                let (l, h) = (self.pend_lo[i], self.pend_hi[i]);
+                self.pend_lo[i] = self.pend_lo[j];
+                self.pend_hi[i] = self.pend_hi[j];
+                self.pend_lo[j] = l;
+                self.pend_hi[j] = h;
+                i += 1;
+                j -= 1;
+            }
+        }
+        first
+    }
+
+    /// The plan of the sections `[slo, shi)` just completed: the offsets of the buffers there
+    /// become the best, their end is returned.
+    pub(super) const fn record(&mut self, slo: usize, shi: usize) -> usize {
+        self.work += self.n as u64;
+        let mut end = 0;
+        let mut b = 0;
+        while b < self.n {
+            if self.lo[b] >= slo && self.lo[b] < shi || self.lo[b] == self.hi[b] {
+                self.best[b] = self.off[b];
+                let top = self.off[b] + self.slots[b].size;
+                if top > end {
+                    end = top;
+                }
+            }
+            b += 1;
+        }
+        end
+    }
+
+    /// The independent parts of the timeline: runs of sections that no buffer crosses between.
+    /// They can be solved one at a time ([`run_part`](Self::run_part)), each with the preorder
+    /// that suits it.
+    pub const fn parts(&self) -> usize {
+        let mut parts = 1;
+        let mut x = 0;
+        while x + 1 < self.count {
+            if self.cuts0[x] == 0 {
+                parts += 1;
+            }
+            x += 1;
+        }
+        parts
+    }
+
+    /// The sections `[lo, hi)` of independent part `i` (below [`parts`](Self::parts)).
+    pub const fn part(&self, i: usize) -> (usize, usize) {
+        let (mut k, mut start) = (0, 0);
+        let mut x = 0;
+        while x + 1 < self.count {
+            if self.cuts0[x] == 0 {
+                if k == i {
+                    return (start, x + 1);
+                }
+                k += 1;
+                start = x + 1;
+            }
+            x += 1;
+        }
+        (start, self.count)
+    }
+
+    /// [`run`](Self::run) on independent part `i` alone: only its buffers are placed (and
+    /// their offsets recorded); the others are left as they were.
+    pub const fn run_part(&mut self, i: usize, cap: usize, limit: u64) -> Outcome {
+        let (slo, shi) = self.part(i);
+        self.search(slo, shi, false, cap, limit)
+    }
+
+    /// Searches for a plan whose highest byte ends at most at `cap`, trying at most `limit`
+    /// nodes, with the preorder last set by [`set_preorder`](Self::set_preorder).
+    pub const fn run(&mut self, cap: usize, limit: u64) -> Outcome {
+        self.search(0, self.count, true, cap, limit)
+    }
+
+    /// The search over the sections `[slo, shi)`: the whole timeline (`whole`, split into its
+    /// independent parts up front) or one part.
+    pub(super) const fn search(
+        &mut self,
+        slo: usize,
+        shi: usize,
+        whole: bool,
+        cap: usize,
+        limit: u64,
+    ) -> Outcome {
+        self.reset();
+        let stop = self.nodes.saturating_add(limit);
+        let first = if whole { self.split_root() } else { shi };
+        self.rtrail_len = 0;
+        if !self.open(0, slo, first, 0, 0, GLOBAL, false, cap) {
+            return Outcome::Found {
+                end: self.record(slo, shi),
+            };
+        }
+        let mut d = 0;
+        loop {
+            let b = self.next_candidate(d);
+            if b == NONE {
+                // Frame `d` is exhausted: go back to where its failure belongs.
+                let barrier = self.fr(d, F_BARRIER);
+                let target = if barrier == GLOBAL {
+                    return Outcome::Infeasible;
+                } else if barrier != NONE {
+                    barrier
+                } else {
+                    d - 1
+                };
+                self.restore_ranks(self.fr(target + 1, F_RMARK));
+                while d > target {
+                    d -= 1;
+                    self.unplace(d);
+                }
+                self.pend_len = self.fr(d, F_PEND);
+                if self.fr(d, F_HAT) == 0 {
+                    // Its buffer was in nobody's way: its siblings fail as it did.
+                    self.set(d, F_DONE, 1);
+                }
+                continue;
+            }
+            if self.nodes >= stop || self.work >= self.work_stop {
+                return Outcome::OutOfNodes;
+            }
+            self.nodes += 1;
+            if !self.place(d, b, cap) {
+                self.unplace(d);
+                if self.fr(d, F_HAT) == 0 {
+                    self.set(d, F_DONE, 1);
+                }
+                continue;
+            }
+            let first = self.split(d, b);
+            let (slo_all, shi_all) = (slo, shi);
+            let (slo, shi) = (self.fr(d, F_SLO), self.fr(d, F_SHI));
+            let (o, r) = (self.off[b], self.rank[b]);
+            let opened = if first == shi {
+                self.open(d + 1, slo, shi, o, r, NONE, false, cap)
+            } else {
+                self.open(d + 1, slo, first, 0, 0, NONE, true, cap)
+            };
+            if !opened {
+                let end = self.record(slo_all, shi_all);
+                return Outcome::Found { end };
+            }
+            d += 1;
+        }
+    }
+}
