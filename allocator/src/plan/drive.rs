@@ -227,27 +227,52 @@ impl Search {
     }
 }
 
-/// The capacities the derive asks for, in thousandths of the lower bound, loosest first: it
-/// stops at the first it cannot reach. 0 is a dive: anything below the best plan so far.
-const COMPILE_TIME_TARGETS: [usize; 9] = [0, 1150, 1100, 1070, 1050, 1030, 1015, 1005, 1000];
+/// One try of the derive's search: a capacity, in thousandths of the lower bound (0 for a
+/// dive: anything below the best plan so far), the preorder, and whether spatial inference
+/// also uses the lowest waiting offsets (it prunes much more under a tight capacity, at some
+/// cost per node; a dive's capacity rarely binds).
+type Try = (usize, Preorder, bool);
 
-/// The preorders the derive tries at each capacity.
-const COMPILE_TIME_PREORDERS: [Preorder; 3] = [Preorder::Wat, Preorder::Taw, Preorder::SectionTwa];
+/// The derive's tries, in order. Two cheap dives first (each the first plan below the best
+/// with little backtracking; no one preorder suits every layout), then a capacity of 110% of
+/// the lower bound under two preorders, then 106% and 100%: a tight capacity prunes hard, so
+/// a try at it either succeeds quickly or is cut off. Tuned on MiniMalloc's eleven hard
+/// instances (BENCHMARKS.md), where these six reach a median of 1.099 × the capacity within
+/// 800,000 units of work, against 1.148 for the earlier schedule (every preorder at capacities
+/// loosest first, stopping at the first it could not reach) within 500,000.
+const COMPILE_TIME_TRIES: [Try; 6] = [
+    (0, Preorder::Wat, false),
+    (0, Preorder::Twa, false),
+    (1100, Preorder::Wat, true),
+    (1100, Preorder::Twa, true),
+    (1060, Preorder::Twa, true),
+    (1000, Preorder::Twa, true),
+];
+
+/// The work one try at a capacity may take before it counts as failed (a try that finds a
+/// plan at these capacities takes 150,000 to 300,000 units on the benchmark's layouts).
+const COMPILE_TIME_TRY_WORK: u64 = 300_000;
+
+/// The work one dive may take, per field squared: a dive places every field once, each after
+/// a look at every waiting field, and takes 1.6 to 2.4 times the square on the benchmark.
+const COMPILE_TIME_DIVE_WORK: u64 = 3;
 
 /// The work (see [`Engine::work`]) one of the derive's constants may spend searching. rustc's
 /// `long_running_const_eval` lint fires after 2,000,000 loop iterations and calls in one
 /// evaluation; a constant of 1,000,000 units on a 454-field layout stayed under it, so this
 /// leaves room (and for building the engine). It also bounds the time: the compiler runs this
 /// code about 1,500 times slower than native code, some 10 µs a unit.
-pub const COMPILE_TIME_WORK: u64 = 500_000;
+pub const COMPILE_TIME_WORK: u64 = 800_000;
 
-/// Where the derive's search schedule stands: the next try (a capacity, a preorder) and
-/// whether it has stopped. See [`improve_slots`].
+/// Where the derive's search schedule stands: the next try and whether it has stopped. See
+/// [`improve_slots`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Schedule {
-    /// The next try: index into the targets times the preorders.
+    /// The next try: index into the tries.
     next: usize,
-    /// A capacity could not be reached (or the plan is at its bound): nothing more is tried.
+    /// The largest capacity proved out of reach (0 for none): no try at or below it is made.
+    proved: usize,
+    /// The plan is proved the smallest: nothing more is tried.
     stopped: bool,
 }
 
@@ -255,24 +280,13 @@ impl Schedule {
     /// The start of the schedule.
     pub const START: Schedule = Schedule {
         next: 0,
+        proved: 0,
         stopped: false,
     };
 
-    /// Whether the schedule is over: every target reached or one out of reach.
+    /// Whether the schedule is over: every try made, or the plan proved the smallest.
     pub const fn done(&self) -> bool {
-        self.stopped || self.next >= COMPILE_TIME_TARGETS.len() * COMPILE_TIME_PREORDERS.len()
-    }
-
-    /// Whether the schedule is in its first phase: dives, each asking for anything smaller
-    /// than the best plan so far (cheap, and never the end of the schedule when they fail).
-    const fn diving(&self) -> bool {
-        COMPILE_TIME_TARGETS[self.next / COMPILE_TIME_PREORDERS.len()] == 0
-    }
-
-    /// On to the first try of the next capacity.
-    const fn next_capacity(&mut self) {
-        let per = COMPILE_TIME_PREORDERS.len();
-        self.next = (self.next / per + 1) * per;
+        self.stopped || self.next >= COMPILE_TIME_TRIES.len()
     }
 }
 
@@ -338,14 +352,15 @@ pub const fn improve_step<const N: usize, const LEN: usize>(
 /// The derive's search on a plan of any length: continues `schedule` on the plan `slots` /
 /// `totals` (updated in place, never larger) within `work` (see [`Engine::work`]).
 ///
-/// The schedule first dives under each of three preorders (asks for anything below the best
-/// plan so far: the first plan found, with little backtracking), then asks for capacities of
-/// 115%, 110%, 107%, 105%, 103%, 101.5%, 100.5% and 100% of the lower bound, loosest first,
-/// each with the three preorders, and stops at the first capacity it cannot reach. A try that
-/// runs out of work with all of `work` to itself has failed; one cut short by the work earlier
-/// tries of this call spent is left for the next call. `scratch` holds [`search_len`] of the
-/// plan; a layout without stages, or a plan already at its lower bound, stops the schedule at
-/// once. Every call makes progress, so calling until [`Schedule::done`] ends.
+/// The schedule makes six tries, each a run of the branch and bound under a preorder and a
+/// capacity, cut off when it takes more than its share of work: two dives (anything below the
+/// best plan so far, under two preorders; each may take three units per field squared), then
+/// capacities of 110% (two preorders), 106% and 100% of the lower bound (each may take
+/// 300,000 units). A try whose capacity the plan already meets, or that a capacity proved out
+/// of reach rules out, is skipped. A try cut short by the work earlier tries of this call
+/// spent is left for the next call. `scratch` holds [`search_len`] of the plan; a layout
+/// without stages, or a plan already at its lower bound, stops the schedule at once. Every
+/// call makes progress, so calling until [`Schedule::done`] ends.
 pub const fn improve_slots(
     layout: &LayoutSpec,
     specs: &[FieldSpec],
@@ -361,18 +376,14 @@ pub const fn improve_slots(
         schedule.stopped = true;
         return;
     }
-    // Targets the plan already meets are skipped here, for free.
+    // Tries the plan already meets are skipped here, for free.
     loop {
         if schedule.done() {
             return;
         }
-        match compile_time_cap(&t, schedule.next, totals.size) {
+        match compile_time_cap(&t, schedule, totals.size) {
             Some(cap) if cap < totals.size => break,
-            Some(_) => schedule.next_capacity(),
-            None => {
-                schedule.stopped = true;
-                return;
-            }
+            _ => schedule.next += 1,
         }
     }
     let (head, rest) = scratch.split_at_mut(scratch_len(n));
@@ -382,32 +393,35 @@ pub const fn improve_slots(
         return;
     }
     let mut engine = Engine::new(layout, specs, slots, &sizes, rest);
-    engine.set_work_stop(work);
-    engine.set_reorder_parts(true);
     let mut fresh = true;
     let mut found = false;
     let mut best = totals.size;
     while !schedule.done() {
-        let cap = match compile_time_cap(&t, schedule.next, totals.size) {
-            Some(c) => c,
-            None => {
-                schedule.stopped = true;
-                break;
+        let (permille, preorder, floors) = COMPILE_TIME_TRIES[schedule.next];
+        let cap = match compile_time_cap(&t, schedule, best) {
+            Some(c) if c < best => c,
+            // Met by an earlier try, or ruled out: on to the next.
+            _ => {
+                schedule.next += 1;
+                continue;
             }
         };
-        if cap >= best {
-            // Met by an earlier try: on to the next capacity.
-            schedule.next_capacity();
-            continue;
-        }
-        if !fresh && engine.work() >= work / 2 {
+        let share = if permille == 0 {
+            COMPILE_TIME_DIVE_WORK.saturating_mul((n as u64).saturating_mul(n as u64))
+        } else {
+            COMPILE_TIME_TRY_WORK
+        };
+        let used = engine.work();
+        let left = work.saturating_sub(used);
+        if !fresh && left < share / 2 {
             // Too little left for a fair try: the next call makes it.
             break;
         }
-        let preorder = COMPILE_TIME_PREORDERS[schedule.next % COMPILE_TIME_PREORDERS.len()];
+        engine.set_work_stop(used.saturating_add(if share < left { share } else { left }));
         engine.set_preorder(preorder, specs, layout.stages);
-        // A dive's capacity rarely binds: the floors' inference costs more than it prunes.
-        engine.set_waiting_floors(!schedule.diving());
+        // One order throughout (`set_preorder` turns reordering on).
+        engine.set_reorder_parts(false);
+        engine.set_waiting_floors(floors);
         match engine.run(cap, u64::MAX) {
             Outcome::Found { end } => {
                 if let Some(size) = align_up(end, t.align) {
@@ -416,25 +430,18 @@ pub const fn improve_slots(
                         found = true;
                     }
                 }
-                if schedule.diving() {
-                    schedule.next += 1;
-                } else {
-                    schedule.next_capacity();
-                }
             }
-            // Proved out of reach: nothing tighter is either.
-            Outcome::Infeasible => schedule.stopped = true,
-            Outcome::OutOfNodes => {
-                if !fresh {
-                    break;
-                }
-                let diving = schedule.diving();
-                schedule.next += 1;
-                if !diving && schedule.next % COMPILE_TIME_PREORDERS.len() == 0 {
+            Outcome::Infeasible => {
+                if permille == 0 {
+                    // Nothing below the best plan: it is the smallest.
                     schedule.stopped = true;
+                } else if cap > schedule.proved {
+                    schedule.proved = cap;
                 }
             }
+            Outcome::OutOfNodes => {}
         }
+        schedule.next += 1;
         fresh = false;
     }
     if found {
@@ -455,19 +462,26 @@ pub const fn improve_slots(
     }
 }
 
-/// The capacity of try `next` of the compile-time schedule for a plan of totals `t`.
-const fn compile_time_cap(t: &Totals, next: usize, best: usize) -> Option<usize> {
-    let target = COMPILE_TIME_TARGETS[next / COMPILE_TIME_PREORDERS.len()];
-    if target == 0 {
-        return if best > t.align {
-            Some(best - t.align)
+/// The capacity of the schedule's next try for a plan of totals `t` whose best size is
+/// `best`, or `None` when the try is ruled out.
+const fn compile_time_cap(t: &Totals, schedule: &Schedule, best: usize) -> Option<usize> {
+    let (permille, _, _) = COMPILE_TIME_TRIES[schedule.next];
+    let cap = if permille == 0 {
+        if best > t.align {
+            best - t.align
         } else {
-            None
-        };
-    }
-    match t.peak_live_bound.checked_mul(target) {
-        Some(v) => Some(v / 1000 - (v / 1000) % t.align),
-        None => None,
+            return None;
+        }
+    } else {
+        match t.peak_live_bound.checked_mul(permille) {
+            Some(v) => v / 1000 - (v / 1000) % t.align,
+            None => return None,
+        }
+    };
+    if cap <= schedule.proved || cap < t.peak_live_bound {
+        None
+    } else {
+        Some(cap)
     }
 }
 
