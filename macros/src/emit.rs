@@ -5,7 +5,8 @@
 //!
 //! * hidden constants holding the `LayoutSpec`, the `FieldSpec`s and the result of
 //!   `devarena::plan::plan` (the one planner), one `const _` check per field and attribute so
-//!   each compile error is spanned on its own tokens, and the `DeviceLayout` impl, the
+//!   each compile error is spanned on its own tokens (each reads whether the plan was found,
+//!   and runs its check only when it was not), and the `DeviceLayout` impl, the
 //!   `<Name>Offsets` struct and `OFFSETS` constant that read the plan;
 //! * the views struct (`<Name>Views<'a, K>`), generic over devarena's `ViewKind`, so one
 //!   struct serves host and device views, and the `views` fn that slices a region into it;
@@ -460,6 +461,8 @@ pub fn emit(layout: &Layout) -> TokenStream {
             const __DEVARENA_TYPES: [&'static str; #n] = [#(#types),*];
             #plan_items
             #[doc(hidden)]
+            const __DEVARENA_PLANNED: bool = Self::__DEVARENA_RESULT.is_ok();
+            #[doc(hidden)]
             const __DEVARENA_PLAN: #plan::Plan<#n> = #derive_plan;
             /// Byte offset of every field, computed by the compiler.
             pub const OFFSETS: #offsets_ident = #offsets_ident { #(#offset_inits,)* };
@@ -512,13 +515,17 @@ pub fn emit(layout: &Layout) -> TokenStream {
 fn derive_check(name: &Ident, name_str: &str, what: &str, index: usize, span: Span) -> TokenStream {
     let what = Ident::new(what, span);
     let ty = Ident::new(&name.to_string(), span);
+    // A plan found means every check passes (the planner runs them all): the check reads
+    // one `bool` and touches the layout's large constants only when there is an error.
     quote_spanned!(span=>
-        const _: () = ::devarena::plan::derive_check(
-            ::devarena::plan::Check::#what, #index,
-            &#ty::__DEVARENA_LAYOUT, &#ty::__DEVARENA_SPECS,
-            &#ty::__DEVARENA_RESULT, #name_str,
-            &#ty::__DEVARENA_NAMES, &#ty::__DEVARENA_TYPES,
-        );
+        const _: () = if !#ty::__DEVARENA_PLANNED {
+            ::devarena::plan::derive_check(
+                ::devarena::plan::Check::#what, #index,
+                &#ty::__DEVARENA_LAYOUT, &#ty::__DEVARENA_SPECS,
+                &#ty::__DEVARENA_RESULT, #name_str,
+                &#ty::__DEVARENA_NAMES, &#ty::__DEVARENA_TYPES,
+            )
+        };
     )
 }
 
