@@ -185,8 +185,9 @@ pub fn emit(layout: &Layout) -> TokenStream {
     // uses the layout's constants evaluates them again under its own lint levels, where no
     // attribute of ours reaches.
     //
-    // With stages: one constant per greedy ordering (without the `max_bytes` limit: one
-    // ordering alone may be over it), the smallest of them, then a chain of search steps that
+    // With stages: one constant for what the greedy orderings share (the fields checked,
+    // their spans, the lower bound), one per greedy ordering (without the `max_bytes` limit:
+    // one ordering alone may be over it), the smallest of them, then a chain of search steps that
     // improve on it under a fixed amount of work each (`plan::improve_step`), and `max_bytes`
     // checked once on the final plan. The search's scratch space is sized from the layout, so
     // its length is a constant of its own, named by the type (an array length cannot name
@@ -235,11 +236,17 @@ pub fn emit(layout: &Layout) -> TokenStream {
             (items, quote!(Self::#last.result()))
         };
         quote! {
+            #[doc(hidden)]
+            const __DEVARENA_PREPARED: #plan::Prepared<#n> = #plan::prepare::<#n, #scratch>(
+                &Self::__DEVARENA_LAYOUT.with_max_bytes(usize::MAX),
+                &Self::__DEVARENA_SPECS,
+            );
             #(
                 #[doc(hidden)]
-                const #greedy: #result_ty = #plan::plan_with::<#n, #scratch>(
+                const #greedy: #result_ty = #plan::plan_prepared::<#n, #scratch>(
                     &Self::__DEVARENA_LAYOUT.with_max_bytes(usize::MAX),
                     &Self::__DEVARENA_SPECS,
+                    &Self::__DEVARENA_PREPARED,
                     &[#plan::Strategy::#strategies],
                 );
             )*

@@ -48,6 +48,8 @@ pub use drive::{
     improve_slots, improve_step, search_len,
 };
 pub use error::{Message, PlanError, PlanErrorKind};
+#[doc(hidden)]
+pub use place::{Prepared, plan_prepared, prepare};
 pub use place::{
     check_align, check_field, check_live, check_size, layout_default_align, plan, plan_into,
     plan_into_with, plan_with, smaller, within_max_bytes,

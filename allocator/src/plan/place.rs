@@ -166,6 +166,28 @@ pub const fn plan_into_with(
         out.len() == n && scratch.len() >= scratch_len(n),
         "plan_into: out needs one entry per field, scratch scratch_len(fields)"
     );
+    let (lo, rest) = scratch.split_at_mut(n);
+    let (hi, rest) = rest.split_at_mut(n);
+    let (work, rest) = rest.split_at_mut(6 * n);
+    let (totals, count) = match prepare_into(layout, specs, out, lo, hi, work) {
+        Ok(t) => t,
+        Err(e) => return Err(e),
+    };
+    alias_prepared(layout, specs, out, lo, hi, count, totals, rest, strategies)
+}
+
+/// The part of planning every greedy ordering shares: checks every field, places the fields
+/// in declaration order in `out` (the unaliased plan), computes each field's span of
+/// sections into `lo` and `hi` and the lower bound; returns the totals of the unaliased plan
+/// and the number of sections. `work` holds `6n` entries.
+const fn prepare_into(
+    layout: &LayoutSpec,
+    specs: &[FieldSpec],
+    out: &mut [Slot],
+    lo: &mut [usize],
+    hi: &mut [usize],
+    work: &mut [usize],
+) -> Result<(Totals, usize), PlanError> {
     let mut align = match layout_default_align(layout) {
         Ok(a) => a,
         Err(e) => return Err(e),
@@ -248,13 +270,30 @@ pub const fn plan_into_with(
         unaliased_size,
         peak_live_bound: 0,
     };
-    let (lo, rest) = scratch.split_at_mut(n);
-    let (hi, rest) = rest.split_at_mut(n);
-    let (work, rest) = rest.split_at_mut(6 * n);
     let count = spans(layout, specs, out, lo, hi, work);
     totals.peak_live_bound = peak_live_bound(out, lo, hi, count, align, work);
+    Ok((totals, count))
+}
+
+/// The rest of planning, after [`prepare_into`]: with stages, the greedy `strategies` move
+/// the fields of `out` to their aliased offsets; then `max_bytes` is checked. `scratch`
+/// holds what [`scratch_len`] leaves after `lo`, `hi` and `work`.
+#[allow(clippy::too_many_arguments)]
+const fn alias_prepared(
+    layout: &LayoutSpec,
+    specs: &[FieldSpec],
+    out: &mut [Slot],
+    lo: &[usize],
+    hi: &[usize],
+    count: usize,
+    totals: Totals,
+    scratch: &mut [usize],
+    strategies: &[Strategy],
+) -> Result<Totals, PlanError> {
+    let n = specs.len();
+    let mut totals = totals;
     if layout.stages > 0 {
-        let (best, rest) = rest.split_at_mut(n);
+        let (best, rest) = scratch.split_at_mut(n);
         let end = match greedy(strategies, specs, out, lo, hi, count, best, rest) {
             Ok(e) => e,
             Err(e) => return Err(e),
@@ -264,7 +303,7 @@ pub const fn plan_into_with(
             out[i].offset = best[i];
             i += 1;
         }
-        totals.size = match round_size(end, align) {
+        totals.size = match round_size(end, totals.align) {
             Ok(s) => s,
             Err(e) => return Err(e),
         };
@@ -279,6 +318,75 @@ pub const fn plan_into_with(
         });
     }
     Ok(totals)
+}
+
+/// What every greedy ordering of one layout shares, computed once: every field checked and
+/// placed in declaration order (the unaliased plan, with its totals and lower bound), and
+/// each field's span of sections. The derive keeps it in a constant of its own and runs each
+/// ordering from it in another ([`plan_prepared`]); [`plan_with`] computes the same plans.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Prepared<const N: usize> {
+    unaliased: Result<Plan<N>, PlanError>,
+    lo: [usize; N],
+    hi: [usize; N],
+    count: usize,
+}
+
+/// The shared part of planning `specs` ([`Prepared`]). `SCRATCH` is at least
+/// [`scratch_len`]`(N)`.
+#[doc(hidden)]
+pub const fn prepare<const N: usize, const SCRATCH: usize>(
+    layout: &LayoutSpec,
+    specs: &[FieldSpec; N],
+) -> Prepared<N> {
+    let mut slots = [Slot::EMPTY; N];
+    let mut lo = [0usize; N];
+    let mut hi = [0usize; N];
+    let mut scratch = [0usize; SCRATCH];
+    let (work, _) = scratch.split_at_mut(6 * N);
+    let (unaliased, count) = match prepare_into(layout, specs, &mut slots, &mut lo, &mut hi, work) {
+        Ok((totals, count)) => (Ok(Plan { slots, totals }), count),
+        Err(e) => (Err(e), 0),
+    };
+    Prepared {
+        unaliased,
+        lo,
+        hi,
+        count,
+    }
+}
+
+/// [`plan_with`] from the shared part `prepared` (of the same `layout` and `specs`): the
+/// same plan, without checking the fields and finding the spans again. `SCRATCH` is at
+/// least [`scratch_len`]`(N)`.
+#[doc(hidden)]
+pub const fn plan_prepared<const N: usize, const SCRATCH: usize>(
+    layout: &LayoutSpec,
+    specs: &[FieldSpec; N],
+    prepared: &Prepared<N>,
+    strategies: &[Strategy],
+) -> Result<Plan<N>, PlanError> {
+    let plan = match prepared.unaliased {
+        Ok(p) => p,
+        Err(e) => return Err(e),
+    };
+    let mut slots = plan.slots;
+    let mut scratch = [0usize; SCRATCH];
+    match alias_prepared(
+        layout,
+        specs,
+        &mut slots,
+        &prepared.lo,
+        &prepared.hi,
+        prepared.count,
+        plan.totals,
+        &mut scratch,
+        strategies,
+    ) {
+        Ok(totals) => Ok(Plan { slots, totals }),
+        Err(e) => Err(e),
+    }
 }
 
 /// Plans a fixed number of fields: what the derive stores in its hidden constant. `SCRATCH` is
