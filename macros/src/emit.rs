@@ -30,7 +30,7 @@ use crate::model::{FieldKind, Layout};
 /// evaluates within a fixed amount of work, so the search's whole cost is bounded by this.
 /// `devarena::plan::COMPILE_TIME_STEPS` is the source of truth; the generated code checks
 /// that the two agree.
-const SEARCH_STEPS: usize = 1;
+const SEARCH_STEPS: usize = 2;
 
 pub fn emit(layout: &Layout) -> TokenStream {
     let name = &layout.ident;

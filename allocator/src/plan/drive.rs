@@ -236,10 +236,10 @@ type Try = (usize, Preorder, bool);
 /// The derive's tries, in order. Two cheap dives first (each the first plan below the best
 /// with little backtracking; no one preorder suits every layout), then a capacity of 110% of
 /// the lower bound under two preorders, then 106% and 100%: a tight capacity prunes hard, so
-/// a try at it either succeeds quickly or is cut off. Tuned on MiniMalloc's eleven hard
-/// instances (BENCHMARKS.md), where these six reach a median of 1.099 × the capacity within
-/// 800,000 units of work, against 1.148 for the earlier schedule (every preorder at capacities
-/// loosest first, stopping at the first it could not reach) within 500,000.
+/// a try at it either succeeds quickly or is cut off. Chosen on MiniMalloc's eleven hard
+/// instances (BENCHMARKS.md): within the derive's work these six reach a median of 1.099 ×
+/// the capacity, where the earlier schedule (every preorder at capacities loosest first,
+/// stopping at the first it could not reach) reached 1.148.
 const COMPILE_TIME_TRIES: [Try; 6] = [
     (0, Preorder::Wat, false),
     (0, Preorder::Twa, false),
@@ -259,10 +259,11 @@ const COMPILE_TIME_DIVE_WORK: u64 = 3;
 
 /// The work (see [`Engine::work`]) one of the derive's constants may spend searching. rustc's
 /// `long_running_const_eval` lint fires after 2,000,000 loop iterations and calls in one
-/// evaluation; a constant of 1,000,000 units on a 454-field layout stayed under it, so this
-/// leaves room (and for building the engine). It also bounds the time: the compiler runs this
-/// code about 1,500 times slower than native code, some 10 µs a unit.
-pub const COMPILE_TIME_WORK: u64 = 800_000;
+/// evaluation; how many a unit takes depends on the layout: 800,000 units in one constant
+/// stayed under it on a 454-field layout but not on a 409-field one, where 400,000 leave
+/// room (and for building the engine). It also bounds the time: the compiler runs this code
+/// about 1,500 times slower than native code, some 10 to 15 µs a unit.
+pub const COMPILE_TIME_WORK: u64 = 400_000;
 
 /// Where the derive's search schedule stands: the next try and whether it has stopped. See
 /// [`improve_slots`].
@@ -357,10 +358,11 @@ pub const fn improve_step<const N: usize, const LEN: usize>(
 /// best plan so far, under two preorders; each may take three units per field squared), then
 /// capacities of 110% (two preorders), 106% and 100% of the lower bound (each may take
 /// 300,000 units). A try whose capacity the plan already meets, or that a capacity proved out
-/// of reach rules out, is skipped. A try cut short by the work earlier tries of this call
-/// spent is left for the next call. `scratch` holds [`search_len`] of the plan; a layout
-/// without stages, or a plan already at its lower bound, stops the schedule at once. Every
-/// call makes progress, so calling until [`Schedule::done`] ends.
+/// of reach rules out, is skipped. A try with less than half its share left is left for the
+/// next call, unless it is the call's first (which always runs, on what is left); every call
+/// thus makes progress. `scratch` holds [`search_len`] of the plan; a layout
+/// without stages, or a plan already at its lower bound, stops the schedule at once; calling
+/// until [`Schedule::done`] ends.
 pub const fn improve_slots(
     layout: &LayoutSpec,
     specs: &[FieldSpec],
@@ -486,9 +488,11 @@ const fn compile_time_cap(t: &Totals, schedule: &Schedule, best: usize) -> Optio
 }
 
 /// How many constants the derive's search runs in, each [`improve_step`]: with
-/// [`COMPILE_TIME_WORK`] each, this bounds what the search adds to a build. (The derive emits
-/// this many and checks, at compile time, that the numbers agree.)
-pub const COMPILE_TIME_STEPS: usize = 1;
+/// [`COMPILE_TIME_WORK`] each, this bounds what the search adds to a build (about 8 s for
+/// 454 fields). The schedule carries over from one to the next, so two constants of
+/// 400,000 units reach the plans one of 800,000 would. (The derive emits this many and
+/// checks, at compile time, that the numbers agree.)
+pub const COMPILE_TIME_STEPS: usize = 2;
 
 /// What the derive's chain of constants computes ([`COMPILE_TIME_STEPS`] calls of
 /// [`improve_step`] from the greedy plan), as one call: the same plan, for run-time tests and
