@@ -499,6 +499,33 @@ impl Shared {
         }
     }
 
+    /// Counts a free of `reserved` bytes (the pool's and the owner's counters) and records
+    /// its event for the sink, if one is on: the end every free under the lock shares.
+    #[inline(always)]
+    fn count_free(
+        &self,
+        state: &mut State,
+        live: &Live,
+        addr: u64,
+        reserved: usize,
+        stream: StreamId,
+        tag: Option<&str>,
+    ) {
+        state.counts.on_free_bytes(reserved);
+        state.clients[live.client as usize]
+            .counts
+            .on_free(reserved, live.size);
+        if state.sink.is_some() {
+            let ask = Ask {
+                client: live.client,
+                size: live.size,
+                align: live.align as usize,
+                stream,
+            };
+            self.emit(state, PoolAction::Free, &ask, addr, reserved, tag, None);
+        }
+    }
+
     /// Records an event for the sink, to be delivered once the lock is released.
     #[allow(clippy::too_many_arguments)]
     #[cold]

@@ -342,18 +342,24 @@ impl<'a> Engine<'a> {
         if prev != NONE {
             self.push_part(prev, shi, d);
             // Reverse what was pushed: the leftmost part is taken first.
-            let (mut i, mut j) = (start, self.pend_len - 1);
-            while i < j {
-                let (l, h) = (self.pend_lo[i], self.pend_hi[i]);
-                self.pend_lo[i] = self.pend_lo[j];
-                self.pend_hi[i] = self.pend_hi[j];
-                self.pend_lo[j] = l;
-                self.pend_hi[j] = h;
-                i += 1;
-                j -= 1;
-            }
+            self.reverse_parts(start);
         }
         first
+    }
+
+    /// Reverses the pending parts from `start` on (all pushed with one owner): the parts
+    /// were pushed left to right, and the leftmost must be taken first.
+    pub(super) const fn reverse_parts(&mut self, start: usize) {
+        let (mut i, mut j) = (start, self.pend_len - 1);
+        while i < j {
+            let (l, h) = (self.pend_lo[i], self.pend_hi[i]);
+            self.pend_lo[i] = self.pend_lo[j];
+            self.pend_hi[i] = self.pend_hi[j];
+            self.pend_lo[j] = l;
+            self.pend_hi[j] = h;
+            i += 1;
+            j -= 1;
+        }
     }
 
     pub(super) const fn push_part(&mut self, lo: usize, hi: usize, owner: usize) {
@@ -383,16 +389,7 @@ impl<'a> Engine<'a> {
         }
         if prev != NONE {
             self.push_part(prev, self.count, GLOBAL);
-            let (mut i, mut j) = (0, self.pend_len - 1);
-            while i < j {
-                let (l, h) = (self.pend_lo[i], self.pend_hi[i]);
-                self.pend_lo[i] = self.pend_lo[j];
-                self.pend_hi[i] = self.pend_hi[j];
-                self.pend_lo[j] = l;
-                self.pend_hi[j] = h;
-                i += 1;
-                j -= 1;
-            }
+            self.reverse_parts(0);
         }
         first
     }

@@ -254,19 +254,7 @@ impl Shared {
                 state.tlsf.release(block) as usize
             }
         };
-        state.counts.on_free_bytes(reserved);
-        state.clients[live.client as usize]
-            .counts
-            .on_free(reserved, live.size);
-        if state.sink.is_some() {
-            let ask = Ask {
-                client: live.client,
-                size: live.size,
-                align: live.align as usize,
-                stream,
-            };
-            self.emit(state, PoolAction::Free, &ask, addr, reserved, tag, None);
-        }
+        self.count_free(state, live, addr, reserved, stream, tag);
     }
 
     #[cold]

@@ -10,7 +10,6 @@ use alloc::format;
 use super::super::graph::{GraphEvent, GraphStats, Held, Owner};
 use super::{Ask, Live, LiveInfo, LockGuard, Shared, State, TRIM_TRIES};
 use crate::error::Error;
-use crate::pool::events::PoolAction;
 use crate::pool::stream::StreamId;
 use crate::pool::{AllocRequest, Tracking, effective_align};
 
@@ -157,20 +156,8 @@ impl Shared {
             ),
         }
         state.graphs.forget(addr);
-        state.counts.on_free_bytes(reserved);
-        state.clients[live.client as usize]
-            .counts
-            .on_free(reserved, live.size);
-        if state.sink.is_some() {
-            let ask = Ask {
-                client: live.client,
-                size: live.size,
-                align: live.align as usize,
-                stream,
-            };
-            let tag = info.as_ref().and_then(|i| i.tag.as_deref());
-            self.emit(state, PoolAction::Free, &ask, addr, reserved, tag, None);
-        }
+        let tag = info.as_ref().and_then(|i| i.tag.as_deref());
+        self.count_free(state, live, addr, reserved, stream, tag);
         Ok(info)
     }
 
