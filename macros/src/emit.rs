@@ -187,9 +187,9 @@ pub fn emit(layout: &Layout) -> TokenStream {
     //
     // With stages: one constant for what the greedy orderings share (the fields checked,
     // their spans, the lower bound), one per greedy ordering (without the `max_bytes` limit:
-    // one ordering alone may be over it), the smallest of them, then a chain of search steps that
-    // improve on it under a fixed amount of work each (`plan::improve_step`), and `max_bytes`
-    // checked once on the final plan. The search's scratch space is sized from the layout, so
+    // one ordering alone may be over it), the smallest of them, then a chain of search steps
+    // that improve on it under a fixed amount of work each (`plan::improve_step`), and
+    // `max_bytes` checked once on the final plan. The search's scratch space is sized from the layout, so
     // its length is a constant of its own, named by the type (an array length cannot name
     // `Self`, nor a generic layout's parameters: generic layouts keep the greedy plan).
     let result_ty = quote!(::core::result::Result<#plan::Plan<#n>, #plan::PlanError>);
