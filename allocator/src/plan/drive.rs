@@ -5,7 +5,7 @@
 //! * [`Search`] serves [`LayoutBuilder::search`](crate::LayoutBuilder::search): a resumable
 //!   `const fn` state machine, stepped between checks of a node or time budget.
 //! * [`improve_slots`] (through [`improve_step`], one per constant) serves the derive: a fixed
-//!   schedule (dives, then capacities closer and closer to the lower bound) under a fixed
+//!   schedule (dives and capacities closer and closer to the lower bound) under a fixed
 //!   amount of work per constant, evaluated by the compiler.
 
 use super::align::align_up;
@@ -233,29 +233,38 @@ impl Search {
 /// cost per node; a dive's capacity rarely binds).
 type Try = (usize, Preorder, bool);
 
-/// The derive's tries, in order. Two cheap dives first (each the first plan below the best
-/// with little backtracking; no one preorder suits every layout), then a capacity of 110% of
-/// the lower bound under two preorders, then 106% and 100%: a tight capacity prunes hard, so
-/// a try at it either succeeds quickly or is cut off. Chosen on MiniMalloc's eleven hard
-/// instances (BENCHMARKS.md): within the derive's work these six reach a median of 1.099 ×
-/// the capacity, where the earlier schedule (every preorder at capacities loosest first,
-/// stopping at the first it could not reach) reached 1.148.
-const COMPILE_TIME_TRIES: [Try; 6] = [
-    (0, Preorder::Wat, false),
+/// The derive's tries, in order, chosen on MiniMalloc's eleven hard instances within the
+/// derive's work (BENCHMARKS.md). A cheap dive under TAW first, then loose capacities under
+/// the preorders that find them on most layouts (120% under TWA, 115% under WAT with the
+/// waiting-offset inference, which a layout whose dive stalled needs), a second dive under
+/// TWA from the better plan, then tighter capacities (115%, 110%, 108%, 106%) under the
+/// three preorders in turn. A loose capacity binds little, so a try at it is about as cheap
+/// as a dive; each try may take a whole constant's work, because the capacities these
+/// layouts reach take 200,000 to 370,000 units to find and a try cut off short of that
+/// finds nothing. Against the earlier schedule (dives under WAT and TWA, then 110%, 106%
+/// and 100% under at most 300,000 units each) this brings the worst layout from 1.257 ×
+/// the capacity to 1.197, and keeps the median at 1.099.
+const COMPILE_TIME_TRIES: [Try; 8] = [
+    (0, Preorder::Taw, false),
+    (1200, Preorder::Twa, false),
+    (1150, Preorder::Wat, true),
     (0, Preorder::Twa, false),
+    (1150, Preorder::Twa, false),
     (1100, Preorder::Wat, true),
-    (1100, Preorder::Twa, true),
-    (1060, Preorder::Twa, true),
-    (1000, Preorder::Twa, true),
+    (1080, Preorder::Twa, false),
+    (1060, Preorder::Taw, false),
 ];
 
-/// The work one try at a capacity may take before it counts as failed (a try that finds a
-/// plan at these capacities takes 150,000 to 300,000 units on the benchmark's layouts).
-const COMPILE_TIME_TRY_WORK: u64 = 300_000;
+/// The work one try at a capacity may take before it counts as failed: a whole constant's
+/// (a try that finds a plan at these capacities takes 50,000 to 370,000 units on the
+/// benchmark's layouts).
+const COMPILE_TIME_TRY_WORK: u64 = COMPILE_TIME_WORK;
 
 /// The work one dive may take, per field squared: a dive places every field once, each after
-/// a look at every waiting field, and takes 1.6 to 2.4 times the square on the benchmark.
-const COMPILE_TIME_DIVE_WORK: u64 = 3;
+/// a look at every waiting field, and takes 1.6 to 2.4 times the square on the benchmark
+/// (a dive cut off at twice the square leaves the rest of the constant to the tries after
+/// it).
+const COMPILE_TIME_DIVE_WORK: u64 = 2;
 
 /// The work (see [`Engine::work`]) one of the derive's constants may spend searching. rustc's
 /// `long_running_const_eval` lint fires after 2,000,000 loop iterations and calls in one
@@ -353,11 +362,12 @@ pub const fn improve_step<const N: usize, const LEN: usize>(
 /// The derive's search on a plan of any length: continues `schedule` on the plan `slots` /
 /// `totals` (updated in place, never larger) within `work` (see [`Engine::work`]).
 ///
-/// The schedule makes six tries, each a run of the branch and bound under a preorder and a
+/// The schedule makes eight tries, each a run of the branch and bound under a preorder and a
 /// capacity, cut off when it takes more than its share of work: two dives (anything below the
-/// best plan so far, under two preorders; each may take three units per field squared), then
-/// capacities of 110% (two preorders), 106% and 100% of the lower bound (each may take
-/// 300,000 units). A try whose capacity the plan already meets, or that a capacity proved out
+/// best plan so far, under TAW first and TWA fourth; each may take two units per field
+/// squared) and six capacities, in thousandths of the lower bound: 1200 (TWA), 1150 (WAT,
+/// with the waiting-offset inference), 1150 (TWA), 1100 (WAT, with the inference), 1080
+/// (TWA) and 1060 (TAW), each of which may take a whole call's `work`. A try whose capacity the plan already meets, or that a capacity proved out
 /// of reach rules out, is skipped. A try with less than half its share left is left for the
 /// next call, unless it is the call's first (which always runs, on what is left); every call
 /// thus makes progress. `scratch` holds [`search_len`] of the plan; a layout
