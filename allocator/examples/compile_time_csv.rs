@@ -1,0 +1,119 @@
+//! The derive's compile-time search run natively on MiniMalloc CSVs: the same const fns
+//! (`plan::improve_slots`, `COMPILE_TIME_STEPS` calls of `COMPILE_TIME_WORK` each, from the
+//! four-ordering greedy plan) on the layout `tests/compile-dsa.sh` derives from each file, so
+//! the plans equal the compiler's. A quick way to try a schedule before building the derives.
+//!
+//!     cargo run --release -p devarena --example compile_time_csv -- F.csv [G.csv ...]
+//!
+//! Prints, per file, the greedy plan's and the searched plan's `SIZE / 1,048,576`, and each
+//! plan is checked by `plan::validate`.
+
+use std::process::ExitCode;
+
+use devarena::plan::{
+    self, COMPILE_TIME_STEPS, COMPILE_TIME_WORK, FieldSpec, LayoutSpec, Placed, Schedule, Slot,
+};
+
+/// The layout of one CSV (`id,lower,upper,size`, live over `[lower, upper)`), as
+/// `tests/compile-dsa.sh` writes it: align 1, one stage per distinct time.
+fn load(path: &str) -> Result<(LayoutSpec, Vec<FieldSpec>), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    let mut lines = text.lines();
+    let head: Vec<&str> = lines
+        .next()
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .collect();
+    let col = |name: &str| {
+        head.iter()
+            .position(|h| *h == name)
+            .ok_or_else(|| format!("{path}: no `{name}` column"))
+    };
+    let (lo, up, sz) = (col("lower")?, col("upper")?, col("size")?);
+    let mut rows = Vec::new();
+    for (i, line) in lines.enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+        let num = |c: usize| -> Result<u64, String> {
+            cells
+                .get(c)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| format!("{path} line {}: bad number in column {c}", i + 2))
+        };
+        let (l, u, s) = (num(lo)?, num(up)?, num(sz)?);
+        if u <= l || s == 0 {
+            return Err(format!(
+                "{path} line {}: upper <= lower or zero size",
+                i + 2
+            ));
+        }
+        rows.push((l, u, s as usize));
+    }
+    let mut times: Vec<u64> = rows.iter().flat_map(|r| [r.0, r.1]).collect();
+    times.sort_unstable();
+    times.dedup();
+    let rank = |t: u64| times.partition_point(|&x| x < t);
+    let layout = LayoutSpec::DEFAULT.with_align(1).with_stages(times.len());
+    let specs = rows
+        .iter()
+        .map(|r| FieldSpec::of::<u8>(r.2).with_live(rank(r.0), rank(r.1) - 1))
+        .collect();
+    Ok((layout, specs))
+}
+
+fn run(path: &str) -> Result<(), String> {
+    let (layout, specs) = load(path)?;
+    let n = specs.len();
+    let mut slots = vec![Slot::EMPTY; n];
+    let mut head = vec![0; plan::scratch_len(n)];
+    let greedy = plan::plan_into(&layout, &specs, &mut slots, &mut head)
+        .map_err(|e| format!("{path}: {e:?}"))?;
+    let sizes = plan::measure(&layout, &specs, &slots, &mut head);
+    let mut scratch = vec![0; plan::scratch_len(n) + sizes.scratch_len()];
+    let mut totals = greedy;
+    let mut schedule = Schedule::START;
+    for _ in 0..COMPILE_TIME_STEPS {
+        plan::improve_slots(
+            &layout,
+            &specs,
+            &mut slots,
+            &mut totals,
+            &mut schedule,
+            COMPILE_TIME_WORK,
+            &mut scratch,
+        );
+    }
+    let placed: Vec<Placed> = slots
+        .iter()
+        .zip(&specs)
+        .map(|(s, f)| Placed {
+            offset: s.offset,
+            size: s.size,
+            align: s.align,
+            live: f.live,
+        })
+        .collect();
+    plan::validate(&placed, totals.size).map_err(|v| format!("{path}: invalid plan: {v}"))?;
+    let mib = |b: usize| b as f64 / 1_048_576.0;
+    println!(
+        "{path}: fields {n} greedy {:.4} searched {:.4}",
+        mib(greedy.size),
+        mib(totals.size)
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let files: Vec<String> = std::env::args().skip(1).collect();
+    if files.is_empty() {
+        eprintln!("usage: compile_time_csv F.csv [G.csv ...]");
+        return ExitCode::FAILURE;
+    }
+    for f in &files {
+        if let Err(e) = run(f) {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
