@@ -1,6 +1,6 @@
-//! The derive's compile-time search run natively on MiniMalloc CSVs: the same const fns
-//! (`plan::improve_slots`, `COMPILE_TIME_STEPS` calls of `COMPILE_TIME_WORK` each, from the
-//! four-ordering greedy plan) on the layout `tests/compile-dsa.sh` derives from each file, so
+//! The derive's compile-time search run natively on MiniMalloc CSVs: `plan::plan_as_derive`,
+//! the same const fns and work as the compiler's (`plan::improve_slots`, `COMPILE_TIME_STEPS`
+//! calls of `COMPILE_TIME_WORK` each, from the four-ordering greedy plan) on the layout `tests/compile-dsa.sh` derives from each file, so
 //! the plans equal the compiler's. A quick way to try a schedule before building the derives.
 //!
 //!     cargo run --release -p devarena --example compile_time_csv -- F.csv [G.csv ...]
@@ -10,9 +10,7 @@
 
 use std::process::ExitCode;
 
-use devarena::plan::{
-    self, COMPILE_TIME_STEPS, COMPILE_TIME_WORK, FieldSpec, LayoutSpec, Placed, Schedule, Slot,
-};
+use devarena::plan::{self, FieldSpec, LayoutSpec, Placed, Slot};
 
 /// The layout of one CSV (`id,lower,upper,size`, live over `[lower, upper)`), as
 /// `tests/compile-dsa.sh` writes it: align 1, one stage per distinct time.
@@ -65,24 +63,8 @@ fn run(path: &str) -> Result<(), String> {
     let (layout, specs) = load(path)?;
     let n = specs.len();
     let mut slots = vec![Slot::EMPTY; n];
-    let mut head = vec![0; plan::scratch_len(n)];
-    let greedy = plan::plan_into(&layout, &specs, &mut slots, &mut head)
-        .map_err(|e| format!("{path}: {e:?}"))?;
-    let sizes = plan::measure(&layout, &specs, &slots, &mut head);
-    let mut scratch = vec![0; plan::scratch_len(n) + sizes.scratch_len()];
-    let mut totals = greedy;
-    let mut schedule = Schedule::START;
-    for _ in 0..COMPILE_TIME_STEPS {
-        plan::improve_slots(
-            &layout,
-            &specs,
-            &mut slots,
-            &mut totals,
-            &mut schedule,
-            COMPILE_TIME_WORK,
-            &mut scratch,
-        );
-    }
+    let (greedy, totals) =
+        plan::plan_as_derive(&layout, &specs, &mut slots).map_err(|e| format!("{path}: {e:?}"))?;
     let placed: Vec<Placed> = slots
         .iter()
         .zip(&specs)

@@ -1,12 +1,9 @@
 //! The planner's search, at run time (`LayoutBuilder::search`) and at compile time (the
-//! derive's `plan::improve_step` chain, run here through `plan::improve_slots`, the same
-//! `const fn`): never larger than the four-ordering greedy plan, never larger than the
+//! derive's `plan::improve_step` chain, run here through `plan::plan_as_derive`: the same
+//! `const fn`s and work): never larger than the four-ordering greedy plan, never larger than the
 //! unaliased plan, and every plan checked by the independent validator `plan::validate`.
 
-use devarena::plan::{
-    self, COMPILE_TIME_STEPS, COMPILE_TIME_WORK, FieldSpec, LayoutSpec, LiveRange, Placed,
-    Schedule, Slot,
-};
+use devarena::plan::{self, FieldSpec, LayoutSpec, LiveRange, Placed, Slot};
 use devarena::{Budget, DeviceLayout, LayoutBuilder, RuntimeLayout};
 use devarena_kernels::pipeline::FrameStaged;
 use proptest::prelude::*;
@@ -65,25 +62,8 @@ fn compile_time_plan(stages: usize, bufs: &[Buf]) -> (Vec<Slot>, plan::Totals, p
                 .with_live(b.first, b.last)
         })
         .collect();
-    let n = specs.len();
-    let mut slots = vec![Slot::EMPTY; n];
-    let mut head = vec![0; plan::scratch_len(n)];
-    let greedy = plan::plan_into(&layout, &specs, &mut slots, &mut head).expect("valid");
-    let sizes = plan::measure(&layout, &specs, &slots, &mut head);
-    let mut scratch = vec![0; plan::scratch_len(n) + sizes.scratch_len()];
-    let mut totals = greedy;
-    let mut schedule = Schedule::START;
-    for _ in 0..COMPILE_TIME_STEPS {
-        plan::improve_slots(
-            &layout,
-            &specs,
-            &mut slots,
-            &mut totals,
-            &mut schedule,
-            COMPILE_TIME_WORK,
-            &mut scratch,
-        );
-    }
+    let mut slots = vec![Slot::EMPTY; specs.len()];
+    let (greedy, totals) = plan::plan_as_derive(&layout, &specs, &mut slots).expect("valid");
     (slots, greedy, totals)
 }
 

@@ -13,6 +13,7 @@ use super::error::PlanError;
 use super::search::{Engine, Outcome, Preorder, measure};
 use super::stages::scratch_len;
 use super::{FieldSpec, LayoutSpec, Plan, Slot, Totals};
+use alloc::vec;
 
 /// The strategies a [`Search`] tries in turn on a part: every preorder, reordering each
 /// independent part as it starts, then keeping one order throughout. No one of them suits
@@ -538,4 +539,39 @@ pub const fn search_len<const N: usize, const S: usize>(
     let mut scratch = [0usize; S];
     let sizes = measure(layout, specs, &plan.slots, &mut scratch);
     S + sizes.scratch_len()
+}
+
+/// What the derive computes for a layout, run at run time: the four-ordering greedy plan
+/// ([`plan_into`](super::plan_into)), then, for a layout with stages, the compile-time search's
+/// [`COMPILE_TIME_STEPS`] steps of [`COMPILE_TIME_WORK`] each ([`improve_slots`]), into `slots`
+/// (one per field). Returns the greedy plan's totals and the final ones. The same const fns
+/// and the same work as in the compiler, so the same offsets: a derive's plan seen without
+/// compiling it (the `compile_time_csv` example), and the compile-time search under test.
+pub fn plan_as_derive(
+    layout: &LayoutSpec,
+    specs: &[FieldSpec],
+    slots: &mut [Slot],
+) -> Result<(Totals, Totals), PlanError> {
+    let n = specs.len();
+    let mut head = vec![0; scratch_len(n)];
+    let greedy = super::plan_into(layout, specs, slots, &mut head)?;
+    if layout.stages == 0 {
+        return Ok((greedy, greedy));
+    }
+    let sizes = measure(layout, specs, slots, &mut head);
+    let mut scratch = vec![0; scratch_len(n) + sizes.scratch_len()];
+    let mut totals = greedy;
+    let mut schedule = Schedule::START;
+    for _ in 0..COMPILE_TIME_STEPS {
+        improve_slots(
+            layout,
+            specs,
+            slots,
+            &mut totals,
+            &mut schedule,
+            COMPILE_TIME_WORK,
+            &mut scratch,
+        );
+    }
+    Ok((greedy, totals))
 }
