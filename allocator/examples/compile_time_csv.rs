@@ -12,41 +12,20 @@ use std::process::ExitCode;
 
 use devarena::plan::{self, FieldSpec, LayoutSpec, Placed, Slot};
 
+// The reader `plan_csv` uses (this example needs only the numbers of each row).
+#[allow(dead_code)]
+#[path = "minimalloc/csv.rs"]
+mod csv;
+
 /// The layout of one CSV (`id,lower,upper,size`, live over `[lower, upper)`), as
 /// `tests/compile-dsa.sh` writes it: align 1, one stage per distinct time.
 fn load(path: &str) -> Result<(LayoutSpec, Vec<FieldSpec>), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-    let mut lines = text.lines();
-    let head: Vec<&str> = lines
-        .next()
-        .unwrap_or("")
-        .split(',')
-        .map(str::trim)
+    let (_, rows) = csv::parse(&text).map_err(|e| format!("{path}: {e}"))?;
+    let rows: Vec<(u64, u64, usize)> = rows
+        .iter()
+        .map(|r| (r.lower, r.upper, r.size as usize))
         .collect();
-    let col = |name: &str| {
-        head.iter()
-            .position(|h| *h == name)
-            .ok_or_else(|| format!("{path}: no `{name}` column"))
-    };
-    let (lo, up, sz) = (col("lower")?, col("upper")?, col("size")?);
-    let mut rows = Vec::new();
-    for (i, line) in lines.enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
-        let num = |c: usize| -> Result<u64, String> {
-            cells
-                .get(c)
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| format!("{path} line {}: bad number in column {c}", i + 2))
-        };
-        let (l, u, s) = (num(lo)?, num(up)?, num(sz)?);
-        if u <= l || s == 0 {
-            return Err(format!(
-                "{path} line {}: upper <= lower or zero size",
-                i + 2
-            ));
-        }
-        rows.push((l, u, s as usize));
-    }
     let mut times: Vec<u64> = rows.iter().flat_map(|r| [r.0, r.1]).collect();
     times.sort_unstable();
     times.dedup();
