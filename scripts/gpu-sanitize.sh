@@ -8,7 +8,12 @@
 # misaligned-address fault) that the tools report by design; they are skipped here (they run
 # in .gpu/run-all). Tests named `footprint_*` measure device memory with cuMemGetInfo, which the
 # tools' own allocations disturb; they are skipped too (they run in .gpu/run-all). The trybuild
-# target `ui` needs cargo and is skipped as well. A binary that makes no CUDA call at all gives
+# target `ui` needs cargo and is skipped as well. Under initcheck only, the tests that queue work
+# (a memset, a graph replay) behind a host-function gate which the same test opens later
+# (`trim_waits_for_work_queued_on_the_home_stream`, `a_graph_dropped_with_a_replay_still_queued_*`)
+# never finish (on the H200, still running after 330 s each, alone): the tool appears to wait
+# for the queued work in the call that queues it, and only the code after that call opens the
+# gate. They run under the other three tools and in .gpu/run-all. A binary that makes no CUDA call at all gives
 # the tools nothing to check (no summary, rc 255): reported as "no CUDA", not as a failure.
 #
 # On the GPU machine, from the project root, after ../shared/gpu/stage and copying this file:
@@ -31,6 +36,10 @@ done
 export DEVARENA_REQUIRE_GPU=1 RUST_BACKTRACE=1
 log_dir=${GPU_LOG_DIR:-$(mktemp -d)}
 mkdir -p "$log_dir"
+# Tests a tool cannot run (see above), as extra `--skip` arguments.
+declare -A skip_tool=(
+  [initcheck]="--skip trim_waits_for_work_queued --skip a_graph_dropped_with_a_replay_still_queued"
+)
 total=0
 failed=0
 for tool in "${tools[@]}"; do
@@ -42,7 +51,8 @@ for tool in "${tools[@]}"; do
     start=$(date +%s)
     # shellcheck disable=SC2086
     "$sanitizer" --tool "$tool" --error-exitcode 99 ${SANITIZER_ARGS:-} \
-      "$t" --test-threads=1 --skip deliberate_ --skip footprint_ > "$log" 2>&1
+      "$t" --test-threads=1 --skip deliberate_ --skip footprint_ ${skip_tool[$tool]:-} \
+      > "$log" 2>&1
     rc=$?
     secs=$(( $(date +%s) - start ))
     errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$log" | awk '{s += $3} END {print s + 0}')

@@ -239,10 +239,12 @@ mod gpu {
                         &mut t1.device_view_mut(st)?,
                         (3, 1),
                     )?;
+                    // The first `N` elements of `t1`: what the first kernel wrote (reading
+                    // the rest would read memory nothing initialized).
                     launch(
                         &f,
                         st,
-                        &t1.device_view(st)?,
+                        &t1.device_view(st)?.slice(..N)?,
                         &mut t2.device_view_mut(st)?,
                         (5, 7),
                     )?;
