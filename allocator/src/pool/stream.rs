@@ -166,6 +166,8 @@ struct ManualInner {
     waits: Vec<(StreamId, StreamId)>,
     synchronized: Vec<StreamId>,
     fail_with: Option<Error>,
+    /// Shared with every event recorded: while set, their queries fail.
+    queries_fail: Arc<AtomicBool>,
     capturing: Vec<StreamId>,
     refused: Vec<(&'static str, StreamId)>,
 }
@@ -190,10 +192,20 @@ impl ManualInner {
 #[derive(Debug)]
 struct ManualEvent {
     done: Arc<AtomicBool>,
+    queries_fail: Arc<AtomicBool>,
 }
 
 impl StreamEvent for ManualEvent {
     fn is_complete(&self) -> Result<bool, Error> {
+        if self.queries_fail.load(Ordering::Acquire) {
+            // As the driver reports an event whose query fails (here, on request).
+            return Err(Error::Driver {
+                call: "cuEventQuery",
+                name: "CUDA_ERROR_INVALID_HANDLE".into(),
+                text: "injected by ManualStreams::fail_queries".into(),
+                code: 400,
+            });
+        }
         Ok(self.done.load(Ordering::Acquire))
     }
 }
@@ -255,6 +267,35 @@ impl ManualStreams {
         self.lock().fail_with = error;
     }
 
+    /// Makes the query of every event this runtime recorded, before or after, fail (until
+    /// called with `false`): for testing that a pool sets aside the blocks whose events cannot
+    /// be queried ([`PoolStats::quarantined`](super::PoolStats::quarantined)) and carries on.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use devarena::pool::{ManualStreams, Pool, StreamId};
+    ///
+    /// let (home, other) = (StreamId(1), StreamId(2));
+    /// let streams = Arc::new(ManualStreams::new());
+    /// let pool = Pool::builder(8192).streams(streams.clone(), home).build_host()?;
+    /// let a = pool.allocate_on(4096, 0, other)?;
+    /// pool.deallocate_on(a, other)?;
+    /// streams.fail_queries(true);
+    /// // Nothing says `other` is done with the block: it is set aside for good.
+    /// assert_eq!(pool.reclaim()?, 0);
+    /// assert_eq!((pool.stats().quarantined, pool.stats().pending), (4096, 0));
+    /// streams.fail_queries(false);
+    /// streams.complete(other);
+    /// assert_eq!(pool.reclaim()?, 0);
+    /// // The rest of the pool serves on.
+    /// assert!(pool.allocate(4096, 0).is_ok());
+    /// assert!(pool.allocate(4096, 0).is_err());
+    /// # Ok::<(), devarena::Error>(())
+    /// ```
+    pub fn fail_queries(&self, fail: bool) {
+        self.lock().queries_fail.store(fail, Ordering::Release);
+    }
+
     /// Puts `stream` in capture mode: from now on it reports
     /// [`is_capturing`](StreamSync::is_capturing), and an event on it, a wait by it or for it,
     /// or a synchronize of it is refused (and remembered) until
@@ -284,7 +325,10 @@ impl StreamSync for ManualStreams {
         inner.refuse("record", &[stream])?;
         let done = Arc::new(AtomicBool::new(false));
         inner.events.push((stream, done.clone()));
-        Ok(Box::new(ManualEvent { done }))
+        Ok(Box::new(ManualEvent {
+            done,
+            queries_fail: inner.queries_fail.clone(),
+        }))
     }
 
     fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {

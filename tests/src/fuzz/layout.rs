@@ -19,9 +19,19 @@ use super::input::Input;
 
 /// Fields per layout at most.
 const MAX_FIELDS: usize = 12;
-/// Stages at most: the planner's search grows with them, and `stages(huge)` is a known
-/// defect of the builder (a missing limit), tested in `tests/extremes.rs`.
+/// Stages at most in the common case (the planner's cost grows with them); one layout with
+/// stages in 64 asks for one of [`HUGE_STAGES`] instead.
 const MAX_STAGES: usize = 64;
+/// Stage counts far past the common case, up to and past the planner's limit (which once was
+/// missing: see `tests/extremes.rs`), where `build` must plan or refuse with `Error::Plan`.
+const HUGE_STAGES: [usize; 6] = [
+    65,
+    1 << 12,
+    1 << 20,
+    devarena::plan::MAX_STAGES,
+    devarena::plan::MAX_STAGES + 1,
+    usize::MAX,
+];
 /// Arenas are made only for layouts up to this size (the host memory is really allocated).
 const MAX_ARENA: usize = 4 << 20;
 
@@ -50,8 +60,9 @@ pub fn run(data: &[u8]) {
         usize::MAX
     };
     builder = builder.max_bytes(max_bytes);
-    let stages = match input.u8() % 4 {
-        0 => 1 + input.below(MAX_STAGES),
+    let stages = match input.u8() {
+        128 => input.pick(&HUGE_STAGES),
+        s if s % 4 == 0 => 1 + input.below(MAX_STAGES),
         _ => 0,
     };
     if stages > 0 {
@@ -98,8 +109,9 @@ pub fn run(data: &[u8]) {
         });
         builder = builder.field(field_name, ty, spec);
         if stages > 0 && input.bool() {
-            let first = input.below(stages + 1);
-            let last = first.saturating_add(input.below(stages + 1));
+            // Within the stages and just past them (`below` reaches 65,535 at most).
+            let first = input.below(stages.saturating_add(1));
+            let last = first.saturating_add(input.below(stages.saturating_add(1)));
             builder = builder.live(first, last.saturating_sub(input.below(2)));
         }
     }

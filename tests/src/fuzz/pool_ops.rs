@@ -5,15 +5,16 @@
 //! none), extra clients with quotas, and then operations: allocations of any size and alignment
 //! on any stream and client, frees by the pool or a client (of live, freed, foreign and other
 //! clients' addresses), typed slices freed or dropped, completing stream events, a stream
-//! runtime that starts or stops failing, tracking switched, the event sink removed and put
-//! back, `reclaim`, and full comparisons of the statistics.
+//! runtime that starts or stops failing, event queries that start or stop failing (every
+//! parked block is then set aside for good at the next reclaim), tracking switched, the event
+//! sink removed and put back, `reclaim`, and full comparisons of the statistics.
 //!
 //! The model decides, for every call, whether it must succeed, may fail (only a request whose
 //! guaranteed fit exceeds the largest free gap may fail for want of space), or must fail and
 //! with which error; it predicts every counter of the pool and its clients exactly, the free
 //! bytes and the largest free block, the waits the pool asks the stream runtime for, the leak
 //! report, and the event counts. Every block the pool hands out is checked to be aligned,
-//! inside the region and disjoint from every live and every parked block; signature bytes
+//! inside the region and disjoint from every live, parked and set-aside block; signature bytes
 //! written into every block must be intact when it is freed.
 
 use std::collections::BTreeMap;
@@ -36,6 +37,8 @@ const HOME: StreamId = StreamId(1);
 const STREAMS: [StreamId; 3] = [StreamId(1), StreamId(2), StreamId(3)];
 /// The pool's largest alignment.
 const POOL_MAX_ALIGN: usize = devarena::pool::MAX_POOL_ALIGN;
+/// The pool's largest reuse-cache block count.
+const MAX_REUSE_BLOCKS: usize = devarena::pool::MAX_REUSE_BLOCKS;
 /// Bytes of signature written at each end of a block.
 const SIGNATURE_BYTES: usize = 64;
 
@@ -113,10 +116,14 @@ struct World {
     sink_on: bool,
     expected_events: [u64; 3],
     failing: bool,
+    /// Event queries fail: a reclaim sets every parked block aside for good.
+    queries_failing: bool,
     tracking: Tracking,
     // The model.
     live: BTreeMap<u64, Block>,
     parked: Vec<(StreamId, Vec<ParkedBlock>)>,
+    /// Blocks set aside for good (their events could not be queried): `(addr, reserved)`.
+    quarantined: Vec<(u64, usize)>,
     client_models: Vec<ClientModel>,
     in_use: usize,
     requested: usize,
@@ -172,10 +179,34 @@ impl World {
                 counts.0[i].fetch_add(1, Ordering::Relaxed);
             }));
         if input.bool() {
-            // `reuse(usize::MAX, ..)` and other block counts past 2^16 are a known defect of
-            // the pool (an overflow or a huge ring): see `tests/extremes.rs`.
-            let blocks = input.pick(&[0, 1, 2, 3, 7, 64, 2048, 1 << 16]);
+            // Block counts past `MAX_REUSE_BLOCKS` (once an overflow or a ring of terabytes,
+            // see `tests/extremes.rs`) must be refused at build, naming the count; the run
+            // then goes on with a count that builds.
+            let mut blocks = input.pick(&[
+                0,
+                1,
+                2,
+                3,
+                7,
+                64,
+                2048,
+                1 << 16,
+                1 << 17,
+                MAX_REUSE_BLOCKS + 1,
+                1 << 40,
+                usize::MAX,
+            ]);
             let bytes = input.pick(&[0, 256, 4096, capacity / 2, capacity, usize::MAX]);
+            if blocks > MAX_REUSE_BLOCKS {
+                match Pool::builder(capacity).reuse(blocks, bytes).build_host() {
+                    Err(Error::InvalidArgument { what }) => assert!(
+                        what.contains("reuse") && what.contains(&blocks.to_string()),
+                        "{what}"
+                    ),
+                    other => panic!("reuse({blocks}, ..) built: {other:?}"),
+                }
+                blocks = 1 << 17;
+            }
             builder = builder.reuse(blocks, bytes);
         }
         if let Some(streams) = &streams {
@@ -208,9 +239,11 @@ impl World {
             sink_on: true,
             expected_events: [0; 3],
             failing: false,
+            queries_failing: false,
             tracking,
             live: BTreeMap::new(),
             parked: Vec::new(),
+            quarantined: Vec::new(),
             client_models,
             in_use: 0,
             requested: 0,
@@ -242,6 +275,14 @@ impl World {
     /// Returns completed parked blocks to the free space, as the pool does at the start of an
     /// allocation and in `reclaim`; the bytes.
     fn reclaim_model(&mut self) -> usize {
+        if self.queries_failing {
+            // Every parked block's query fails: each is set aside, none reclaimed.
+            for (_, queue) in self.parked.drain(..) {
+                self.quarantined
+                    .extend(queue.iter().map(|p| (p.addr, p.reserved)));
+            }
+            return 0;
+        }
         let mut bytes = 0;
         for (_, queue) in &mut self.parked {
             let done = queue.iter().take_while(|p| p.complete).count();
@@ -263,6 +304,7 @@ impl World {
                     .flat_map(|(_, q)| q.iter())
                     .map(|p| (p.addr, p.addr + p.reserved as u64)),
             )
+            .chain(self.quarantined.iter().map(|&(a, r)| (a, a + r as u64)))
             .collect();
         ranges.sort_unstable();
         ranges
@@ -442,7 +484,10 @@ impl World {
                 }
             }
             15 => {
-                let bytes = self.pool.reclaim().expect("manual events never fail");
+                let bytes = self
+                    .pool
+                    .reclaim()
+                    .expect("reclaim sets aside what it cannot query");
                 assert_eq!(bytes, self.reclaim_model(), "bytes reclaimed");
             }
             16 => {
@@ -468,6 +513,12 @@ impl World {
                         counts.0[i].fetch_add(1, Ordering::Relaxed);
                     }) as Arc<dyn devarena::pool::EventSink>
                 }));
+            }
+            18 => {
+                if let Some(streams) = &self.streams {
+                    self.queries_failing = input.u8() % 4 == 0;
+                    streams.fail_queries(self.queries_failing);
+                }
             }
             _ => self.check_everything(),
         }
@@ -708,8 +759,14 @@ impl World {
         assert_eq!(stats.frees, self.frees, "frees");
         assert_eq!(stats.failures, self.failures, "failures");
         assert_eq!(stats.live, self.live.len() as u64, "live");
+        let quarantined: usize = self.quarantined.iter().map(|&(_, r)| r).sum();
         assert_eq!(stats.pending, pending, "pending");
-        assert_eq!(stats.free, self.capacity - self.in_use - pending, "free");
+        assert_eq!(stats.quarantined, quarantined, "set aside");
+        assert_eq!(
+            stats.free,
+            self.capacity - self.in_use - pending - quarantined,
+            "free"
+        );
         assert_eq!(stats.largest_free, largest, "largest free block");
         assert_eq!(stats.free_blocks, gaps, "free blocks");
         for (model, stats) in self.client_models.iter().zip(self.pool.client_stats()) {
@@ -766,6 +823,8 @@ impl World {
         if let Some(streams) = &self.streams {
             streams.fail_with(None);
             self.failing = false;
+            streams.fail_queries(false);
+            self.queries_failing = false;
             streams.complete_all();
         }
         for queue in &mut self.parked {
@@ -793,19 +852,25 @@ impl World {
         for queue in &mut self.parked {
             queue.1.iter_mut().for_each(|p| p.complete = true);
         }
-        let bytes = self.pool.reclaim().expect("manual events never fail");
+        let bytes = self
+            .pool
+            .reclaim()
+            .expect("reclaim sets aside what it cannot query");
         assert_eq!(bytes, self.reclaim_model());
         self.check_everything();
-        // Orphaned slice blocks (refused frees) are the only thing left.
+        // Orphaned slice blocks (refused frees) and blocks set aside are the only thing left.
         let orphaned: usize = self.live.values().map(|b| b.reserved).sum();
         let stats = self.pool.stats();
         assert_eq!(stats.in_use, orphaned);
-        if orphaned == 0 {
+        if orphaned == 0 && self.quarantined.is_empty() {
             assert_eq!(stats.largest_free, self.capacity, "the region merges whole");
         }
         // A capacity whose size class is itself (a multiple of 256 up to 8 KiB, a class
         // boundary above) can be taken whole.
-        if orphaned == 0 && reserved_bytes(self.capacity) == Some(self.capacity) {
+        if orphaned == 0
+            && self.quarantined.is_empty()
+            && reserved_bytes(self.capacity) == Some(self.capacity)
+        {
             let all = self
                 .pool
                 .allocate(self.capacity, 0)
