@@ -37,6 +37,8 @@ mod branch;
 
 /// Not placed, no buffer, no frame.
 const NONE: usize = usize::MAX;
+/// A frame's first candidate is not known yet: `next_candidate` looks for it.
+const UNKNOWN: usize = usize::MAX - 2;
 /// The owner of the independent parts the timeline falls into before anything is placed: a
 /// failure there is a failure of the whole question.
 const GLOBAL: usize = usize::MAX - 1;
@@ -118,17 +120,17 @@ impl Sizes {
     pub const fn scratch_len(&self) -> usize {
         let (n, s) = (self.buffers, self.sections);
         // Per buffer: lo, hi, rank, off, min_off, free, free_pos, best and the three sort
-        // keys (11), the adjacency's bases (n + 1), fourteen frame fields (n + 1 frames).
+        // keys (11), the adjacency's bases (n + 1), sixteen frame fields (n + 1 frames).
         // Per section: total0, cuts0, floor, total, cuts, three pending-group fields, the
-        // lowest waiting offset, a stamp and the members' bases (11). The members (one per
+        // lowest waiting offset and how many wait at it, a stamp and the members' bases (12). The members (one per
         // spanned section).
         // The adjacency (both directions) and the trail (index and old value per change:
         // one per conflicting pair and one per spanned section along a branch). Building
         // needs the timeline's and the index's scratch besides.
         11 * n
             + (n + 1)
-            + 14 * (n + 1)
-            + 11 * (s + 1)
+            + FRAME_FIELDS * (n + 1)
+            + 12 * (s + 1)
             + self.spanned
             + 2 * self.conflicts
             + 2 * (self.conflicts + self.spanned)
@@ -209,11 +211,14 @@ pub struct Engine<'a> {
     frames: &'a mut [usize],
     sec_base: &'a mut [usize],
     sec_mem: &'a mut [usize],
-    low: &'a mut [usize],
+    least: &'a mut [usize],
+    least_n: &'a mut [usize],
     stamp: &'a mut [usize],
     tmp_s: &'a mut [usize],
     tick: usize,
     trail_mark: usize,
+    most0: usize,
+    most_next: usize,
     preorder: Preorder,
     rerank: bool,
     floors: bool,
@@ -251,7 +256,9 @@ const F_PEND: usize = 10; // pending parts before this level's placement
 const F_HAT: usize = 11; // whether the placed buffer conflicts with a waiting one
 const F_DONE: usize = 12; // whether the frame has no candidates left
 const F_RMARK: usize = 13; // the rank trail's length before this frame reordered its part
-const FRAME_FIELDS: usize = 14;
+const F_FIRST: usize = 14; // the first candidate, found by `open` (or UNKNOWN)
+const F_TOTAL: usize = 15; // no section of the part holds more waiting bytes than this
+const FRAME_FIELDS: usize = 16;
 
 impl<'a> Engine<'a> {
     /// Builds the engine for `slots` (sizes and alignments), measured as `sizes`, in
@@ -296,7 +303,8 @@ impl<'a> Engine<'a> {
         carve!(rest, frames, FRAME_FIELDS * (n + 1));
         carve!(rest, sec_base, s + 1);
         carve!(rest, sec_mem, sizes.spanned);
-        carve!(rest, low, s + 1);
+        carve!(rest, least, s + 1);
+        carve!(rest, least_n, s + 1);
         carve!(rest, stamp, s + 1);
         carve!(rest, tmp_s, n);
         carve!(rest, rtrail_i, 2 * n);
@@ -375,13 +383,21 @@ impl<'a> Engine<'a> {
             }
             b += 1;
         }
-        // Each section's members, back to back (`low` counts the fill).
+        let mut most0 = 0;
+        let mut x = 0;
+        while x <= s {
+            if total0[x] > most0 {
+                most0 = total0[x];
+            }
+            x += 1;
+        }
+        // Each section's members, back to back (`least` counts the fill).
         let mut sum = 0;
         let mut x = 0;
         while x <= s {
             let c = sec_base[x];
             sec_base[x] = sum;
-            low[x] = sum;
+            least[x] = sum;
             sum += c;
             x += 1;
         }
@@ -389,8 +405,8 @@ impl<'a> Engine<'a> {
         while b < n {
             let mut x = lo[b];
             while x < hi[b] {
-                sec_mem[low[x]] = b;
-                low[x] += 1;
+                sec_mem[least[x]] = b;
+                least[x] += 1;
                 x += 1;
             }
             b += 1;
@@ -426,11 +442,14 @@ impl<'a> Engine<'a> {
             frames,
             sec_base,
             sec_mem,
-            low,
+            least,
+            least_n,
             stamp,
             tmp_s,
             tick: 0,
             trail_mark: 0,
+            most0,
+            most_next: 0,
             preorder: Preorder::Wat,
             rerank: false,
             floors: true,
@@ -586,10 +605,10 @@ impl<'a> Engine<'a> {
     }
 
     /// Reorders the waiting buffers of the part `[slo, shi)` about to start, with the totals
-    /// of this moment, if the rank trail has room to take it back.
-    const fn rerank_part(&mut self, slo: usize, shi: usize) {
+    /// of this moment, if the rank trail has room to take it back; returns whether it did.
+    const fn rerank_part(&mut self, slo: usize, shi: usize) -> bool {
         if !self.rerank {
-            return;
+            return false;
         }
         let mut m = 0;
         self.work += 2 * self.free_len as u64;
@@ -603,7 +622,7 @@ impl<'a> Engine<'a> {
             i += 1;
         }
         if m < 2 || self.rtrail_len + m > self.rtrail_i.len() {
-            return;
+            return false;
         }
         let mut i = 0;
         while i < m {
@@ -614,6 +633,7 @@ impl<'a> Engine<'a> {
             i += 1;
         }
         self.rank_list(m);
+        true
     }
 
     /// Takes back the reorderings made since the rank trail was `mark` long.
