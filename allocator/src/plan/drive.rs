@@ -10,7 +10,7 @@
 
 use super::align::align_up;
 use super::error::PlanError;
-use super::search::{Engine, Outcome, Preorder, measure};
+use super::search::{Engine, Outcome, Preorder, Suspended, measure};
 use super::stages::scratch_len;
 use super::{FieldSpec, LayoutSpec, Plan, Slot, Totals};
 use alloc::vec;
@@ -231,8 +231,10 @@ impl Search {
 /// One try of the derive's search: a capacity, in thousandths of the lower bound (0 for a
 /// dive: anything below the best plan so far), the preorder, and whether spatial inference
 /// also uses the lowest waiting offsets (it prunes much more under a tight capacity, at some
-/// cost per node; a dive's capacity rarely binds).
-type Try = (usize, Preorder, bool);
+/// cost per node; a dive's capacity rarely binds), and the work it may take before it counts
+/// as failed (see [`Engine::work`]; for a dive, per field squared).
+#[doc(hidden)]
+pub type Try = (usize, Preorder, bool, usize);
 
 /// The derive's tries, in order, chosen on MiniMalloc's eleven hard instances within the
 /// derive's work (BENCHMARKS.md). A cheap dive under TAW first, then loose capacities under
@@ -246,14 +248,14 @@ type Try = (usize, Preorder, bool);
 /// and 100% under at most 300,000 units each) this brings the worst layout from 1.257 ×
 /// the capacity to 1.197, and keeps the median at 1.099.
 const COMPILE_TIME_TRIES: [Try; 8] = [
-    (0, Preorder::Taw, false),
-    (1200, Preorder::Twa, false),
-    (1150, Preorder::Wat, true),
-    (0, Preorder::Twa, false),
-    (1150, Preorder::Twa, false),
-    (1100, Preorder::Wat, true),
-    (1080, Preorder::Twa, false),
-    (1060, Preorder::Taw, false),
+    (0, Preorder::Taw, false, 2),
+    (1200, Preorder::Twa, false, 400_000),
+    (1150, Preorder::Wat, true, 400_000),
+    (0, Preorder::Twa, false, 2),
+    (1150, Preorder::Twa, false, 400_000),
+    (1100, Preorder::Wat, true, 400_000),
+    (1080, Preorder::Twa, false, 400_000),
+    (1060, Preorder::Taw, false, 400_000),
 ];
 
 /// The work one try at a capacity may take before it counts as failed: a whole constant's
@@ -275,7 +277,8 @@ const COMPILE_TIME_DIVE_WORK: u64 = 2;
 /// about 1,500 times slower than native code, some 10 to 15 µs a unit.
 pub const COMPILE_TIME_WORK: u64 = 400_000;
 
-/// Where the derive's search schedule stands: the next try and whether it has stopped. See
+/// Where the derive's search schedule stands: the next try, whether it is under way, and the
+/// engine's numbers (its arrays are in the scratch space carried with the schedule). See
 /// [`improve_slots`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Schedule {
@@ -285,6 +288,12 @@ pub struct Schedule {
     proved: usize,
     /// The plan is proved the smallest: nothing more is tried.
     stopped: bool,
+    /// The next try is under way, at capacity `cap`, until the engine's work reaches `until`.
+    running: bool,
+    cap: usize,
+    until: u64,
+    /// The engine, once built.
+    engine: Option<Suspended>,
 }
 
 impl Schedule {
@@ -293,30 +302,43 @@ impl Schedule {
         next: 0,
         proved: 0,
         stopped: false,
+        running: false,
+        cap: 0,
+        until: 0,
+        engine: None,
     };
 
     /// Whether the schedule is over: every try made, or the plan proved the smallest.
     pub const fn done(&self) -> bool {
-        self.stopped || self.next >= COMPILE_TIME_TRIES.len()
+        self.done_with(&COMPILE_TIME_TRIES)
+    }
+
+    /// [`done`](Self::done) for a schedule of other tries.
+    const fn done_with(&self, tries: &[Try]) -> bool {
+        self.stopped || self.next >= tries.len()
     }
 }
 
-/// The derive's search, carried from one constant to the next: the plan so far and where its
-/// [`Schedule`] stands. Each constant runs [`improve_step`]; no one constant's evaluation runs
-/// long, so rustc's lint for long evaluations never fires, in the deriving crate or in any
-/// crate that evaluates its constants again.
+/// The derive's search, carried from one constant to the next: the plan so far, where its
+/// [`Schedule`] stands, and the search's scratch space (`LEN` entries, [`search_len`]), so
+/// that a try cut off by one constant's work goes on in the next. Each constant runs
+/// [`improve_step`]; no one constant's evaluation runs long, so rustc's lint for long
+/// evaluations never fires, in the deriving crate or in any crate that evaluates its
+/// constants again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Improving<const N: usize> {
+pub struct Improving<const N: usize, const LEN: usize> {
     result: Result<Plan<N>, PlanError>,
     schedule: Schedule,
+    scratch: [usize; LEN],
 }
 
-impl<const N: usize> Improving<N> {
+impl<const N: usize, const LEN: usize> Improving<N, LEN> {
     /// The search's start: the greedy plan (or its error, which passes through).
     pub const fn new(result: Result<Plan<N>, PlanError>) -> Self {
         Improving {
             result,
             schedule: Schedule::START,
+            scratch: [0; LEN],
         }
     }
 
@@ -336,8 +358,8 @@ impl<const N: usize> Improving<N> {
 pub const fn improve_step<const N: usize, const LEN: usize>(
     layout: &LayoutSpec,
     specs: &[FieldSpec; N],
-    state: Improving<N>,
-) -> Improving<N> {
+    state: Improving<N, LEN>,
+) -> Improving<N, LEN> {
     let mut state = state;
     let mut plan = match state.result {
         Ok(p) => p,
@@ -346,7 +368,6 @@ pub const fn improve_step<const N: usize, const LEN: usize>(
     if state.schedule.done() {
         return state;
     }
-    let mut scratch = [0usize; LEN];
     improve_slots(
         layout,
         specs,
@@ -354,7 +375,7 @@ pub const fn improve_step<const N: usize, const LEN: usize>(
         &mut plan.totals,
         &mut state.schedule,
         COMPILE_TIME_WORK,
-        &mut scratch,
+        &mut state.scratch,
     );
     state.result = Ok(plan);
     state
@@ -369,12 +390,37 @@ pub const fn improve_step<const N: usize, const LEN: usize>(
 /// squared) and six capacities, in thousandths of the lower bound: 1200 (TWA), 1150 (WAT,
 /// with the waiting-offset inference), 1150 (TWA), 1100 (WAT, with the inference), 1080
 /// (TWA) and 1060 (TAW), each of which may take a whole call's `work`. A try whose capacity the plan already meets, or that a capacity proved out
-/// of reach rules out, is skipped. A try with less than half its share left is left for the
-/// next call, unless it is the call's first (which always runs, on what is left); every call
-/// thus makes progress. `scratch` holds [`search_len`] of the plan; a layout
-/// without stages, or a plan already at its lower bound, stops the schedule at once; calling
-/// until [`Schedule::done`] ends.
+/// of reach rules out, is skipped. A try that the call's `work` cuts off goes on in the
+/// next call, where it stopped: `scratch` holds the engine between calls (the same slice,
+/// untouched, with the same `specs`, `slots` sizes and `schedule`). `scratch` holds
+/// [`search_len`] of the plan; a layout without stages, or a plan already at its lower
+/// bound, stops the schedule at once; calling until [`Schedule::done`] ends.
 pub const fn improve_slots(
+    layout: &LayoutSpec,
+    specs: &[FieldSpec],
+    slots: &mut [Slot],
+    totals: &mut Totals,
+    schedule: &mut Schedule,
+    work: u64,
+    scratch: &mut [usize],
+) {
+    improve_slots_with(
+        &COMPILE_TIME_TRIES,
+        layout,
+        specs,
+        slots,
+        totals,
+        schedule,
+        work,
+        scratch,
+    )
+}
+
+/// [`improve_slots`] with other tries: for tuning the schedule (the `tune_schedule` example).
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub const fn improve_slots_with(
+    tries: &[Try],
     layout: &LayoutSpec,
     specs: &[FieldSpec],
     slots: &mut [Slot],
@@ -385,57 +431,78 @@ pub const fn improve_slots(
 ) {
     let t = *totals;
     let n = specs.len();
-    if layout.stages == 0 || t.size <= t.peak_live_bound || scratch.len() < scratch_len(n) {
-        schedule.stopped = true;
+    if schedule.done_with(tries) {
         return;
     }
-    // Tries the plan already meets are skipped here, for free.
-    loop {
-        if schedule.done() {
+    if schedule.engine.is_none() {
+        if layout.stages == 0 || t.size <= t.peak_live_bound || scratch.len() < scratch_len(n) {
+            schedule.stopped = true;
             return;
         }
-        match compile_time_cap(&t, schedule, totals.size) {
-            Some(cap) if cap < totals.size => break,
-            _ => schedule.next += 1,
+        // Tries the plan already meets are skipped here, for free.
+        loop {
+            if schedule.done_with(tries) {
+                return;
+            }
+            match compile_time_cap(tries, &t, schedule, totals.size) {
+                Some(cap) if cap < totals.size => break,
+                _ => schedule.next += 1,
+            }
         }
     }
     let (head, rest) = scratch.split_at_mut(scratch_len(n));
-    let sizes = measure(layout, specs, slots, head);
-    if sizes.scratch_len() > rest.len() {
-        schedule.stopped = true;
-        return;
-    }
-    let mut engine = Engine::new(layout, specs, slots, &sizes, rest);
-    let mut fresh = true;
+    let mut engine = match schedule.engine {
+        Some(saved) => Engine::reattach(layout, specs, slots, rest, &saved),
+        None => {
+            let sizes = measure(layout, specs, slots, head);
+            if sizes.scratch_len() > rest.len() {
+                schedule.stopped = true;
+                return;
+            }
+            Engine::new(layout, specs, slots, &sizes, rest)
+        }
+    };
+    let stop = engine.work().saturating_add(work);
     let mut found = false;
     let mut best = totals.size;
-    while !schedule.done() {
-        let (permille, preorder, floors) = COMPILE_TIME_TRIES[schedule.next];
-        let cap = match compile_time_cap(&t, schedule, best) {
-            Some(c) if c < best => c,
-            // Met by an earlier try, or ruled out: on to the next.
-            _ => {
-                schedule.next += 1;
-                continue;
-            }
-        };
-        let share = if permille == 0 {
-            COMPILE_TIME_DIVE_WORK.saturating_mul((n as u64).saturating_mul(n as u64))
+    while !schedule.done_with(tries) && engine.work() < stop {
+        let (permille, preorder, floors, work_share) = tries[schedule.next];
+        let outcome = if schedule.running {
+            engine.set_work_stop(if schedule.until < stop {
+                schedule.until
+            } else {
+                stop
+            });
+            engine.resume()
         } else {
-            COMPILE_TIME_TRY_WORK
+            let cap = match compile_time_cap(tries, &t, schedule, best) {
+                Some(c) if c < best => c,
+                // Met by an earlier try, or ruled out: on to the next.
+                _ => {
+                    schedule.next += 1;
+                    continue;
+                }
+            };
+            let share = if permille == 0 {
+                (work_share as u64).saturating_mul((n as u64).saturating_mul(n as u64))
+            } else {
+                work_share as u64
+            };
+            schedule.cap = cap;
+            schedule.until = engine.work().saturating_add(share);
+            engine.set_work_stop(if schedule.until < stop {
+                schedule.until
+            } else {
+                stop
+            });
+            engine.set_preorder(preorder, specs, layout.stages);
+            // One order throughout (`set_preorder` turns reordering on).
+            engine.set_reorder_parts(false);
+            engine.set_waiting_floors(floors);
+            engine.run(cap, u64::MAX)
         };
-        let used = engine.work();
-        let left = work.saturating_sub(used);
-        if !fresh && left < share / 2 {
-            // Too little left for a fair try: the next call makes it.
-            break;
-        }
-        engine.set_work_stop(used.saturating_add(if share < left { share } else { left }));
-        engine.set_preorder(preorder, specs, layout.stages);
-        // One order throughout (`set_preorder` turns reordering on).
-        engine.set_reorder_parts(false);
-        engine.set_waiting_floors(floors);
-        match engine.run(cap, u64::MAX) {
+        schedule.running = false;
+        match outcome {
             Outcome::Found { end } => {
                 if let Some(size) = align_up(end, t.align) {
                     if size < best {
@@ -448,14 +515,19 @@ pub const fn improve_slots(
                 if permille == 0 {
                     // Nothing below the best plan: it is the smallest.
                     schedule.stopped = true;
-                } else if cap > schedule.proved {
-                    schedule.proved = cap;
+                } else if schedule.cap > schedule.proved {
+                    schedule.proved = schedule.cap;
                 }
             }
-            Outcome::OutOfNodes => {}
+            Outcome::OutOfNodes => {
+                if engine.work() < schedule.until {
+                    // This call's work is spent: the next goes on with the try.
+                    schedule.running = true;
+                    break;
+                }
+            }
         }
         schedule.next += 1;
-        fresh = false;
     }
     if found {
         // The engine keeps the offsets of its last plan found, the smallest; they move to
@@ -466,6 +538,9 @@ pub const fn improve_slots(
             head[i] = offsets[i];
             i += 1;
         }
+    }
+    schedule.engine = Some(engine.suspend());
+    if found {
         let mut i = 0;
         while i < n {
             slots[i].offset = head[i];
@@ -477,8 +552,13 @@ pub const fn improve_slots(
 
 /// The capacity of the schedule's next try for a plan of totals `t` whose best size is
 /// `best`, or `None` when the try is ruled out.
-const fn compile_time_cap(t: &Totals, schedule: &Schedule, best: usize) -> Option<usize> {
-    let (permille, _, _) = COMPILE_TIME_TRIES[schedule.next];
+const fn compile_time_cap(
+    tries: &[Try],
+    t: &Totals,
+    schedule: &Schedule,
+    best: usize,
+) -> Option<usize> {
+    let (permille, _, _, _) = tries[schedule.next];
     let cap = if permille == 0 {
         if best > t.align {
             best - t.align
@@ -513,7 +593,7 @@ pub const fn improve<const N: usize, const LEN: usize>(
     specs: &[FieldSpec; N],
     plan: Result<Plan<N>, PlanError>,
 ) -> Result<Plan<N>, PlanError> {
-    let mut state = Improving::new(plan);
+    let mut state = Improving::<N, LEN>::new(plan);
     let mut k = 0;
     while k < COMPILE_TIME_STEPS {
         state = improve_step::<N, LEN>(layout, specs, state);

@@ -6,7 +6,7 @@
 use super::super::align::align_up;
 use super::{
     Engine, F_BARRIER, F_BUF, F_DONE, F_HAT, F_HEIGHT, F_LAST_OFF, F_LAST_RANK, F_OFF, F_PEND,
-    F_FIRST, F_RANK, F_RMARK, F_SHI, F_SLO, F_TOTAL, F_TRAIL, GLOBAL, NONE, Outcome, UNKNOWN,
+    F_FIRST, F_RANK, F_RMARK, F_SHI, F_SLO, F_TOTAL, F_TRAIL, GLOBAL, NONE, Outcome, Run, UNKNOWN,
 };
 
 impl<'a> Engine<'a> {
@@ -568,6 +568,7 @@ impl<'a> Engine<'a> {
         limit: u64,
     ) -> Outcome {
         self.reset();
+        self.run.on = false;
         let stop = self.nodes.saturating_add(limit);
         let first = if whole { self.split_root() } else { shi };
         self.rtrail_len = 0;
@@ -585,13 +586,44 @@ impl<'a> Engine<'a> {
                 end: self.record(slo, shi),
             };
         }
-        let mut d = 0;
+        self.run = Run {
+            on: true,
+            d: 0,
+            slo,
+            shi,
+            cap,
+            stop,
+        };
+        self.resume()
+    }
+
+    /// Goes on with the run that its node or work limit cut off ([`Outcome::OutOfNodes`]),
+    /// from where it stopped, to the same answers as if it had not stopped; with a new
+    /// [`set_work_stop`](Self::set_work_stop) if the work limit cut it off. Answers
+    /// [`Outcome::OutOfNodes`] at once when no run is under way.
+    pub const fn resume(&mut self) -> Outcome {
+        if !self.run.on {
+            return Outcome::OutOfNodes;
+        }
+        let Run {
+            slo,
+            shi,
+            cap,
+            stop,
+            ..
+        } = self.run;
+        let mut d = self.run.d;
         loop {
+            if self.nodes >= stop || self.work >= self.work_stop {
+                self.run.d = d;
+                return Outcome::OutOfNodes;
+            }
             let b = self.next_candidate(d);
             if b == NONE {
                 // Frame `d` is exhausted: go back to where its failure belongs.
                 let barrier = self.fr(d, F_BARRIER);
                 let target = if barrier == GLOBAL {
+                    self.run.on = false;
                     return Outcome::Infeasible;
                 } else if barrier != NONE {
                     barrier
@@ -610,9 +642,6 @@ impl<'a> Engine<'a> {
                 }
                 continue;
             }
-            if self.nodes >= stop || self.work >= self.work_stop {
-                return Outcome::OutOfNodes;
-            }
             self.nodes += 1;
             if !self.place(d, b, cap) {
                 self.unplace(d);
@@ -622,16 +651,16 @@ impl<'a> Engine<'a> {
                 continue;
             }
             let first = self.split(d, b);
-            let (slo_all, shi_all) = (slo, shi);
-            let (slo, shi) = (self.fr(d, F_SLO), self.fr(d, F_SHI));
+            let (part_lo, part_hi) = (self.fr(d, F_SLO), self.fr(d, F_SHI));
             let (o, r) = (self.off[b], self.rank[b]);
-            let opened = if first == shi {
-                self.open(d + 1, slo, shi, o, r, NONE, false, cap, self.most_next)
+            let opened = if first == part_hi {
+                self.open(d + 1, part_lo, part_hi, o, r, NONE, false, cap, self.most_next)
             } else {
-                self.open(d + 1, slo, first, 0, 0, NONE, true, cap, self.most_next)
+                self.open(d + 1, part_lo, first, 0, 0, NONE, true, cap, self.most_next)
             };
             if !opened {
-                let end = self.record(slo_all, shi_all);
+                self.run.on = false;
+                let end = self.record(slo, shi);
                 return Outcome::Found { end };
             }
             d += 1;
