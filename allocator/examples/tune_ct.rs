@@ -50,7 +50,7 @@ fn main() {
         }
         let r = totals.size as f64 / 1048576.0;
         let name = path.rsplit('/').next().unwrap().chars().next().unwrap();
-        line += &format!("{name} {r:.4}  ");
+        if std::env::var("W").is_ok() { line += &format!("{name} {r:.4} {} ", schedule.work()); } else { line += &format!("{name} {r:.4}  "); }
         ratios.push(r);
     }
     ratios.sort_by(|a, b| a.partial_cmp(b).unwrap());

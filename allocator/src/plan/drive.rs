@@ -313,6 +313,14 @@ impl Schedule {
         self.done_with(&COMPILE_TIME_TRIES)
     }
 
+    /// Units of work (see [`Engine::work`]) the search has spent so far.
+    pub const fn work(&self) -> u64 {
+        match self.engine {
+            Some(e) => e.work(),
+            None => 0,
+        }
+    }
+
     /// [`done`](Self::done) for a schedule of other tries.
     const fn done_with(&self, tries: &[Try]) -> bool {
         self.stopped || self.next >= tries.len()

@@ -221,6 +221,11 @@ pub struct Suspended {
 }
 
 impl Suspended {
+    /// Units of work the engine had done ([`Engine::work`]).
+    pub const fn work(&self) -> u64 {
+        self.work
+    }
+
     /// A new engine's numbers.
     const fn fresh(sizes: &Sizes, count: usize, most0: usize) -> Suspended {
         Suspended {
