@@ -51,6 +51,7 @@ impl<'a> Engine<'a> {
             };
             self.least[x] = if members > 0 { 0 } else { NONE };
             self.least_n[x] = members;
+            self.waiting[x] = members;
             x += 1;
         }
         self.trail_len = 0;
@@ -271,6 +272,18 @@ impl<'a> Engine<'a> {
             if x + 1 < self.hi[b] {
                 self.cuts[x] -= 1;
             }
+            if self.floors {
+                // Out of the section's waiting members, to just past them (where taking the
+                // placement back finds it: placements are taken back last first).
+                let p = self.at[self.span_base[b] + x - self.lo[b]];
+                let last = self.sec_base[x] + self.waiting[x] - 1;
+                let u = self.sec_mem[last];
+                self.sec_mem[p] = u;
+                self.at[self.span_base[u] + x - self.lo[u]] = p;
+                self.sec_mem[last] = b;
+                self.at[self.span_base[b] + x - self.lo[b]] = last;
+                self.waiting[x] -= 1;
+            }
             x += 1;
         }
         if self.floors && !self.raise_least(b, cap) {
@@ -338,15 +351,11 @@ impl<'a> Engine<'a> {
                     // Looked at afresh, with every change of this placement made.
                     self.stamp[x] = self.tick;
                     let (mut least, mut count) = (NONE, 0);
-                    self.work += (self.sec_base[x + 1] - self.sec_base[x]) as u64;
-                    let mut e = self.sec_base[x];
-                    while e < self.sec_base[x + 1] {
-                        let w = self.sec_mem[e];
+                    let (mut e, end) = (self.sec_base[x], self.sec_base[x] + self.waiting[x]);
+                    self.work += self.waiting[x] as u64;
+                    while e < end {
+                        let o = self.min_off[self.sec_mem[e]];
                         e += 1;
-                        if self.off[w] != NONE {
-                            continue;
-                        }
-                        let o = self.min_off[w];
                         if o < least {
                             least = o;
                             count = 1;
@@ -406,6 +415,10 @@ impl<'a> Engine<'a> {
             self.total[x] += size;
             if x + 1 < self.hi[b] {
                 self.cuts[x] += 1;
+            }
+            if self.floors {
+                // Back where `place` put it, just past the waiting members.
+                self.waiting[x] += 1;
             }
             x += 1;
         }

@@ -120,18 +120,19 @@ impl Sizes {
     pub const fn scratch_len(&self) -> usize {
         let (n, s) = (self.buffers, self.sections);
         // Per buffer: lo, hi, rank, off, min_off, free, free_pos, best and the three sort
-        // keys (11), the adjacency's bases (n + 1), sixteen frame fields (n + 1 frames).
-        // Per section: total0, cuts0, floor, total, cuts, three pending-group fields, the
-        // lowest waiting offset and how many wait at it, a stamp and the members' bases (12). The members (one per
-        // spanned section).
+        // keys (11), the adjacency's bases and its first section's place in `at`
+        // (2 (n + 1)), sixteen frame fields (n + 1 frames). Per section: total0, cuts0,
+        // floor, total, cuts, three pending-group fields, the lowest waiting offset and how
+        // many wait at it, how many wait there, a stamp and the members' bases (13). The
+        // members and where each (buffer, section) sits among them (two per spanned section).
         // The adjacency (both directions) and the trail (index and old value per change:
         // one per conflicting pair and one per spanned section along a branch). Building
         // needs the timeline's and the index's scratch besides.
         11 * n
-            + (n + 1)
+            + 2 * (n + 1)
             + FRAME_FIELDS * (n + 1)
-            + 12 * (s + 1)
-            + self.spanned
+            + 13 * (s + 1)
+            + 2 * self.spanned
             + 2 * self.conflicts
             + 2 * (self.conflicts + self.spanned)
             + 12 * n
@@ -291,6 +292,9 @@ pub struct Engine<'a> {
     sec_mem: &'a mut [usize],
     least: &'a mut [usize],
     least_n: &'a mut [usize],
+    waiting: &'a mut [usize],
+    span_base: &'a mut [usize],
+    at: &'a mut [usize],
     stamp: &'a mut [usize],
     tmp_s: &'a mut [usize],
     tick: usize,
@@ -438,6 +442,9 @@ impl<'a> Engine<'a> {
         carve!(rest, sec_mem, sizes.spanned);
         carve!(rest, least, s + 1);
         carve!(rest, least_n, s + 1);
+        carve!(rest, waiting, s + 1);
+        carve!(rest, span_base, n + 1);
+        carve!(rest, at, sizes.spanned);
         carve!(rest, stamp, s + 1);
         carve!(rest, tmp_s, n);
         carve!(rest, rtrail_i, 2 * n);
@@ -535,11 +542,21 @@ impl<'a> Engine<'a> {
                 sum += c;
                 x += 1;
             }
+            // Where each buffer's first section sits in `at`.
+            let mut b = 0;
+            let mut sum = 0;
+            while b < n {
+                span_base[b] = sum;
+                sum += hi[b] - lo[b];
+                b += 1;
+            }
+            span_base[n] = sum;
             let mut b = 0;
             while b < n {
                 let mut x = lo[b];
                 while x < hi[b] {
                     sec_mem[least[x]] = b;
+                    at[span_base[b] + x - lo[b]] = least[x];
                     least[x] += 1;
                     x += 1;
                 }
@@ -584,6 +601,9 @@ impl<'a> Engine<'a> {
             sec_mem,
             least,
             least_n,
+            waiting,
+            span_base,
+            at,
             stamp,
             tmp_s,
             tick: st.tick,
