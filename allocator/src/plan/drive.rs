@@ -247,27 +247,15 @@ pub type Try = (usize, Preorder, bool, usize);
 /// finds nothing. Against the earlier schedule (dives under WAT and TWA, then 110%, 106%
 /// and 100% under at most 300,000 units each) this brings the worst layout from 1.257 ×
 /// the capacity to 1.197, and keeps the median at 1.099.
-const COMPILE_TIME_TRIES: [Try; 8] = [
-    (0, Preorder::Taw, false, 2),
-    (1200, Preorder::Twa, false, 400_000),
-    (1150, Preorder::Wat, true, 400_000),
-    (0, Preorder::Twa, false, 2),
-    (1150, Preorder::Twa, false, 400_000),
-    (1100, Preorder::Wat, true, 400_000),
-    (1080, Preorder::Twa, false, 400_000),
-    (1060, Preorder::Taw, false, 400_000),
+const COMPILE_TIME_TRIES: [Try; 7] = [
+    (1140, Preorder::Twa, true, 600_000),
+    (1200, Preorder::Twa, false, 200_000),
+    (1150, Preorder::Wat, false, 150_000),
+    (1090, Preorder::Twa, true, 200_000),
+    (1110, Preorder::Wat, true, 200_000),
+    (1080, Preorder::Twa, false, 100_000),
+    (1060, Preorder::Twa, true, 500_000),
 ];
-
-/// The work one try at a capacity may take before it counts as failed: a whole constant's
-/// (a try that finds a plan at these capacities takes 50,000 to 370,000 units on the
-/// benchmark's layouts).
-const COMPILE_TIME_TRY_WORK: u64 = COMPILE_TIME_WORK;
-
-/// The work one dive may take, per field squared: a dive places every field once, each after
-/// a look at every waiting field, and takes 1.6 to 2.4 times the square on the benchmark
-/// (a dive cut off at twice the square leaves the rest of the constant to the tries after
-/// it).
-const COMPILE_TIME_DIVE_WORK: u64 = 2;
 
 /// The work (see [`Engine::work`]) one of the derive's constants may spend searching. rustc's
 /// `long_running_const_eval` lint fires after 2,000,000 loop iterations and calls in one
@@ -275,7 +263,7 @@ const COMPILE_TIME_DIVE_WORK: u64 = 2;
 /// stayed under it on a 454-field layout but not on a 409-field one, where 400,000 leave
 /// room (and for building the engine). It also bounds the time: the compiler runs this code
 /// about 1,500 times slower than native code, some 10 to 15 µs a unit.
-pub const COMPILE_TIME_WORK: u64 = 400_000;
+pub const COMPILE_TIME_WORK: u64 = 200_000;
 
 /// Where the derive's search schedule stands: the next try, whether it is under way, and the
 /// engine's numbers (its arrays are in the scratch space carried with the schedule). See
@@ -591,7 +579,7 @@ const fn compile_time_cap(
 /// 454 fields). The schedule carries over from one to the next, so two constants of
 /// 400,000 units reach the plans one of 800,000 would. (The derive emits this many and
 /// checks, at compile time, that the numbers agree.)
-pub const COMPILE_TIME_STEPS: usize = 2;
+pub const COMPILE_TIME_STEPS: usize = 4;
 
 /// What the derive's chain of constants computes ([`COMPILE_TIME_STEPS`] calls of
 /// [`improve_step`] from the greedy plan), as one call: the same plan, for run-time tests and
