@@ -6,7 +6,7 @@
 use super::super::align::align_up;
 use super::{
     Engine, F_BARRIER, F_BUF, F_DONE, F_HAT, F_HEIGHT, F_LAST_OFF, F_LAST_RANK, F_OFF, F_PEND,
-    F_FIRST, F_RANK, F_RMARK, F_SHI, F_SLO, F_TOTAL, F_TRAIL, GLOBAL, NONE, Outcome, Run, UNKNOWN,
+    F_FIRST, F_RANK, F_SECOND, F_RMARK, F_SHI, F_SLO, F_TOTAL, F_TRAIL, GLOBAL, NONE, Outcome, Run, UNKNOWN,
 };
 
 impl<'a> Engine<'a> {
@@ -83,6 +83,7 @@ impl<'a> Engine<'a> {
             let mut height = usize::MAX;
             let mut dead = false;
             let (mut pick, mut pick_off, mut pick_rank) = (NONE, usize::MAX, usize::MAX);
+            let (mut second, mut second_off, mut second_rank) = (NONE, usize::MAX, usize::MAX);
             self.work += self.free_len as u64 + 1;
             let mut i = 0;
             while i < self.free_len {
@@ -105,23 +106,31 @@ impl<'a> Engine<'a> {
                     continue;
                 }
                 if o < pick_off || (o == pick_off && r < pick_rank) {
-                    pick = b;
-                    pick_off = o;
-                    pick_rank = r;
+                    (second, second_off, second_rank) = (pick, pick_off, pick_rank);
+                    (pick, pick_off, pick_rank) = (b, o, r);
+                } else if o < second_off || (o == second_off && r < second_rank) {
+                    (second, second_off, second_rank) = (b, o, r);
                 }
             }
             if members > 0 {
                 if root && self.rerank_part(slo, shi) {
-                    // New ranks: the first candidate is looked for again.
+                    // New ranks: the first candidates are looked for again.
                     pick = UNKNOWN;
-                } else if pick != NONE && pick_off >= height {
+                    second = UNKNOWN;
+                } else {
                     // Dominated, and so is every candidate after it.
-                    pick = NONE;
+                    if pick != NONE && pick_off >= height {
+                        pick = NONE;
+                    }
+                    if second != NONE && second_off >= height {
+                        second = NONE;
+                    }
                 }
                 self.set(d, F_BUF, NONE);
                 self.set(d, F_OFF, NONE);
                 self.set(d, F_RANK, NONE);
                 self.set(d, F_FIRST, pick);
+                self.set(d, F_SECOND, second);
                 self.set(d, F_TOTAL, most);
                 // A buffer that cannot fit any more: exhausted before it starts.
                 self.set(d, F_DONE, dead as usize);
@@ -156,19 +165,23 @@ impl<'a> Engine<'a> {
             return NONE;
         }
         let (cur_off, cur_rank) = (self.fr(d, F_OFF), self.fr(d, F_RANK));
-        if cur_off == NONE {
-            // The first: `open` found it.
-            let first = self.fr(d, F_FIRST);
-            if first != UNKNOWN {
-                self.work += 1;
-                if first == NONE {
-                    self.set(d, F_DONE, 1);
-                } else {
-                    self.set(d, F_OFF, self.min_off[first]);
-                    self.set(d, F_RANK, self.rank[first]);
-                }
-                return first;
+        // The first two: `open` found them.
+        let known = if cur_off == NONE {
+            self.fr(d, F_FIRST)
+        } else {
+            let second = self.fr(d, F_SECOND);
+            self.set(d, F_SECOND, UNKNOWN);
+            second
+        };
+        if known != UNKNOWN {
+            self.work += 1;
+            if known == NONE {
+                self.set(d, F_DONE, 1);
+            } else {
+                self.set(d, F_OFF, self.min_off[known]);
+                self.set(d, F_RANK, self.rank[known]);
             }
+            return known;
         }
         let (last_off, last_rank) = (self.fr(d, F_LAST_OFF), self.fr(d, F_LAST_RANK));
         let (slo, shi, height) = (self.fr(d, F_SLO), self.fr(d, F_SHI), self.fr(d, F_HEIGHT));
@@ -317,11 +330,19 @@ impl<'a> Engine<'a> {
     /// their lowest offset.
     pub(super) const fn raise_least(&mut self, b: usize, cap: usize) -> bool {
         self.tick += 1;
-        let mut fits = self.drop_least(b, self.min_off[b], cap);
+        let o = self.min_off[b];
+        let mut fits = self.drop_least(b, o, cap, 0, 0);
         let mut t = self.trail_mark;
         while t < self.trail_len {
-            let c = self.trail_i[t];
-            if c < self.n && !self.drop_least(c, self.trail_v[t], cap) {
+            let (c, was) = (self.trail_i[t], self.trail_v[t]);
+            // Where `b` waited, at `o`, nothing waits lower: a buffer that waited above `o`
+            // was not the lowest there.
+            let (skip_lo, skip_hi) = if was > o {
+                (self.lo[b], self.hi[b])
+            } else {
+                (0, 0)
+            };
+            if c < self.n && !self.drop_least(c, was, cap, skip_lo, skip_hi) {
                 fits = false;
             }
             t += 1;
@@ -339,12 +360,25 @@ impl<'a> Engine<'a> {
     }
 
     /// `u`, waiting at offset `was` in its sections, left them or rose: see
-    /// [`raise_least`](Self::raise_least).
-    pub(super) const fn drop_least(&mut self, u: usize, was: usize, cap: usize) -> bool {
+    /// [`raise_least`](Self::raise_least). The sections `[skip_lo, skip_hi)` are left alone:
+    /// their lowest waiting offset is known to be below `was`.
+    pub(super) const fn drop_least(
+        &mut self,
+        u: usize,
+        was: usize,
+        cap: usize,
+        skip_lo: usize,
+        skip_hi: usize,
+    ) -> bool {
         let mut fits = true;
-        self.work += (self.hi[u] - self.lo[u]) as u64 + 1;
+        self.work += 1;
         let mut x = self.lo[u];
         while x < self.hi[u] {
+            if x >= skip_lo && x < skip_hi {
+                x = skip_hi;
+                continue;
+            }
+            self.work += 1;
             if self.stamp[x] != self.tick && self.least[x] == was {
                 self.least_n[x] -= 1;
                 if self.least_n[x] == 0 {
@@ -376,11 +410,17 @@ impl<'a> Engine<'a> {
     }
 
     /// `u` waits again at offset `at` in its sections (the inverse of
-    /// [`drop_least`](Self::drop_least), as a placement is taken back).
-    pub(super) const fn lower_least(&mut self, u: usize, at: usize) {
-        self.work += (self.hi[u] - self.lo[u]) as u64 + 1;
+    /// [`drop_least`](Self::drop_least), as a placement is taken back), but for the sections
+    /// `[skip_lo, skip_hi)`, where something waits lower.
+    pub(super) const fn lower_least(&mut self, u: usize, at: usize, skip_lo: usize, skip_hi: usize) {
+        self.work += 1;
         let mut x = self.lo[u];
         while x < self.hi[u] {
+            if x >= skip_lo && x < skip_hi {
+                x = skip_hi;
+                continue;
+            }
+            self.work += 1;
             if at < self.least[x] {
                 self.least[x] = at;
                 self.least_n[x] = 1;
@@ -397,13 +437,23 @@ impl<'a> Engine<'a> {
         let mark = self.fr(d, F_TRAIL);
         let end = self.trail_len;
         self.work += (end - mark) as u64 + (self.hi[b] - self.lo[b]) as u64 + 1;
+        // `b` waits again at `o` first: where it waits, a buffer back above `o` changes
+        // nothing.
+        let o = self.min_off[b];
+        if self.floors {
+            self.lower_least(b, o, 0, 0);
+        }
         while self.trail_len > mark {
             self.trail_len -= 1;
             let (i, v) = (self.trail_i[self.trail_len], self.trail_v[self.trail_len]);
             if i < self.n {
                 self.min_off[i] = v;
                 if self.floors {
-                    self.lower_least(i, v);
+                    if v > o {
+                        self.lower_least(i, v, self.lo[b], self.hi[b]);
+                    } else {
+                        self.lower_least(i, v, 0, 0);
+                    }
                 }
             } else {
                 self.floor[i - self.n] = v;
@@ -425,9 +475,6 @@ impl<'a> Engine<'a> {
         self.off[b] = NONE;
         self.free_len += 1;
         self.set(d, F_BUF, NONE);
-        if self.floors {
-            self.lower_least(b, self.min_off[b]);
-        }
     }
 
     /// Pushes the independent parts `[p1, p2) .. [pk, shi)` of frame `d`'s part that

@@ -121,7 +121,7 @@ impl Sizes {
         let (n, s) = (self.buffers, self.sections);
         // Per buffer: lo, hi, rank, off, min_off, free, free_pos, best and the three sort
         // keys (11), the adjacency's bases and its first section's place in `at`
-        // (2 (n + 1)), sixteen frame fields (n + 1 frames). Per section: total0, cuts0,
+        // (2 (n + 1)), seventeen frame fields (n + 1 frames). Per section: total0, cuts0,
         // floor, total, cuts, three pending-group fields, the lowest waiting offset and how
         // many wait at it, how many wait there, a stamp and the members' bases (13). The
         // members and where each (buffer, section) sits among them (two per spanned section).
@@ -342,7 +342,8 @@ const F_DONE: usize = 12; // whether the frame has no candidates left
 const F_RMARK: usize = 13; // the rank trail's length before this frame reordered its part
 const F_FIRST: usize = 14; // the first candidate, found by `open` (or UNKNOWN)
 const F_TOTAL: usize = 15; // no section of the part holds more waiting bytes than this
-const FRAME_FIELDS: usize = 16;
+const F_SECOND: usize = 16; // the second candidate, found by `open` (or UNKNOWN)
+const FRAME_FIELDS: usize = 17;
 
 impl<'a> Engine<'a> {
     /// Builds the engine for `slots` (sizes and alignments), measured as `sizes`, in
