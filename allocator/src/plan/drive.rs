@@ -248,13 +248,13 @@ pub type Try = (usize, Preorder, bool, usize);
 /// and 100% under at most 300,000 units each) this brings the worst layout from 1.257 ×
 /// the capacity to 1.197, and keeps the median at 1.099.
 const COMPILE_TIME_TRIES: [Try; 7] = [
+    (1200, Preorder::Twa, false, 350_000),
     (1140, Preorder::Twa, true, 600_000),
-    (1200, Preorder::Twa, false, 200_000),
-    (1150, Preorder::Wat, false, 150_000),
+    (1100, Preorder::Wat, true, 150_000),
+    (1100, Preorder::Taw, true, 200_000),
     (1090, Preorder::Twa, true, 200_000),
-    (1110, Preorder::Wat, true, 200_000),
-    (1080, Preorder::Twa, false, 100_000),
-    (1060, Preorder::Twa, true, 500_000),
+    (1050, Preorder::Twa, true, 200_000),
+    (1060, Preorder::Taw, true, 300_000),
 ];
 
 /// The work (see [`Engine::work`]) one of the derive's constants may spend searching. rustc's
@@ -263,7 +263,7 @@ const COMPILE_TIME_TRIES: [Try; 7] = [
 /// stayed under it on a 454-field layout but not on a 409-field one, where 400,000 leave
 /// room (and for building the engine). It also bounds the time: the compiler runs this code
 /// about 1,500 times slower than native code, some 10 to 15 µs a unit.
-pub const COMPILE_TIME_WORK: u64 = 200_000;
+pub const COMPILE_TIME_WORK: u64 = 175_000;
 
 /// Where the derive's search schedule stands: the next try, whether it is under way, and the
 /// engine's numbers (its arrays are in the scratch space carried with the schedule). See
