@@ -5,8 +5,9 @@
 //! * [`Search`] serves [`LayoutBuilder::search`](crate::LayoutBuilder::search): a resumable
 //!   `const fn` state machine, stepped between checks of a node or time budget.
 //! * [`improve_slots`] (through [`improve_step`], one per constant) serves the derive: a fixed
-//!   schedule (dives and capacities closer and closer to the lower bound) under a fixed
-//!   amount of work per constant, evaluated by the compiler.
+//!   schedule of capacities closer and closer to the lower bound, under a fixed amount of
+//!   work per constant, evaluated by the compiler; a try cut off by one constant goes on in
+//!   the next, which carries the engine's scratch space as a value.
 
 use super::align::align_up;
 use super::error::PlanError;
@@ -229,24 +230,21 @@ impl Search {
 }
 
 /// One try of the derive's search: a capacity, in thousandths of the lower bound (0 for a
-/// dive: anything below the best plan so far), the preorder, and whether spatial inference
-/// also uses the lowest waiting offsets (it prunes much more under a tight capacity, at some
-/// cost per node; a dive's capacity rarely binds), and the work it may take before it counts
-/// as failed (see [`Engine::work`]; for a dive, per field squared).
+/// dive: anything below the best plan so far), the preorder, whether spatial inference also
+/// uses the lowest waiting offsets (it prunes much more under a tight capacity), and the work
+/// the try may take before it counts as failed (see [`Engine::work`]; for a dive, per field
+/// squared).
 #[doc(hidden)]
 pub type Try = (usize, Preorder, bool, usize);
 
 /// The derive's tries, in order, chosen on MiniMalloc's eleven hard instances within the
-/// derive's work (BENCHMARKS.md). A cheap dive under TAW first, then loose capacities under
-/// the preorders that find them on most layouts (120% under TWA, 115% under WAT with the
-/// waiting-offset inference, which a layout whose dive stalled needs), a second dive under
-/// TWA from the better plan, then tighter capacities (115%, 110%, 108%, 106%) under the
-/// three preorders in turn. A loose capacity binds little, so a try at it is about as cheap
-/// as a dive; each try may take a whole constant's work, because the capacities these
-/// layouts reach take 200,000 to 370,000 units to find and a try cut off short of that
-/// finds nothing. Against the earlier schedule (dives under WAT and TWA, then 110%, 106%
-/// and 100% under at most 300,000 units each) this brings the worst layout from 1.257 ×
-/// the capacity to 1.197, and keeps the median at 1.099.
+/// derive's work (BENCHMARKS.md; the `tune_schedule` example runs other schedules through the
+/// same const fns). Each try is a fresh search at its capacity, so the schedule was chosen
+/// from a table of what each (capacity, preorder, inference) finds on each instance and at
+/// what work. A loose capacity first (120% under TWA, which most layouts reach within
+/// 30,000 to 160,000 units), then 114% under TWA with the waiting-offset inference, which
+/// brings the three hardest layouts under 115% (they need 300,000 to 530,000 units: the try
+/// may take 600,000), then tighter capacities (110% to 105%) for the median.
 const COMPILE_TIME_TRIES: [Try; 7] = [
     (1200, Preorder::Twa, false, 350_000),
     (1140, Preorder::Twa, true, 600_000),
@@ -259,10 +257,10 @@ const COMPILE_TIME_TRIES: [Try; 7] = [
 
 /// The work (see [`Engine::work`]) one of the derive's constants may spend searching. rustc's
 /// `long_running_const_eval` lint fires after 2,000,000 loop iterations and calls in one
-/// evaluation; how many a unit takes depends on the layout: 800,000 units in one constant
-/// stayed under it on a 454-field layout but not on a 409-field one, where 400,000 leave
-/// room (and for building the engine). It also bounds the time: the compiler runs this code
-/// about 1,500 times slower than native code, some 10 to 15 µs a unit.
+/// evaluation, and a unit is one to a few of them: 800,000 units in one constant once
+/// tripped it on a 409-field layout (with the engine built in the same constant), 400,000
+/// did not; a quarter of that leaves a wide margin. It also bounds the time: the compiler
+/// runs this code some 3,000 times slower than native code, about 8 µs a unit.
 pub const COMPILE_TIME_WORK: u64 = 175_000;
 
 /// Where the derive's search schedule stands: the next try, whether it is under way, and the
@@ -380,17 +378,17 @@ pub const fn improve_step<const N: usize, const LEN: usize>(
 /// The derive's search on a plan of any length: continues `schedule` on the plan `slots` /
 /// `totals` (updated in place, never larger) within `work` (see [`Engine::work`]).
 ///
-/// The schedule makes eight tries, each a run of the branch and bound under a preorder and a
-/// capacity, cut off when it takes more than its share of work: two dives (anything below the
-/// best plan so far, under TAW first and TWA fourth; each may take two units per field
-/// squared) and six capacities, in thousandths of the lower bound: 1200 (TWA), 1150 (WAT,
-/// with the waiting-offset inference), 1150 (TWA), 1100 (WAT, with the inference), 1080
-/// (TWA) and 1060 (TAW), each of which may take a whole call's `work`. A try whose capacity the plan already meets, or that a capacity proved out
-/// of reach rules out, is skipped. A try that the call's `work` cuts off goes on in the
-/// next call, where it stopped: `scratch` holds the engine between calls (the same slice,
-/// untouched, with the same `specs`, `slots` sizes and `schedule`). `scratch` holds
-/// [`search_len`] of the plan; a layout without stages, or a plan already at its lower
-/// bound, stops the schedule at once; calling until [`Schedule::done`] ends.
+/// The schedule makes seven tries, each a run of the branch and bound under a preorder and a
+/// capacity, in thousandths of the lower bound, cut off when it takes more than its share of
+/// work: 1200 (TWA, 350,000 units), then, with the waiting-offset inference, 1140 (TWA,
+/// 600,000), 1100 (WAT, 150,000), 1100 (TAW, 200,000), 1090 (TWA, 200,000), 1050 (TWA,
+/// 200,000) and 1060 (TAW, 300,000). A try whose capacity the plan already meets, or that a
+/// capacity proved out of reach rules out, is skipped. A try that the call's `work` cuts off
+/// goes on in the next call, where it stopped, to the same end as if it had not been cut:
+/// `scratch` holds the engine between calls (the same slice, untouched, with the same
+/// `specs`, `slots` sizes and `schedule`). `scratch` holds [`search_len`] of the plan; a
+/// layout without stages, or a plan already at its lower bound, stops the schedule at once;
+/// calling until [`Schedule::done`] ends.
 pub const fn improve_slots(
     layout: &LayoutSpec,
     specs: &[FieldSpec],
@@ -412,7 +410,7 @@ pub const fn improve_slots(
     )
 }
 
-/// [`improve_slots`] with other tries: for tuning the schedule (the `tune_schedule` example).
+/// [`improve_slots`] with other tries, for tuning the schedule (the `tune_schedule` example).
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
 pub const fn improve_slots_with(
@@ -575,15 +573,17 @@ const fn compile_time_cap(
 }
 
 /// How many constants the derive's search runs in, each [`improve_step`]: with
-/// [`COMPILE_TIME_WORK`] each, this bounds what the search adds to a build (about 8 s for
-/// 454 fields). The schedule carries over from one to the next, so two constants of
-/// 400,000 units reach the plans one of 800,000 would. (The derive emits this many and
-/// checks, at compile time, that the numbers agree.)
+/// [`COMPILE_TIME_WORK`] each, this bounds what the search adds to a build (about 5 s for
+/// 454 fields). The search carries over from one to the next (its scratch space is part of
+/// each constant's value), so four constants of 175,000 units reach the plans one of
+/// 700,000 would. (The derive emits this many and checks, at compile time, that the numbers
+/// agree.)
 pub const COMPILE_TIME_STEPS: usize = 4;
 
 /// What the derive's chain of constants computes ([`COMPILE_TIME_STEPS`] calls of
-/// [`improve_step`] from the greedy plan), as one call: the same plan, for run-time tests and
-/// tools.
+/// [`improve_step`] from the greedy plan), as one call: the same plan. The state, scratch
+/// space included (`LEN` entries, [`search_len`]), is a value: at run time,
+/// [`plan_as_derive`] keeps it on the heap instead.
 pub const fn improve<const N: usize, const LEN: usize>(
     layout: &LayoutSpec,
     specs: &[FieldSpec; N],

@@ -5,8 +5,9 @@
 
 use super::super::align::align_up;
 use super::{
-    Engine, F_BARRIER, F_BUF, F_DONE, F_HAT, F_HEIGHT, F_LAST_OFF, F_LAST_RANK, F_OFF, F_PEND,
-    F_FIRST, F_RANK, F_SECOND, F_RMARK, F_SHI, F_SLO, F_TOTAL, F_TRAIL, GLOBAL, NONE, Outcome, Run, UNKNOWN,
+    Engine, F_BARRIER, F_BUF, F_DONE, F_FIRST, F_HAT, F_HEIGHT, F_LAST_OFF, F_LAST_RANK, F_OFF,
+    F_PEND, F_RANK, F_RMARK, F_SECOND, F_SHI, F_SLO, F_TOTAL, F_TRAIL, GLOBAL, NONE, Outcome, Run,
+    UNKNOWN,
 };
 
 impl<'a> Engine<'a> {
@@ -270,9 +271,8 @@ impl<'a> Engine<'a> {
             }
         }
         self.set(d, F_HAT, hat);
-        self.work += (self.adj_base[b + 1] - self.adj_base[b]) as u64
-            + (self.hi[b] - self.lo[b]) as u64
-            + 1;
+        self.work +=
+            (self.adj_base[b + 1] - self.adj_base[b]) as u64 + (self.hi[b] - self.lo[b]) as u64 + 1;
         let mut fits = true;
         let mut x = self.lo[b];
         while x < self.hi[b] {
@@ -412,7 +412,13 @@ impl<'a> Engine<'a> {
     /// `u` waits again at offset `at` in its sections (the inverse of
     /// [`drop_least`](Self::drop_least), as a placement is taken back), but for the sections
     /// `[skip_lo, skip_hi)`, where something waits lower.
-    pub(super) const fn lower_least(&mut self, u: usize, at: usize, skip_lo: usize, skip_hi: usize) {
+    pub(super) const fn lower_least(
+        &mut self,
+        u: usize,
+        at: usize,
+        skip_lo: usize,
+        skip_hi: usize,
+    ) {
         self.work += 1;
         let mut x = self.lo[u];
         while x < self.hi[u] {
@@ -714,7 +720,17 @@ impl<'a> Engine<'a> {
             let (part_lo, part_hi) = (self.fr(d, F_SLO), self.fr(d, F_SHI));
             let (o, r) = (self.off[b], self.rank[b]);
             let opened = if first == part_hi {
-                self.open(d + 1, part_lo, part_hi, o, r, NONE, false, cap, self.most_next)
+                self.open(
+                    d + 1,
+                    part_lo,
+                    part_hi,
+                    o,
+                    r,
+                    NONE,
+                    false,
+                    cap,
+                    self.most_next,
+                )
             } else {
                 self.open(d + 1, part_lo, first, 0, 0, NONE, true, cap, self.most_next)
             };

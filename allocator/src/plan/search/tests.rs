@@ -219,5 +219,8 @@ fn a_run_cut_into_pieces_ends_as_an_uncut_one() {
         );
     }
     // The cases cut runs that find plans and runs that prove there is none.
-    assert!(cut_runs >= 100 && kinds[0] >= 20 && kinds[1] >= 20, "{cut_runs} {kinds:?}");
+    assert!(
+        cut_runs >= 100 && kinds[0] >= 20 && kinds[1] >= 20,
+        "{cut_runs} {kinds:?}"
+    );
 }
