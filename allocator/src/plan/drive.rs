@@ -387,8 +387,9 @@ pub const fn improve_step<const N: usize, const LEN: usize>(
 /// goes on in the next call, where it stopped, to the same end as if it had not been cut:
 /// `scratch` holds the engine between calls (the same slice, untouched, with the same
 /// `specs`, `slots` sizes and `schedule`). `scratch` holds [`search_len`] of the plan; a
-/// layout without stages, or a plan already at its lower bound, stops the schedule at once;
-/// calling until [`Schedule::done`] ends.
+/// layout without stages, a plan already at its lower bound, or one whose search needs more
+/// than [`COMPILE_TIME_SCRATCH_MAX`] stops the schedule at once; calling until
+/// [`Schedule::done`] ends.
 pub const fn improve_slots(
     layout: &LayoutSpec,
     specs: &[FieldSpec],
@@ -449,7 +450,8 @@ pub const fn improve_slots_with(
         Some(saved) => Engine::reattach(layout, specs, slots, rest, &saved),
         None => {
             let sizes = measure(layout, specs, slots, head);
-            if sizes.scratch_len() > rest.len() {
+            let len = sizes.scratch_len();
+            if len > rest.len() || head.len() + len > COMPILE_TIME_SCRATCH_MAX {
                 schedule.stopped = true;
                 return;
             }
@@ -614,8 +616,21 @@ pub const fn search_len<const N: usize, const S: usize>(
     }
     let mut scratch = [0usize; S];
     let sizes = measure(layout, specs, &plan.slots, &mut scratch);
-    S + sizes.scratch_len()
+    let len = S + sizes.scratch_len();
+    // Beyond it the search stops at once ([`improve_slots`]): no space for it.
+    if len > COMPILE_TIME_SCRATCH_MAX {
+        0
+    } else {
+        len
+    }
 }
+
+/// The most scratch space (in words, [`search_len`]) the derive's search takes; a layout that
+/// needs more keeps its greedy plan. Such a layout has over half a million conflicting pairs
+/// or spanned sections, and one placement of every buffer visits each of them: the search
+/// could not finish a single try within its work. The bound also keeps each constant's
+/// value, which holds the scratch space, within 16 MiB.
+pub const COMPILE_TIME_SCRATCH_MAX: usize = 1 << 21;
 
 /// What the derive computes for a layout, run at run time: the four-ordering greedy plan
 /// ([`plan_into`](super::plan_into)), then, for a layout with stages, the compile-time search's
@@ -650,4 +665,57 @@ pub fn plan_as_derive(
         );
     }
     Ok((greedy, totals))
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::super::{plan_into, scratch_len};
+    use super::*;
+    use std::vec::Vec;
+
+    /// `improve_slots` on `n` buffers all live at once, from their plan in an arena twice as
+    /// large as it needs: returns the work the search spent and the size it reached.
+    fn search_all_at_once(n: usize) -> (u64, usize, usize) {
+        let layout = LayoutSpec::DEFAULT.with_align(1).with_stages(2);
+        let specs: Vec<FieldSpec> = (0..n)
+            .map(|i| FieldSpec::of::<u8>(1 + i % 7).with_live(0, 1))
+            .collect();
+        let mut slots = vec![Slot::EMPTY; n];
+        let mut head = vec![0; scratch_len(n)];
+        let mut totals = plan_into(&layout, &specs, &mut slots, &mut head).unwrap();
+        let bound = totals.peak_live_bound;
+        totals.size = 2 * bound;
+        let sizes = measure(&layout, &specs, &slots, &mut head);
+        let mut scratch = vec![0; scratch_len(n) + sizes.scratch_len()];
+        let mut schedule = Schedule::START;
+        let before = slots.clone();
+        improve_slots(
+            &layout,
+            &specs,
+            &mut slots,
+            &mut totals,
+            &mut schedule,
+            COMPILE_TIME_WORK,
+            &mut scratch,
+        );
+        if schedule.work() == 0 {
+            assert_eq!(
+                slots, before,
+                "{n} buffers: the plan moved without a search"
+            );
+        }
+        let over = scratch_len(n) + sizes.scratch_len() > COMPILE_TIME_SCRATCH_MAX;
+        (schedule.work(), totals.size / bound, over as usize)
+    }
+
+    /// A layout whose search needs more than `COMPILE_TIME_SCRATCH_MAX` keeps its plan without
+    /// searching; a smaller one searches and halves the arena.
+    #[test]
+    fn a_search_too_large_for_the_derive_is_not_run() {
+        let (work, ratio, over) = search_all_at_once(1100);
+        assert_eq!((work, ratio, over), (0, 2, 1));
+        let (work, ratio, over) = search_all_at_once(100);
+        assert!(work > 0 && ratio == 1 && over == 0, "{work} {ratio} {over}");
+    }
 }
