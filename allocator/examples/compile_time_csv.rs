@@ -1,7 +1,8 @@
 //! The derive's compile-time search run natively on MiniMalloc CSVs: `plan::plan_as_derive`,
 //! the same const fns and work as the compiler's (`plan::improve_slots`, `COMPILE_TIME_STEPS`
-//! calls of `COMPILE_TIME_WORK` each, from the four-ordering greedy plan) on the layout `tests/compile-dsa.sh` derives from each file, so
-//! the plans equal the compiler's. A quick way to try a schedule before building the derives.
+//! calls of `COMPILE_TIME_WORK` each, from the four-ordering greedy plan) on the layout
+//! `tests/compile-dsa.sh` derives from each file, so the plans equal the compiler's. (The
+//! `tune_schedule` example runs other schedules.)
 //!
 //!     cargo run --release -p devarena --example compile_time_csv -- F.csv [G.csv ...]
 //!

@@ -72,10 +72,11 @@
 //! * **At compile time** (the derive): the greedy plan, then the search under a fixed amount
 //!   of work ([`plan::COMPILE_TIME_STEPS`] constants of [`plan::COMPILE_TIME_WORK`] each, so
 //!   that no evaluation trips rustc's `long_running_const_eval` lint and no attribute is
-//!   needed, and the search adds a bounded time to a build: about 8 s for 454 fields). A
-//!   generic layout keeps the greedy plan. The compiler evaluates the planner about 1,500
-//!   times slower than it runs, so the derive's plans stop short of what `search` reaches at
-//!   run time in the same seconds (figures in BENCHMARKS.md).
+//!   needed, and the search adds a bounded time to a build: about 5 s for 454 fields; a try
+//!   cut off by one constant goes on in the next). A generic layout keeps the greedy plan.
+//!   The compiler evaluates the planner a few thousand times slower than it runs, so the
+//!   derive's plans stop short of what `search` reaches at run time in the same seconds
+//!   (figures in BENCHMARKS.md).
 //!
 //! [`plan::validate`] checks any plan independently of the planner: conflicting buffers
 //! never overlap, offsets are aligned, everything fits.

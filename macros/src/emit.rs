@@ -30,7 +30,7 @@ use crate::model::{FieldKind, Layout};
 /// evaluates within a fixed amount of work, so the search's whole cost is bounded by this.
 /// `devarena::plan::COMPILE_TIME_STEPS` is the source of truth; the generated code checks
 /// that the two agree.
-const SEARCH_STEPS: usize = 2;
+const SEARCH_STEPS: usize = 4;
 
 pub fn emit(layout: &Layout) -> TokenStream {
     let name = &layout.ident;
@@ -221,13 +221,13 @@ pub fn emit(layout: &Layout) -> TokenStream {
                     &Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS, &Self::__DEVARENA_GREEDY,
                 );
                 #[doc(hidden)]
-                const __DEVARENA_SEARCH_0: #plan::Improving<#n> = {
+                const __DEVARENA_SEARCH_0: #plan::Improving<#n, { #name::__DEVARENA_SEARCH_LEN }> = {
                     let () = Self::__DEVARENA_SEARCH_STEPS;
                     #plan::Improving::new(Self::__DEVARENA_GREEDY)
                 };
                 #(
                     #[doc(hidden)]
-                    const #next: #plan::Improving<#n> =
+                    const #next: #plan::Improving<#n, { #name::__DEVARENA_SEARCH_LEN }> =
                         #plan::improve_step::<#n, { #name::__DEVARENA_SEARCH_LEN }>(
                             &Self::__DEVARENA_LAYOUT, &Self::__DEVARENA_SPECS, Self::#prev,
                         );

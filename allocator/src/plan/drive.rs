@@ -5,12 +5,13 @@
 //! * [`Search`] serves [`LayoutBuilder::search`](crate::LayoutBuilder::search): a resumable
 //!   `const fn` state machine, stepped between checks of a node or time budget.
 //! * [`improve_slots`] (through [`improve_step`], one per constant) serves the derive: a fixed
-//!   schedule (dives and capacities closer and closer to the lower bound) under a fixed
-//!   amount of work per constant, evaluated by the compiler.
+//!   schedule of capacities closer and closer to the lower bound, under a fixed amount of
+//!   work per constant, evaluated by the compiler; a try cut off by one constant goes on in
+//!   the next, which carries the engine's scratch space as a value.
 
 use super::align::align_up;
 use super::error::PlanError;
-use super::search::{Engine, Outcome, Preorder, measure};
+use super::search::{Engine, Outcome, Preorder, Suspended, measure};
 use super::stages::scratch_len;
 use super::{FieldSpec, LayoutSpec, Plan, Slot, Totals};
 use alloc::vec;
@@ -229,53 +230,41 @@ impl Search {
 }
 
 /// One try of the derive's search: a capacity, in thousandths of the lower bound (0 for a
-/// dive: anything below the best plan so far), the preorder, and whether spatial inference
-/// also uses the lowest waiting offsets (it prunes much more under a tight capacity, at some
-/// cost per node; a dive's capacity rarely binds).
-type Try = (usize, Preorder, bool);
+/// dive: anything below the best plan so far), the preorder, whether spatial inference also
+/// uses the lowest waiting offsets (it prunes much more under a tight capacity), and the work
+/// the try may take before it counts as failed (see [`Engine::work`]; for a dive, per field
+/// squared).
+#[doc(hidden)]
+pub type Try = (usize, Preorder, bool, usize);
 
 /// The derive's tries, in order, chosen on MiniMalloc's eleven hard instances within the
-/// derive's work (BENCHMARKS.md). A cheap dive under TAW first, then loose capacities under
-/// the preorders that find them on most layouts (120% under TWA, 115% under WAT with the
-/// waiting-offset inference, which a layout whose dive stalled needs), a second dive under
-/// TWA from the better plan, then tighter capacities (115%, 110%, 108%, 106%) under the
-/// three preorders in turn. A loose capacity binds little, so a try at it is about as cheap
-/// as a dive; each try may take a whole constant's work, because the capacities these
-/// layouts reach take 200,000 to 370,000 units to find and a try cut off short of that
-/// finds nothing. Against the earlier schedule (dives under WAT and TWA, then 110%, 106%
-/// and 100% under at most 300,000 units each) this brings the worst layout from 1.257 ×
-/// the capacity to 1.197, and keeps the median at 1.099.
-const COMPILE_TIME_TRIES: [Try; 8] = [
-    (0, Preorder::Taw, false),
-    (1200, Preorder::Twa, false),
-    (1150, Preorder::Wat, true),
-    (0, Preorder::Twa, false),
-    (1150, Preorder::Twa, false),
-    (1100, Preorder::Wat, true),
-    (1080, Preorder::Twa, false),
-    (1060, Preorder::Taw, false),
+/// derive's work (BENCHMARKS.md; the `tune_schedule` example runs other schedules through the
+/// same const fns). Each try is a fresh search at its capacity, so the schedule was chosen
+/// from a table of what each (capacity, preorder, inference) finds on each instance and at
+/// what work. A loose capacity first (120% under TWA, which most layouts reach within
+/// 30,000 to 160,000 units), then 114% under TWA with the waiting-offset inference, which
+/// brings the three hardest layouts under 115% (they need 300,000 to 530,000 units: the try
+/// may take 600,000), then tighter capacities (110% to 105%) for the median.
+const COMPILE_TIME_TRIES: [Try; 7] = [
+    (1200, Preorder::Twa, false, 350_000),
+    (1140, Preorder::Twa, true, 600_000),
+    (1100, Preorder::Wat, true, 150_000),
+    (1100, Preorder::Taw, true, 200_000),
+    (1090, Preorder::Twa, true, 200_000),
+    (1050, Preorder::Twa, true, 200_000),
+    (1060, Preorder::Taw, true, 300_000),
 ];
-
-/// The work one try at a capacity may take before it counts as failed: a whole constant's
-/// (a try that finds a plan at these capacities takes 50,000 to 370,000 units on the
-/// benchmark's layouts).
-const COMPILE_TIME_TRY_WORK: u64 = COMPILE_TIME_WORK;
-
-/// The work one dive may take, per field squared: a dive places every field once, each after
-/// a look at every waiting field, and takes 1.6 to 2.4 times the square on the benchmark
-/// (a dive cut off at twice the square leaves the rest of the constant to the tries after
-/// it).
-const COMPILE_TIME_DIVE_WORK: u64 = 2;
 
 /// The work (see [`Engine::work`]) one of the derive's constants may spend searching. rustc's
 /// `long_running_const_eval` lint fires after 2,000,000 loop iterations and calls in one
-/// evaluation; how many a unit takes depends on the layout: 800,000 units in one constant
-/// stayed under it on a 454-field layout but not on a 409-field one, where 400,000 leave
-/// room (and for building the engine). It also bounds the time: the compiler runs this code
-/// about 1,500 times slower than native code, some 10 to 15 µs a unit.
-pub const COMPILE_TIME_WORK: u64 = 400_000;
+/// evaluation, and a unit is one to a few of them: 800,000 units in one constant once
+/// tripped it on a 409-field layout (with the engine built in the same constant), 400,000
+/// did not; a quarter of that leaves a wide margin. It also bounds the time: the compiler
+/// runs this code some 3,000 times slower than native code, about 8 µs a unit.
+pub const COMPILE_TIME_WORK: u64 = 175_000;
 
-/// Where the derive's search schedule stands: the next try and whether it has stopped. See
+/// Where the derive's search schedule stands: the next try, whether it is under way, and the
+/// engine's numbers (its arrays are in the scratch space carried with the schedule). See
 /// [`improve_slots`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Schedule {
@@ -285,6 +274,12 @@ pub struct Schedule {
     proved: usize,
     /// The plan is proved the smallest: nothing more is tried.
     stopped: bool,
+    /// The next try is under way, at capacity `cap`, until the engine's work reaches `until`.
+    running: bool,
+    cap: usize,
+    until: u64,
+    /// The engine, once built.
+    engine: Option<Suspended>,
 }
 
 impl Schedule {
@@ -293,30 +288,51 @@ impl Schedule {
         next: 0,
         proved: 0,
         stopped: false,
+        running: false,
+        cap: 0,
+        until: 0,
+        engine: None,
     };
 
     /// Whether the schedule is over: every try made, or the plan proved the smallest.
     pub const fn done(&self) -> bool {
-        self.stopped || self.next >= COMPILE_TIME_TRIES.len()
+        self.done_with(&COMPILE_TIME_TRIES)
+    }
+
+    /// Units of work (see [`Engine::work`]) the search has spent so far.
+    pub const fn work(&self) -> u64 {
+        match self.engine {
+            Some(e) => e.work(),
+            None => 0,
+        }
+    }
+
+    /// [`done`](Self::done) for a schedule of other tries.
+    const fn done_with(&self, tries: &[Try]) -> bool {
+        self.stopped || self.next >= tries.len()
     }
 }
 
-/// The derive's search, carried from one constant to the next: the plan so far and where its
-/// [`Schedule`] stands. Each constant runs [`improve_step`]; no one constant's evaluation runs
-/// long, so rustc's lint for long evaluations never fires, in the deriving crate or in any
-/// crate that evaluates its constants again.
+/// The derive's search, carried from one constant to the next: the plan so far, where its
+/// [`Schedule`] stands, and the search's scratch space (`LEN` entries, [`search_len`]), so
+/// that a try cut off by one constant's work goes on in the next. Each constant runs
+/// [`improve_step`]; no one constant's evaluation runs long, so rustc's lint for long
+/// evaluations never fires, in the deriving crate or in any crate that evaluates its
+/// constants again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Improving<const N: usize> {
+pub struct Improving<const N: usize, const LEN: usize> {
     result: Result<Plan<N>, PlanError>,
     schedule: Schedule,
+    scratch: [usize; LEN],
 }
 
-impl<const N: usize> Improving<N> {
+impl<const N: usize, const LEN: usize> Improving<N, LEN> {
     /// The search's start: the greedy plan (or its error, which passes through).
     pub const fn new(result: Result<Plan<N>, PlanError>) -> Self {
         Improving {
             result,
             schedule: Schedule::START,
+            scratch: [0; LEN],
         }
     }
 
@@ -336,8 +352,8 @@ impl<const N: usize> Improving<N> {
 pub const fn improve_step<const N: usize, const LEN: usize>(
     layout: &LayoutSpec,
     specs: &[FieldSpec; N],
-    state: Improving<N>,
-) -> Improving<N> {
+    state: Improving<N, LEN>,
+) -> Improving<N, LEN> {
     let mut state = state;
     let mut plan = match state.result {
         Ok(p) => p,
@@ -346,7 +362,6 @@ pub const fn improve_step<const N: usize, const LEN: usize>(
     if state.schedule.done() {
         return state;
     }
-    let mut scratch = [0usize; LEN];
     improve_slots(
         layout,
         specs,
@@ -354,7 +369,7 @@ pub const fn improve_step<const N: usize, const LEN: usize>(
         &mut plan.totals,
         &mut state.schedule,
         COMPILE_TIME_WORK,
-        &mut scratch,
+        &mut state.scratch,
     );
     state.result = Ok(plan);
     state
@@ -363,18 +378,44 @@ pub const fn improve_step<const N: usize, const LEN: usize>(
 /// The derive's search on a plan of any length: continues `schedule` on the plan `slots` /
 /// `totals` (updated in place, never larger) within `work` (see [`Engine::work`]).
 ///
-/// The schedule makes eight tries, each a run of the branch and bound under a preorder and a
-/// capacity, cut off when it takes more than its share of work: two dives (anything below the
-/// best plan so far, under TAW first and TWA fourth; each may take two units per field
-/// squared) and six capacities, in thousandths of the lower bound: 1200 (TWA), 1150 (WAT,
-/// with the waiting-offset inference), 1150 (TWA), 1100 (WAT, with the inference), 1080
-/// (TWA) and 1060 (TAW), each of which may take a whole call's `work`. A try whose capacity the plan already meets, or that a capacity proved out
-/// of reach rules out, is skipped. A try with less than half its share left is left for the
-/// next call, unless it is the call's first (which always runs, on what is left); every call
-/// thus makes progress. `scratch` holds [`search_len`] of the plan; a layout
-/// without stages, or a plan already at its lower bound, stops the schedule at once; calling
-/// until [`Schedule::done`] ends.
+/// The schedule makes seven tries, each a run of the branch and bound under a preorder and a
+/// capacity, in thousandths of the lower bound, cut off when it takes more than its share of
+/// work: 1200 (TWA, 350,000 units), then, with the waiting-offset inference, 1140 (TWA,
+/// 600,000), 1100 (WAT, 150,000), 1100 (TAW, 200,000), 1090 (TWA, 200,000), 1050 (TWA,
+/// 200,000) and 1060 (TAW, 300,000). A try whose capacity the plan already meets, or that a
+/// capacity proved out of reach rules out, is skipped. A try that the call's `work` cuts off
+/// goes on in the next call, where it stopped, to the same end as if it had not been cut:
+/// `scratch` holds the engine between calls (the same slice, untouched, with the same
+/// `specs`, `slots` sizes and `schedule`). `scratch` holds [`search_len`] of the plan; a
+/// layout without stages, a plan already at its lower bound, or one whose search needs more
+/// than [`COMPILE_TIME_SCRATCH_MAX`] stops the schedule at once; calling until
+/// [`Schedule::done`] ends.
 pub const fn improve_slots(
+    layout: &LayoutSpec,
+    specs: &[FieldSpec],
+    slots: &mut [Slot],
+    totals: &mut Totals,
+    schedule: &mut Schedule,
+    work: u64,
+    scratch: &mut [usize],
+) {
+    improve_slots_with(
+        &COMPILE_TIME_TRIES,
+        layout,
+        specs,
+        slots,
+        totals,
+        schedule,
+        work,
+        scratch,
+    )
+}
+
+/// [`improve_slots`] with other tries, for tuning the schedule (the `tune_schedule` example).
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub const fn improve_slots_with(
+    tries: &[Try],
     layout: &LayoutSpec,
     specs: &[FieldSpec],
     slots: &mut [Slot],
@@ -385,57 +426,79 @@ pub const fn improve_slots(
 ) {
     let t = *totals;
     let n = specs.len();
-    if layout.stages == 0 || t.size <= t.peak_live_bound || scratch.len() < scratch_len(n) {
-        schedule.stopped = true;
+    if schedule.done_with(tries) {
         return;
     }
-    // Tries the plan already meets are skipped here, for free.
-    loop {
-        if schedule.done() {
+    if schedule.engine.is_none() {
+        if layout.stages == 0 || t.size <= t.peak_live_bound || scratch.len() < scratch_len(n) {
+            schedule.stopped = true;
             return;
         }
-        match compile_time_cap(&t, schedule, totals.size) {
-            Some(cap) if cap < totals.size => break,
-            _ => schedule.next += 1,
+        // Tries the plan already meets are skipped here, for free.
+        loop {
+            if schedule.done_with(tries) {
+                return;
+            }
+            match compile_time_cap(tries, &t, schedule, totals.size) {
+                Some(cap) if cap < totals.size => break,
+                _ => schedule.next += 1,
+            }
         }
     }
     let (head, rest) = scratch.split_at_mut(scratch_len(n));
-    let sizes = measure(layout, specs, slots, head);
-    if sizes.scratch_len() > rest.len() {
-        schedule.stopped = true;
-        return;
-    }
-    let mut engine = Engine::new(layout, specs, slots, &sizes, rest);
-    let mut fresh = true;
+    let mut engine = match schedule.engine {
+        Some(saved) => Engine::reattach(layout, specs, slots, rest, &saved),
+        None => {
+            let sizes = measure(layout, specs, slots, head);
+            let len = sizes.scratch_len();
+            if len > rest.len() || head.len() + len > COMPILE_TIME_SCRATCH_MAX {
+                schedule.stopped = true;
+                return;
+            }
+            Engine::new(layout, specs, slots, &sizes, rest)
+        }
+    };
+    let stop = engine.work().saturating_add(work);
     let mut found = false;
     let mut best = totals.size;
-    while !schedule.done() {
-        let (permille, preorder, floors) = COMPILE_TIME_TRIES[schedule.next];
-        let cap = match compile_time_cap(&t, schedule, best) {
-            Some(c) if c < best => c,
-            // Met by an earlier try, or ruled out: on to the next.
-            _ => {
-                schedule.next += 1;
-                continue;
-            }
-        };
-        let share = if permille == 0 {
-            COMPILE_TIME_DIVE_WORK.saturating_mul((n as u64).saturating_mul(n as u64))
+    while !schedule.done_with(tries) && engine.work() < stop {
+        let (permille, preorder, floors, work_share) = tries[schedule.next];
+        let outcome = if schedule.running {
+            engine.set_work_stop(if schedule.until < stop {
+                schedule.until
+            } else {
+                stop
+            });
+            engine.resume()
         } else {
-            COMPILE_TIME_TRY_WORK
+            let cap = match compile_time_cap(tries, &t, schedule, best) {
+                Some(c) if c < best => c,
+                // Met by an earlier try, or ruled out: on to the next.
+                _ => {
+                    schedule.next += 1;
+                    continue;
+                }
+            };
+            let share = if permille == 0 {
+                (work_share as u64).saturating_mul((n as u64).saturating_mul(n as u64))
+            } else {
+                work_share as u64
+            };
+            schedule.cap = cap;
+            schedule.until = engine.work().saturating_add(share);
+            engine.set_work_stop(if schedule.until < stop {
+                schedule.until
+            } else {
+                stop
+            });
+            engine.set_preorder(preorder, specs, layout.stages);
+            // One order throughout (`set_preorder` turns reordering on).
+            engine.set_reorder_parts(false);
+            engine.set_waiting_floors(floors);
+            engine.run(cap, u64::MAX)
         };
-        let used = engine.work();
-        let left = work.saturating_sub(used);
-        if !fresh && left < share / 2 {
-            // Too little left for a fair try: the next call makes it.
-            break;
-        }
-        engine.set_work_stop(used.saturating_add(if share < left { share } else { left }));
-        engine.set_preorder(preorder, specs, layout.stages);
-        // One order throughout (`set_preorder` turns reordering on).
-        engine.set_reorder_parts(false);
-        engine.set_waiting_floors(floors);
-        match engine.run(cap, u64::MAX) {
+        schedule.running = false;
+        match outcome {
             Outcome::Found { end } => {
                 if let Some(size) = align_up(end, t.align) {
                     if size < best {
@@ -448,14 +511,19 @@ pub const fn improve_slots(
                 if permille == 0 {
                     // Nothing below the best plan: it is the smallest.
                     schedule.stopped = true;
-                } else if cap > schedule.proved {
-                    schedule.proved = cap;
+                } else if schedule.cap > schedule.proved {
+                    schedule.proved = schedule.cap;
                 }
             }
-            Outcome::OutOfNodes => {}
+            Outcome::OutOfNodes => {
+                if engine.work() < schedule.until {
+                    // This call's work is spent: the next goes on with the try.
+                    schedule.running = true;
+                    break;
+                }
+            }
         }
         schedule.next += 1;
-        fresh = false;
     }
     if found {
         // The engine keeps the offsets of its last plan found, the smallest; they move to
@@ -466,6 +534,9 @@ pub const fn improve_slots(
             head[i] = offsets[i];
             i += 1;
         }
+    }
+    schedule.engine = Some(engine.suspend());
+    if found {
         let mut i = 0;
         while i < n {
             slots[i].offset = head[i];
@@ -477,8 +548,13 @@ pub const fn improve_slots(
 
 /// The capacity of the schedule's next try for a plan of totals `t` whose best size is
 /// `best`, or `None` when the try is ruled out.
-const fn compile_time_cap(t: &Totals, schedule: &Schedule, best: usize) -> Option<usize> {
-    let (permille, _, _) = COMPILE_TIME_TRIES[schedule.next];
+const fn compile_time_cap(
+    tries: &[Try],
+    t: &Totals,
+    schedule: &Schedule,
+    best: usize,
+) -> Option<usize> {
+    let (permille, _, _, _) = tries[schedule.next];
     let cap = if permille == 0 {
         if best > t.align {
             best - t.align
@@ -499,21 +575,23 @@ const fn compile_time_cap(t: &Totals, schedule: &Schedule, best: usize) -> Optio
 }
 
 /// How many constants the derive's search runs in, each [`improve_step`]: with
-/// [`COMPILE_TIME_WORK`] each, this bounds what the search adds to a build (about 8 s for
-/// 454 fields). The schedule carries over from one to the next, so two constants of
-/// 400,000 units reach the plans one of 800,000 would. (The derive emits this many and
-/// checks, at compile time, that the numbers agree.)
-pub const COMPILE_TIME_STEPS: usize = 2;
+/// [`COMPILE_TIME_WORK`] each, this bounds what the search adds to a build (about 5 s for
+/// 454 fields). The search carries over from one to the next (its scratch space is part of
+/// each constant's value), so four constants of 175,000 units reach the plans one of
+/// 700,000 would. (The derive emits this many and checks, at compile time, that the numbers
+/// agree.)
+pub const COMPILE_TIME_STEPS: usize = 4;
 
 /// What the derive's chain of constants computes ([`COMPILE_TIME_STEPS`] calls of
-/// [`improve_step`] from the greedy plan), as one call: the same plan, for run-time tests and
-/// tools.
+/// [`improve_step`] from the greedy plan), as one call: the same plan. The state, scratch
+/// space included (`LEN` entries, [`search_len`]), is a value: at run time,
+/// [`plan_as_derive`] keeps it on the heap instead.
 pub const fn improve<const N: usize, const LEN: usize>(
     layout: &LayoutSpec,
     specs: &[FieldSpec; N],
     plan: Result<Plan<N>, PlanError>,
 ) -> Result<Plan<N>, PlanError> {
-    let mut state = Improving::new(plan);
+    let mut state = Improving::<N, LEN>::new(plan);
     let mut k = 0;
     while k < COMPILE_TIME_STEPS {
         state = improve_step::<N, LEN>(layout, specs, state);
@@ -538,8 +616,21 @@ pub const fn search_len<const N: usize, const S: usize>(
     }
     let mut scratch = [0usize; S];
     let sizes = measure(layout, specs, &plan.slots, &mut scratch);
-    S + sizes.scratch_len()
+    let len = S + sizes.scratch_len();
+    // Beyond it the search stops at once ([`improve_slots`]): no space for it.
+    if len > COMPILE_TIME_SCRATCH_MAX {
+        0
+    } else {
+        len
+    }
 }
+
+/// The most scratch space (in words, [`search_len`]) the derive's search takes; a layout that
+/// needs more keeps its greedy plan. Such a layout has over half a million conflicting pairs
+/// or spanned sections, and one placement of every buffer visits each of them: the search
+/// could not finish a single try within its work. The bound also keeps each constant's
+/// value, which holds the scratch space, within 16 MiB.
+pub const COMPILE_TIME_SCRATCH_MAX: usize = 1 << 21;
 
 /// What the derive computes for a layout, run at run time: the four-ordering greedy plan
 /// ([`plan_into`](super::plan_into)), then, for a layout with stages, the compile-time search's
@@ -574,4 +665,57 @@ pub fn plan_as_derive(
         );
     }
     Ok((greedy, totals))
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::super::{plan_into, scratch_len};
+    use super::*;
+    use std::vec::Vec;
+
+    /// `improve_slots` on `n` buffers all live at once, from their plan in an arena twice as
+    /// large as it needs: returns the work the search spent and the size it reached.
+    fn search_all_at_once(n: usize) -> (u64, usize, usize) {
+        let layout = LayoutSpec::DEFAULT.with_align(1).with_stages(2);
+        let specs: Vec<FieldSpec> = (0..n)
+            .map(|i| FieldSpec::of::<u8>(1 + i % 7).with_live(0, 1))
+            .collect();
+        let mut slots = vec![Slot::EMPTY; n];
+        let mut head = vec![0; scratch_len(n)];
+        let mut totals = plan_into(&layout, &specs, &mut slots, &mut head).unwrap();
+        let bound = totals.peak_live_bound;
+        totals.size = 2 * bound;
+        let sizes = measure(&layout, &specs, &slots, &mut head);
+        let mut scratch = vec![0; scratch_len(n) + sizes.scratch_len()];
+        let mut schedule = Schedule::START;
+        let before = slots.clone();
+        improve_slots(
+            &layout,
+            &specs,
+            &mut slots,
+            &mut totals,
+            &mut schedule,
+            COMPILE_TIME_WORK,
+            &mut scratch,
+        );
+        if schedule.work() == 0 {
+            assert_eq!(
+                slots, before,
+                "{n} buffers: the plan moved without a search"
+            );
+        }
+        let over = scratch_len(n) + sizes.scratch_len() > COMPILE_TIME_SCRATCH_MAX;
+        (schedule.work(), totals.size / bound, over as usize)
+    }
+
+    /// A layout whose search needs more than `COMPILE_TIME_SCRATCH_MAX` keeps its plan without
+    /// searching; a smaller one searches and halves the arena.
+    #[test]
+    fn a_search_too_large_for_the_derive_is_not_run() {
+        let (work, ratio, over) = search_all_at_once(1100);
+        assert_eq!((work, ratio, over), (0, 2, 1));
+        let (work, ratio, over) = search_all_at_once(100);
+        assert!(work > 0 && ratio == 1 && over == 0, "{work} {ratio} {over}");
+    }
 }

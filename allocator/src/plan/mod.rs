@@ -44,8 +44,9 @@ pub use align::{CUDA_ALIGN, DEFAULT_ALIGN, MAX_ALIGN, align_up, align_up_u64, is
 #[doc(hidden)]
 pub use derive::{Check, derive_check, derive_plan, element_padding_check};
 pub use drive::{
-    COMPILE_TIME_STEPS, COMPILE_TIME_WORK, Goal, Improving, Schedule, Search, Step, improve,
-    improve_slots, improve_step, plan_as_derive, search_len,
+    COMPILE_TIME_SCRATCH_MAX, COMPILE_TIME_STEPS, COMPILE_TIME_WORK, Goal, Improving, Schedule,
+    Search, Step, Try, improve, improve_slots, improve_slots_with, improve_step, plan_as_derive,
+    search_len,
 };
 pub use error::{Message, PlanError, PlanErrorKind};
 #[doc(hidden)]
@@ -54,7 +55,7 @@ pub use place::{
     check_align, check_field, check_live, check_size, layout_default_align, plan, plan_into,
     plan_into_with, plan_with, smaller, within_max_bytes,
 };
-pub use search::{Engine, Outcome, Preorder, Sizes, measure};
+pub use search::{Engine, Outcome, Preorder, Sizes, Suspended, measure};
 pub use stages::{Strategy, alias_into, place_with, scratch_len};
 pub use validate::{Placed, Violation, validate};
 

@@ -5,8 +5,9 @@
 
 use super::super::align::align_up;
 use super::{
-    Engine, F_BARRIER, F_BUF, F_DONE, F_HAT, F_HEIGHT, F_LAST_OFF, F_LAST_RANK, F_OFF, F_PEND,
-    F_RANK, F_RMARK, F_SHI, F_SLO, F_TRAIL, GLOBAL, NONE, Outcome,
+    Engine, F_BARRIER, F_BUF, F_DONE, F_FIRST, F_HAT, F_HEIGHT, F_LAST_OFF, F_LAST_RANK, F_OFF,
+    F_PEND, F_RANK, F_RMARK, F_SECOND, F_SHI, F_SLO, F_TOTAL, F_TRAIL, GLOBAL, NONE, Outcome, Run,
+    UNKNOWN,
 };
 
 impl<'a> Engine<'a> {
@@ -43,7 +44,15 @@ impl<'a> Engine<'a> {
             self.floor[x] = 0;
             self.total[x] = self.total0[x];
             self.cuts[x] = self.cuts0[x];
-            self.low[x] = self.total0[x];
+            // Every buffer waits at offset 0.
+            let members = if x < self.count {
+                self.sec_base[x + 1] - self.sec_base[x]
+            } else {
+                0
+            };
+            self.least[x] = if members > 0 { 0 } else { NONE };
+            self.least_n[x] = members;
+            self.waiting[x] = members;
             x += 1;
         }
         self.trail_len = 0;
@@ -53,6 +62,9 @@ impl<'a> Engine<'a> {
     /// Opens frame `d` on the part `[slo, shi)` of the timeline. An empty part gives way to
     /// the next pending one; returns false when there is none left: every buffer is placed.
     /// A part with a buffer that can no longer fit under `cap` opens with no candidates.
+    /// `most` bounds the waiting bytes of any section of the part (see [`place`](Self::place)).
+    /// The one look at the waiting buffers also finds the frame's first candidate, as
+    /// [`next_candidate`](Self::next_candidate) would.
     #[allow(clippy::too_many_arguments)]
     pub(super) const fn open(
         &mut self,
@@ -64,35 +76,63 @@ impl<'a> Engine<'a> {
         mut barrier: usize,
         mut root: bool,
         cap: usize,
+        mut most: usize,
     ) -> bool {
         self.set(d, F_RMARK, self.rtrail_len);
         loop {
             let mut members = 0;
             let mut height = usize::MAX;
             let mut dead = false;
+            let (mut pick, mut pick_off, mut pick_rank) = (NONE, usize::MAX, usize::MAX);
+            let (mut second, mut second_off, mut second_rank) = (NONE, usize::MAX, usize::MAX);
             self.work += self.free_len as u64 + 1;
             let mut i = 0;
             while i < self.free_len {
                 let b = self.free[i];
-                if self.lo[b] >= slo && self.lo[b] < shi {
-                    members += 1;
-                    let top = self.min_off[b].saturating_add(self.slots[b].size);
-                    if top > cap {
-                        dead = true;
-                    }
-                    if top < height {
-                        height = top;
-                    }
-                }
                 i += 1;
+                if self.lo[b] < slo || self.lo[b] >= shi {
+                    continue;
+                }
+                members += 1;
+                let o = self.min_off[b];
+                let top = o.saturating_add(self.slots[b].size);
+                if top > cap {
+                    dead = true;
+                }
+                if top < height {
+                    height = top;
+                }
+                let r = self.rank[b];
+                if o < last_off || (o == last_off && r < last_rank) {
+                    continue;
+                }
+                if o < pick_off || (o == pick_off && r < pick_rank) {
+                    (second, second_off, second_rank) = (pick, pick_off, pick_rank);
+                    (pick, pick_off, pick_rank) = (b, o, r);
+                } else if o < second_off || (o == second_off && r < second_rank) {
+                    (second, second_off, second_rank) = (b, o, r);
+                }
             }
             if members > 0 {
-                if root {
-                    self.rerank_part(slo, shi);
+                if root && self.rerank_part(slo, shi) {
+                    // New ranks: the first candidates are looked for again.
+                    pick = UNKNOWN;
+                    second = UNKNOWN;
+                } else {
+                    // Dominated, and so is every candidate after it.
+                    if pick != NONE && pick_off >= height {
+                        pick = NONE;
+                    }
+                    if second != NONE && second_off >= height {
+                        second = NONE;
+                    }
                 }
                 self.set(d, F_BUF, NONE);
                 self.set(d, F_OFF, NONE);
                 self.set(d, F_RANK, NONE);
+                self.set(d, F_FIRST, pick);
+                self.set(d, F_SECOND, second);
+                self.set(d, F_TOTAL, most);
                 // A buffer that cannot fit any more: exhausted before it starts.
                 self.set(d, F_DONE, dead as usize);
                 self.set(d, F_LAST_OFF, last_off);
@@ -114,6 +154,7 @@ impl<'a> Engine<'a> {
             last_off = 0;
             last_rank = 0;
             root = true;
+            most = self.most0;
         }
     }
 
@@ -125,6 +166,24 @@ impl<'a> Engine<'a> {
             return NONE;
         }
         let (cur_off, cur_rank) = (self.fr(d, F_OFF), self.fr(d, F_RANK));
+        // The first two: `open` found them.
+        let known = if cur_off == NONE {
+            self.fr(d, F_FIRST)
+        } else {
+            let second = self.fr(d, F_SECOND);
+            self.set(d, F_SECOND, UNKNOWN);
+            second
+        };
+        if known != UNKNOWN {
+            self.work += 1;
+            if known == NONE {
+                self.set(d, F_DONE, 1);
+            } else {
+                self.set(d, F_OFF, self.min_off[known]);
+                self.set(d, F_RANK, self.rank[known]);
+            }
+            return known;
+        }
         let (last_off, last_rank) = (self.fr(d, F_LAST_OFF), self.fr(d, F_LAST_RANK));
         let (slo, shi, height) = (self.fr(d, F_SLO), self.fr(d, F_SHI), self.fr(d, F_HEIGHT));
         let (mut pick, mut pick_off, mut pick_rank) = (NONE, usize::MAX, usize::MAX);
@@ -167,6 +226,15 @@ impl<'a> Engine<'a> {
 
     /// Places `b` at its lowest offset as frame `d`'s choice and returns whether every
     /// section of the frame's part can still hold what waits there under `cap`.
+    ///
+    /// What waits in a section sits above what is placed there, above the offset just chosen
+    /// (canonical order) and above the lowest offset any of it can take. Each holds in every
+    /// section before the first placement (`search` checks), so only what this placement
+    /// changes is looked at: the sections `b` spans (placed top and waiting bytes), those whose
+    /// lowest waiting offset moved, and the offset against the most waiting bytes of any
+    /// section of the part: that is bounded by the frame's `F_TOTAL` (waiting bytes only
+    /// shrink along a branch), and counted afresh only when the bound is not low enough.
+    /// The count, or the bound, goes to the child (`most_next`).
     pub(super) const fn place(&mut self, d: usize, b: usize, cap: usize) -> bool {
         self.set(d, F_BUF, b);
         self.set(d, F_TRAIL, self.trail_len);
@@ -203,74 +271,167 @@ impl<'a> Engine<'a> {
             }
         }
         self.set(d, F_HAT, hat);
-        self.work += (self.adj_base[b + 1] - self.adj_base[b]) as u64
-            + (self.hi[b] - self.lo[b]) as u64
-            + (self.fr(d, F_SHI) - self.fr(d, F_SLO)) as u64;
+        self.work +=
+            (self.adj_base[b + 1] - self.adj_base[b]) as u64 + (self.hi[b] - self.lo[b]) as u64 + 1;
+        let mut fits = true;
         let mut x = self.lo[b];
         while x < self.hi[b] {
             self.remember(self.n + x, self.floor[x]);
             self.floor[x] = top;
             self.total[x] -= size;
+            if top.saturating_add(self.total[x]) > cap {
+                fits = false;
+            }
             if x + 1 < self.hi[b] {
                 self.cuts[x] -= 1;
             }
-            x += 1;
-        }
-        if self.floors {
-            self.refresh_lows(b);
-        }
-        let mut x = self.fr(d, F_SLO);
-        let shi = self.fr(d, F_SHI);
-        while x < shi {
-            // What waits in a section sits above the offset just chosen (canonical order),
-            // above what is placed there, and above the lowest offset any of it can take.
-            let floor = if self.floor[x] > o { self.floor[x] } else { o };
-            if floor.saturating_add(self.total[x]) > cap || self.low[x] > cap {
-                return false;
+            if self.floors {
+                // Out of the section's waiting members, to just past them (where taking the
+                // placement back finds it: placements are taken back last first).
+                let p = self.at[self.span_base[b] + x - self.lo[b]];
+                let last = self.sec_base[x] + self.waiting[x] - 1;
+                let u = self.sec_mem[last];
+                self.sec_mem[p] = u;
+                self.at[self.span_base[u] + x - self.lo[u]] = p;
+                self.sec_mem[last] = b;
+                self.at[self.span_base[b] + x - self.lo[b]] = last;
+                self.waiting[x] -= 1;
             }
             x += 1;
         }
-        true
+        if self.floors && !self.raise_least(b, cap) {
+            fits = false;
+        }
+        let mut most = self.fr(d, F_TOTAL);
+        if fits && o.saturating_add(most) > cap {
+            let (slo, shi) = (self.fr(d, F_SLO), self.fr(d, F_SHI));
+            self.work += (shi - slo) as u64;
+            most = 0;
+            let mut x = slo;
+            while x < shi {
+                if self.total[x] > most {
+                    most = self.total[x];
+                }
+                x += 1;
+            }
+            if o.saturating_add(most) > cap {
+                fits = false;
+            }
+        }
+        self.most_next = most;
+        fits
     }
 
-    /// Recomputes the lowest waiting offset of every section where it may have changed since
-    /// frame `d`'s trail mark: the sections of `b` and of each buffer whose lowest offset the
-    /// trail records.
-    pub(super) const fn refresh_lows(&mut self, b: usize) {
+    /// Updates the lowest waiting offset of each section (`least`, with `least_n` buffers
+    /// at it) after a placement: `b` left the waiting buffers, and each buffer the trail
+    /// records from the mark on rose from the offset recorded there. A section only needs a
+    /// new look when every buffer at its lowest offset left it or rose. Returns whether what
+    /// waits in `b`'s sections and in those looked at again still fits under `cap` above
+    /// their lowest offset.
+    pub(super) const fn raise_least(&mut self, b: usize, cap: usize) -> bool {
         self.tick += 1;
-        let mark = self.trail_mark;
-        self.refresh_span(b);
-        let mut t = mark;
+        let o = self.min_off[b];
+        let mut fits = self.drop_least(b, o, cap, 0, 0);
+        let mut t = self.trail_mark;
         while t < self.trail_len {
-            if self.trail_i[t] < self.n {
-                self.refresh_span(self.trail_i[t]);
+            let (c, was) = (self.trail_i[t], self.trail_v[t]);
+            // Where `b` waited, at `o`, nothing waits lower: a buffer that waited above `o`
+            // was not the lowest there.
+            let (skip_lo, skip_hi) = if was > o {
+                (self.lo[b], self.hi[b])
+            } else {
+                (0, 0)
+            };
+            if c < self.n && !self.drop_least(c, was, cap, skip_lo, skip_hi) {
+                fits = false;
             }
             t += 1;
         }
-    }
-
-    /// Recomputes the lowest waiting offset of `b`'s sections not yet seen this tick.
-    pub(super) const fn refresh_span(&mut self, b: usize) {
+        // `b`'s sections hold less now: the same lowest offset may no longer fit.
+        self.work += (self.hi[b] - self.lo[b]) as u64;
         let mut x = self.lo[b];
         while x < self.hi[b] {
-            if self.stamp[x] != self.tick {
-                self.stamp[x] = self.tick;
-                let mut low = NONE;
-                self.work += (self.sec_base[x + 1] - self.sec_base[x]) as u64 + 1;
-                let mut e = self.sec_base[x];
-                while e < self.sec_base[x + 1] {
-                    let u = self.sec_mem[e];
-                    if self.off[u] == NONE && self.min_off[u] < low {
-                        low = self.min_off[u];
+            if self.least[x] != NONE && self.least[x].saturating_add(self.total[x]) > cap {
+                fits = false;
+            }
+            x += 1;
+        }
+        fits
+    }
+
+    /// `u`, waiting at offset `was` in its sections, left them or rose: see
+    /// [`raise_least`](Self::raise_least). The sections `[skip_lo, skip_hi)` are left alone:
+    /// their lowest waiting offset is known to be below `was`.
+    pub(super) const fn drop_least(
+        &mut self,
+        u: usize,
+        was: usize,
+        cap: usize,
+        skip_lo: usize,
+        skip_hi: usize,
+    ) -> bool {
+        let mut fits = true;
+        self.work += 1;
+        let mut x = self.lo[u];
+        while x < self.hi[u] {
+            if x >= skip_lo && x < skip_hi {
+                x = skip_hi;
+                continue;
+            }
+            self.work += 1;
+            if self.stamp[x] != self.tick && self.least[x] == was {
+                self.least_n[x] -= 1;
+                if self.least_n[x] == 0 {
+                    // Looked at afresh, with every change of this placement made.
+                    self.stamp[x] = self.tick;
+                    let (mut least, mut count) = (NONE, 0);
+                    let (mut e, end) = (self.sec_base[x], self.sec_base[x] + self.waiting[x]);
+                    self.work += self.waiting[x] as u64;
+                    while e < end {
+                        let o = self.min_off[self.sec_mem[e]];
+                        e += 1;
+                        if o < least {
+                            least = o;
+                            count = 1;
+                        } else if o == least {
+                            count += 1;
+                        }
                     }
-                    e += 1;
+                    self.least[x] = least;
+                    self.least_n[x] = count;
+                    if least != NONE && least.saturating_add(self.total[x]) > cap {
+                        fits = false;
+                    }
                 }
-                // What waits here stacks above the lowest offset any of it can take.
-                self.low[x] = if low == NONE {
-                    0
-                } else {
-                    low.saturating_add(self.total[x])
-                };
+            }
+            x += 1;
+        }
+        fits
+    }
+
+    /// `u` waits again at offset `at` in its sections (the inverse of
+    /// [`drop_least`](Self::drop_least), as a placement is taken back), but for the sections
+    /// `[skip_lo, skip_hi)`, where something waits lower.
+    pub(super) const fn lower_least(
+        &mut self,
+        u: usize,
+        at: usize,
+        skip_lo: usize,
+        skip_hi: usize,
+    ) {
+        self.work += 1;
+        let mut x = self.lo[u];
+        while x < self.hi[u] {
+            if x >= skip_lo && x < skip_hi {
+                x = skip_hi;
+                continue;
+            }
+            self.work += 1;
+            if at < self.least[x] {
+                self.least[x] = at;
+                self.least_n[x] = 1;
+            } else if at == self.least[x] {
+                self.least_n[x] += 1;
             }
             x += 1;
         }
@@ -282,11 +443,24 @@ impl<'a> Engine<'a> {
         let mark = self.fr(d, F_TRAIL);
         let end = self.trail_len;
         self.work += (end - mark) as u64 + (self.hi[b] - self.lo[b]) as u64 + 1;
+        // `b` waits again at `o` first: where it waits, a buffer back above `o` changes
+        // nothing.
+        let o = self.min_off[b];
+        if self.floors {
+            self.lower_least(b, o, 0, 0);
+        }
         while self.trail_len > mark {
             self.trail_len -= 1;
             let (i, v) = (self.trail_i[self.trail_len], self.trail_v[self.trail_len]);
             if i < self.n {
                 self.min_off[i] = v;
+                if self.floors {
+                    if v > o {
+                        self.lower_least(i, v, self.lo[b], self.hi[b]);
+                    } else {
+                        self.lower_least(i, v, 0, 0);
+                    }
+                }
             } else {
                 self.floor[i - self.n] = v;
             }
@@ -298,24 +472,15 @@ impl<'a> Engine<'a> {
             if x + 1 < self.hi[b] {
                 self.cuts[x] += 1;
             }
+            if self.floors {
+                // Back where `place` put it, just past the waiting members.
+                self.waiting[x] += 1;
+            }
             x += 1;
         }
         self.off[b] = NONE;
         self.free_len += 1;
         self.set(d, F_BUF, NONE);
-        if !self.floors {
-            return;
-        }
-        // The same sections as when it was placed, now with the old lowest offsets.
-        self.tick += 1;
-        self.refresh_span(b);
-        let mut t = mark;
-        while t < end {
-            if self.trail_i[t] < self.n {
-                self.refresh_span(self.trail_i[t]);
-            }
-            t += 1;
-        }
     }
 
     /// Pushes the independent parts `[p1, p2) .. [pk, shi)` of frame `d`'s part that
@@ -469,21 +634,62 @@ impl<'a> Engine<'a> {
         limit: u64,
     ) -> Outcome {
         self.reset();
+        self.run.on = false;
         let stop = self.nodes.saturating_add(limit);
         let first = if whole { self.split_root() } else { shi };
         self.rtrail_len = 0;
-        if !self.open(0, slo, first, 0, 0, GLOBAL, false, cap) {
+        // What every section holds fits (`place` then looks only at what changes).
+        let mut x = slo;
+        while x < shi {
+            if self.total0[x] > cap {
+                return Outcome::Infeasible;
+            }
+            x += 1;
+        }
+        self.work += (shi - slo) as u64;
+        if !self.open(0, slo, first, 0, 0, GLOBAL, false, cap, self.most0) {
             return Outcome::Found {
                 end: self.record(slo, shi),
             };
         }
-        let mut d = 0;
+        self.run = Run {
+            on: true,
+            d: 0,
+            slo,
+            shi,
+            cap,
+            stop,
+        };
+        self.resume()
+    }
+
+    /// Goes on with the run that its node or work limit cut off ([`Outcome::OutOfNodes`]),
+    /// from where it stopped, to the same answers as if it had not stopped; with a new
+    /// [`set_work_stop`](Self::set_work_stop) if the work limit cut it off. Answers
+    /// [`Outcome::OutOfNodes`] at once when no run is under way.
+    pub const fn resume(&mut self) -> Outcome {
+        if !self.run.on {
+            return Outcome::OutOfNodes;
+        }
+        let Run {
+            slo,
+            shi,
+            cap,
+            stop,
+            ..
+        } = self.run;
+        let mut d = self.run.d;
         loop {
+            if self.nodes >= stop || self.work >= self.work_stop {
+                self.run.d = d;
+                return Outcome::OutOfNodes;
+            }
             let b = self.next_candidate(d);
             if b == NONE {
                 // Frame `d` is exhausted: go back to where its failure belongs.
                 let barrier = self.fr(d, F_BARRIER);
                 let target = if barrier == GLOBAL {
+                    self.run.on = false;
                     return Outcome::Infeasible;
                 } else if barrier != NONE {
                     barrier
@@ -502,9 +708,6 @@ impl<'a> Engine<'a> {
                 }
                 continue;
             }
-            if self.nodes >= stop || self.work >= self.work_stop {
-                return Outcome::OutOfNodes;
-            }
             self.nodes += 1;
             if !self.place(d, b, cap) {
                 self.unplace(d);
@@ -514,16 +717,26 @@ impl<'a> Engine<'a> {
                 continue;
             }
             let first = self.split(d, b);
-            let (slo_all, shi_all) = (slo, shi);
-            let (slo, shi) = (self.fr(d, F_SLO), self.fr(d, F_SHI));
+            let (part_lo, part_hi) = (self.fr(d, F_SLO), self.fr(d, F_SHI));
             let (o, r) = (self.off[b], self.rank[b]);
-            let opened = if first == shi {
-                self.open(d + 1, slo, shi, o, r, NONE, false, cap)
+            let opened = if first == part_hi {
+                self.open(
+                    d + 1,
+                    part_lo,
+                    part_hi,
+                    o,
+                    r,
+                    NONE,
+                    false,
+                    cap,
+                    self.most_next,
+                )
             } else {
-                self.open(d + 1, slo, first, 0, 0, NONE, true, cap)
+                self.open(d + 1, part_lo, first, 0, 0, NONE, true, cap, self.most_next)
             };
             if !opened {
-                let end = self.record(slo_all, shi_all);
+                self.run.on = false;
+                let end = self.record(slo, shi);
                 return Outcome::Found { end };
             }
             d += 1;

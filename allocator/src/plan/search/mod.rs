@@ -37,6 +37,8 @@ mod branch;
 
 /// Not placed, no buffer, no frame.
 const NONE: usize = usize::MAX;
+/// A frame's first candidate is not known yet: `next_candidate` looks for it.
+const UNKNOWN: usize = usize::MAX - 2;
 /// The owner of the independent parts the timeline falls into before anything is placed: a
 /// failure there is a failure of the whole question.
 const GLOBAL: usize = usize::MAX - 1;
@@ -118,18 +120,19 @@ impl Sizes {
     pub const fn scratch_len(&self) -> usize {
         let (n, s) = (self.buffers, self.sections);
         // Per buffer: lo, hi, rank, off, min_off, free, free_pos, best and the three sort
-        // keys (11), the adjacency's bases (n + 1), fourteen frame fields (n + 1 frames).
-        // Per section: total0, cuts0, floor, total, cuts, three pending-group fields, the
-        // lowest waiting offset, a stamp and the members' bases (11). The members (one per
-        // spanned section).
+        // keys (11), the adjacency's bases and its first section's place in `at`
+        // (2 (n + 1)), seventeen frame fields (n + 1 frames). Per section: total0, cuts0,
+        // floor, total, cuts, three pending-group fields, the lowest waiting offset and how
+        // many wait at it, how many wait there, a stamp and the members' bases (13). The
+        // members and where each (buffer, section) sits among them (two per spanned section).
         // The adjacency (both directions) and the trail (index and old value per change:
         // one per conflicting pair and one per spanned section along a branch). Building
         // needs the timeline's and the index's scratch besides.
         11 * n
-            + (n + 1)
-            + 14 * (n + 1)
-            + 11 * (s + 1)
-            + self.spanned
+            + 2 * (n + 1)
+            + FRAME_FIELDS * (n + 1)
+            + 13 * (s + 1)
+            + 2 * self.spanned
             + 2 * self.conflicts
             + 2 * (self.conflicts + self.spanned)
             + 12 * n
@@ -167,6 +170,84 @@ pub const fn measure(
         sections: count,
         conflicts,
         spanned,
+    }
+}
+
+/// Where a run of the search stands between two calls: a run cut off by its work or node
+/// limit goes on with [`Engine::resume`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Run {
+    /// A run is under way.
+    on: bool,
+    /// Its depth, sections, capacity and node limit.
+    d: usize,
+    slo: usize,
+    shi: usize,
+    cap: usize,
+    stop: u64,
+}
+
+impl Run {
+    const NONE: Run = Run {
+        on: false,
+        d: 0,
+        slo: 0,
+        shi: 0,
+        cap: 0,
+        stop: 0,
+    };
+}
+
+/// An [`Engine`]'s numbers, apart from its scratch space: with that space, all
+/// [`Engine::reattach`] needs to go on where [`Engine::suspend`] stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Suspended {
+    sizes: Sizes,
+    count: usize,
+    free_len: usize,
+    trail_len: usize,
+    pend_len: usize,
+    tick: usize,
+    trail_mark: usize,
+    most0: usize,
+    most_next: usize,
+    preorder: Preorder,
+    rerank: bool,
+    floors: bool,
+    rtrail_len: usize,
+    nodes: u64,
+    work: u64,
+    work_stop: u64,
+    run: Run,
+}
+
+impl Suspended {
+    /// Units of work the engine had done ([`Engine::work`]).
+    pub const fn work(&self) -> u64 {
+        self.work
+    }
+
+    /// A new engine's numbers.
+    const fn fresh(sizes: &Sizes, count: usize, most0: usize) -> Suspended {
+        Suspended {
+            sizes: *sizes,
+            count,
+            free_len: 0,
+            trail_len: 0,
+            pend_len: 0,
+            tick: 0,
+            trail_mark: 0,
+            most0,
+            most_next: 0,
+            preorder: Preorder::Wat,
+            rerank: false,
+            floors: true,
+            rtrail_len: 0,
+            nodes: 0,
+            work: 0,
+            work_stop: u64::MAX,
+            run: Run::NONE,
+        }
     }
 }
 
@@ -209,11 +290,17 @@ pub struct Engine<'a> {
     frames: &'a mut [usize],
     sec_base: &'a mut [usize],
     sec_mem: &'a mut [usize],
-    low: &'a mut [usize],
+    least: &'a mut [usize],
+    least_n: &'a mut [usize],
+    waiting: &'a mut [usize],
+    span_base: &'a mut [usize],
+    at: &'a mut [usize],
     stamp: &'a mut [usize],
     tmp_s: &'a mut [usize],
     tick: usize,
     trail_mark: usize,
+    most0: usize,
+    most_next: usize,
     preorder: Preorder,
     rerank: bool,
     floors: bool,
@@ -223,6 +310,8 @@ pub struct Engine<'a> {
     nodes: u64,
     work: u64,
     work_stop: u64,
+    run: Run,
+    sizes: Sizes,
 }
 
 impl core::fmt::Debug for Engine<'_> {
@@ -251,7 +340,10 @@ const F_PEND: usize = 10; // pending parts before this level's placement
 const F_HAT: usize = 11; // whether the placed buffer conflicts with a waiting one
 const F_DONE: usize = 12; // whether the frame has no candidates left
 const F_RMARK: usize = 13; // the rank trail's length before this frame reordered its part
-const FRAME_FIELDS: usize = 14;
+const F_FIRST: usize = 14; // the first candidate, found by `open` (or UNKNOWN)
+const F_TOTAL: usize = 15; // no section of the part holds more waiting bytes than this
+const F_SECOND: usize = 16; // the second candidate, found by `open` (or UNKNOWN)
+const FRAME_FIELDS: usize = 17;
 
 impl<'a> Engine<'a> {
     /// Builds the engine for `slots` (sizes and alignments), measured as `sizes`, in
@@ -263,6 +355,56 @@ impl<'a> Engine<'a> {
         sizes: &Sizes,
         scratch: &'a mut [usize],
     ) -> Engine<'a> {
+        Engine::make(layout, specs, slots, sizes, scratch, None)
+    }
+
+    /// The engine [`suspend`](Self::suspend) left in `scratch`, as it was: its scratch space
+    /// holds everything but the numbers in `state`, so a search goes on where it stopped (in
+    /// another constant of the derive, which carries the scratch space as a value). `layout`,
+    /// `specs`, `slots` and `sizes` are those it was built with.
+    pub const fn reattach(
+        layout: &LayoutSpec,
+        specs: &[FieldSpec],
+        slots: &'a [Slot],
+        scratch: &'a mut [usize],
+        state: &Suspended,
+    ) -> Engine<'a> {
+        Engine::make(layout, specs, slots, &state.sizes, scratch, Some(state))
+    }
+
+    /// What [`reattach`](Self::reattach) needs besides the scratch space.
+    pub const fn suspend(&self) -> Suspended {
+        Suspended {
+            sizes: self.sizes,
+            count: self.count,
+            free_len: self.free_len,
+            trail_len: self.trail_len,
+            pend_len: self.pend_len,
+            tick: self.tick,
+            trail_mark: self.trail_mark,
+            most0: self.most0,
+            most_next: self.most_next,
+            preorder: self.preorder,
+            rerank: self.rerank,
+            floors: self.floors,
+            rtrail_len: self.rtrail_len,
+            nodes: self.nodes,
+            work: self.work,
+            work_stop: self.work_stop,
+            run: self.run,
+        }
+    }
+
+    /// Carves the engine's arrays out of `scratch`; builds them, or takes them as `state`
+    /// left them.
+    const fn make(
+        layout: &LayoutSpec,
+        specs: &[FieldSpec],
+        slots: &'a [Slot],
+        sizes: &Sizes,
+        scratch: &'a mut [usize],
+        state: Option<&Suspended>,
+    ) -> Engine<'a> {
         let n = specs.len();
         assert!(
             slots.len() == n && sizes.buffers == n && scratch.len() >= sizes.scratch_len(),
@@ -273,7 +415,10 @@ impl<'a> Engine<'a> {
         carve!(rest, lo, n);
         carve!(rest, hi, n);
         carve!(rest, timeline, 6 * n);
-        let count = spans(layout, specs, slots, lo, hi, timeline);
+        let count = match state {
+            Some(st) => st.count,
+            None => spans(layout, specs, slots, lo, hi, timeline),
+        };
         carve!(rest, adj_base, n + 1);
         carve!(rest, adj, 2 * sizes.conflicts);
         carve!(rest, total0, s + 1);
@@ -296,105 +441,134 @@ impl<'a> Engine<'a> {
         carve!(rest, frames, FRAME_FIELDS * (n + 1));
         carve!(rest, sec_base, s + 1);
         carve!(rest, sec_mem, sizes.spanned);
-        carve!(rest, low, s + 1);
+        carve!(rest, least, s + 1);
+        carve!(rest, least_n, s + 1);
+        carve!(rest, waiting, s + 1);
+        carve!(rest, span_base, n + 1);
+        carve!(rest, at, sizes.spanned);
         carve!(rest, stamp, s + 1);
         carve!(rest, tmp_s, n);
         carve!(rest, rtrail_i, 2 * n);
         carve!(rest, rtrail_v, 2 * n);
         carve!(rest, found, n);
-        // The adjacency, both directions: count the degrees with the interval index, then
-        // fill each buffer's list.
-        let mut index = Index::new(lo, hi, count, rest);
-        let mut b = 0;
-        while b <= n {
-            adj_base[b] = 0;
-            b += 1;
-        }
-        let mut b = 0;
-        while b < n {
-            if lo[b] < hi[b] {
-                let k = index.meeting(lo[b], hi[b], found);
-                adj_base[b] += k;
-                let mut j = 0;
-                while j < k {
-                    adj_base[found[j]] += 1;
-                    j += 1;
-                }
-                index.insert(b, lo[b], hi[b]);
+        let mut most0 = 0;
+        if state.is_none() {
+            // The adjacency, both directions: count the degrees with the interval index, then
+            // fill each buffer's list.
+            let mut index = Index::new(lo, hi, count, rest);
+            let mut b = 0;
+            while b <= n {
+                adj_base[b] = 0;
+                b += 1;
             }
-            b += 1;
-        }
-        // Bases from the degrees; `keys` counts each list's fill.
-        let mut sum = 0;
-        let mut b = 0;
-        while b < n {
-            let d = adj_base[b];
-            adj_base[b] = sum;
-            keys[b] = sum;
-            sum += d;
-            b += 1;
-        }
-        adj_base[n] = sum;
-        index.clear();
-        let mut b = 0;
-        while b < n {
-            if lo[b] < hi[b] {
-                let k = index.meeting(lo[b], hi[b], found);
-                let mut j = 0;
-                while j < k {
-                    let c = found[j];
-                    adj[keys[b]] = c;
-                    keys[b] += 1;
-                    adj[keys[c]] = b;
-                    keys[c] += 1;
-                    j += 1;
+            let mut b = 0;
+            while b < n {
+                if lo[b] < hi[b] {
+                    let k = index.meeting(lo[b], hi[b], found);
+                    adj_base[b] += k;
+                    let mut j = 0;
+                    while j < k {
+                        adj_base[found[j]] += 1;
+                        j += 1;
+                    }
+                    index.insert(b, lo[b], hi[b]);
                 }
-                index.insert(b, lo[b], hi[b]);
+                b += 1;
             }
-            b += 1;
-        }
-        // What each section holds, and how many buffers cross each boundary.
-        let mut x = 0;
-        while x <= s {
-            total0[x] = 0;
-            cuts0[x] = 0;
-            sec_base[x] = 0;
-            stamp[x] = 0;
-            x += 1;
-        }
-        let mut b = 0;
-        while b < n {
-            let mut x = lo[b];
-            while x < hi[b] {
-                total0[x] = total0[x].saturating_add(slots[b].size);
-                if x + 1 < hi[b] {
-                    cuts0[x] += 1;
+            // Bases from the degrees; `keys` counts each list's fill.
+            let mut sum = 0;
+            let mut b = 0;
+            while b < n {
+                let d = adj_base[b];
+                adj_base[b] = sum;
+                keys[b] = sum;
+                sum += d;
+                b += 1;
+            }
+            adj_base[n] = sum;
+            index.clear();
+            let mut b = 0;
+            while b < n {
+                if lo[b] < hi[b] {
+                    let k = index.meeting(lo[b], hi[b], found);
+                    let mut j = 0;
+                    while j < k {
+                        let c = found[j];
+                        adj[keys[b]] = c;
+                        keys[b] += 1;
+                        adj[keys[c]] = b;
+                        keys[c] += 1;
+                        j += 1;
+                    }
+                    index.insert(b, lo[b], hi[b]);
                 }
-                sec_base[x] += 1;
+                b += 1;
+            }
+            // What each section holds, and how many buffers cross each boundary.
+            let mut x = 0;
+            while x <= s {
+                total0[x] = 0;
+                cuts0[x] = 0;
+                sec_base[x] = 0;
+                stamp[x] = 0;
                 x += 1;
             }
-            b += 1;
-        }
-        // Each section's members, back to back (`low` counts the fill).
-        let mut sum = 0;
-        let mut x = 0;
-        while x <= s {
-            let c = sec_base[x];
-            sec_base[x] = sum;
-            low[x] = sum;
-            sum += c;
-            x += 1;
-        }
-        let mut b = 0;
-        while b < n {
-            let mut x = lo[b];
-            while x < hi[b] {
-                sec_mem[low[x]] = b;
-                low[x] += 1;
+            let mut b = 0;
+            while b < n {
+                let mut x = lo[b];
+                while x < hi[b] {
+                    total0[x] = total0[x].saturating_add(slots[b].size);
+                    if x + 1 < hi[b] {
+                        cuts0[x] += 1;
+                    }
+                    sec_base[x] += 1;
+                    x += 1;
+                }
+                b += 1;
+            }
+            let mut x = 0;
+            while x <= s {
+                if total0[x] > most0 {
+                    most0 = total0[x];
+                }
                 x += 1;
             }
-            b += 1;
+            // Each section's members, back to back (`least` counts the fill).
+            let mut sum = 0;
+            let mut x = 0;
+            while x <= s {
+                let c = sec_base[x];
+                sec_base[x] = sum;
+                least[x] = sum;
+                sum += c;
+                x += 1;
+            }
+            // Where each buffer's first section sits in `at`.
+            let mut b = 0;
+            let mut sum = 0;
+            while b < n {
+                span_base[b] = sum;
+                sum += hi[b] - lo[b];
+                b += 1;
+            }
+            span_base[n] = sum;
+            let mut b = 0;
+            while b < n {
+                let mut x = lo[b];
+                while x < hi[b] {
+                    sec_mem[least[x]] = b;
+                    at[span_base[b] + x - lo[b]] = least[x];
+                    least[x] += 1;
+                    x += 1;
+                }
+                b += 1;
+            }
         }
+        let fresh = Suspended::fresh(sizes, count, most0);
+        let st = match state {
+            Some(st) => st,
+            None => &fresh,
+        };
         Engine {
             n,
             count,
@@ -415,31 +589,39 @@ impl<'a> Engine<'a> {
             cuts,
             free,
             free_pos,
-            free_len: 0,
+            free_len: st.free_len,
             trail_i,
             trail_v,
-            trail_len: 0,
+            trail_len: st.trail_len,
             pend_lo,
             pend_hi,
             pend_owner,
-            pend_len: 0,
+            pend_len: st.pend_len,
             frames,
             sec_base,
             sec_mem,
-            low,
+            least,
+            least_n,
+            waiting,
+            span_base,
+            at,
             stamp,
             tmp_s,
-            tick: 0,
-            trail_mark: 0,
-            preorder: Preorder::Wat,
-            rerank: false,
-            floors: true,
+            tick: st.tick,
+            trail_mark: st.trail_mark,
+            most0: st.most0,
+            most_next: st.most_next,
+            preorder: st.preorder,
+            rerank: st.rerank,
+            floors: st.floors,
             rtrail_i,
             rtrail_v,
-            rtrail_len: 0,
-            nodes: 0,
-            work: 0,
-            work_stop: u64::MAX,
+            rtrail_len: st.rtrail_len,
+            nodes: st.nodes,
+            work: st.work,
+            work_stop: st.work_stop,
+            run: st.run,
+            sizes: *sizes,
         }
     }
 
@@ -586,10 +768,10 @@ impl<'a> Engine<'a> {
     }
 
     /// Reorders the waiting buffers of the part `[slo, shi)` about to start, with the totals
-    /// of this moment, if the rank trail has room to take it back.
-    const fn rerank_part(&mut self, slo: usize, shi: usize) {
+    /// of this moment, if the rank trail has room to take it back; returns whether it did.
+    const fn rerank_part(&mut self, slo: usize, shi: usize) -> bool {
         if !self.rerank {
-            return;
+            return false;
         }
         let mut m = 0;
         self.work += 2 * self.free_len as u64;
@@ -603,7 +785,7 @@ impl<'a> Engine<'a> {
             i += 1;
         }
         if m < 2 || self.rtrail_len + m > self.rtrail_i.len() {
-            return;
+            return false;
         }
         let mut i = 0;
         while i < m {
@@ -614,6 +796,7 @@ impl<'a> Engine<'a> {
             i += 1;
         }
         self.rank_list(m);
+        true
     }
 
     /// Takes back the reorderings made since the rank trail was `mark` long.

@@ -63,8 +63,10 @@ fn check(b: &[(usize, usize, usize, usize)], stages: usize) {
     let mut scratch = vec![0; sizes.scratch_len()];
     let mut engine = Engine::new(&layout, &specs, &slots, &sizes, &mut scratch);
     let opt = brute_force(b);
-    for p in Preorder::ALL {
+    for (k, p) in Preorder::ALL.into_iter().enumerate() {
         engine.set_preorder(p, &specs, stages);
+        // With and without the lowest waiting offsets: both prune soundly.
+        engine.set_waiting_floors(k % 2 == 0);
         match engine.run(opt, u64::MAX) {
             Outcome::Found { end } => {
                 assert!(end <= opt, "{b:?}: found {end} above {opt}");
@@ -111,4 +113,114 @@ fn finds_the_optimum_and_proves_nothing_is_lower() {
             .collect();
         check(&b, stages);
     }
+}
+
+/// A run cut off by its work limit again and again, the engine suspended and reattached to
+/// its scratch space each time (as the derive's constants do), ends as one uncut run does:
+/// the same answer, offsets, nodes and work.
+#[test]
+fn a_run_cut_into_pieces_ends_as_an_uncut_one() {
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = |m: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % m as u64) as usize
+    };
+    let (mut cut_runs, mut kinds) = (0, [0; 3]);
+    for case in 0..200 {
+        let stages = 2 + next(12);
+        let n = 2 + next(24);
+        let layout = LayoutSpec::DEFAULT.with_align(1).with_stages(stages);
+        // Sizes off their alignments: the most bytes live at once is often out of reach.
+        let sized: Vec<(usize, usize, usize, usize)> = (0..n)
+            .map(|_| {
+                let (x, y) = (next(stages), next(stages));
+                (1 + next(100), 1 << (3 * next(3)), x.min(y), x.max(y))
+            })
+            .collect();
+        let specs: Vec<FieldSpec> = sized
+            .iter()
+            .map(|&(size, align, first, last)| {
+                FieldSpec::of::<u8>(size)
+                    .with_align(align)
+                    .with_live(first, last)
+            })
+            .collect();
+        let slots: Vec<Slot> = sized
+            .iter()
+            .map(|&(size, align, _, _)| Slot {
+                offset: 0,
+                size,
+                align,
+            })
+            .collect();
+        let mut head = vec![0; crate::plan::scratch_len(n)];
+        let sizes = measure(&layout, &specs, &slots, &mut head);
+        let preorder = Preorder::ALL[case % 6];
+        let floors = case % 4 < 2;
+        // A tight capacity, at or a little above the most bytes live at once, so that runs
+        // search and backtrack.
+        let peak = (0..stages)
+            .map(|t| {
+                let live = sized.iter().filter(|&&(_, _, f, l)| f <= t && t <= l);
+                live.map(|&(size, _, _, _)| size).sum::<usize>()
+            })
+            .max()
+            .unwrap_or(0);
+        let cap = if case % 3 == 0 {
+            peak
+        } else {
+            peak + next(peak / 8 + 1)
+        };
+        let whole = {
+            let mut scratch = vec![0; sizes.scratch_len()];
+            let mut e = Engine::new(&layout, &specs, &slots, &sizes, &mut scratch);
+            e.set_preorder(preorder, &specs, stages);
+            e.set_waiting_floors(floors);
+            let o = e.run(cap, 20_000);
+            (o, e.offsets().to_vec(), e.nodes(), e.work())
+        };
+        let mut scratch = vec![0; sizes.scratch_len()];
+        let (mut outcome, mut saved) = {
+            let mut e = Engine::new(&layout, &specs, &slots, &sizes, &mut scratch);
+            e.set_preorder(preorder, &specs, stages);
+            e.set_waiting_floors(floors);
+            let piece = 1 + next(200) as u64;
+            e.set_work_stop(e.work() + piece);
+            (e.run(cap, 20_000), e.suspend())
+        };
+        let mut pieces = 1;
+        while outcome == Outcome::OutOfNodes && saved.work() < whole.3 {
+            let mut e = Engine::reattach(&layout, &specs, &slots, &mut scratch, &saved);
+            let piece = 1 + next(200) as u64;
+            e.set_work_stop(e.work() + piece);
+            outcome = e.resume();
+            saved = e.suspend();
+            pieces += 1;
+        }
+        let e = Engine::reattach(&layout, &specs, &slots, &mut scratch, &saved);
+        let cut = (outcome, e.offsets().to_vec(), e.nodes(), e.work());
+        if pieces > 1 {
+            cut_runs += 1;
+        }
+        kinds[match whole.0 {
+            Outcome::Found { .. } => 0,
+            Outcome::Infeasible => 1,
+            Outcome::OutOfNodes => 2,
+        }] += 1;
+        if let Outcome::Found { .. } = whole.0 {
+            assert_eq!(cut.1, whole.1, "case {case}: offsets after {pieces} pieces");
+        }
+        assert_eq!(
+            (cut.0, cut.2, cut.3),
+            (whole.0, whole.2, whole.3),
+            "case {case}: answer, nodes and work after {pieces} pieces"
+        );
+    }
+    // The cases cut runs that find plans and runs that prove there is none.
+    assert!(
+        cut_runs >= 100 && kinds[0] >= 20 && kinds[1] >= 20,
+        "{cut_runs} {kinds:?}"
+    );
 }
