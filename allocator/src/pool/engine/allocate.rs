@@ -46,10 +46,36 @@ impl Shared {
         }
         if let (0, Some(align), true) = (flags & SLOW, align, home) {
             let stream = req.stream.unwrap_or(self.home);
+            if let Some(addr) = self.allocate_on_heap_fast(client, req.size, align, stream, owned) {
+                return Ok(addr);
+            }
             return self.allocate_on_heap(client, req.size, align, stream, owned);
         }
         let req = AllocRequest { ..req };
         self.allocate_other(client, &req, owned)
+    }
+
+    /// The common case where thread heaps are on: the calling thread's heap serves (see
+    /// [`heap_allocate_fast`](Self::heap_allocate_fast)). A function of its own, with nothing
+    /// else in it and the address in registers: with the fallbacks beside it, the compiler
+    /// spilled the request to the stack before it looked for the heap.
+    #[inline(never)]
+    pub(super) fn allocate_on_heap_fast(
+        &self,
+        client: u32,
+        size: usize,
+        align: usize,
+        stream: StreamId,
+        owned: bool,
+    ) -> Option<u64> {
+        let ask = Ask {
+            client,
+            size,
+            align,
+            stream,
+        };
+        self.on_thread_heap(|heap| self.heap_allocate_fast(heap, &ask, owned))
+            .flatten()
     }
 
     /// The fast path where thread heaps are on: the calling thread's heap, if it has one (or
