@@ -353,12 +353,8 @@ impl PipelineKernels {
         src: &impl DevicePtr<f32>,
         dst: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), Error> {
-        const STAGE: &str = "blur (rows)";
-        self.check_image_pair(STAGE, stream, size, src, dst)?;
-        let (s, _read) = src.device_ptr(stream);
-        let (d, _write) = dst.device_ptr_mut(stream);
-        // SAFETY: as in `rgb_to_gray`.
-        unsafe { self.blur_rows_raw(stream, size, s, d) }
+        let pass = (&self.blur_rows, "blur (rows)", "cuLaunchKernel(blur_rows)");
+        self.image_pass(pass, stream, size, src, dst)
     }
 
     /// The blur's pass along columns ([`super::host::blur_vertical`]).
@@ -369,12 +365,12 @@ impl PipelineKernels {
         src: &impl DevicePtr<f32>,
         dst: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), Error> {
-        const STAGE: &str = "blur (columns)";
-        self.check_image_pair(STAGE, stream, size, src, dst)?;
-        let (s, _read) = src.device_ptr(stream);
-        let (d, _write) = dst.device_ptr_mut(stream);
-        // SAFETY: as in `rgb_to_gray`.
-        unsafe { self.blur_columns_raw(stream, size, s, d) }
+        let pass = (
+            &self.blur_columns,
+            "blur (columns)",
+            "cuLaunchKernel(blur_columns)",
+        );
+        self.image_pass(pass, stream, size, src, dst)
     }
 
     /// Sobel gradient magnitude ([`super::host::sobel_magnitude`]).
@@ -385,26 +381,30 @@ impl PipelineKernels {
         src: &impl DevicePtr<f32>,
         magnitude: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), Error> {
-        const STAGE: &str = "sobel";
-        self.check_image_pair(STAGE, stream, size, src, magnitude)?;
-        let (s, _read) = src.device_ptr(stream);
-        let (d, _write) = magnitude.device_ptr_mut(stream);
-        // SAFETY: as in `rgb_to_gray`.
-        unsafe { self.sobel_raw(stream, size, s, d) }
+        let pass = (&self.sobel, "sobel", "cuLaunchKernel(sobel)");
+        self.image_pass(pass, stream, size, src, magnitude)
     }
 
-    fn check_image_pair(
+    /// One image-to-image kernel (`(kernel, stage name, driver call)`): both buffers checked to
+    /// hold a `size` image of `f32` in the kernels' context, then the launch.
+    fn image_pass(
         &self,
-        stage: &str,
+        (kernel, stage, call): (&CudaFunction, &str, &'static str),
         stream: &CudaStream,
         size: ImageSize,
-        src: &impl DeviceSlice<f32>,
-        dst: &impl DeviceSlice<f32>,
+        src: &impl DevicePtr<f32>,
+        dst: &mut impl DevicePtrMut<f32>,
     ) -> Result<(), Error> {
         self.check_stream(stage, stream)?;
         Self::check_size(stage, size)?;
         self.check_buffer(stage, "src", src, size.pixels(), Some(size))?;
-        self.check_buffer(stage, "dst", dst, size.pixels(), Some(size))
+        self.check_buffer(stage, "dst", dst, size.pixels(), Some(size))?;
+        let (s, _read) = src.device_ptr(stream);
+        let (d, _write) = dst.device_ptr_mut(stream);
+        // SAFETY: as in `rgb_to_gray`: both buffers were checked to hold a `size` image and to
+        // live in the kernels' context; the guards keep them ordered on `stream` until the
+        // launch is queued. `kernel` takes `(const float*, float*, u32 width, u32 height)`.
+        unsafe { self.launch_2d(kernel, call, stream, size, s, d) }
     }
 
     /// Zeroes `hist` and counts the magnitudes' bins into it ([`super::host::histogram`]).
