@@ -15,29 +15,14 @@
 
 use std::process::ExitCode;
 
-use devarena::plan::{self, FieldSpec, LayoutSpec, Placed, Preorder, Schedule, Slot, Try};
+use devarena::plan::{self, Preorder, Schedule, Slot, Try};
 
 // The reader `plan_csv` uses (this example needs only the numbers of each row).
 #[allow(dead_code)]
 #[path = "minimalloc/csv.rs"]
 mod csv;
-
-/// The layout of one CSV (`id,lower,upper,size`, live over `[lower, upper)`), as
-/// `tests/compile-dsa.sh` writes it: align 1, one stage per distinct time.
-fn load(path: &str) -> Result<(LayoutSpec, Vec<FieldSpec>), String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-    let (_, rows) = csv::parse(&text).map_err(|e| format!("{path}: {e}"))?;
-    let mut times: Vec<u64> = rows.iter().flat_map(|r| [r.lower, r.upper]).collect();
-    times.sort_unstable();
-    times.dedup();
-    let rank = |t: u64| times.partition_point(|&x| x < t);
-    let layout = LayoutSpec::DEFAULT.with_align(1).with_stages(times.len());
-    let specs = rows
-        .iter()
-        .map(|r| FieldSpec::of::<u8>(r.size as usize).with_live(rank(r.lower), rank(r.upper) - 1))
-        .collect();
-    Ok((layout, specs))
-}
+#[path = "minimalloc/derived.rs"]
+mod derived;
 
 /// One try of `SCHED`.
 fn parse_try(s: &str) -> Result<Try, String> {
@@ -81,7 +66,7 @@ fn run() -> Result<(), String> {
     }
     let mut ratios = Vec::new();
     for path in &files {
-        let (layout, specs) = load(path)?;
+        let (layout, specs) = derived::load(path)?;
         let n = specs.len();
         let mut slots = vec![Slot::EMPTY; n];
         let mut head = vec![0; plan::scratch_len(n)];
@@ -102,17 +87,7 @@ fn run() -> Result<(), String> {
                 &mut scratch,
             );
         }
-        let placed: Vec<Placed> = slots
-            .iter()
-            .zip(&specs)
-            .map(|(s, f)| Placed {
-                offset: s.offset,
-                size: s.size,
-                align: s.align,
-                live: f.live,
-            })
-            .collect();
-        plan::validate(&placed, totals.size).map_err(|v| format!("{path}: invalid plan: {v}"))?;
+        derived::validate(path, &slots, &specs, totals.size)?;
         let ratio = totals.size as f64 / 1_048_576.0;
         println!("{path}: {ratio:.4} work {}", schedule.work());
         ratios.push(ratio);
