@@ -709,6 +709,112 @@ mod tests {
         (schedule.work(), totals.size / bound, over as usize)
     }
 
+    /// The derive's schedule cut into calls of any work, each going on where the last stopped
+    /// (as the derive's constants do), ends with the plan, schedule and work of one uncut
+    /// call; `plan_as_derive` matches its four calls of `COMPILE_TIME_WORK`; every plan is
+    /// valid and never larger than the greedy one. Layouts with nested zero-size fields,
+    /// alignments up to 4096 and one stage are among them.
+    #[test]
+    fn a_schedule_cut_into_calls_ends_as_an_uncut_one() {
+        use super::super::validate::{Placed, validate};
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = |m: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % m as u64) as usize
+        };
+        let (mut searched, mut cut) = (0, 0);
+        for case in 0..1000 {
+            let n = next(60);
+            let stages = 1 + next(20);
+            let specs: Vec<FieldSpec> = (0..n)
+                .map(|_| {
+                    let (x, y) = (next(stages), next(stages));
+                    let size = match next(10) {
+                        0 => 0,
+                        1 => 1 + next(3),
+                        _ => 1 + next(5000),
+                    };
+                    let big = next(8) == 0;
+                    let align = 1 << next(if big { 13 } else { 4 });
+                    let spec = if size == 0 {
+                        FieldSpec::nested(0, align)
+                    } else {
+                        FieldSpec::of::<u8>(size).with_align(align)
+                    };
+                    spec.with_live(x.min(y), x.max(y))
+                })
+                .collect();
+            let layout = LayoutSpec::DEFAULT
+                .with_align(1 << next(9))
+                .with_stages(stages);
+            let mut greedy_slots = vec![Slot::EMPTY; n];
+            let mut head = vec![0; scratch_len(n)];
+            let greedy = plan_into(&layout, &specs, &mut greedy_slots, &mut head).unwrap();
+            let sizes = measure(&layout, &specs, &greedy_slots, &mut head);
+            let len = scratch_len(n) + sizes.scratch_len();
+            // Calls of `work` each (`None`: random pieces) until the schedule is done, or `calls`.
+            let run = |work: Option<u64>, calls: usize, next: &mut dyn FnMut(usize) -> usize| {
+                let (mut slots, mut totals) = (greedy_slots.clone(), greedy);
+                let (mut scratch, mut schedule) = (vec![0; len], Schedule::START);
+                let mut k = 0;
+                while !schedule.done() && k < calls {
+                    let w = work.unwrap_or_else(|| 1 + next(3000) as u64);
+                    improve_slots(
+                        &layout,
+                        &specs,
+                        &mut slots,
+                        &mut totals,
+                        &mut schedule,
+                        w,
+                        &mut scratch,
+                    );
+                    k += 1;
+                }
+                (slots, totals, schedule.work(), schedule.done(), k)
+            };
+            let whole = run(Some(u64::MAX), 1, &mut next);
+            // Far more calls than finishing takes (the tries share some 2,000,000 units).
+            let pieces = run(None, 100_000, &mut next);
+            assert!(whole.3 && pieces.3, "case {case}: not done");
+            searched += (whole.2 > 0) as usize;
+            cut += (pieces.4 > 1) as usize;
+            assert_eq!(
+                (&pieces.0, pieces.1, pieces.2),
+                (&whole.0, whole.1, whole.2),
+                "case {case}: {} calls",
+                pieces.4
+            );
+            let derive = run(Some(COMPILE_TIME_WORK), COMPILE_TIME_STEPS, &mut next);
+            let mut slots = vec![Slot::EMPTY; n];
+            let (g, t) = plan_as_derive(&layout, &specs, &mut slots).unwrap();
+            assert_eq!((g, t, &slots), (greedy, derive.1, &derive.0), "case {case}");
+            for (slots, t) in [(&whole.0, whole.1), (&slots, t)] {
+                let placed: Vec<Placed> = slots
+                    .iter()
+                    .zip(&specs)
+                    .map(|(s, f)| Placed {
+                        offset: s.offset,
+                        size: s.size,
+                        align: s.align,
+                        live: f.live,
+                    })
+                    .collect();
+                assert_eq!(validate(&placed, t.size), Ok(()), "case {case}");
+                assert!(
+                    t.size <= greedy.size && t.size % t.align == 0,
+                    "case {case}"
+                );
+            }
+        }
+        // Many cases search, and most of those are cut.
+        assert!(
+            searched >= 100 && cut * 4 >= searched * 3,
+            "{searched} {cut}"
+        );
+    }
+
     /// A layout whose search needs more than `COMPILE_TIME_SCRATCH_MAX` keeps its plan without
     /// searching; a smaller one searches and halves the arena.
     #[test]
