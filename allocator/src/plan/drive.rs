@@ -259,7 +259,7 @@ const COMPILE_TIME_TRIES: [Try; 7] = [
 /// `long_running_const_eval` lint fires after 2,000,000 loop iterations and calls in one
 /// evaluation, and a unit is one to a few of them: 800,000 units in one constant once
 /// tripped it on a 409-field layout (with the engine built in the same constant), 400,000
-/// did not; a quarter of that leaves a wide margin. It also bounds the time: the compiler
+/// did not; under a quarter of that leaves a wide margin. It also bounds the time: the compiler
 /// runs this code some 3,000 times slower than native code, about 8 µs a unit.
 pub const COMPILE_TIME_WORK: u64 = 175_000;
 
@@ -601,7 +601,9 @@ pub const fn improve<const N: usize, const LEN: usize>(
 }
 
 /// Scratch space [`improve`] needs for `plan`: [`scratch_len`]`(N)` for measuring plus the
-/// engine's (0 for a layout without stages or an error). `S` is [`scratch_len`]`(N)`.
+/// engine's; 0 where there is no search: an error, a layout without stages, a plan already
+/// at its lower bound, or a search over [`COMPILE_TIME_SCRATCH_MAX`]. `S` is
+/// [`scratch_len`]`(N)`.
 pub const fn search_len<const N: usize, const S: usize>(
     layout: &LayoutSpec,
     specs: &[FieldSpec; N],
