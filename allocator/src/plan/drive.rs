@@ -10,7 +10,7 @@
 //!   the next, which carries the engine's scratch space as a value.
 
 use super::align::align_up;
-use super::error::PlanError;
+use super::error::{PlanError, PlanErrorKind};
 use super::search::{Engine, Outcome, Preorder, Suspended, measure};
 use super::stages::scratch_len;
 use super::{FieldSpec, LayoutSpec, Plan, Slot, Totals};
@@ -640,6 +640,8 @@ pub const COMPILE_TIME_SCRATCH_MAX: usize = 1 << 21;
 /// (one per field). Returns the greedy plan's totals and the final ones. The same const fns
 /// and the same work as in the compiler, so the same offsets: a derive's plan seen without
 /// compiling it (the `compile_time_csv` example), and the compile-time search under test.
+/// Like the derive, it plans without the layout's `max_bytes` and checks the final plan
+/// against it: a greedy plan over the limit is no error when the search brings it under.
 pub fn plan_as_derive(
     layout: &LayoutSpec,
     specs: &[FieldSpec],
@@ -647,24 +649,33 @@ pub fn plan_as_derive(
 ) -> Result<(Totals, Totals), PlanError> {
     let n = specs.len();
     let mut head = vec![0; scratch_len(n)];
-    let greedy = super::plan_into(layout, specs, slots, &mut head)?;
-    if layout.stages == 0 {
-        return Ok((greedy, greedy));
-    }
-    let sizes = measure(layout, specs, slots, &mut head);
-    let mut scratch = vec![0; scratch_len(n) + sizes.scratch_len()];
+    let unlimited = layout.with_max_bytes(usize::MAX);
+    let greedy = super::plan_into(&unlimited, specs, slots, &mut head)?;
     let mut totals = greedy;
-    let mut schedule = Schedule::START;
-    for _ in 0..COMPILE_TIME_STEPS {
-        improve_slots(
-            layout,
-            specs,
-            slots,
-            &mut totals,
-            &mut schedule,
-            COMPILE_TIME_WORK,
-            &mut scratch,
-        );
+    if layout.stages > 0 {
+        let sizes = measure(layout, specs, slots, &mut head);
+        let mut scratch = vec![0; scratch_len(n) + sizes.scratch_len()];
+        let mut schedule = Schedule::START;
+        for _ in 0..COMPILE_TIME_STEPS {
+            improve_slots(
+                layout,
+                specs,
+                slots,
+                &mut totals,
+                &mut schedule,
+                COMPILE_TIME_WORK,
+                &mut scratch,
+            );
+        }
+    }
+    if totals.size > layout.max_bytes {
+        return Err(PlanError {
+            field: None,
+            kind: PlanErrorKind::OverMaxBytes {
+                size: totals.size,
+                max_bytes: layout.max_bytes,
+            },
+        });
     }
     Ok((greedy, totals))
 }
@@ -815,6 +826,53 @@ mod tests {
             searched >= 100 && cut * 4 >= searched * 3,
             "{searched} {cut}"
         );
+    }
+
+    /// `plan_as_derive` gives what the derive's chain of constants gives (greedy orderings
+    /// without `max_bytes`, the search, `max_bytes` checked on the final plan) on a layout whose
+    /// greedy plan (24 bytes) is over its `max_bytes` and whose search is not (21 bytes), and
+    /// with a limit neither meets.
+    #[test]
+    fn plan_as_derive_checks_max_bytes_on_the_final_plan_as_the_derive_does() {
+        use super::super::{Prepared, Strategy, plan_prepared, prepare, smaller, within_max_bytes};
+        const N: usize = 6;
+        const S: usize = scratch_len(N);
+        const SPECS: [FieldSpec; N] = [
+            FieldSpec::of::<u8>(5).with_live(1, 3),
+            FieldSpec::of::<u8>(9).with_live(0, 0),
+            FieldSpec::of::<u8>(1).with_live(0, 1),
+            FieldSpec::of::<u8>(6).with_live(3, 3),
+            FieldSpec::of::<u8>(7).with_live(2, 3),
+            FieldSpec::of::<u8>(9).with_live(0, 2),
+        ];
+        const UNLIMITED: LayoutSpec = LayoutSpec::DEFAULT.with_align(1).with_stages(4);
+        const PREPARED: Prepared<N> = prepare::<N, S>(&UNLIMITED, &SPECS);
+        const fn greedy(strategy: Strategy) -> Result<Plan<N>, PlanError> {
+            plan_prepared::<N, S>(&UNLIMITED, &SPECS, &PREPARED, &[strategy])
+        }
+        const GREEDY: Result<Plan<N>, PlanError> = smaller(
+            smaller(greedy(Strategy::BySize), greedy(Strategy::ByStart)),
+            smaller(greedy(Strategy::ByDuration), greedy(Strategy::Declaration)),
+        );
+        const LEN: usize = search_len::<N, S>(&UNLIMITED, &SPECS, &GREEDY);
+        assert_eq!(GREEDY.unwrap().totals.size, 24);
+        for max_bytes in [usize::MAX, 22, 20] {
+            let layout = UNLIMITED.with_max_bytes(max_bytes);
+            let derive = within_max_bytes(&layout, improve::<N, LEN>(&layout, &SPECS, GREEDY));
+            let mut slots = [Slot::EMPTY; N];
+            let native = plan_as_derive(&layout, &SPECS, &mut slots);
+            match derive {
+                Ok(plan) => {
+                    assert_eq!(plan.totals.size, 21, "max_bytes {max_bytes}");
+                    let (_, totals) = native.unwrap();
+                    assert_eq!((totals, slots), (plan.totals, plan.slots), "{max_bytes}");
+                }
+                Err(e) => {
+                    assert_eq!(max_bytes, 20);
+                    assert_eq!(native, Err(e));
+                }
+            }
+        }
     }
 
     /// A layout whose search needs more than `COMPILE_TIME_SCRATCH_MAX` keeps its plan without
