@@ -10,7 +10,7 @@
 //!   the next, which carries the engine's scratch space as a value.
 
 use super::align::align_up;
-use super::error::PlanError;
+use super::error::{PlanError, PlanErrorKind};
 use super::search::{Engine, Outcome, Preorder, Suspended, measure};
 use super::stages::scratch_len;
 use super::{FieldSpec, LayoutSpec, Plan, Slot, Totals};
@@ -259,7 +259,7 @@ const COMPILE_TIME_TRIES: [Try; 7] = [
 /// `long_running_const_eval` lint fires after 2,000,000 loop iterations and calls in one
 /// evaluation, and a unit is one to a few of them: 800,000 units in one constant once
 /// tripped it on a 409-field layout (with the engine built in the same constant), 400,000
-/// did not; a quarter of that leaves a wide margin. It also bounds the time: the compiler
+/// did not; under a quarter of that leaves a wide margin. It also bounds the time: the compiler
 /// runs this code some 3,000 times slower than native code, about 8 µs a unit.
 pub const COMPILE_TIME_WORK: u64 = 175_000;
 
@@ -601,7 +601,9 @@ pub const fn improve<const N: usize, const LEN: usize>(
 }
 
 /// Scratch space [`improve`] needs for `plan`: [`scratch_len`]`(N)` for measuring plus the
-/// engine's (0 for a layout without stages or an error). `S` is [`scratch_len`]`(N)`.
+/// engine's; 0 where there is no search: an error, a layout without stages, a plan already
+/// at its lower bound, or a search over [`COMPILE_TIME_SCRATCH_MAX`]. `S` is
+/// [`scratch_len`]`(N)`.
 pub const fn search_len<const N: usize, const S: usize>(
     layout: &LayoutSpec,
     specs: &[FieldSpec; N],
@@ -638,6 +640,8 @@ pub const COMPILE_TIME_SCRATCH_MAX: usize = 1 << 21;
 /// (one per field). Returns the greedy plan's totals and the final ones. The same const fns
 /// and the same work as in the compiler, so the same offsets: a derive's plan seen without
 /// compiling it (the `compile_time_csv` example), and the compile-time search under test.
+/// Like the derive, it plans without the layout's `max_bytes` and checks the final plan
+/// against it: a greedy plan over the limit is no error when the search brings it under.
 pub fn plan_as_derive(
     layout: &LayoutSpec,
     specs: &[FieldSpec],
@@ -645,24 +649,33 @@ pub fn plan_as_derive(
 ) -> Result<(Totals, Totals), PlanError> {
     let n = specs.len();
     let mut head = vec![0; scratch_len(n)];
-    let greedy = super::plan_into(layout, specs, slots, &mut head)?;
-    if layout.stages == 0 {
-        return Ok((greedy, greedy));
-    }
-    let sizes = measure(layout, specs, slots, &mut head);
-    let mut scratch = vec![0; scratch_len(n) + sizes.scratch_len()];
+    let unlimited = layout.with_max_bytes(usize::MAX);
+    let greedy = super::plan_into(&unlimited, specs, slots, &mut head)?;
     let mut totals = greedy;
-    let mut schedule = Schedule::START;
-    for _ in 0..COMPILE_TIME_STEPS {
-        improve_slots(
-            layout,
-            specs,
-            slots,
-            &mut totals,
-            &mut schedule,
-            COMPILE_TIME_WORK,
-            &mut scratch,
-        );
+    if layout.stages > 0 {
+        let sizes = measure(layout, specs, slots, &mut head);
+        let mut scratch = vec![0; scratch_len(n) + sizes.scratch_len()];
+        let mut schedule = Schedule::START;
+        for _ in 0..COMPILE_TIME_STEPS {
+            improve_slots(
+                layout,
+                specs,
+                slots,
+                &mut totals,
+                &mut schedule,
+                COMPILE_TIME_WORK,
+                &mut scratch,
+            );
+        }
+    }
+    if totals.size > layout.max_bytes {
+        return Err(PlanError {
+            field: None,
+            kind: PlanErrorKind::OverMaxBytes {
+                size: totals.size,
+                max_bytes: layout.max_bytes,
+            },
+        });
     }
     Ok((greedy, totals))
 }
@@ -707,6 +720,159 @@ mod tests {
         }
         let over = scratch_len(n) + sizes.scratch_len() > COMPILE_TIME_SCRATCH_MAX;
         (schedule.work(), totals.size / bound, over as usize)
+    }
+
+    /// The derive's schedule cut into calls of any work, each going on where the last stopped
+    /// (as the derive's constants do), ends with the plan, schedule and work of one uncut
+    /// call; `plan_as_derive` matches its four calls of `COMPILE_TIME_WORK`; every plan is
+    /// valid and never larger than the greedy one. Layouts with nested zero-size fields,
+    /// alignments up to 4096 and one stage are among them.
+    #[test]
+    fn a_schedule_cut_into_calls_ends_as_an_uncut_one() {
+        use super::super::validate::{Placed, validate};
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = |m: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % m as u64) as usize
+        };
+        let (mut searched, mut cut) = (0, 0);
+        for case in 0..1000 {
+            let n = next(60);
+            let stages = 1 + next(20);
+            let specs: Vec<FieldSpec> = (0..n)
+                .map(|_| {
+                    let (x, y) = (next(stages), next(stages));
+                    let size = match next(10) {
+                        0 => 0,
+                        1 => 1 + next(3),
+                        _ => 1 + next(5000),
+                    };
+                    let big = next(8) == 0;
+                    let align = 1 << next(if big { 13 } else { 4 });
+                    let spec = if size == 0 {
+                        FieldSpec::nested(0, align)
+                    } else {
+                        FieldSpec::of::<u8>(size).with_align(align)
+                    };
+                    spec.with_live(x.min(y), x.max(y))
+                })
+                .collect();
+            let layout = LayoutSpec::DEFAULT
+                .with_align(1 << next(9))
+                .with_stages(stages);
+            let mut greedy_slots = vec![Slot::EMPTY; n];
+            let mut head = vec![0; scratch_len(n)];
+            let greedy = plan_into(&layout, &specs, &mut greedy_slots, &mut head).unwrap();
+            let sizes = measure(&layout, &specs, &greedy_slots, &mut head);
+            let len = scratch_len(n) + sizes.scratch_len();
+            // Calls of `work` each (`None`: random pieces) until the schedule is done, or `calls`.
+            let run = |work: Option<u64>, calls: usize, next: &mut dyn FnMut(usize) -> usize| {
+                let (mut slots, mut totals) = (greedy_slots.clone(), greedy);
+                let (mut scratch, mut schedule) = (vec![0; len], Schedule::START);
+                let mut k = 0;
+                while !schedule.done() && k < calls {
+                    let w = work.unwrap_or_else(|| 1 + next(3000) as u64);
+                    improve_slots(
+                        &layout,
+                        &specs,
+                        &mut slots,
+                        &mut totals,
+                        &mut schedule,
+                        w,
+                        &mut scratch,
+                    );
+                    k += 1;
+                }
+                (slots, totals, schedule.work(), schedule.done(), k)
+            };
+            let whole = run(Some(u64::MAX), 1, &mut next);
+            // Far more calls than finishing takes (the tries share some 2,000,000 units).
+            let pieces = run(None, 100_000, &mut next);
+            assert!(whole.3 && pieces.3, "case {case}: not done");
+            searched += (whole.2 > 0) as usize;
+            cut += (pieces.4 > 1) as usize;
+            assert_eq!(
+                (&pieces.0, pieces.1, pieces.2),
+                (&whole.0, whole.1, whole.2),
+                "case {case}: {} calls",
+                pieces.4
+            );
+            let derive = run(Some(COMPILE_TIME_WORK), COMPILE_TIME_STEPS, &mut next);
+            let mut slots = vec![Slot::EMPTY; n];
+            let (g, t) = plan_as_derive(&layout, &specs, &mut slots).unwrap();
+            assert_eq!((g, t, &slots), (greedy, derive.1, &derive.0), "case {case}");
+            for (slots, t) in [(&whole.0, whole.1), (&slots, t)] {
+                let placed: Vec<Placed> = slots
+                    .iter()
+                    .zip(&specs)
+                    .map(|(s, f)| Placed {
+                        offset: s.offset,
+                        size: s.size,
+                        align: s.align,
+                        live: f.live,
+                    })
+                    .collect();
+                assert_eq!(validate(&placed, t.size), Ok(()), "case {case}");
+                assert!(
+                    t.size <= greedy.size && t.size % t.align == 0,
+                    "case {case}"
+                );
+            }
+        }
+        // Many cases search, and most of those are cut.
+        assert!(
+            searched >= 100 && cut * 4 >= searched * 3,
+            "{searched} {cut}"
+        );
+    }
+
+    /// `plan_as_derive` gives what the derive's chain of constants gives (greedy orderings
+    /// without `max_bytes`, the search, `max_bytes` checked on the final plan) on a layout whose
+    /// greedy plan (24 bytes) is over its `max_bytes` and whose search is not (21 bytes), and
+    /// with a limit neither meets.
+    #[test]
+    fn plan_as_derive_checks_max_bytes_on_the_final_plan_as_the_derive_does() {
+        use super::super::{Prepared, Strategy, plan_prepared, prepare, smaller, within_max_bytes};
+        const N: usize = 6;
+        const S: usize = scratch_len(N);
+        const SPECS: [FieldSpec; N] = [
+            FieldSpec::of::<u8>(5).with_live(1, 3),
+            FieldSpec::of::<u8>(9).with_live(0, 0),
+            FieldSpec::of::<u8>(1).with_live(0, 1),
+            FieldSpec::of::<u8>(6).with_live(3, 3),
+            FieldSpec::of::<u8>(7).with_live(2, 3),
+            FieldSpec::of::<u8>(9).with_live(0, 2),
+        ];
+        const UNLIMITED: LayoutSpec = LayoutSpec::DEFAULT.with_align(1).with_stages(4);
+        const PREPARED: Prepared<N> = prepare::<N, S>(&UNLIMITED, &SPECS);
+        const fn greedy(strategy: Strategy) -> Result<Plan<N>, PlanError> {
+            plan_prepared::<N, S>(&UNLIMITED, &SPECS, &PREPARED, &[strategy])
+        }
+        const GREEDY: Result<Plan<N>, PlanError> = smaller(
+            smaller(greedy(Strategy::BySize), greedy(Strategy::ByStart)),
+            smaller(greedy(Strategy::ByDuration), greedy(Strategy::Declaration)),
+        );
+        const LEN: usize = search_len::<N, S>(&UNLIMITED, &SPECS, &GREEDY);
+        assert_eq!(GREEDY.unwrap().totals.size, 24);
+        for max_bytes in [usize::MAX, 22, 20] {
+            let layout = UNLIMITED.with_max_bytes(max_bytes);
+            let derive = within_max_bytes(&layout, improve::<N, LEN>(&layout, &SPECS, GREEDY));
+            let mut slots = [Slot::EMPTY; N];
+            let native = plan_as_derive(&layout, &SPECS, &mut slots);
+            match derive {
+                Ok(plan) => {
+                    assert_eq!(plan.totals.size, 21, "max_bytes {max_bytes}");
+                    let (_, totals) = native.unwrap();
+                    assert_eq!((totals, slots), (plan.totals, plan.slots), "{max_bytes}");
+                }
+                Err(e) => {
+                    assert_eq!(max_bytes, 20);
+                    assert_eq!(native, Err(e));
+                }
+            }
+        }
     }
 
     /// A layout whose search needs more than `COMPILE_TIME_SCRATCH_MAX` keeps its plan without

@@ -320,7 +320,7 @@ impl<'a> Engine<'a> {
     /// The engine [`suspend`](Self::suspend) left in `scratch`, as it was: its scratch space
     /// holds everything but the numbers in `state`, so a search goes on where it stopped (in
     /// another constant of the derive, which carries the scratch space as a value). `layout`,
-    /// `specs`, `slots` and `sizes` are those it was built with.
+    /// `specs` and `slots` are those it was built with (its [`Sizes`] are in `state`).
     pub const fn reattach(
         layout: &LayoutSpec,
         specs: &[FieldSpec],
