@@ -184,10 +184,13 @@ impl LayoutBuilder {
     ///     .array::<u8>("e", 7).live(2, 3)
     ///     .array::<u8>("f", 9).live(0, 2);
     /// assert_eq!(b.clone().build()?.size(), 24);
-    /// let best = b.search(Budget::nodes(100_000))?;
+    /// let best = b.clone().search(Budget::nodes(100_000))?;
     /// assert_eq!(best.totals().peak_live_bound, 21); // stage 2 holds a, e and f
     /// assert_eq!(best.size(), 21);
     /// assert!(best.search_stats().unwrap().optimal);
+    /// // Over a `max_bytes` the greedy plan misses, a goal below any plan still finds one.
+    /// let tight = b.max_bytes(22).search(Budget::nodes(100_000).until_size(0))?;
+    /// assert_eq!(tight.size(), 21);
     /// # Ok::<(), devarena::Error>(())
     /// ```
     pub fn search(self, budget: Budget) -> Result<RuntimeLayout, Error> {
@@ -198,7 +201,9 @@ impl LayoutBuilder {
         let (mut slots, mut totals) = self.greedy(unlimited)?;
         let greedy_size = totals.size;
         let limit = self.spec.max_bytes;
-        let goal = match budget.size {
+        // No plan is below the peak of live bytes: a goal under it is that bound (otherwise
+        // the search would give up at once, even where a plan within `max_bytes` exists).
+        let goal = match budget.size.map(|bytes| bytes.max(totals.peak_live_bound)) {
             Some(bytes) if totals.size > limit => Goal::AtMost(bytes.min(limit)),
             Some(bytes) => Goal::AtMost(bytes),
             None if totals.size > limit => Goal::AtMost(limit),
