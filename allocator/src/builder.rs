@@ -218,15 +218,7 @@ impl LayoutBuilder {
         if self.spec.stages > 0 && !stats.optimal {
             self.run_search(&mut slots, &mut totals, &mut stats, goal, &budget);
         }
-        if totals.size > limit {
-            return Err(self.plan_error(PlanError {
-                field: None,
-                kind: PlanErrorKind::OverMaxBytes {
-                    size: totals.size,
-                    max_bytes: limit,
-                },
-            }));
-        }
+        plan::check_max_bytes(&self.spec, totals.size).map_err(|e| self.plan_error(e))?;
         Ok(self.finish(slots, totals, Some(stats)))
     }
 

@@ -101,12 +101,7 @@ proptest! {
         let placed: Vec<Placed> = slots
             .iter()
             .zip(&bufs)
-            .map(|(s, b)| Placed {
-                offset: s.offset,
-                size: s.size,
-                align: s.align,
-                live: LiveRange::new(b.first, b.last),
-            })
+            .map(|(s, b)| Placed::of(s, LiveRange::new(b.first, b.last)))
             .collect();
         if let Err(v) = plan::validate(&placed, totals.size) {
             return Err(TestCaseError::fail(format!("invalid plan: {v}")));

@@ -32,12 +32,7 @@ pub fn validate(
     let placed: Vec<Placed> = slots
         .iter()
         .zip(specs)
-        .map(|(s, f)| Placed {
-            offset: s.offset,
-            size: s.size,
-            align: s.align,
-            live: f.live,
-        })
+        .map(|(s, f)| Placed::of(s, f.live))
         .collect();
     plan::validate(&placed, size).map_err(|v| format!("{path}: invalid plan: {v}"))
 }

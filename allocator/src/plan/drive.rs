@@ -10,7 +10,7 @@
 //!   the next, which carries the engine's scratch space as a value.
 
 use super::align::align_up;
-use super::error::{PlanError, PlanErrorKind};
+use super::error::PlanError;
 use super::search::{Engine, Outcome, Preorder, Suspended, measure};
 use super::stages::scratch_len;
 use super::{FieldSpec, LayoutSpec, Plan, Slot, Totals};
@@ -668,15 +668,7 @@ pub fn plan_as_derive(
             );
         }
     }
-    if totals.size > layout.max_bytes {
-        return Err(PlanError {
-            field: None,
-            kind: PlanErrorKind::OverMaxBytes {
-                size: totals.size,
-                max_bytes: layout.max_bytes,
-            },
-        });
-    }
+    super::check_max_bytes(layout, totals.size)?;
     Ok((greedy, totals))
 }
 
@@ -730,13 +722,7 @@ mod tests {
     #[test]
     fn a_schedule_cut_into_calls_ends_as_an_uncut_one() {
         use super::super::validate::{Placed, validate};
-        let mut seed = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = |m: usize| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % m as u64) as usize
-        };
+        let mut next = crate::plan::test_rng(0x2545_F491_4F6C_DD1Du64);
         let (mut searched, mut cut) = (0, 0);
         for case in 0..1000 {
             let n = next(60);
@@ -807,12 +793,7 @@ mod tests {
                 let placed: Vec<Placed> = slots
                     .iter()
                     .zip(&specs)
-                    .map(|(s, f)| Placed {
-                        offset: s.offset,
-                        size: s.size,
-                        align: s.align,
-                        live: f.live,
-                    })
+                    .map(|(s, f)| Placed::of(s, f.live))
                     .collect();
                 assert_eq!(validate(&placed, t.size), Ok(()), "case {case}");
                 assert!(

@@ -40,6 +40,17 @@ mod stages;
 mod timeline;
 mod validate;
 
+/// The planner's tests' pseudo-random numbers (xorshift from `seed`): `next(m)` is below `m`.
+#[cfg(test)]
+pub(crate) fn test_rng(mut seed: u64) -> impl FnMut(usize) -> usize {
+    move |m| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % m as u64) as usize
+    }
+}
+
 pub use align::{CUDA_ALIGN, DEFAULT_ALIGN, MAX_ALIGN, align_up, align_up_u64, is_valid_align};
 #[doc(hidden)]
 pub use derive::{Check, derive_check, derive_plan, element_padding_check};
@@ -49,6 +60,7 @@ pub use drive::{
     search_len,
 };
 pub use error::{Message, PlanError, PlanErrorKind};
+pub(crate) use place::check_max_bytes;
 #[doc(hidden)]
 pub use place::{Prepared, plan_prepared, prepare};
 pub use place::{

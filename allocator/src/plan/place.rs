@@ -308,16 +308,10 @@ const fn alias_prepared(
             Err(e) => return Err(e),
         };
     }
-    if totals.size > layout.max_bytes {
-        return Err(PlanError {
-            field: None,
-            kind: PlanErrorKind::OverMaxBytes {
-                size: totals.size,
-                max_bytes: layout.max_bytes,
-            },
-        });
+    match check_max_bytes(layout, totals.size) {
+        Ok(()) => Ok(totals),
+        Err(e) => Err(e),
     }
-    Ok(totals)
 }
 
 /// What every greedy ordering of one layout shares, computed once: every field checked and
@@ -430,13 +424,24 @@ pub const fn within_max_bytes<const N: usize>(
     result: Result<Plan<N>, PlanError>,
 ) -> Result<Plan<N>, PlanError> {
     match result {
-        Ok(p) if p.totals.size > layout.max_bytes => Err(PlanError {
-            field: None,
-            kind: PlanErrorKind::OverMaxBytes {
-                size: p.totals.size,
-                max_bytes: layout.max_bytes,
-            },
-        }),
+        Ok(p) => match check_max_bytes(layout, p.totals.size) {
+            Ok(()) => Ok(p),
+            Err(e) => Err(e),
+        },
         other => other,
     }
+}
+
+/// An error when a plan of `size` bytes is over the layout's `max_bytes`.
+pub(crate) const fn check_max_bytes(layout: &LayoutSpec, size: usize) -> Result<(), PlanError> {
+    if size > layout.max_bytes {
+        return Err(PlanError {
+            field: None,
+            kind: PlanErrorKind::OverMaxBytes {
+                size,
+                max_bytes: layout.max_bytes,
+            },
+        });
+    }
+    Ok(())
 }

@@ -523,13 +523,7 @@ mod tests {
     /// ordering, on pseudo-random layouts (sizes, alignments, live ranges, zero-size buffers).
     #[test]
     fn list_and_index_place_alike() {
-        let mut seed = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = |m: usize| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % m as u64) as usize
-        };
+        let mut next = crate::plan::test_rng(0x2545_F491_4F6C_DD1Du64);
         for round in 0..200 {
             let n = 1 + next(120);
             let stages = 1 + next(40);

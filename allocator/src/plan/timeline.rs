@@ -296,13 +296,7 @@ mod tests {
     /// The index against a brute-force scan, on pseudo-random spans.
     #[test]
     fn index_finds_exactly_the_placed_buffers_that_meet() {
-        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = |m: usize| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % m as u64) as usize
-        };
+        let mut next = crate::plan::test_rng(0x9E37_79B9_7F4A_7C15u64);
         for count in [1usize, 2, 3, 7, 16, 33] {
             let n = 40;
             let (mut lo, mut hi) = (vec![0; n], vec![0; n]);

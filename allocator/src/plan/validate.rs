@@ -20,6 +20,18 @@ pub struct Placed {
     pub live: LiveRange,
 }
 
+impl Placed {
+    /// The buffer a planner placed in `slot`, live over `live`.
+    pub const fn of(slot: &super::Slot, live: LiveRange) -> Placed {
+        Placed {
+            offset: slot.offset,
+            size: slot.size,
+            align: slot.align,
+            live,
+        }
+    }
+}
+
 impl From<&crate::RuntimeField> for Placed {
     fn from(f: &crate::RuntimeField) -> Placed {
         Placed {

@@ -515,6 +515,20 @@ impl Shared {
         state.clients[live.client as usize]
             .counts
             .on_free(reserved, live.size);
+        self.emit_free(state, live, addr, reserved, stream, tag);
+    }
+
+    /// Records the event of a free of `reserved` bytes for the sink, if one is on.
+    #[inline(always)]
+    pub(super) fn emit_free(
+        &self,
+        state: &mut State,
+        live: &Live,
+        addr: u64,
+        reserved: usize,
+        stream: StreamId,
+        tag: Option<&str>,
+    ) {
         if state.sink.is_some() {
             let ask = Ask {
                 client: live.client,

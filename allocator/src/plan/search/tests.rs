@@ -95,13 +95,7 @@ fn check(b: &[(usize, usize, usize, usize)], stages: usize) {
 
 #[test]
 fn finds_the_optimum_and_proves_nothing_is_lower() {
-    let mut seed = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = |m: usize| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        (seed % m as u64) as usize
-    };
+    let mut next = crate::plan::test_rng(0x2545_F491_4F6C_DD1Du64);
     for _ in 0..400 {
         let stages = 1 + next(6);
         let n = 1 + next(6);
@@ -120,13 +114,7 @@ fn finds_the_optimum_and_proves_nothing_is_lower() {
 /// the same answer, offsets, nodes and work.
 #[test]
 fn a_run_cut_into_pieces_ends_as_an_uncut_one() {
-    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = |m: usize| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        (seed % m as u64) as usize
-    };
+    let mut next = crate::plan::test_rng(0x9E37_79B9_7F4A_7C15u64);
     let (mut cut_runs, mut kinds) = (0, [0; 3]);
     for case in 0..200 {
         let stages = 2 + next(12);

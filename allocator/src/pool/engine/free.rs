@@ -9,10 +9,9 @@ use alloc::string::String;
 use alloc::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{Ask, HEAPS, Live, LiveInfo, PARKED, Parked, Shared, State};
+use super::{HEAPS, Live, LiveInfo, PARKED, Parked, Shared, State};
 use crate::error::Error;
 use crate::pool::FreeRequest;
-use crate::pool::events::PoolAction;
 use crate::pool::stream::{StreamEvent, StreamId};
 use crate::pool::thread_heap::ThreadHeap;
 
@@ -215,15 +214,7 @@ impl Shared {
         };
         h.uncount(&live, reserved);
         drop(guard);
-        if state.sink.is_some() {
-            let ask = Ask {
-                client: live.client,
-                size: live.size,
-                align: live.align as usize,
-                stream,
-            };
-            self.emit(state, PoolAction::Free, &ask, addr, reserved, None, None);
-        }
+        self.emit_free(state, &live, addr, reserved, stream, None);
         Ok(None)
     }
 
