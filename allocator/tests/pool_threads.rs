@@ -774,9 +774,12 @@ fn million_with(eager: bool, exact_peaks: bool, memory: Memory) {
         (s.allocations, s.frees, s.failures),
         (allocations, allocations, failures)
     );
+    // Requests made, not requests served: how many fail for capacity depends on how many
+    // blocks the other threads hold at that moment (handed-off blocks wait for a thread that
+    // may not be running), which on a busy machine reached 195,000 of about 490,000.
     assert!(
-        allocations > 400_000 && handed > 0,
-        "{allocations} {handed}"
+        allocations + failures > 400_000 && handed > 0,
+        "{allocations} + {failures} {handed}"
     );
     assert_eq!((s.in_use, s.requested, s.live), (0, 0, 0));
     assert_eq!(
