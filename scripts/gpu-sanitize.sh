@@ -13,8 +13,9 @@
 # (`trim_waits_for_work_queued_on_the_home_stream`, `a_graph_dropped_with_a_replay_still_queued_*`)
 # never finish (on the H200, still running after 330 s each, alone): the tool appears to wait
 # for the queued work in the call that queues it, and only the code after that call opens the
-# gate. They run under the other three tools and in .gpu/run-all. A binary that makes no CUDA call at all gives
-# the tools nothing to check (no summary, rc 255): reported as "no CUDA", not as a failure.
+# gate. They run under the other three tools and in .gpu/run-all. A binary that makes no CUDA
+# call at all gives the tools nothing to check (no summary, rc 255): reported as "no CUDA", not
+# as a failure.
 #
 # On the GPU machine, from the project root, after ../shared/gpu/stage and copying this file:
 #   bash .gpu/gpu-sanitize.sh                       # all four tools, every binary
