@@ -33,15 +33,18 @@
 //! cargo bench -p devarena --features cuda --bench pool_pairs   # + device columns
 //! cargo bench -p devarena --bench pool_pairs -- --json         # one JSON document
 //! options: --rounds N  --ops N  --live N  --threads 1,4  --fresh-threads  --only NAME
-//!          --passes N (every column runs N times in turn, its rounds pooled: N × rounds)
+//!          --passes N (every column and thread count runs N times in turn, its rounds
+//!          pooled: N × rounds)
 //! (columns whose name contains NAME; ratios need the baselines, "std::alloc" and
 //! "cuMemAllocAsync")
 //! ```
 //!
 //! Host columns: the system allocator (the baseline), a `devarena::Pool` on host memory as
 //! built by default, the same pool with a heap for every thread (`thread heaps`), with peaks
-//! that count leases (`leased peaks`) and with its reuse cache off (`PoolBuilder::reuse(0, 0)`:
-//! every free merges at once), a pool of its own for every thread (`one per thread`: nothing
+//! that count leases (`leased peaks`), without thread heaps (`one index`,
+//! `PoolBuilder::thread_heaps(0)`: every thread on the pool's one index and lock, what heaps
+//! buy) and with its reuse cache off (`PoolBuilder::reuse(0, 0)`: every free merges at once),
+//! a pool of its own for every thread (`one per thread`: nothing
 //! shared, so its scaling is what the machine allows this work, the ceiling for threads that
 //! share a pool), the `offset-allocator` crate behind a mutex, and the pool on a growable
 //! region over `HostVirtualMemory` (the host stand-in for a device's virtual memory, 2 MiB
@@ -361,6 +364,16 @@ fn allocators(
                 .build_host()
                 .expect("reserve the pool's region"),
             ", leased peaks",
+        )),
+        // The same pool without thread heaps: every thread on the pool's one index and lock,
+        // as before heaps existed (what heaps buy, and how the lock itself fares contended).
+        Box::new(DevarenaPool::new(
+            Pool::builder(capacity)
+                .name("bench-one-index")
+                .thread_heaps(0)
+                .build_host()
+                .expect("reserve the pool's region"),
+            ", one index",
         )),
         // The same pool with every free merged at once: what the reuse cache saves.
         Box::new(DevarenaPool::new(
@@ -941,18 +954,24 @@ fn main() {
     notes.push(cpu_topology());
     let allocators = allocators(capacity, cfg.live, &mut notes);
 
-    let mut rows: Vec<Row> = Vec::new();
-    for &t in &threads {
-        // With several passes, every allocator runs once per pass, in turn, and its rounds
-        // from all passes are pooled: a drift of the machine (clocks, placement) over the run
-        // then spreads over every column instead of favouring the ones that ran first.
-        let mut pooled: Vec<Option<Measured>> = allocators.iter().map(|_| None).collect();
-        for _ in 0..passes {
-            for (alloc, pool) in allocators.iter().zip(&mut pooled) {
-                if only
-                    .as_ref()
-                    .is_some_and(|o| !alloc.name().contains(o.as_str()))
-                {
+    // With several passes, every allocator runs once per pass and thread count, in turn, and
+    // its rounds from all passes are pooled: a drift of the machine (clocks, placement, a
+    // neighbour on a shared host) over the run then spreads over every column and every
+    // thread count, instead of favouring what ran first. The thread counts take turns within
+    // a pass, so that a column's one-thread rounds, the denominator of its scaling, come from
+    // the same stretches of time as its rounds on more threads.
+    let selected = |alloc: &dyn AllocatorUnderTest| {
+        only.as_ref()
+            .is_none_or(|o| alloc.name().contains(o.as_str()))
+    };
+    let mut pooled: Vec<Vec<Option<Measured>>> = threads
+        .iter()
+        .map(|_| allocators.iter().map(|_| None).collect())
+        .collect();
+    for _ in 0..passes {
+        for (&t, pooled) in threads.iter().zip(&mut pooled) {
+            for (alloc, pool) in allocators.iter().zip(pooled.iter_mut()) {
+                if !selected(&**alloc) {
                     continue;
                 }
                 let m = measure(&**alloc, t, cfg);
@@ -962,6 +981,9 @@ fn main() {
                 }
             }
         }
+    }
+    let mut rows: Vec<Row> = Vec::new();
+    for (&t, pooled) in threads.iter().zip(pooled) {
         for (alloc, m) in allocators.iter().zip(pooled) {
             let Some(m) = m else { continue };
             rows.push(Row {
