@@ -29,13 +29,12 @@ impl Shared {
             return;
         }
         if !self.exact_peaks {
-            // Leases beyond one chunk of headroom go back.
-            let chunk = self.lease_chunk;
-            let back = h.lease.slack().saturating_sub(chunk);
+            // Leases beyond what they keep go back (see `lease_keep`).
+            let back = h.lease.slack().saturating_sub(h.lease.keep);
             h.lease.cap -= back;
             state.counts.unlease(back);
             for (c, share) in h.clients.iter_mut().enumerate() {
-                let back = share.lease.slack().saturating_sub(chunk);
+                let back = share.lease.slack().saturating_sub(share.lease.keep);
                 share.lease.cap -= back;
                 state.clients[c].counts.unlease(back);
             }

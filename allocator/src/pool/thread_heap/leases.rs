@@ -10,6 +10,10 @@ use crate::pool::counters::{Counters, Lease, Spare};
 use crate::pool::engine::{Shared, State};
 use crate::pool::lock::LockGuard;
 
+/// Without exact peaks a lease keeps at most `1 / LEASE_KEEP_SHARE` of the capacity for the
+/// size of its requests (see [`Shared::lease_keep`]).
+const LEASE_KEEP_SHARE: usize = 32;
+
 impl Shared {
     /// With exact peaks and heaps, for an allocation of `reserved` bytes for `client` on the
     /// pool's own index: where the counts leave no headroom for it (the headroom being leased
@@ -49,9 +53,14 @@ impl Shared {
         if !self.exact_peaks {
             // The peak counts leases: a lease past it raises it.
             let counts = &mut state.counts;
-            counts.lease(need + self.lease_chunk);
+            h.lease.keep = self.lease_keep(h.lease.keep, reserved);
+            let extra = h
+                .lease
+                .keep
+                .min(self.capacity.saturating_sub(counts.in_use + need));
+            counts.lease(need + extra);
             counts.peak = counts.peak.max(counts.in_use);
-            h.lease.cap += need + self.lease_chunk;
+            h.lease.cap += need + extra;
             return;
         }
         let heaps = state.heaps.len();
@@ -95,6 +104,19 @@ impl Shared {
         spare.give(headroom - grant);
     }
 
+    /// Without exact peaks: the headroom a lease that kept `keep` keeps after a request of
+    /// `reserved` bytes, and takes beyond its need when it asks: a chunk (1/256 of the
+    /// capacity), or twice the largest request the lease has served up to 1/32 of the
+    /// capacity, whichever is more. A heap gives back what it holds beyond three times that:
+    /// with requests as large as a chunk, a lease that kept one chunk in a band of two swung
+    /// out of it every few dozen requests, each time a visit to the pool's lock.
+    pub(super) fn lease_keep(&self, keep: usize, reserved: usize) -> usize {
+        let largest = reserved
+            .saturating_mul(2)
+            .min(self.capacity / LEASE_KEEP_SHARE);
+        keep.max(self.lease_chunk).max(largest)
+    }
+
     /// As [`grant_pool`](Self::grant_pool) for a client's lease; `false` (nothing changed but
     /// unused leases) when `reserved` more bytes would pass the client's quota.
     pub(super) fn grant_client(
@@ -123,7 +145,8 @@ impl Shared {
         let counts = &mut state.clients[c].counts;
         if !self.exact_peaks && counts.in_use + need <= quota {
             // As for the pool: the client's peak counts its leases (never past its quota).
-            let grant = need + self.lease_chunk.min(quota - counts.in_use - need);
+            share.lease.keep = self.lease_keep(share.lease.keep, reserved);
+            let grant = need + share.lease.keep.min(quota - counts.in_use - need);
             counts.lease(grant);
             counts.peak = counts.peak.max(counts.in_use);
             share.lease.cap += grant;

@@ -31,9 +31,10 @@
 //!   exactly what is in use) or refuses the quota; the headroom left goes to the spare. Every
 //!   path that needs exact counts (statistics, a refusal, the pool's own index where the
 //!   counts leave no headroom) drains the spares the same way, or draws from them. Without
-//!   exact peaks (`exact_peaks(false)`), a heap takes a chunk of headroom beyond its need,
-//!   raising the peak where there is none, and gives back what it holds beyond two chunks to
-//!   the pool: the peaks count leases, quotas stay exact.
+//!   exact peaks (`exact_peaks(false)`), a heap takes a chunk of headroom beyond its need
+//!   (1/256 of the capacity, or twice the largest request it served, up to 1/32 of the
+//!   capacity, if that is more), raising the peak where there is none, and gives back what it
+//!   holds beyond three chunks to the pool: the peaks count leases, quotas stay exact.
 //! * **Statistics, leak reports, the event log.** Counts that add up (bytes, allocations,
 //!   frees) are kept per heap and summed with every heap locked; the free blocks are described
 //!   after every heap gave its spans back. Leak reports list every heap's live allocations.

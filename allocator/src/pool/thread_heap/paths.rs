@@ -318,7 +318,8 @@ impl Shared {
             }
             false
         } else {
-            h.lease.slack() > 2 * self.lease_chunk || share.lease.slack() > 2 * self.lease_chunk
+            // (`keep` is set by every grant without exact peaks, see `lease_keep`.)
+            h.lease.hoards() || share.lease.hoards()
         };
         Some(over || hoarding)
     }
