@@ -201,7 +201,8 @@ impl PoolBuilder {
     /// default half the capacity ([`DEFAULT_THREAD_HEAP_SHARE`](super::DEFAULT_THREAD_HEAP_SHARE)).
     /// On a growable region a heap maps memory as the pool does, as its blocks reach new chunks.
     ///
-    /// A thread that finds the pool's lock taken by another gets a heap of its own: spans of
+    /// A thread that finds the pool's lock taken by another gets a heap of its own (and from
+    /// then on, while any thread has one, so does every thread that allocates): spans of
     /// the region (a sixteenth of the capacity at a time, at most half its share, or what a
     /// larger request needs) where it allocates and frees under a lock of its own, so that
     /// threads sharing a pool stop waiting for each other. A heap asks the pool for more only
@@ -237,8 +238,8 @@ impl PoolBuilder {
         self
     }
 
-    /// Whether every thread gets its heap at its first allocation, instead of the first time it
-    /// finds the pool's lock taken (off by default). For pools known to serve several threads
+    /// Whether every thread gets its heap at its first allocation, instead of once some thread
+    /// has found the pool's lock taken (off by default). For pools known to serve several threads
     /// at once; a pool used this way by one thread places its blocks in spans, not as the
     /// pool's own index would.
     ///

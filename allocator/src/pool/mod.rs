@@ -27,7 +27,8 @@
 //!   release it). A free block of [`guaranteed_fit`] bytes always satisfies a request.
 //! * Threads that share a pool do not wait for each other: a thread that finds the lock taken
 //!   gets a **thread heap** of its own, an index over spans of the region, and allocates and
-//!   frees there under a lock only it takes in the common case ([`PoolBuilder::thread_heaps`]).
+//!   frees there under a lock only it takes in the common case ([`PoolBuilder::thread_heaps`]);
+//!   from then on, so does every thread that allocates on the pool.
 //!   Every heap gives its spans back before a request would fail, and when its thread exits:
 //!   heaps change the cost of a call, not what succeeds, nor a count (see below).
 //! * Sizes round up to their size class ([`reserved_bytes`]: less than 1/32 more above 8 KiB),

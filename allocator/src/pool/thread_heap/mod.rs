@@ -1,12 +1,16 @@
-//! Thread heaps: a heap of its own for each thread that found the pool's lock taken, so that
-//! threads sharing a pool stop serializing on that lock.
+//! Thread heaps: a heap of its own for each thread that found the pool's lock taken (and,
+//! once one has, for every thread that allocates on the pool), so that threads sharing a pool
+//! stop serializing on that lock.
 //!
 //! A thread heap is an index ([`Tlsf`]) over *spans*, pieces of the region it took from the
 //! pool's index, each one used block there. The thread allocates and frees in its spans under a
 //! lock of its own, which only it takes in the common case, so the pool's lock and the cache
-//! lines of the pool's state stay out of its way. A thread that never meets another on the
-//! pool's lock never gets one (unless the pool gives every thread one, `eager_thread_heaps`):
-//! a pool used by one thread at a time works as it did without them, block for block.
+//! lines of the pool's state stay out of its way. Until a thread meets another on the
+//! pool's lock, no thread gets one (unless the pool gives every thread one,
+//! `eager_thread_heaps`): a pool used by one thread at a time works as it did without them,
+//! block for block. From then on, while any thread has a heap, a thread without one gets one
+//! at its next allocation: left on the pool's index it would look for its heap first on every
+//! call, and hold the pool's lock that the heaps' slow paths need.
 //!
 //! What users rely on holds exactly, heaps or not:
 //!
