@@ -250,16 +250,15 @@ struct Entry {
     heap: Arc<ThreadHeap>,
 }
 
-/// This thread's heaps, and the one looked up last.
+/// This thread's heaps.
 struct ThreadHeaps {
-    /// The pool looked up last and this thread's heap for it (null: none). The heap is one of
-    /// `all`'s: `last` is reset before entries leave `all`.
-    last: Cell<(u64, *const ThreadHeap)>,
     all: RefCell<Vec<Entry>>,
 }
 
 impl Drop for ThreadHeaps {
     fn drop(&mut self) {
+        // `LAST` points into the list: it goes first.
+        forget_current();
         // The thread exits: each heap goes back to its pool, if the pool is still there.
         for entry in self.all.get_mut().drain(..) {
             if let Some(shared) = entry.shared.upgrade() {
@@ -272,10 +271,14 @@ impl Drop for ThreadHeaps {
 std::thread_local! {
     static THREAD_HEAPS: ThreadHeaps = const {
         ThreadHeaps {
-            last: Cell::new((0, core::ptr::null())),
             all: RefCell::new(Vec::new()),
         }
     };
+    /// The pool looked up last and this thread's heap for it (null: none). The heap is one of
+    /// `THREAD_HEAPS`'s: `LAST` is reset before entries leave that list. A thread-local of its
+    /// own, without a destructor, so that reading it is a plain load: the list has one (it
+    /// gives the heaps back), which makes every access check whether it is still there.
+    static LAST: Cell<(u64, *const ThreadHeap)> = const { Cell::new((0, core::ptr::null())) };
 }
 
 /// Runs `f` on the calling thread's heap for pool `pool`; `None` when it has none (or is
@@ -287,43 +290,40 @@ fn with_current<R>(
     reentrant: impl FnOnce() -> bool,
     f: impl FnOnce(&ThreadHeap) -> R,
 ) -> Option<R> {
-    THREAD_HEAPS
-        .try_with(|t| {
-            let (id, heap) = t.last.get();
-            let heap = if id == pool {
-                heap
-            } else {
-                lookup(t, pool, reentrant)?
-            };
-            // SAFETY: `heap` comes from `Arc::as_ptr` of the `Arc` in an entry of `t.all`
-            // (see `lookup` and `register`), and that entry stays in the list while `f`
-            // runs: entries leave it only in `lookup`, for pools that are gone (this one is
-            // not: the caller is a call on it), and when the thread exits (it is running).
-            Some(f(unsafe { &*heap }))
-        })
-        .ok()
-        .flatten()
+    let (id, heap) = LAST.with(Cell::get);
+    let heap = if id == pool {
+        heap
+    } else {
+        lookup(pool, reentrant)?
+    };
+    // SAFETY: `heap` comes from `Arc::as_ptr` of the `Arc` in an entry of `THREAD_HEAPS`'s
+    // list (see `lookup` and `register`, the only writers of a non-null `LAST`), and that
+    // entry stays in the list while `f` runs: entries leave it only in `lookup`, for pools
+    // that are gone (this one is not: the caller is a call on it), and when the thread exits
+    // (it is running, and the list's destructor resets `LAST` before it empties the list).
+    Some(f(unsafe { &*heap }))
 }
 
 /// Finds this thread's heap for `pool` in its list and makes it the one looked up last;
 /// `None` (and nothing looked up last) when there is none, or inside a callback of that pool.
 #[cold]
 #[inline(never)]
-fn lookup(
-    t: &ThreadHeaps,
-    pool: u64,
-    reentrant: impl FnOnce() -> bool,
-) -> Option<*const ThreadHeap> {
-    t.last.set((0, core::ptr::null()));
+fn lookup(pool: u64, reentrant: impl FnOnce() -> bool) -> Option<*const ThreadHeap> {
+    forget_current();
     if reentrant() {
         return None;
     }
-    let mut all = t.all.try_borrow_mut().ok()?;
-    // Heaps of pools that are gone are empty: forget them.
-    all.retain(|e| e.shared.strong_count() > 0);
-    let heap = Arc::as_ptr(&all.iter().find(|e| e.pool == pool)?.heap);
-    t.last.set((pool, heap));
-    Some(heap)
+    THREAD_HEAPS
+        .try_with(|t| {
+            let mut all = t.all.try_borrow_mut().ok()?;
+            // Heaps of pools that are gone are empty: forget them.
+            all.retain(|e| e.shared.strong_count() > 0);
+            let heap = Arc::as_ptr(&all.iter().find(|e| e.pool == pool)?.heap);
+            LAST.with(|l| l.set((pool, heap)));
+            Some(heap)
+        })
+        .ok()
+        .flatten()
 }
 
 /// This thread's heap for `pool`, shared (for the paths that keep it).
@@ -351,7 +351,7 @@ fn register(pool: u64, shared: Weak<Shared>, heap: &Arc<ThreadHeap>) -> bool {
                 shared,
                 heap: heap.clone(),
             });
-            t.last.set((pool, Arc::as_ptr(heap)));
+            LAST.with(|l| l.set((pool, Arc::as_ptr(heap))));
             true
         })
         .unwrap_or(false)
@@ -360,7 +360,7 @@ fn register(pool: u64, shared: Weak<Shared>, heap: &Arc<ThreadHeap>) -> bool {
 /// Forgets the heap looked up last, so that the next call of this thread looks its list up
 /// (which fails inside a callback).
 pub(super) fn forget_current() {
-    let _ = THREAD_HEAPS.try_with(|t| t.last.set((0, core::ptr::null())));
+    LAST.with(|l| l.set((0, core::ptr::null())));
 }
 
 /// A thread heap of a pool, its lock held.
