@@ -1584,3 +1584,78 @@ fn peaks_stay_exact_while_heaps_pass_headroom_among_themselves() {
     assert_eq!((s.in_use, s.live), (0, 0));
     assert!(s.peak > 0 && s.peak == client.stats().peak);
 }
+
+#[test]
+fn once_a_thread_has_a_heap_a_thread_without_one_gets_one() {
+    // This thread allocates first, alone: on the pool's own index, without a heap. Two other
+    // threads then share the pool until one of them has met the other on its lock and has a
+    // heap; they keep their heaps while this thread allocates again, which must now give it a
+    // heap of its own (left on the pool's index, it would look for a heap first on every call
+    // and hold the lock that the heaps' slow paths need). Every count stays exact.
+    let pool = Pool::builder(8 << 20)
+        .name("late-heap")
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let first = pool.allocate(4096, 0).unwrap();
+    assert_eq!(pool.thread_heaps(), 0);
+    let heaps_before = std::thread::scope(|s| {
+        let (parked_tx, parked_rx) = mpsc::channel();
+        let mut releases = Vec::new();
+        let workers: Vec<_> = (0..2u64)
+            .map(|t| {
+                let (release_tx, release_rx) = mpsc::channel::<()>();
+                releases.push(release_tx);
+                let (pool, parked_tx) = (&pool, parked_tx.clone());
+                s.spawn(move || {
+                    let mut rng = Rng(t + 11);
+                    let mut live = Vec::new();
+                    // Contention comes within a few thousand calls on any machine with two
+                    // threads; the bound only keeps a broken pool from looping for ever.
+                    for i in 0..2_000_000u32 {
+                        live.push(pool.allocate(rng.size(16 << 10), 0).unwrap());
+                        if live.len() > 8 {
+                            pool.deallocate(live.swap_remove(0)).unwrap();
+                        }
+                        if i % 64 == 0 && pool.thread_heaps() > 0 {
+                            break;
+                        }
+                    }
+                    parked_tx.send(()).unwrap();
+                    // Kept (with whatever heap it has) until the main thread has allocated.
+                    let _ = release_rx.recv();
+                    for addr in live {
+                        pool.deallocate(addr).unwrap();
+                    }
+                })
+            })
+            .collect();
+        parked_rx.recv().unwrap();
+        parked_rx.recv().unwrap();
+        let heaps = pool.thread_heaps();
+        assert!(
+            heaps >= 1,
+            "two threads sharing the pool never met on its lock"
+        );
+        let second = pool.allocate(4096, 0).unwrap();
+        assert_eq!(
+            pool.thread_heaps(),
+            heaps + 1,
+            "this thread got a heap once another thread had one"
+        );
+        // One allocation on the pool's index, one in this thread's heap: both free.
+        pool.deallocate(first).unwrap();
+        pool.deallocate(second).unwrap();
+        drop(releases);
+        for w in workers {
+            w.join().unwrap();
+        }
+        heaps
+    });
+    assert!(heaps_before >= 1);
+    let s = pool.stats();
+    assert_eq!(s.allocations, s.frees);
+    assert_eq!(s.in_use, 0);
+    assert!(pool.leak_report().leaks.is_empty());
+    assert_eq!((s.free_blocks, s.largest_free), (1, 8 << 20));
+}
