@@ -265,10 +265,11 @@ impl PoolBuilder {
     /// counter, without the pool's lock); where none is left the pool takes back every heap's
     /// unused headroom (locking each heap) before it counts a new peak. While the pool's use
     /// is near its peak, that happens often. With `false`, a heap takes headroom beyond its
-    /// need in chunks (1/256 of the capacity, or twice the largest request it has served, up
-    /// to 1/32 of the capacity, if that is more) and gives back what it holds beyond three chunks now and then, and a peak
-    /// counts the headroom heaps hold: at least the peak reached, and above it by at most the
-    /// heaps' unused headroom. Exact either way
+    /// need in chunks (1/256 of the capacity, or twice the largest request for which it asked
+    /// the pool, up to 1/32 of the capacity, if that is more) and gives back what it holds
+    /// beyond three chunks now and then, and a peak counts the headroom heaps hold: at least
+    /// the peak reached (never above the capacity), and above it by at most the heaps' unused
+    /// headroom. Exact either way
     /// without thread heaps; quotas stay exact either way (a request is refused only with
     /// every heap's headroom taken back).
     ///

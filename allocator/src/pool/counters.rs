@@ -115,7 +115,8 @@ impl Counters {
 /// [`Counters::leased`].
 ///
 /// With exact peaks a heap takes headroom from a [`Spare`] when its lease runs short, `keep`
-/// bytes beyond its need, and gives back what it holds beyond [`GIVE_BACK`] times `keep`.
+/// bytes beyond its need, and gives back what it holds beyond [`GIVE_BACK`] times `keep`;
+/// without, it takes and gives back through the pool's lock, by the same rule.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Lease {
     pub(super) cap: usize,

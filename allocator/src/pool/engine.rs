@@ -185,7 +185,8 @@ pub(super) const EAGER: u8 = 1 << 5;
 /// What sends every allocation down the general path: tracking, a sink, parked blocks.
 pub(super) const SLOW: u8 = TRACKING | SINK | PARKED;
 
-/// Without exact peaks, a lease takes `1 / LEASE_CHUNKS` of the capacity beyond its need.
+/// Without exact peaks, a lease takes at least `1 / LEASE_CHUNKS` of the capacity beyond its
+/// need (see `Shared::lease_keep`).
 const LEASE_CHUNKS: usize = 256;
 
 /// Numbers the pools, for the thread-local list of thread heaps.

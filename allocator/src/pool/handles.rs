@@ -232,8 +232,9 @@ impl Pool {
     }
 
     /// How many threads have a heap of their own on this pool now (see
-    /// [`PoolBuilder::thread_heaps`]): threads that met another on the pool's lock (or made an
-    /// allocation, with [`PoolBuilder::eager_thread_heaps`]) and have not exited. A thread
+    /// [`PoolBuilder::thread_heaps`]): threads that met another on the pool's lock, or
+    /// allocated while another thread had a heap (or made an allocation at all, with
+    /// [`PoolBuilder::eager_thread_heaps`]), and have not exited. A thread
     /// gives its heaps back in its thread-local destructors, which run after its closure
     /// returns: `JoinHandle::join` waits for them, the end of a `std::thread::scope` may not.
     pub fn thread_heaps(&self) -> usize {

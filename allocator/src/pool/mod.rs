@@ -89,7 +89,8 @@
 //! # Threads
 //!
 //! A pool used by one thread at a time works on its own index, block for block as described
-//! above. When a thread finds the pool's lock taken (or at its first allocation, with
+//! above. When a thread finds the pool's lock taken, and from then on whenever a thread
+//! allocates while another has a heap (or at its first allocation, with
 //! [`PoolBuilder::eager_thread_heaps`]), it gets a heap of its own for that pool: it takes a
 //! span of the region (a sixteenth of the capacity, or what a larger request needs) and
 //! allocates and frees home-stream requests in its spans, with a reuse cache of its own, under a

@@ -80,10 +80,10 @@ impl Shared {
 
     /// Where [`allocate_on_heap_fast`](Self::allocate_on_heap_fast) did not serve: the calling
     /// thread's heap, if it has one, or a new one. (Here thread heaps are on and another
-    /// thread has one, or every thread gets one, [`EAGER`](super::EAGER): a thread left on the pool's own
-    /// index would pay for both paths on every call, looking for a heap first, and would hold
-    /// the pool's lock that the heaps' slow paths need. On the H200 host, eight threads of
-    /// which one had no heap ran 9% slower per pair than with a heap each.)
+    /// thread has one, or every thread gets one, [`EAGER`](super::EAGER): a thread left on
+    /// the pool's own index would pay for both paths on every call, looking for a heap first,
+    /// and would hold the pool's lock that the heaps' slow paths need. On the H200 host, eight
+    /// threads of which one had no heap ran 9% slower per pair than with a heap each.)
     /// It looks for the heap again rather than being told: a fast path that also said whether
     /// the thread has a heap (`Option<Option<u64>>`, the request kept for the fallbacks) cost
     /// 17 instructions more per heap allocation by callgrind, and this path runs rarely.
@@ -147,8 +147,9 @@ impl Shared {
         self.unlock_and_deliver(state, result)
     }
 
-    /// The fast path's allocation when another thread holds the pool's lock: the calling
-    /// thread gets a heap of its own (see [`thread_heap`]) unless they are off.
+    /// The fast path's allocation when another thread holds the pool's lock, or when another
+    /// thread has a heap (or every thread gets one): the calling thread gets a heap of its own
+    /// (see [`thread_heap`]) unless they are off.
     #[cold]
     #[inline(never)]
     pub(super) fn allocate_contended(

@@ -12,7 +12,7 @@ use crate::pool::tlsf::Piece;
 impl Shared {
     /// Gives back what a heap keeps beyond its bound: spans nothing uses, whole; then the
     /// spans with the most free bytes, in pieces. Without exact peaks, also its leases'
-    /// headroom beyond one chunk.
+    /// headroom beyond what they keep ([`lease_keep`](Shared::lease_keep)).
     #[cold]
     #[inline(never)]
     pub(in crate::pool) fn shrink(&self) {

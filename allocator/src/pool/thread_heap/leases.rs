@@ -59,7 +59,9 @@ impl Shared {
                 .keep
                 .min(self.capacity.saturating_sub(counts.in_use + need));
             counts.lease(need + extra);
-            counts.peak = counts.peak.max(counts.in_use);
+            // Other heaps' leases count in `in_use`: what is in use is never above the
+            // capacity.
+            counts.peak = counts.peak.max(counts.in_use.min(self.capacity));
             h.lease.cap += need + extra;
             return;
         }
@@ -105,9 +107,9 @@ impl Shared {
     }
 
     /// Without exact peaks: the headroom a lease that kept `keep` keeps after a request of
-    /// `reserved` bytes, and takes beyond its need when it asks: a chunk (1/256 of the
-    /// capacity), or twice the largest request the lease has served up to 1/32 of the
-    /// capacity, whichever is more. A heap gives back what it holds beyond three times that:
+    /// `reserved` bytes made it ask the pool, and takes beyond its need: a chunk (1/256 of the
+    /// capacity), or twice the largest such request up to 1/32 of the capacity, whichever is
+    /// more (it never shrinks). A heap gives back what it holds beyond three times that:
     /// with requests as large as a chunk, a lease that kept one chunk in a band of two swung
     /// out of it every few dozen requests, each time a visit to the pool's lock.
     pub(super) fn lease_keep(&self, keep: usize, reserved: usize) -> usize {
@@ -166,6 +168,9 @@ impl Shared {
                     Self::share_headroom(counts, spare, &mut share.lease, need);
                 }
                 _ => {
+                    if !self.exact_peaks {
+                        share.lease.keep = self.lease_keep(share.lease.keep, reserved);
+                    }
                     let extra = (counts.headroom() - need) / heaps.max(1);
                     share.lease.cap += need + extra;
                     counts.lease(need + extra);
@@ -197,6 +202,10 @@ impl Shared {
                     Self::share_headroom(counts, spare, &mut share.lease, reserved);
                 }
                 _ => {
+                    if !self.exact_peaks {
+                        // What it keeps, as the first grant above would have set it.
+                        share.lease.keep = self.lease_keep(share.lease.keep, reserved);
+                    }
                     let extra = (counts.headroom() - reserved) / heaps.max(1);
                     share.lease.cap += reserved + extra;
                     counts.lease(reserved + extra);

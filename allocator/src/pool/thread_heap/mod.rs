@@ -257,7 +257,7 @@ struct ThreadHeaps {
 
 impl Drop for ThreadHeaps {
     fn drop(&mut self) {
-        // `LAST` points into the list: it goes first.
+        // `LAST` points at a heap the list owns: it goes first.
         forget_current();
         // The thread exits: each heap goes back to its pool, if the pool is still there.
         for entry in self.all.get_mut().drain(..) {
@@ -290,17 +290,22 @@ fn with_current<R>(
     reentrant: impl FnOnce() -> bool,
     f: impl FnOnce(&ThreadHeap) -> R,
 ) -> Option<R> {
-    let (id, heap) = LAST.with(Cell::get);
+    // (`try_with` is a plain load here: `LAST` has no destructor; where thread-locals are
+    // kept under OS keys it may fail once the thread's are gone, and then looks nothing up.)
+    let (id, heap) = LAST.try_with(Cell::get).unwrap_or((0, core::ptr::null()));
     let heap = if id == pool {
         heap
     } else {
         lookup(pool, reentrant)?
     };
     // SAFETY: `heap` comes from `Arc::as_ptr` of the `Arc` in an entry of `THREAD_HEAPS`'s
-    // list (see `lookup` and `register`, the only writers of a non-null `LAST`), and that
+    // list (see `lookup` and `register`, the only writers of a non-null `LAST`, both from
+    // inside `THREAD_HEAPS.try_with`, so never once the list is being destroyed), and that
     // entry stays in the list while `f` runs: entries leave it only in `lookup`, for pools
-    // that are gone (this one is not: the caller is a call on it), and when the thread exits
-    // (it is running, and the list's destructor resets `LAST` before it empties the list).
+    // that are gone (this one is not: the caller is a call on it; pool ids are never reused
+    // and never 0), and when the thread exits (the list's destructor resets `LAST` before it
+    // empties the list; where `LAST` itself is gone, `try_with` above fails and nothing is
+    // looked up).
     Some(f(unsafe { &*heap }))
 }
 
@@ -319,7 +324,7 @@ fn lookup(pool: u64, reentrant: impl FnOnce() -> bool) -> Option<*const ThreadHe
             // Heaps of pools that are gone are empty: forget them.
             all.retain(|e| e.shared.strong_count() > 0);
             let heap = Arc::as_ptr(&all.iter().find(|e| e.pool == pool)?.heap);
-            LAST.with(|l| l.set((pool, heap)));
+            LAST.try_with(|l| l.set((pool, heap))).ok()?;
             Some(heap)
         })
         .ok()
@@ -351,7 +356,7 @@ fn register(pool: u64, shared: Weak<Shared>, heap: &Arc<ThreadHeap>) -> bool {
                 shared,
                 heap: heap.clone(),
             });
-            LAST.with(|l| l.set((pool, Arc::as_ptr(heap))));
+            let _ = LAST.try_with(|l| l.set((pool, Arc::as_ptr(heap))));
             true
         })
         .unwrap_or(false)
@@ -360,7 +365,7 @@ fn register(pool: u64, shared: Weak<Shared>, heap: &Arc<ThreadHeap>) -> bool {
 /// Forgets the heap looked up last, so that the next call of this thread looks its list up
 /// (which fails inside a callback).
 pub(super) fn forget_current() {
-    LAST.with(|l| l.set((0, core::ptr::null())));
+    let _ = LAST.try_with(|l| l.set((0, core::ptr::null())));
 }
 
 /// A thread heap of a pool, its lock held.
@@ -413,6 +418,9 @@ impl Shared {
     /// A new heap for the calling thread, registered with it and with the pool; `None` when
     /// the thread is exiting.
     pub(super) fn new_thread_heap(&self, state: &mut State) -> Option<Arc<ThreadHeap>> {
+        // An exiting thread (a later thread-local destructor allocating) could not register
+        // one: no heap to build and drop on each of its calls.
+        THREAD_HEAPS.try_with(|_| ()).ok()?;
         let (cache_blocks, cache_bytes) = self.heap_cache;
         let heap = Arc::new(ThreadHeap {
             state: Lock::new(HeapState::new(
