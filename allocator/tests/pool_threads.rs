@@ -1659,3 +1659,66 @@ fn once_a_thread_has_a_heap_a_thread_without_one_gets_one() {
     assert!(pool.leak_report().leaks.is_empty());
     assert_eq!((s.free_blocks, s.largest_free), (1, 8 << 20));
 }
+
+#[test]
+fn leased_peaks_fill_to_the_capacity_while_other_heaps_hold_leases() {
+    // `exact_peaks(false)`: each heap's lease holds headroom beyond its need, and a peak counts
+    // those leases. Three threads allocate and free once, so that their heaps hold unused
+    // headroom and spans, and wait; this thread then fills the pool. Every block the capacity
+    // holds is handed out (the cap is hard with leases elsewhere), and the peak says the
+    // capacity: neither more (other heaps' leases never count past what can be in use) nor
+    // less.
+    const CAPACITY: usize = 4 << 20;
+    const BLOCK: usize = 128 << 10;
+    let pool = Pool::builder(CAPACITY)
+        .name("leased-full")
+        .eager_thread_heaps(true)
+        .exact_peaks(false)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    std::thread::scope(|s| {
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let mut releases = Vec::new();
+        let others: Vec<_> = (0..3)
+            .map(|_| {
+                let (release_tx, release_rx) = mpsc::channel::<()>();
+                releases.push(release_tx);
+                let (pool, ready_tx) = (&pool, ready_tx.clone());
+                s.spawn(move || {
+                    let a = pool.allocate(BLOCK, 0).unwrap();
+                    pool.deallocate(a).unwrap();
+                    ready_tx.send(()).unwrap();
+                    let _ = release_rx.recv();
+                })
+            })
+            .collect();
+        for _ in 0..3 {
+            ready_rx.recv().unwrap();
+        }
+        assert_eq!(pool.thread_heaps(), 3);
+        let mut live = Vec::new();
+        while let Ok(addr) = pool.allocate(BLOCK, 0) {
+            live.push(addr);
+        }
+        // Every block the capacity holds was handed out (the refusal came with every heap's
+        // spans and leases given back).
+        assert_eq!(live.len(), CAPACITY / BLOCK);
+        let s = pool.stats();
+        assert_eq!(s.in_use, CAPACITY);
+        assert_eq!(
+            s.peak, CAPACITY,
+            "peak {} of a {CAPACITY}-byte pool",
+            s.peak
+        );
+        for addr in live {
+            pool.deallocate(addr).unwrap();
+        }
+        drop(releases);
+        for t in others {
+            t.join().unwrap();
+        }
+    });
+    let s = pool.stats();
+    assert_eq!((s.in_use, s.peak), (0, CAPACITY));
+}
