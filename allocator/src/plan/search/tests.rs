@@ -43,13 +43,13 @@ fn brute_force(b: &[(usize, usize, usize, usize)]) -> usize {
     best
 }
 
-fn check(b: &[(usize, usize, usize, usize)], stages: usize) {
-    let layout = LayoutSpec::DEFAULT.with_align(1).with_stages(stages);
-    let specs: Vec<FieldSpec> = b
+/// The fields of `(size, align, first stage, last stage)` tuples, and their slots, unplaced.
+fn fields(b: &[(usize, usize, usize, usize)]) -> (Vec<FieldSpec>, Vec<Slot>) {
+    let specs = b
         .iter()
         .map(|&(s, a, f, l)| FieldSpec::of::<u8>(s.max(1)).with_align(a).with_live(f, l))
         .collect();
-    let slots: Vec<Slot> = b
+    let slots = b
         .iter()
         .map(|&(size, align, _, _)| Slot {
             offset: 0,
@@ -57,6 +57,12 @@ fn check(b: &[(usize, usize, usize, usize)], stages: usize) {
             align,
         })
         .collect();
+    (specs, slots)
+}
+
+fn check(b: &[(usize, usize, usize, usize)], stages: usize) {
+    let layout = LayoutSpec::DEFAULT.with_align(1).with_stages(stages);
+    let (specs, slots) = fields(b);
     let n = b.len();
     let mut head = vec![0; crate::plan::scratch_len(n)];
     let sizes = measure(&layout, &specs, &slots, &mut head);
@@ -127,22 +133,8 @@ fn a_run_cut_into_pieces_ends_as_an_uncut_one() {
                 (1 + next(100), 1 << (3 * next(3)), x.min(y), x.max(y))
             })
             .collect();
-        let specs: Vec<FieldSpec> = sized
-            .iter()
-            .map(|&(size, align, first, last)| {
-                FieldSpec::of::<u8>(size)
-                    .with_align(align)
-                    .with_live(first, last)
-            })
-            .collect();
-        let slots: Vec<Slot> = sized
-            .iter()
-            .map(|&(size, align, _, _)| Slot {
-                offset: 0,
-                size,
-                align,
-            })
-            .collect();
+        // (Sizes here are at least 1: `fields` changes none.)
+        let (specs, slots) = fields(&sized);
         let mut head = vec![0; crate::plan::scratch_len(n)];
         let sizes = measure(&layout, &specs, &slots, &mut head);
         let preorder = Preorder::ALL[case % 6];

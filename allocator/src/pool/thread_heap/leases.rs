@@ -141,13 +141,16 @@ impl Shared {
         }
         let share = &mut h.clients[c];
         let need = share.lease.used + reserved - share.lease.cap;
+        if !self.exact_peaks {
+            // What the lease keeps, whichever way it is granted below.
+            share.lease.keep = self.lease_keep(share.lease.keep, reserved);
+        }
         // The heaps that hold a lease of this client share its headroom.
         let heaps = state.clients[c].heaps;
         let quota = state.clients[c].quota;
         let counts = &mut state.clients[c].counts;
         if !self.exact_peaks && counts.in_use + need <= quota {
             // As for the pool: the client's peak counts its leases (never past its quota).
-            share.lease.keep = self.lease_keep(share.lease.keep, reserved);
             let grant = need + share.lease.keep.min(quota - counts.in_use - need);
             counts.lease(grant);
             counts.peak = counts.peak.max(counts.in_use);
@@ -168,9 +171,6 @@ impl Shared {
                     Self::share_headroom(counts, spare, &mut share.lease, need);
                 }
                 _ => {
-                    if !self.exact_peaks {
-                        share.lease.keep = self.lease_keep(share.lease.keep, reserved);
-                    }
                     let extra = (counts.headroom() - need) / heaps.max(1);
                     share.lease.cap += need + extra;
                     counts.lease(need + extra);
@@ -202,10 +202,6 @@ impl Shared {
                     Self::share_headroom(counts, spare, &mut share.lease, reserved);
                 }
                 _ => {
-                    if !self.exact_peaks {
-                        // What it keeps, as the first grant above would have set it.
-                        share.lease.keep = self.lease_keep(share.lease.keep, reserved);
-                    }
                     let extra = (counts.headroom() - reserved) / heaps.max(1);
                     share.lease.cap += reserved + extra;
                     counts.lease(reserved + extra);
