@@ -34,9 +34,10 @@
 //! cargo bench -p devarena --bench pool_pairs -- --json         # one JSON document
 //! options: --rounds N  --ops N  --live N  --threads 1,4  --fresh-threads  --only NAME
 //!          --passes N (every column and thread count runs N times in turn, its rounds
-//!          pooled: N × rounds)
-//! (columns whose name contains NAME; ratios need the baselines, "std::alloc" and
-//! "cuMemAllocAsync")
+//!          pooled: N × rounds)  --per-round (each pass's rounds on stderr)
+//!          --pin 0,1,… (thread t of every column on the t-th CPU of the list, cyclically)
+//! (columns whose name contains NAME, or one of `A|B|…`; ratios need the baselines,
+//! "std::alloc" and "cuMemAllocAsync")
 //! ```
 //!
 //! Host columns: the system allocator (the baseline), a `devarena::Pool` on host memory as
@@ -639,6 +640,8 @@ struct Config {
     live: usize,
     /// New threads (and workers) for every round, instead of the same ones throughout.
     fresh_threads: bool,
+    /// Thread `t` runs on CPU `pin[t % pin.len()]` (empty: wherever the scheduler puts it).
+    pin: &'static [usize],
 }
 
 /// SplitMix64: a fixed, dependency-free random sequence.
@@ -707,6 +710,38 @@ fn thread_cpu_time() -> Option<Duration> {
 #[cfg(not(target_os = "linux"))]
 fn thread_cpu_time() -> Option<Duration> {
     None
+}
+
+/// Pins the calling thread to `cpu` (Linux; elsewhere nothing): on a virtual machine whose
+/// vCPUs run at different speeds from one moment to the next, columns whose threads run on the
+/// same vCPUs, in turn, compare like with like.
+#[cfg(target_os = "linux")]
+fn pin_to(cpu: usize) {
+    unsafe extern "C" {
+        fn sched_setaffinity(pid: i32, size: usize, mask: *const u64) -> i32;
+    }
+    let mut mask = [0u64; 16];
+    let Some(word) = mask.get_mut(cpu / 64) else {
+        panic!(
+            "--pin: CPU {cpu} is beyond the {} this benchmark can name",
+            16 * 64
+        );
+    };
+    *word |= 1 << (cpu % 64);
+    // SAFETY: `sched_setaffinity` reads `size` bytes of CPU mask from the valid pointer it is
+    // given (`mask`, 16 words); pid 0 is the calling thread.
+    let rc = unsafe { sched_setaffinity(0, core::mem::size_of_val(&mask), mask.as_ptr()) };
+    assert_eq!(rc, 0, "--pin: the thread could not be pinned to CPU {cpu}");
+}
+
+#[cfg(not(target_os = "linux"))]
+fn pin_to(_cpu: usize) {}
+
+/// Pins thread `t` of a measurement as `--pin` says.
+fn pin_thread(cfg: Config, t: usize) {
+    if !cfg.pin.is_empty() {
+        pin_to(cfg.pin[t % cfg.pin.len()]);
+    }
 }
 
 /// Wall and on-CPU time of one thread's timed part.
@@ -829,6 +864,7 @@ fn measure(alloc: &dyn AllocatorUnderTest, threads: usize, cfg: Config) -> Measu
                         .map(|(t, script)| {
                             let start = &start;
                             s.spawn(move || {
+                                pin_thread(cfg, t);
                                 let mut worker = alloc.worker(t);
                                 run_script(&mut *worker, script, start)
                             })
@@ -849,6 +885,7 @@ fn measure(alloc: &dyn AllocatorUnderTest, threads: usize, cfg: Config) -> Measu
                 .map(|(t, script)| {
                     let start = &start;
                     s.spawn(move || {
+                        pin_thread(cfg, t);
                         let mut worker = alloc.worker(t);
                         (0..=cfg.rounds)
                             .map(|_| run_script(&mut *worker, script, start))
@@ -914,9 +951,11 @@ fn main() {
         ops: 20_000,
         live: 64,
         fresh_threads: false,
+        pin: &[],
     };
     let mut threads = vec![1usize, 4];
     let mut json = false;
+    let mut per_round = false;
     let mut passes = 1usize;
     let mut only: Option<String> = None;
     let mut args = std::env::args().skip(1);
@@ -927,6 +966,14 @@ fn main() {
         };
         match arg.as_str() {
             "--json" => json = true,
+            "--per-round" => per_round = true,
+            "--pin" => {
+                let cpus: Vec<usize> = value("--pin")
+                    .split(',')
+                    .map(|c| c.parse().expect("--pin 0,1,2"))
+                    .collect();
+                cfg.pin = Vec::leak(cpus);
+            }
             "--fresh-threads" => cfg.fresh_threads = true,
             "--only" => only = Some(value("--only")),
             "--rounds" => cfg.rounds = value("--rounds").parse().expect("--rounds N"),
@@ -962,7 +1009,7 @@ fn main() {
     // the same stretches of time as its rounds on more threads.
     let selected = |alloc: &dyn AllocatorUnderTest| {
         only.as_ref()
-            .is_none_or(|o| alloc.name().contains(o.as_str()))
+            .is_none_or(|o| o.split('|').any(|name| alloc.name().contains(name)))
     };
     let mut pooled: Vec<Vec<Option<Measured>>> = threads
         .iter()
@@ -975,6 +1022,13 @@ fn main() {
                     continue;
                 }
                 let m = measure(&**alloc, t, cfg);
+                if per_round {
+                    // Every round of this pass, to tell a drift within a run from one
+                    // between runs.
+                    let rounds: Vec<String> =
+                        m.ns_per_pair.iter().map(|ns| format!("{ns:.1}")).collect();
+                    eprintln!("round ns/pair: {} x{t}: {}", alloc.name(), rounds.join(" "));
+                }
                 match pool {
                     Some(p) => p.absorb(m),
                     None => *pool = Some(m),
