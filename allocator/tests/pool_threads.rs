@@ -1069,13 +1069,28 @@ fn blocks_of_a_heap_freed_on_another_stream_wait_for_their_event() {
             let c = pool.allocate(4096, 0).unwrap();
             pool.deallocate(c).unwrap();
             let _ = pool.stats();
+            // (Served by the thread's heap for the other stream, from a span of the pool's
+            // index.)
             let d = pool.allocate_on(4096, 0, OTHER).unwrap();
             assert_eq!(streams.waits(), vec![(OTHER, HOME)]);
+            assert_eq!(pool.thread_heaps(), 2);
             pool.deallocate_on(d, OTHER).unwrap();
+            assert_eq!(
+                streams.pending(OTHER),
+                0,
+                "freed on its heap's stream: no event"
+            );
             streams.complete_all();
             pool.reclaim().unwrap();
         });
     });
+    // The heap for the other stream went back when the thread exited (or, the thread's
+    // thread-local destructors still running, in `stats`): its blocks wait for the other
+    // stream to be done with them.
+    assert!(pool.stats().pending > 0);
+    assert_eq!(streams.pending(OTHER), 1);
+    streams.complete(OTHER);
+    assert!(pool.reclaim().unwrap() > 0);
     let s = pool.stats();
     assert_eq!(
         (s.in_use, s.pending, s.free_blocks, s.largest_free),

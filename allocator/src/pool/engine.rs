@@ -182,8 +182,10 @@ pub(super) const PARKED: u8 = 1 << 3;
 pub(super) const HEAPS: u8 = 1 << 4;
 /// Every thread gets a heap at its first allocation.
 pub(super) const EAGER: u8 = 1 << 5;
-/// What sends every allocation down the general path: tracking, a sink, parked blocks.
-pub(super) const SLOW: u8 = TRACKING | SINK | PARKED;
+/// What sends an allocation on a thread heap down the general path: tracking, a sink. (Parked
+/// blocks do not: they come back when a path takes the pool's lock. On the pool's own index
+/// every allocation takes the general path while blocks are parked, and takes them back.)
+pub(super) const HEAP_SLOW: u8 = TRACKING | SINK;
 
 /// Without exact peaks, a lease takes at least `1 / LEASE_CHUNKS` of the capacity beyond its
 /// need (see `Shared::lease_keep`).
@@ -479,7 +481,11 @@ impl Shared {
     /// Runs a stream-runtime callback under the lock: a panic becomes an error, and a call back
     /// into the pool fails instead of waiting for ever. The state is consistent whenever a
     /// callback runs.
-    fn stream_call<R>(&self, what: &str, f: impl FnOnce() -> Result<R, Error>) -> Result<R, Error> {
+    pub(super) fn stream_call<R>(
+        &self,
+        what: &str,
+        f: impl FnOnce() -> Result<R, Error>,
+    ) -> Result<R, Error> {
         // A call back into the pool from the callback must not find this thread's heap either.
         thread_heap::forget_current();
         self.state.callback(|| {
@@ -618,7 +624,7 @@ impl Shared {
         // Every thread heap gives its spans back, and what waits in the reuse cache is merged,
         // so that the free blocks described are the ones that exist (and every count is the
         // pool's own).
-        self.dissolve_all(&mut state);
+        self.dissolve_all(&mut state, false);
         state.tlsf.flush();
         let mapping = state.mapping.stats();
         let mut clients = Counters::default();

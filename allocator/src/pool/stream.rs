@@ -129,6 +129,62 @@ pub trait StreamSync: Any + Send + Sync + fmt::Debug {
     }
 }
 
+/// An event that several parked blocks share: recorded on `stream` when a thread heap of that
+/// stream gave its spans back, or, where the stream could not record one then (it was
+/// capturing a graph), at the first look once it no longer captures. Recorded later, it
+/// completes later: never before the work queued when the blocks were parked.
+#[derive(Clone)]
+pub(super) struct SharedEvent(Arc<Mutex<SharedEventState>>);
+
+struct SharedEventState {
+    streams: Arc<dyn StreamSync>,
+    stream: StreamId,
+    event: Option<Box<dyn StreamEvent>>,
+}
+
+impl SharedEvent {
+    pub(super) fn new(
+        streams: Arc<dyn StreamSync>,
+        stream: StreamId,
+        event: Option<Box<dyn StreamEvent>>,
+    ) -> Self {
+        SharedEvent(Arc::new(Mutex::new(SharedEventState {
+            streams,
+            stream,
+            event,
+        })))
+    }
+}
+
+impl fmt::Debug for SharedEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        f.debug_struct("SharedEvent")
+            .field("stream", &state.stream)
+            .field("event", &state.event)
+            .finish()
+    }
+}
+
+impl StreamEvent for SharedEvent {
+    fn is_complete(&self) -> Result<bool, Error> {
+        // (A panic of the runtime below leaves the state as it was: the event is recorded
+        // once, or not at all.)
+        let mut state = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let state = &mut *state;
+        let event = match &mut state.event {
+            Some(event) => event,
+            None => {
+                if state.streams.is_capturing(state.stream)? {
+                    return Ok(false);
+                }
+                state.event.insert(state.streams.record(state.stream)?)
+            }
+        };
+        event.is_complete()
+    }
+}
+
 /// A host stand-in for a stream runtime: events complete only when the test calls
 /// [`complete`](Self::complete) (or the pool [synchronizes](StreamSync::synchronize) their
 /// stream, which completes them: the host waited for the stream to drain); every

@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::{
-    Ask, HEAPS, Live, LiveInfo, PARKED, Refusal, SINK, SLOW, Shared, State, TRACKING, Taken,
-    grow_meta, store_info,
+    Ask, EAGER, HEAP_SLOW, HEAPS, Live, LiveInfo, PARKED, Refusal, SINK, Shared, State, TRACKING,
+    Taken, grow_meta, store_info,
 };
 use crate::error::Error;
 use crate::pool::events::PoolAction;
@@ -44,7 +44,11 @@ impl Shared {
         if let (0, Some(align), true) = (flags, align, home) {
             return self.allocate_on_pool(client, req, align, owned);
         }
-        if let (0, Some(align), true) = (flags & SLOW, align, home) {
+        // Thread heaps on (another thread has one, or every thread gets one): the calling
+        // thread's heap for the request's stream serves. (For the home stream, `flags` is not
+        // 0 here unless something sends it down the general path.) Parked blocks do not stop
+        // the heaps: they come back when a path takes the pool's lock.
+        if let (0, Some(align), false) = (flags & HEAP_SLOW, align, flags & (HEAPS | EAGER) == 0) {
             let stream = req.stream.unwrap_or(self.home);
             if let Some(addr) = self.allocate_on_heap_fast(client, req.size, align, stream, owned) {
                 return Ok(addr);
@@ -74,7 +78,7 @@ impl Shared {
             align,
             stream,
         };
-        self.on_thread_heap(|heap| self.heap_allocate_fast(heap, &ask, owned))
+        self.on_thread_heap(stream, |heap| self.heap_allocate_fast(heap, &ask, owned))
             .flatten()
     }
 
@@ -102,7 +106,7 @@ impl Shared {
             align,
             stream,
         };
-        match self.on_thread_heap(|heap| self.heap_allocate_fast(heap, &ask, owned)) {
+        match self.on_thread_heap(stream, |heap| self.heap_allocate_fast(heap, &ask, owned)) {
             Some(Some(addr)) => return Ok(addr),
             Some(None) => return self.heap_allocate_slow(&ask, owned),
             None => {}
@@ -160,19 +164,23 @@ impl Shared {
     ) -> Result<u64, Error> {
         let mut state = self.lock()?;
         if self.heap_bytes > 0 {
-            if let Some(heap) = self.new_thread_heap(&mut state) {
+            if let Some(heap) = self.new_thread_heap(&mut state, ask.stream) {
                 let result = self.heap_allocate_locked(&mut state, &heap, ask, owned);
                 return self.unlock_and_deliver(state, result);
             }
         }
-        if let Some(addr) = self.allocate_fast(&mut state, ask, owned) {
+        // (The pool's fast path serves the home stream only.)
+        let home = self.streams.is_none() || ask.stream == self.home;
+        if home && let Some(addr) = self.allocate_fast(&mut state, ask, owned) {
             return Ok(addr);
         }
         let result = self.allocate_general(&mut state, ask.client, req, ask.stream, owned, None);
         self.unlock_and_deliver(state, result)
     }
 
-    /// An allocation the fast path never takes: tracking on, a bad alignment, another stream.
+    /// An allocation the fast path never takes: tracking on, a bad alignment, another stream
+    /// while no thread has a heap (a thread that finds the pool's lock taken then gets a heap
+    /// for that stream, as for the home stream).
     #[inline(never)]
     pub(super) fn allocate_other(
         &self,
@@ -181,11 +189,26 @@ impl Shared {
         owned: bool,
     ) -> Result<u64, Error> {
         let stream = req.stream.unwrap_or(self.home);
-        let info = match self.flags.load(Ordering::Relaxed) & TRACKING {
+        let flags = self.flags.load(Ordering::Relaxed);
+        let info = match flags & TRACKING {
             0 => None,
             _ => Some(self.record_info(req.tag)),
         };
-        let mut state = self.lock()?;
+        let mut state = match self.state.try_guard() {
+            Some(state) => state,
+            None => match effective_align(req.align) {
+                Some(align) if flags & HEAP_SLOW == 0 && self.heap_bytes > 0 => {
+                    let ask = Ask {
+                        client,
+                        size: req.size,
+                        align,
+                        stream,
+                    };
+                    return self.allocate_contended(req, &ask, owned);
+                }
+                _ => self.lock()?,
+            },
+        };
         let result = self.allocate_general(&mut state, client, req, stream, owned, info);
         self.unlock_and_deliver(state, result)
     }
@@ -359,7 +382,7 @@ impl Shared {
             match result {
                 Ok(addr) => return Ok(addr),
                 Err(Refusal::Capacity) if !given_back => {
-                    self.dissolve_all(state);
+                    self.dissolve_all(state, true);
                     given_back = true;
                 }
                 Err(Refusal::Capacity) => return Err(self.exhausted(state, ask, "capacity")),
@@ -526,7 +549,7 @@ impl Shared {
 
     /// Makes `stream` wait for the home stream if the home stream freed anything since its
     /// last wait.
-    pub(super) fn order_after_home(
+    pub(in crate::pool) fn order_after_home(
         &self,
         state: &mut State,
         streams: &dyn StreamSync,
@@ -552,7 +575,7 @@ impl Shared {
     /// panics) sets aside its own block for good: nothing says the stream is done with it, so
     /// it is never handed out again. The pool carries on with the rest; the block is logged
     /// (target `devarena::pool`, level `error`) and counted in [`PoolStats::quarantined`].
-    pub(super) fn reclaim_parked(&self, state: &mut State) -> usize {
+    pub(in crate::pool) fn reclaim_parked(&self, state: &mut State) -> usize {
         let mut reclaimed = 0;
         let State {
             parked,
@@ -605,7 +628,7 @@ impl Shared {
     pub(super) fn exhausted(&self, state: &mut State, ask: &Ask, limit: &'static str) -> Error {
         // The figures of the pool with every thread heap given back: the largest free block
         // counts merged blocks only.
-        self.dissolve_all(state);
+        self.dissolve_all(state, true);
         state.tlsf.flush();
         let c = &state.clients[ask.client as usize];
         let (limit_bytes, in_use) = match limit {

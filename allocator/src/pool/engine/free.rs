@@ -33,10 +33,11 @@ impl Shared {
             Some(stream) => self.streams.is_none() || stream == self.home,
         };
         let stream = stream.unwrap_or(self.home);
-        if home
-            && size.is_none()
+        // The calling thread's heap for the stream of the free takes it if the allocation is
+        // there (a free on another stream of a heap's block goes on, and parks it).
+        if size.is_none()
             && self.flags.load(Ordering::Relaxed) & HEAPS != 0
-            && self.deallocate_on_thread_heap(caller, addr, from_slice)
+            && self.deallocate_on_thread_heap(caller, addr, stream, from_slice)
         {
             return Ok(());
         }
@@ -61,13 +62,15 @@ impl Shared {
         &self,
         caller: Option<u32>,
         addr: u64,
+        stream: StreamId,
         from_slice: bool,
     ) -> bool {
-        match self.on_thread_heap(|heap| self.heap_deallocate_fast(heap, caller, addr, from_slice))
-        {
+        match self.on_thread_heap(stream, |heap| {
+            self.heap_deallocate_fast(heap, caller, addr, from_slice)
+        }) {
             Some(Some(over)) => {
                 if over {
-                    self.shrink();
+                    self.shrink(stream);
                 }
                 true
             }
@@ -187,9 +190,11 @@ impl Shared {
         };
         self.check_free(state, caller, addr, size, &live, from_slice)?;
         // As in `deallocate_general`: the event first, with the heap unlocked (a callback
-        // never runs with a heap locked).
+        // never runs with a heap locked). A heap hands its blocks out again on its own stream
+        // only: a free on any other stream, the home stream included, parks the block until
+        // that stream is done with it.
         let event = match &self.streams {
-            Some(streams) if stream != self.home => {
+            Some(streams) if stream != heap.stream => {
                 Some(self.stream_call("record", || streams.record(stream))?)
             }
             _ => None,
@@ -302,7 +307,7 @@ impl Shared {
     /// Parks a block freed on another stream until `event` completes.
     #[cold]
     #[inline(never)]
-    pub(super) fn park(
+    pub(in crate::pool) fn park(
         &self,
         state: &mut State,
         stream: StreamId,

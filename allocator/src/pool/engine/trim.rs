@@ -52,7 +52,7 @@ impl Shared {
         if state.mapping.mapped_bytes() <= keep {
             return false;
         }
-        self.dissolve_all(state);
+        self.dissolve_all(state, true);
         state.tlsf.flush();
         if !state.parked.is_empty() {
             self.reclaim_parked(state);

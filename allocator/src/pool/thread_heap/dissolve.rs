@@ -1,13 +1,24 @@
 //! Giving spans back: a heap shrinking to its bound, and every heap dissolving into the
 //! pool's index (before a refusal, a trim, statistics), live blocks kept at their addresses.
 
+use alloc::boxed::Box;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 
 use super::{ClientShare, HeapState, ThreadHeap};
 use crate::pool::counters::Lease;
 use crate::pool::engine::{Shared, State, grow_meta};
+use crate::pool::stream::{SharedEvent, StreamId};
 use crate::pool::tlsf::Piece;
+
+/// How the free blocks of a heap's spans reach the pool's index (see
+/// [`Shared::give_back_mode`]).
+pub(super) enum GiveBack {
+    /// Free at once: the heap serves the home stream, or the home stream waits for its own.
+    Free,
+    /// Parked until the event, on the heap's stream, completes.
+    Park(SharedEvent),
+}
 
 impl Shared {
     /// Gives back what a heap keeps beyond its bound: spans nothing uses, whole; then the
@@ -15,8 +26,8 @@ impl Shared {
     /// headroom beyond what they keep ([`lease_keep`](Shared::lease_keep)).
     #[cold]
     #[inline(never)]
-    pub(in crate::pool) fn shrink(&self) {
-        let Some(heap) = self.thread_heap() else {
+    pub(in crate::pool) fn shrink(&self, stream: StreamId) {
+        let Some(heap) = self.thread_heap(stream) else {
             return;
         };
         let heap = &heap;
@@ -44,6 +55,7 @@ impl Shared {
             return;
         }
         h.tlsf.flush();
+        let mode = self.give_back_mode(heap, false);
         let target = bound / 2;
         let mut i = 0;
         while i < h.spans.len() && h.tlsf.free_bytes() > target {
@@ -51,7 +63,19 @@ impl Shared {
             if h.tlsf.take_span(span.first) {
                 h.spans.swap_remove(i);
                 state.spans.remove(&span.addr);
-                state.tlsf.free(span.block);
+                match &mode {
+                    GiveBack::Free => {
+                        state.tlsf.free(span.block);
+                    }
+                    GiveBack::Park(event) => self.park(
+                        &mut state,
+                        heap.stream,
+                        None,
+                        span.block,
+                        span.size as usize,
+                        Box::new(event.clone()),
+                    ),
+                }
             } else {
                 i += 1;
             }
@@ -60,7 +84,7 @@ impl Shared {
             let i = (0..h.spans.len())
                 .max_by_key(|&i| h.span_free(i))
                 .unwrap_or(0);
-            self.dissolve_span(&mut state, heap, h, i);
+            self.dissolve_span(&mut state, heap, h, i, &mode);
         }
         if self.streams.is_some() {
             // Blocks freed on the home stream reach the pool's index.
@@ -68,25 +92,80 @@ impl Shared {
         }
     }
 
+    /// How the free blocks of `heap`'s spans reach the pool's index when it gives them back.
+    /// The pool's index hands its blocks out as blocks freed on the home stream (see
+    /// [`stream`](crate::pool::stream)), so a heap of the home stream (or any heap without a
+    /// stream runtime) gives them back as they are. A heap of another stream: with `order`
+    /// (a request would fail, or a trim, for want of them) the home stream is made to wait for
+    /// the heap's stream and they are free at once, a wait the driver adds and that blocks no
+    /// thread; otherwise, or when that wait cannot be made (a stream capturing a graph), they
+    /// are parked until an event on the heap's stream completes, recorded now, or at the first
+    /// look once the stream no longer captures.
+    pub(super) fn give_back_mode(&self, heap: &ThreadHeap, order: bool) -> GiveBack {
+        let Some(streams) = &self.streams else {
+            return GiveBack::Free;
+        };
+        if heap.stream == self.home {
+            return GiveBack::Free;
+        }
+        if order
+            && self
+                .stream_call("order_after", || {
+                    streams.order_after(self.home, heap.stream)
+                })
+                .is_ok()
+        {
+            return GiveBack::Free;
+        }
+        let event = self
+            .stream_call("record", || streams.record(heap.stream))
+            .ok();
+        GiveBack::Park(SharedEvent::new(streams.clone(), heap.stream, event))
+    }
+
     /// Gives span `i` of `heap` back in pieces (the heap's cache flushed): its blocks become
-    /// blocks of the pool's index, the free ones merged there; live allocations in it carry on
-    /// in the pool's index, at their addresses, with their counts; parked blocks wait there.
+    /// blocks of the pool's index, the free ones merged there (or parked, as `mode` says);
+    /// live allocations in it carry on in the pool's index, at their addresses, with their
+    /// counts; parked blocks wait there.
     pub(super) fn dissolve_span(
         &self,
         state: &mut State,
         heap: &Arc<ThreadHeap>,
         h: &mut HeapState,
         i: usize,
+        mode: &GiveBack,
     ) {
         let span = h.spans.swap_remove(i);
         state.spans.remove(&span.addr);
         let mut pieces: Vec<Piece> = Vec::new();
         h.tlsf.export_span(span.first, &mut pieces);
         debug_assert_eq!(pieces.iter().map(|p| p.size).sum::<u64>(), span.size);
+        // Free pieces to be parked are carved as used blocks.
+        let park: Vec<bool> = pieces
+            .iter()
+            .map(|p| p.free && matches!(mode, GiveBack::Park(_)))
+            .collect();
+        for (p, &park) in pieces.iter_mut().zip(&park) {
+            p.free &= !park;
+        }
         let mut carved = Vec::new();
         state.tlsf.carve(span.block, &pieces, &mut carved);
         let mut moved = Vec::new();
-        for (p, &block) in pieces.iter().zip(&carved) {
+        for ((p, &block), &park) in pieces.iter().zip(&carved).zip(&park) {
+            if park {
+                if let GiveBack::Park(event) = mode {
+                    let bytes = p.size as usize;
+                    self.park(
+                        state,
+                        heap.stream,
+                        None,
+                        block,
+                        bytes,
+                        Box::new(event.clone()),
+                    );
+                }
+                continue;
+            }
             if p.free {
                 continue;
             }
@@ -138,17 +217,20 @@ impl Shared {
 
     /// Gives every span of `heap` back and folds its counts into the pool's: the heap is empty
     /// afterwards, and everything it held is in the pool's index.
+    /// `order`: see [`give_back_mode`](Self::give_back_mode).
     pub(in crate::pool) fn dissolve(
         &self,
         state: &mut State,
         heap: &Arc<ThreadHeap>,
         h: &mut HeapState,
+        order: bool,
     ) {
         if !h.spans.is_empty() {
             h.tlsf.flush();
+            let mode = self.give_back_mode(heap, order);
             while !h.spans.is_empty() {
                 let last = h.spans.len() - 1;
-                self.dissolve_span(state, heap, h, last);
+                self.dissolve_span(state, heap, h, last, &mode);
             }
             if self.streams.is_some() {
                 // Blocks freed on the home stream reach the pool's index.
@@ -183,11 +265,12 @@ impl Shared {
     /// stay with their threads, empty. Every heap stays locked until the spares are drained
     /// (a heap takes from a spare under its own lock only), so that no heap holds a lease
     /// afterwards and every count is the pool's own.
-    pub(in crate::pool) fn dissolve_all(&self, state: &mut State) {
+    /// `order`: see [`give_back_mode`](Self::give_back_mode).
+    pub(in crate::pool) fn dissolve_all(&self, state: &mut State, order: bool) {
         let heaps: Vec<Arc<ThreadHeap>> = state.heaps.iter().map(|e| e.heap.clone()).collect();
         let mut guards: Vec<_> = heaps.iter().map(|h| h.state.lock_wait()).collect();
         for (heap, guard) in heaps.iter().zip(guards.iter_mut()) {
-            self.dissolve(state, heap, guard);
+            self.dissolve(state, heap, guard, order);
         }
         Self::drain_spares(self, state);
         drop(guards);

@@ -77,6 +77,7 @@ use super::addr_map::AddrMap;
 use super::counters::{Lease, Spare};
 use super::engine::{Ask, HEAPS, Live, Shared, State, grow_meta};
 use super::lock::{Lock, LockGuard};
+use super::stream::StreamId;
 use super::tlsf::{GRANULE, Tlsf};
 
 // The rooms of the heaps: their allocation and free paths, the leases of the pool's headroom,
@@ -101,9 +102,13 @@ const SPANS_PER_CAPACITY: usize = 16;
 const MIN_SPAN: usize = 64 << 10;
 const MAX_SPAN: usize = 1 << 30;
 
-/// One thread's heap for one pool.
+/// One thread's heap for one pool and one stream.
 pub(super) struct ThreadHeap {
     pub(super) state: Lock<HeapState>,
+    /// The stream whose requests it serves: the pool's home stream, or (with a stream runtime)
+    /// another stream the thread allocates on. Its blocks are freed and handed out again on
+    /// this stream only.
+    pub(super) stream: StreamId,
 }
 
 /// A thread heap as the pool lists it.
@@ -243,9 +248,10 @@ impl HeapState {
 // The thread-local list of a thread's heaps.
 
 /// A heap of this thread: the pool it belongs to, held weakly so that the list keeps no pool
-/// alive.
+/// alive, and the stream it serves.
 struct Entry {
     pool: u64,
+    stream: StreamId,
     shared: Weak<Shared>,
     heap: Arc<ThreadHeap>,
 }
@@ -274,29 +280,33 @@ std::thread_local! {
             all: RefCell::new(Vec::new()),
         }
     };
-    /// The pool looked up last and this thread's heap for it (null: none). The heap is one of
+    /// The pool and stream looked up last and this thread's heap for them (null: none). The heap is one of
     /// `THREAD_HEAPS`'s: `LAST` is reset before entries leave that list. A thread-local of its
     /// own, without a destructor, so that reading it is a plain load: the list has one (it
     /// gives the heaps back), which makes every access check whether it is still there.
-    static LAST: Cell<(u64, *const ThreadHeap)> = const { Cell::new((0, core::ptr::null())) };
+    static LAST: Cell<(u64, StreamId, *const ThreadHeap)> =
+        const { Cell::new((0, StreamId(0), core::ptr::null())) };
 }
 
-/// Runs `f` on the calling thread's heap for pool `pool`; `None` when it has none (or is
-/// exiting, or `reentrant` says it is inside a callback of that pool, where the pool must fail
-/// instead).
+/// Runs `f` on the calling thread's heap for pool `pool` and stream `stream`; `None` when it
+/// has none (or is exiting, or `reentrant` says it is inside a callback of that pool, where
+/// the pool must fail instead).
 #[inline(always)]
 fn with_current<R>(
     pool: u64,
+    stream: StreamId,
     reentrant: impl FnOnce() -> bool,
     f: impl FnOnce(&ThreadHeap) -> R,
 ) -> Option<R> {
     // (`try_with` is a plain load here: `LAST` has no destructor; where thread-locals are
     // kept under OS keys it may fail once the thread's are gone, and then looks nothing up.)
-    let (id, heap) = LAST.try_with(Cell::get).unwrap_or((0, core::ptr::null()));
-    let heap = if id == pool {
+    let (id, last_stream, heap) =
+        LAST.try_with(Cell::get)
+            .unwrap_or((0, StreamId(0), core::ptr::null()));
+    let heap = if id == pool && last_stream == stream {
         heap
     } else {
-        lookup(pool, reentrant)?
+        lookup(pool, stream, reentrant)?
     };
     // SAFETY: `heap` comes from `Arc::as_ptr` of the `Arc` in an entry of `THREAD_HEAPS`'s
     // list (see `lookup` and `register`, the only writers of a non-null `LAST`, both from
@@ -309,11 +319,16 @@ fn with_current<R>(
     Some(f(unsafe { &*heap }))
 }
 
-/// Finds this thread's heap for `pool` in its list and makes it the one looked up last;
-/// `None` (and nothing looked up last) when there is none, or inside a callback of that pool.
+/// Finds this thread's heap for `pool` and `stream` in its list and makes it the one looked up
+/// last; `None` (and nothing looked up last) when there is none, or inside a callback of that
+/// pool.
 #[cold]
 #[inline(never)]
-fn lookup(pool: u64, reentrant: impl FnOnce() -> bool) -> Option<*const ThreadHeap> {
+fn lookup(
+    pool: u64,
+    stream: StreamId,
+    reentrant: impl FnOnce() -> bool,
+) -> Option<*const ThreadHeap> {
     forget_current();
     if reentrant() {
         return None;
@@ -323,22 +338,25 @@ fn lookup(pool: u64, reentrant: impl FnOnce() -> bool) -> Option<*const ThreadHe
             let mut all = t.all.try_borrow_mut().ok()?;
             // Heaps of pools that are gone are empty: forget them.
             all.retain(|e| e.shared.strong_count() > 0);
-            let heap = Arc::as_ptr(&all.iter().find(|e| e.pool == pool)?.heap);
-            LAST.try_with(|l| l.set((pool, heap))).ok()?;
+            let entry = all.iter().find(|e| e.pool == pool && e.stream == stream)?;
+            let heap = Arc::as_ptr(&entry.heap);
+            LAST.try_with(|l| l.set((pool, stream, heap))).ok()?;
             Some(heap)
         })
         .ok()
         .flatten()
 }
 
-/// This thread's heap for `pool`, shared (for the paths that keep it).
+/// This thread's heap for `pool` and `stream`, shared (for the paths that keep it).
 #[cold]
 #[inline(never)]
-fn current_arc(pool: u64) -> Option<Arc<ThreadHeap>> {
+fn current_arc(pool: u64, stream: StreamId) -> Option<Arc<ThreadHeap>> {
     THREAD_HEAPS
         .try_with(|t| {
             let all = t.all.try_borrow().ok()?;
-            all.iter().find(|e| e.pool == pool).map(|e| e.heap.clone())
+            all.iter()
+                .find(|e| e.pool == pool && e.stream == stream)
+                .map(|e| e.heap.clone())
         })
         .ok()
         .flatten()
@@ -353,10 +371,11 @@ fn register(pool: u64, shared: Weak<Shared>, heap: &Arc<ThreadHeap>) -> bool {
             };
             all.push(Entry {
                 pool,
+                stream: heap.stream,
                 shared,
                 heap: heap.clone(),
             });
-            let _ = LAST.try_with(|l| l.set((pool, Arc::as_ptr(heap))));
+            let _ = LAST.try_with(|l| l.set((pool, heap.stream, Arc::as_ptr(heap))));
             true
         })
         .unwrap_or(false)
@@ -365,7 +384,7 @@ fn register(pool: u64, shared: Weak<Shared>, heap: &Arc<ThreadHeap>) -> bool {
 /// Forgets the heap looked up last, so that the next call of this thread looks its list up
 /// (which fails inside a callback).
 pub(super) fn forget_current() {
-    let _ = LAST.try_with(|l| l.set((0, core::ptr::null())));
+    let _ = LAST.try_with(|l| l.set((0, StreamId(0), core::ptr::null())));
 }
 
 /// A thread heap of a pool, its lock held.
@@ -404,23 +423,57 @@ impl Shared {
             & !granule
     }
 
-    /// Runs `f` on the calling thread's heap for this pool, if it has one.
+    /// The stream whose heap serves a request on `stream`: that stream, or the home stream on
+    /// a pool without a stream runtime (where all streams are one).
     #[inline(always)]
-    pub(super) fn on_thread_heap<R>(&self, f: impl FnOnce(&ThreadHeap) -> R) -> Option<R> {
-        with_current(self.id, || self.state.in_callback(), f)
+    pub(super) fn heap_stream(&self, stream: StreamId) -> StreamId {
+        if self.streams.is_some() {
+            stream
+        } else {
+            self.home
+        }
     }
 
-    /// The calling thread's heap for this pool, shared (slow paths).
-    pub(super) fn thread_heap(&self) -> Option<Arc<ThreadHeap>> {
-        current_arc(self.id)
+    /// Runs `f` on the calling thread's heap for this pool and `stream`, if it has one.
+    #[inline(always)]
+    pub(super) fn on_thread_heap<R>(
+        &self,
+        stream: StreamId,
+        f: impl FnOnce(&ThreadHeap) -> R,
+    ) -> Option<R> {
+        with_current(
+            self.id,
+            self.heap_stream(stream),
+            || self.state.in_callback(),
+            f,
+        )
     }
 
-    /// A new heap for the calling thread, registered with it and with the pool; `None` when
-    /// the thread is exiting.
-    pub(super) fn new_thread_heap(&self, state: &mut State) -> Option<Arc<ThreadHeap>> {
+    /// The calling thread's heap for this pool and `stream`, shared (slow paths).
+    pub(super) fn thread_heap(&self, stream: StreamId) -> Option<Arc<ThreadHeap>> {
+        current_arc(self.id, self.heap_stream(stream))
+    }
+
+    /// A new heap for the calling thread and `stream`, registered with it and with the pool;
+    /// `None` when the thread is exiting, or when the stream runtime refuses the stream (the
+    /// general path then reports why).
+    pub(super) fn new_thread_heap(
+        &self,
+        state: &mut State,
+        stream: StreamId,
+    ) -> Option<Arc<ThreadHeap>> {
         // An exiting thread (a later thread-local destructor allocating) could not register
         // one: no heap to build and drop on each of its calls.
         THREAD_HEAPS.try_with(|_| ()).ok()?;
+        let stream = self.heap_stream(stream);
+        if let Some(streams) = &self.streams {
+            if stream != self.home {
+                // Asked once, here: a heap's requests never reach the runtime until it needs
+                // a span (see `add_span`).
+                self.stream_call("validate", || streams.validate(stream))
+                    .ok()?;
+            }
+        }
         let (cache_blocks, cache_bytes) = self.heap_cache;
         let heap = Arc::new(ThreadHeap {
             state: Lock::new(HeapState::new(
@@ -429,6 +482,7 @@ impl Shared {
                 cache_blocks,
                 cache_bytes,
             )),
+            stream,
         });
         if !register(self.id, self.this.clone(), &heap) {
             return None;
@@ -450,7 +504,7 @@ impl Shared {
             if guard.retired {
                 return;
             }
-            self.dissolve(&mut state, heap, &mut guard);
+            self.dissolve(&mut state, heap, &mut guard, false);
             guard.retired = true;
         }
         state.heaps.retain(|e| !Arc::ptr_eq(&e.heap, heap));

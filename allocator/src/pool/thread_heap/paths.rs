@@ -8,7 +8,7 @@ use core::sync::atomic::Ordering;
 use super::{ClientShare, HeapState, SERIAL_BATCH, Span, ThreadHeap, keep};
 use crate::error::Error;
 use crate::pool::counters::Lease;
-use crate::pool::engine::{Ask, SINK, SLOW, Shared, State};
+use crate::pool::engine::{Ask, HEAP_SLOW, SINK, Shared, State};
 use crate::pool::tlsf::{self, GRANULE};
 use crate::pool::{AllocRequest, reserved_bytes};
 
@@ -27,7 +27,7 @@ impl Shared {
         // Held by another thread only while it takes leases back or gives spans back.
         let mut guard = heap.state.try_guard()?;
         // Checked again under the heap's lock: a sink switched on since is seen here.
-        if self.flags.load(Ordering::Relaxed) & SLOW != 0 {
+        if self.flags.load(Ordering::Relaxed) & HEAP_SLOW != 0 {
             return None;
         }
         let h = &mut *guard;
@@ -96,7 +96,11 @@ impl Shared {
     #[inline(never)]
     pub(in crate::pool) fn heap_allocate_slow(&self, ask: &Ask, owned: bool) -> Result<u64, Error> {
         let mut state = self.lock()?;
-        let result = match self.thread_heap() {
+        if !state.parked.is_empty() {
+            // The heaps do not stop for parked blocks: they come back here.
+            self.reclaim_parked(&mut state);
+        }
+        let result = match self.thread_heap(ask.stream) {
             Some(heap) => self.heap_allocate_locked(&mut state, &heap, ask, owned),
             None => {
                 let req = AllocRequest::new(ask.size, ask.align).on(ask.stream);
@@ -125,7 +129,7 @@ impl Shared {
             };
             self.allocate_general(state, ask.client, &req, ask.stream, owned, None)
         };
-        if self.flags.load(Ordering::Relaxed) & SLOW != 0 {
+        if self.flags.load(Ordering::Relaxed) & HEAP_SLOW != 0 {
             return general(state);
         }
         let Some(reserved) = reserved_bytes(ask.size).filter(|&r| r <= self.capacity) else {
@@ -257,6 +261,16 @@ impl Shared {
         align: u64,
     ) -> Option<(u32, u64)> {
         let fit = tlsf::guaranteed_fit(size, align)?;
+        // A heap of another stream hands the span's blocks out on its stream: as for any block
+        // of the pool's index handed out for another stream, that stream first waits for the
+        // home stream's frees (when it cannot, the request goes the general way, which says
+        // why).
+        if let Some(streams) = &self.streams {
+            if heap.stream != self.home {
+                self.order_after_home(state, &**streams, heap.stream, self.home)
+                    .ok()?;
+            }
+        }
         let mut span = self.span_bytes(self.heap_bound() as u64).max(fit);
         // A block taken from the pool's index, for a thread heap.
         let mut taken = state.tlsf.allocate(span, GRANULE);
