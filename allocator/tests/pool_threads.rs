@@ -11,8 +11,8 @@ use std::sync::{Arc, Barrier, Mutex, mpsc};
 
 use devarena::backend::{HostVirtualMemory, VmCall};
 use devarena::pool::{
-    AllocRequest, FreeRequest, ManualStreams, PoolAction, PoolEvent, PoolSlice, StreamId, Tracking,
-    guaranteed_fit,
+    AllocRequest, FreeRequest, ManualStreams, PoolAction, PoolEvent, PoolSlice, StreamEvent,
+    StreamId, StreamSync, Tracking, guaranteed_fit,
 };
 use devarena::{Error, Pool, PoolClient};
 
@@ -1736,4 +1736,243 @@ fn leased_peaks_fill_to_the_capacity_while_other_heaps_hold_leases() {
     });
     let s = pool.stats();
     assert_eq!((s.in_use, s.peak), (0, CAPACITY));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Heaps for streams other than the home stream.
+
+const HOME: StreamId = StreamId(1);
+
+/// A pool on `streams` (home stream [`HOME`]) where every thread gets a heap at once.
+fn stream_pool(name: &str, capacity: usize, streams: Arc<dyn StreamSync>) -> Pool {
+    Pool::builder(capacity)
+        .name(name)
+        .eager_thread_heaps(true)
+        .streams(streams, HOME)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap()
+}
+
+#[test]
+fn a_thread_on_its_own_stream_reuses_its_blocks_on_it_without_events() {
+    const S: StreamId = StreamId(7);
+    let streams = Arc::new(ManualStreams::new());
+    let pool = stream_pool("own-stream", 16 << 20, streams.clone());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let a = pool.allocate_on(64 << 10, 0, S).unwrap();
+            assert_eq!(
+                pool.thread_heaps(),
+                1,
+                "a heap for the stream, none for home"
+            );
+            pool.deallocate_on(a, S).unwrap();
+            // Freed on the stream it serves: handed out again at once, on that stream.
+            assert_eq!(pool.allocate_on(64 << 10, 0, S).unwrap(), a);
+            pool.deallocate_on(a, S).unwrap();
+            assert_eq!(streams.pending(S), 0, "no event recorded");
+            assert_eq!(
+                pool.stats().pending,
+                64 << 20 >> 4,
+                "its span waits for the stream"
+            );
+        });
+    });
+}
+
+#[test]
+fn a_block_of_a_stream_heap_freed_on_the_home_stream_waits_for_it() {
+    const S: StreamId = StreamId(7);
+    let streams = Arc::new(ManualStreams::new());
+    let pool = stream_pool("home-free", 16 << 20, streams.clone());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let a = pool.allocate_on(64 << 10, 0, S).unwrap();
+            // The home stream may still use it: parked, even though the home stream's frees
+            // are reusable at once elsewhere.
+            pool.deallocate(a).unwrap();
+            assert_eq!(streams.pending(HOME), 1);
+            for _ in 0..20 {
+                let b = pool.allocate_on(64 << 10, 0, S).unwrap();
+                assert_ne!(b, a, "a parked block is not handed out");
+                pool.deallocate_on(b, S).unwrap();
+            }
+            streams.complete(HOME);
+            assert_eq!(pool.reclaim().unwrap(), 64 << 10);
+            // Back in its heap: the stream's requests get it again.
+            let mut seen = false;
+            let mut held = Vec::new();
+            for _ in 0..64 {
+                let b = pool.allocate_on(64 << 10, 0, S).unwrap();
+                seen |= b == a;
+                held.push(b);
+            }
+            assert!(seen);
+            for b in held {
+                pool.deallocate_on(b, S).unwrap();
+            }
+        });
+    });
+}
+
+#[test]
+fn without_a_heap_for_the_stream_a_thread_meeting_another_on_the_lock_gets_one() {
+    // A runtime whose first `validate` of stream 7 waits for the test: the thread asking it
+    // holds the pool's lock meanwhile.
+    #[derive(Debug, Default)]
+    struct Gate {
+        inner: ManualStreams,
+        entered: Mutex<Option<mpsc::Sender<()>>>,
+        release: Mutex<Option<mpsc::Receiver<()>>>,
+    }
+    impl StreamSync for Gate {
+        fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
+            self.inner.record(stream)
+        }
+        fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
+            self.inner.order_after(waiter, producer)
+        }
+        fn validate(&self, stream: StreamId) -> Result<(), Error> {
+            if stream == StreamId(7) {
+                if let Some(entered) = self.entered.lock().unwrap().take() {
+                    entered.send(()).unwrap();
+                    let release = self.release.lock().unwrap().take().unwrap();
+                    release.recv().unwrap();
+                }
+            }
+            Ok(())
+        }
+    }
+    let (entered_tx, entered) = mpsc::channel();
+    let (release, release_rx) = mpsc::channel();
+    let gate = Arc::new(Gate {
+        entered: Mutex::new(Some(entered_tx)),
+        release: Mutex::new(Some(release_rx)),
+        ..Gate::default()
+    });
+    let pool = Pool::builder(16 << 20)
+        .name("meet")
+        .streams(gate.clone(), HOME)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    std::thread::scope(|s| {
+        let first = s.spawn(|| {
+            let a = pool.allocate_on(4096, 0, StreamId(7)).unwrap();
+            pool.deallocate_on(a, StreamId(7)).unwrap();
+        });
+        entered.recv().unwrap();
+        let second = s.spawn(|| {
+            // The lock is taken: this thread gets a heap for its stream.
+            let b = pool.allocate_on(4096, 0, StreamId(8)).unwrap();
+            pool.deallocate_on(b, StreamId(8)).unwrap();
+            pool.thread_heaps()
+        });
+        // (Time for the second thread to find the lock taken; had it not, it would take the
+        // pool's own index and the count below would say so.)
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        release.send(()).unwrap();
+        first.join().unwrap();
+        assert!(second.join().unwrap() >= 1);
+    });
+    gate.inner.complete_all();
+    pool.reclaim().unwrap();
+    let s = pool.stats();
+    assert_eq!((s.in_use, s.pending, s.largest_free), (0, 0, 16 << 20));
+}
+
+#[test]
+fn statistics_park_a_stream_heaps_free_blocks_until_its_stream_is_done() {
+    const S: StreamId = StreamId(7);
+    let capacity = 16 << 20;
+    let streams = Arc::new(ManualStreams::new());
+    let pool = stream_pool("stats-park", capacity, streams.clone());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let a = pool.allocate_on(1 << 20, 0, S).unwrap();
+            pool.deallocate_on(a, S).unwrap();
+        });
+    });
+    // Given back (thread exit, or here): the stream may still use those blocks, and no other
+    // stream was made to wait for it.
+    let stats = pool.stats();
+    assert_eq!((stats.in_use, stats.pending), (0, 1 << 20));
+    assert!(streams.waits().is_empty());
+    let Err(Error::PoolExhausted { pending, .. }) = pool.allocate(capacity, 0) else {
+        panic!("the stream's blocks are not the home stream's yet");
+    };
+    assert_eq!(pending, 1 << 20);
+    streams.complete(S);
+    assert_eq!(pool.reclaim().unwrap(), 1 << 20);
+    let all = pool.allocate(capacity, 0).unwrap();
+    pool.deallocate(all).unwrap();
+}
+
+#[test]
+fn a_refusal_makes_the_home_stream_wait_for_a_stream_heap_and_takes_its_blocks() {
+    const S: StreamId = StreamId(7);
+    let capacity = 16 << 20;
+    let streams = Arc::new(ManualStreams::new());
+    let pool = stream_pool("refusal-order", capacity, streams.clone());
+    let (ready, is_ready) = mpsc::channel();
+    let (finish, finished) = mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let pool = &pool;
+        s.spawn(move || {
+            let a = pool.allocate_on(1 << 20, 0, S).unwrap();
+            pool.deallocate_on(a, S).unwrap();
+            ready.send(()).unwrap();
+            // The heap stays with this thread, its blocks free, until the test is done.
+            finished.recv().unwrap();
+        });
+        is_ready.recv().unwrap();
+        // The whole capacity, on the home stream: only with the stream heap's blocks. Rather
+        // than fail, the pool makes the home stream wait for the heap's stream (no thread
+        // blocks) and takes them.
+        let all = pool.allocate(capacity, 0).unwrap();
+        assert_eq!(streams.waits(), vec![(HOME, S)]);
+        assert_eq!((streams.pending(S), pool.stats().pending), (0, 0));
+        pool.deallocate(all).unwrap();
+        finish.send(()).unwrap();
+    });
+}
+
+#[test]
+fn a_stream_heap_given_back_while_its_stream_captures_waits_for_the_capture_to_end() {
+    const S: StreamId = StreamId(7);
+    let capacity = 16 << 20;
+    let streams = Arc::new(ManualStreams::new());
+    let pool = stream_pool("capture-park", capacity, streams.clone());
+    let (ready, is_ready) = mpsc::channel();
+    let (finish, finished) = mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let pool = &pool;
+        s.spawn(move || {
+            let a = pool.allocate_on(1 << 20, 0, S).unwrap();
+            pool.deallocate_on(a, S).unwrap();
+            ready.send(()).unwrap();
+            finished.recv().unwrap();
+        });
+        is_ready.recv().unwrap();
+        streams.begin_capture(S);
+        // A refusal cannot make the home stream wait for a capturing stream, nor record an
+        // event on it: the heap's blocks are parked, and nothing is asked of the stream
+        // until its capture ends.
+        assert!(pool.allocate(capacity, 0).is_err());
+        assert!(streams.waits().is_empty());
+        assert_eq!(pool.stats().pending, 1 << 20);
+        assert_eq!(pool.reclaim().unwrap(), 0);
+        let refused = streams.refused();
+        assert!(refused.contains(&("order_after", S)) && refused.contains(&("record", S)));
+        streams.end_capture(S);
+        // Recorded at the first look after the capture: done once the stream is.
+        assert_eq!(pool.reclaim().unwrap(), 0);
+        assert_eq!(streams.pending(S), 1);
+        streams.complete(S);
+        assert_eq!(pool.reclaim().unwrap(), 1 << 20);
+        let all = pool.allocate(capacity, 0).unwrap();
+        pool.deallocate(all).unwrap();
+        finish.send(()).unwrap();
+    });
 }
