@@ -1976,3 +1976,225 @@ fn a_stream_heap_given_back_while_its_stream_captures_waits_for_the_capture_to_e
         finish.send(()).unwrap();
     });
 }
+
+/// A stream runtime that remembers, on one clock, when streams were made to wait for others
+/// and when they were drained: what a model needs to check that a block freed on one stream
+/// is handed out for another only once that stream is done with it, or ordered before it.
+#[derive(Debug, Default)]
+struct Clocked {
+    inner: ManualStreams,
+    log: Mutex<Clock>,
+}
+
+#[derive(Debug, Default)]
+struct Clock {
+    now: u64,
+    /// `(time, waiter, producer)`: work queued on `waiter` after `time` runs after work
+    /// queued on `producer` before it.
+    waits: Vec<(u64, StreamId, StreamId)>,
+    /// `(time, stream)`: work queued on `stream` before `time` has finished.
+    drained: Vec<(u64, StreamId)>,
+}
+
+impl Clocked {
+    fn tick(&self) -> u64 {
+        let mut clock = self.log.lock().unwrap();
+        clock.now += 1;
+        clock.now
+    }
+
+    /// Completes every event on `stream`: the stream is drained.
+    fn drain(&self, stream: StreamId) {
+        let mut clock = self.log.lock().unwrap();
+        clock.now += 1;
+        let now = clock.now;
+        clock.drained.push((now, stream));
+        self.inner.complete(stream);
+    }
+
+    /// Whether work queued on `to` after `until` runs after the work queued on `from` before
+    /// `since` (the same stream; a chain of waits; or a stream on such a chain drained).
+    fn ordered(&self, from: StreamId, since: u64, to: StreamId, until: u64) -> bool {
+        if from == to {
+            return true;
+        }
+        let clock = self.log.lock().unwrap();
+        let mut reached: HashMap<StreamId, u64> = HashMap::from([(from, since)]);
+        // (Both logs are in time order: only what happened between `since` and `until`.)
+        let waits = &clock.waits[clock.waits.partition_point(|w| w.0 <= since)..];
+        for &(t, waiter, producer) in waits.iter().take_while(|w| w.0 < until) {
+            if reached.get(&producer).is_some_and(|&r| r < t) {
+                reached.entry(waiter).or_insert(t);
+            }
+        }
+        let drained = &clock.drained[clock.drained.partition_point(|d| d.0 <= since)..];
+        reached.contains_key(&to)
+            || drained
+                .iter()
+                .take_while(|d| d.0 < until)
+                .any(|&(t, s)| reached.get(&s).is_some_and(|&r| r < t))
+    }
+}
+
+impl StreamSync for Clocked {
+    fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
+        self.inner.record(stream)
+    }
+    fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
+        let mut clock = self.log.lock().unwrap();
+        self.inner.order_after(waiter, producer)?;
+        clock.now += 1;
+        let now = clock.now;
+        clock.waits.push((now, waiter, producer));
+        Ok(())
+    }
+    fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
+        self.inner.synchronize(stream)?;
+        self.drain(stream);
+        Ok(())
+    }
+}
+
+#[test]
+fn four_threads_on_their_own_streams_reuse_blocks_only_in_stream_order() {
+    // 60,000 operations on each of four threads, each allocating on a stream of its own and
+    // now and then on the home stream, freeing mostly on the block's stream and otherwise on
+    // the home stream or a neighbour's; streams drained now and then; statistics (which give
+    // every heap back) and reclaims while the others run. A shared model sees every block:
+    // two live blocks never overlap, and a block handed out for a stream was freed on that
+    // stream, or the stream it was freed on was drained since, or the new stream was made to
+    // wait for it (directly or through others) since. After joining and draining, every count
+    // is exact.
+    const THREADS: usize = 4;
+    const OPS: usize = 60_000;
+    let stream = |t: usize| StreamId(10 + t as u64);
+    let clocked = Arc::new(Clocked::default());
+    let capacity = 24 << 20;
+    let pool = Pool::builder(capacity)
+        .name("stream-order")
+        .eager_thread_heaps(true)
+        .thread_heaps(4 << 20)
+        .streams(clocked.clone(), HOME)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    // Live blocks: address -> (end, thread).
+    let live_model: Mutex<BTreeMap<u64, (u64, usize)>> = Mutex::new(BTreeMap::new());
+    // Freed ranges not handed out since: start -> (end, stream freed on, time of the free).
+    let freed: Mutex<BTreeMap<u64, (u64, StreamId, u64)>> = Mutex::new(BTreeMap::new());
+    let start = Barrier::new(THREADS);
+    let counts: Vec<(u64, u64)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (pool, clocked, live_model, freed, start) =
+                    (&pool, &*clocked, &live_model, &freed, &start);
+                s.spawn(move || {
+                    let mut rng = Rng(0xA076_1D64_78BD_642F ^ (t as u64 + 1));
+                    let mut live: Vec<(u64, usize, StreamId)> = Vec::new();
+                    let (mut allocations, mut frees) = (0u64, 0u64);
+                    let handed_out = |addr: u64, size: usize, on: StreamId| {
+                        let until = clocked.tick();
+                        let end = addr + class_rounded(size) as u64;
+                        {
+                            let mut m = live_model.lock().unwrap();
+                            if let Some((&prev, &(prev_end, who))) = m.range(..addr).next_back() {
+                                assert!(prev_end <= addr, "{addr:#x} overlaps {prev:#x} of {who}");
+                            }
+                            if let Some((&next, &(_, who))) = m.range(addr..).next() {
+                                assert!(end <= next, "{addr:#x} overlaps {next:#x} of {who}");
+                            }
+                            m.insert(addr, (end, t));
+                        }
+                        let mut f = freed.lock().unwrap();
+                        let first = f.range(..addr).next_back().map_or(addr, |(&a, _)| a);
+                        let overlapping: Vec<(u64, (u64, StreamId, u64))> = f
+                            .range(first..end)
+                            .filter(|(_, (e, _, _))| *e > addr)
+                            .map(|(&a, &v)| (a, v))
+                            .collect();
+                        for (a, (e, was, when)) in overlapping {
+                            assert!(
+                                clocked.ordered(was, when, on, until),
+                                "{addr:#x}..{end:#x} handed out for stream {on} overlaps \
+                                 {a:#x}..{e:#x}, freed on stream {was} at {when}, with \
+                                 nothing ordering {on} after that"
+                            );
+                            f.remove(&a);
+                            if a < addr {
+                                f.insert(a, (addr, was, when));
+                            }
+                            if e > end {
+                                f.insert(end, (e, was, when));
+                            }
+                        }
+                    };
+                    start.wait();
+                    for _ in 0..OPS {
+                        let r = rng.below(1000);
+                        if r < 500 && live.len() < 200 {
+                            let on = if r < 450 { stream(t) } else { HOME };
+                            let size = rng.size(64 << 10);
+                            match pool.allocate_on(size, 0, on) {
+                                Ok(addr) => {
+                                    handed_out(addr, size, on);
+                                    live.push((addr, size, on));
+                                    allocations += 1;
+                                }
+                                Err(Error::PoolExhausted { .. }) => {}
+                                Err(e) => panic!("{e}"),
+                            }
+                        } else if r < 960 && !live.is_empty() {
+                            let (addr, size, on) =
+                                live.swap_remove(rng.below(live.len() as u64) as usize);
+                            let on = match rng.below(10) {
+                                0 => HOME,
+                                1 => stream((t + 1) % THREADS),
+                                _ => on,
+                            };
+                            let end = addr + class_rounded(size) as u64;
+                            live_model.lock().unwrap().remove(&addr).unwrap();
+                            let when = clocked.tick();
+                            freed.lock().unwrap().insert(addr, (end, on, when));
+                            pool.deallocate_on(addr, on).unwrap();
+                            frees += 1;
+                        } else if r < 990 {
+                            let which = rng.below(THREADS as u64 + 1) as usize;
+                            clocked.drain(if which == THREADS {
+                                HOME
+                            } else {
+                                stream(which)
+                            });
+                        } else if r < 995 {
+                            let _ = pool.stats();
+                        } else {
+                            pool.reclaim().unwrap();
+                        }
+                    }
+                    for (addr, _, on) in live {
+                        live_model.lock().unwrap().remove(&addr).unwrap();
+                        pool.deallocate_on(addr, on).unwrap();
+                        frees += 1;
+                    }
+                    (allocations, frees)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for t in 0..THREADS {
+        clocked.drain(stream(t));
+    }
+    clocked.drain(HOME);
+    pool.reclaim().unwrap();
+    let s = pool.stats();
+    let allocations: u64 = counts.iter().map(|c| c.0).sum();
+    let frees: u64 = counts.iter().map(|c| c.1).sum();
+    assert_eq!(allocations, frees);
+    assert_eq!(
+        (s.in_use, s.pending, s.allocations, s.frees, s.largest_free),
+        (0, 0, allocations, frees, capacity)
+    );
+    // (The heaps' spans and the refusals made streams wait: the model saw orders, not only
+    // drains.)
+    assert!(!clocked.log.lock().unwrap().waits.is_empty());
+}
