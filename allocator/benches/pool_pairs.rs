@@ -143,7 +143,7 @@ impl AllocatorUnderTest for DevarenaPool {
         (s.allocations > 0).then(|| {
             let mut line = format!(
                 "{}: {} of {} allocations ({:.1}%) took a freed block whole from a reuse \
-                 cache; up to {} threads had a heap of their own",
+                 cache; up to {} thread heaps at once",
                 self.name(),
                 s.reused,
                 s.allocations,
@@ -484,6 +484,29 @@ mod device {
             Ok(pool) => all.push(Box::new(DevarenaPool::new(pool, ""))),
             Err(e) => notes.push(format!("{GROWABLE_NAME} skipped: {e}")),
         }
+        // Each thread on a stream of its own, as `cuMemAllocAsync` below: the pool's heaps
+        // for those streams, and the same without thread heaps (every free on a stream other
+        // than the home stream then records an event and parks its block).
+        for (heaps, label) in [
+            (true, ", a stream per thread"),
+            (false, ", a stream per thread, one index"),
+        ] {
+            let builder = Pool::builder(capacity)
+                .name("bench-cuda-streams")
+                .region(RegionKind::Classic);
+            let builder = if heaps {
+                builder
+            } else {
+                builder.thread_heaps(0)
+            };
+            match builder.build_cuda(stream.clone()) {
+                Ok(pool) => all.push(Box::new(PerStream {
+                    pool: DevarenaPool::new(pool, label),
+                    ctx: stream.context().clone(),
+                })),
+                Err(e) => notes.push(format!("{CLASSIC_NAME}{label} skipped: {e}")),
+            }
+        }
         growth_notes(&stream, notes);
         match StreamOrdered::new(&stream) {
             Ok(async_alloc) => all.push(Box::new(async_alloc)),
@@ -596,6 +619,66 @@ mod device {
                 .map_err(|e| driver_error("cuMemPoolSetAttribute", e).to_string())?;
             }
             Ok(StreamOrdered { ctx })
+        }
+    }
+
+    /// A device pool whose threads each allocate and free on a stream of their own,
+    /// registered with the pool.
+    struct PerStream {
+        pool: DevarenaPool,
+        ctx: Arc<CudaContext>,
+    }
+
+    struct PerStreamWorker<'a> {
+        client: devarena::PoolClient,
+        stream: devarena::pool::StreamId,
+        of: &'a DevarenaPool,
+        _stream: Arc<CudaStream>,
+    }
+
+    impl AllocatorUnderTest for PerStream {
+        fn name(&self) -> String {
+            self.pool.name()
+        }
+        fn worker(&self, thread: usize) -> Box<dyn Worker + '_> {
+            let stream = self.ctx.new_stream().expect("cuStreamCreate");
+            let id = self
+                .pool
+                .pool
+                .register_stream(&stream)
+                .expect("register the thread's stream");
+            Box::new(PerStreamWorker {
+                client: self
+                    .pool
+                    .pool
+                    .client(&format!("thread-{thread}"), usize::MAX),
+                stream: id,
+                of: &self.pool,
+                _stream: stream,
+            })
+        }
+        fn summary(&self) -> Option<String> {
+            self.pool.summary()
+        }
+    }
+
+    impl Worker for PerStreamWorker<'_> {
+        fn alloc(&mut self, size: usize) -> Option<u64> {
+            self.client.allocate_on(size, 256, self.stream).ok()
+        }
+        fn free(&mut self, addr: u64, _size: usize) {
+            self.client
+                .deallocate_on(addr, self.stream)
+                .expect("free a live allocation");
+        }
+    }
+
+    impl Drop for PerStreamWorker<'_> {
+        fn drop(&mut self) {
+            self.of.heaps.fetch_max(
+                self.of.pool.thread_heaps(),
+                std::sync::atomic::Ordering::Relaxed,
+            );
         }
     }
 

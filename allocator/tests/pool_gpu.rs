@@ -381,4 +381,163 @@ mod gpu {
         let pool = Pool::cuda(stream, 1 << 20).unwrap();
         assert!(pool.allocate(1000, 0).is_ok());
     }
+
+    /// A classic device pool of `capacity` where every thread gets a heap at once, with a
+    /// second stream registered.
+    fn stream_heap_pool(
+        home: &std::sync::Arc<devarena::backend::cuda::CudaStream>,
+        capacity: usize,
+    ) -> (
+        Pool,
+        std::sync::Arc<devarena::backend::cuda::CudaStream>,
+        devarena::pool::StreamId,
+    ) {
+        let other = home.context().new_stream().unwrap();
+        let pool = Pool::builder(capacity)
+            .region(RegionKind::Classic)
+            .eager_thread_heaps(true)
+            .log_leaks_on_drop(false)
+            .build_cuda(home.clone())
+            .unwrap();
+        let id = pool.register_stream(&other).unwrap();
+        (pool, other, id)
+    }
+
+    #[test]
+    fn a_heap_for_another_stream_reuses_its_blocks_at_once_and_gives_them_back_in_order() {
+        let Some((_device, home)) = gpu() else { return };
+        let capacity = 4 << 20;
+        let (pool, other, id) = stream_heap_pool(&home, capacity);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // `other` is busy (held at a gate), yet its own frees are reusable on it at
+                // once: later work there runs after the work that used the block.
+                let gate = StreamGate::block(&other);
+                let a = pool.allocate_on(1 << 20, 0, id).unwrap();
+                pool.deallocate_on(a, id).unwrap();
+                assert_eq!(pool.allocate_on(1 << 20, 0, id).unwrap(), a);
+                pool.deallocate_on(a, id).unwrap();
+                assert_eq!(pool.thread_heaps(), 1);
+                // Given back (here by the statistics): parked until `other` has run past it.
+                let pending = pool.stats().pending;
+                assert!(pending >= 1 << 20, "{pending}");
+                let err = pool.allocate(capacity, 0).unwrap_err();
+                assert_eq!(exhausted(&err), ("capacity", pending));
+                assert_eq!(pool.reclaim().unwrap(), 0);
+                gate.open();
+                other.synchronize().unwrap();
+                assert_eq!(pool.reclaim().unwrap(), pending);
+                let all = pool.allocate(capacity, 0).unwrap();
+                pool.deallocate(all).unwrap();
+            });
+        });
+    }
+
+    #[test]
+    fn a_refusal_makes_the_home_stream_wait_for_a_heap_of_another_stream() {
+        let Some((_device, home)) = gpu() else { return };
+        let capacity = 4 << 20;
+        let (pool, other, id) = stream_heap_pool(&home, capacity);
+        let gate = StreamGate::block(&other);
+        let (ready, is_ready) = std::sync::mpsc::channel();
+        let (finish, finished) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            let pool = &pool;
+            s.spawn(move || {
+                let a = pool.allocate_on(1 << 20, 0, id).unwrap();
+                pool.deallocate_on(a, id).unwrap();
+                ready.send(()).unwrap();
+                finished.recv().unwrap();
+            });
+            is_ready.recv().unwrap();
+            // Only with the other stream's heap's blocks: the pool makes the home stream wait
+            // for `other` and takes them. Work queued on the home stream now cannot finish
+            // before `other`'s.
+            let all = pool.allocate(capacity, 0).unwrap();
+            let marker = home.record_event(None).unwrap();
+            assert!(
+                !marker.try_is_complete().unwrap(),
+                "the home stream ran ahead of the other stream's frees"
+            );
+            gate.open();
+            home.synchronize().unwrap();
+            assert!(marker.try_is_complete().unwrap());
+            pool.deallocate(all).unwrap();
+            finish.send(()).unwrap();
+        });
+    }
+
+    #[test]
+    fn four_threads_on_their_own_streams_fill_and_check_their_slices() {
+        // 3,000 operations on each of four threads, each on a stream of its own: slices of up
+        // to 256 KiB filled with the thread's byte on its stream, checked now and then, dropped
+        // (freed on their stream); statistics now and then give every heap back. A block
+        // handed to a stream while another still wrote it would show another thread's byte.
+        let Some((_device, home)) = gpu() else { return };
+        let pool = Pool::builder(64 << 20)
+            .region(RegionKind::Classic)
+            .eager_thread_heaps(true)
+            .log_leaks_on_drop(false)
+            .build_cuda(home.clone())
+            .unwrap();
+        let streams: Vec<_> = (0..4)
+            .map(|_| {
+                let stream = home.context().new_stream().unwrap();
+                let id = pool.register_stream(&stream).unwrap();
+                (stream, id)
+            })
+            .collect();
+        std::thread::scope(|s| {
+            for (t, (stream, id)) in streams.iter().enumerate() {
+                let pool = &pool;
+                s.spawn(move || {
+                    stream.context().bind_to_thread().unwrap();
+                    let mark = 0x10 + t as u8;
+                    let mut x = 0x9E37_79B9u64 ^ t as u64;
+                    let mut next = move || {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x
+                    };
+                    let mut live: Vec<devarena::pool::PoolSlice<u8>> = Vec::new();
+                    for op in 0..3000u64 {
+                        if live.len() < 16 && next() % 3 != 0 {
+                            let len = 1 + (next() % (256 << 10)) as usize;
+                            let mut slice =
+                                pool.own_client().alloc_slice_on::<u8>(len, *id).unwrap();
+                            slice
+                                .device_view_mut(stream)
+                                .unwrap()
+                                .fill_bytes(mark)
+                                .unwrap();
+                            live.push(slice);
+                        } else if !live.is_empty() {
+                            let i = (next() % live.len() as u64) as usize;
+                            drop(live.swap_remove(i));
+                        }
+                        if op % 64 == 0 && !live.is_empty() {
+                            let i = (next() % live.len() as u64) as usize;
+                            let bytes = live[i].device_view(stream).unwrap().to_vec().unwrap();
+                            assert!(bytes.iter().all(|&b| b == mark), "thread {t}, op {op}");
+                        }
+                        if op % 500 == 0 {
+                            let _ = pool.stats();
+                        }
+                    }
+                    for slice in &live {
+                        let bytes = slice.device_view(stream).unwrap().to_vec().unwrap();
+                        assert!(bytes.iter().all(|&b| b == mark), "thread {t}");
+                    }
+                });
+            }
+        });
+        for (stream, _) in &streams {
+            stream.synchronize().unwrap();
+        }
+        pool.reclaim().unwrap();
+        let stats = pool.stats();
+        assert_eq!((stats.in_use, stats.pending), (0, 0));
+        assert_eq!(stats.allocations, stats.frees);
+    }
 }

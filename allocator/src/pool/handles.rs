@@ -231,12 +231,12 @@ impl Pool {
         self.own.shared.stats()
     }
 
-    /// How many threads have a heap of their own on this pool now (see
-    /// [`PoolBuilder::thread_heaps`]): threads that met another on the pool's lock, or
-    /// allocated while another thread had a heap (or made an allocation at all, with
-    /// [`PoolBuilder::eager_thread_heaps`]), and have not exited. A thread
-    /// gives its heaps back in its thread-local destructors, which run after its closure
-    /// returns: `JoinHandle::join` waits for them, the end of a `std::thread::scope` may not.
+    /// How many thread heaps this pool has now (see [`PoolBuilder::thread_heaps`]): one for
+    /// each thread and stream it allocates on, made for threads that met another on the
+    /// pool's lock, or allocated while another thread had a heap (or made an allocation at
+    /// all, with [`PoolBuilder::eager_thread_heaps`]), and have not exited. A thread gives
+    /// its heaps back in its thread-local destructors, which run after its closure returns:
+    /// `JoinHandle::join` waits for them, the end of a `std::thread::scope` may not.
     pub fn thread_heaps(&self) -> usize {
         self.own.shared.thread_heaps()
     }
