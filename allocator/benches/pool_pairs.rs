@@ -17,11 +17,15 @@
 //! (and workers) for every round instead, as this benchmark did before: each round then also
 //! makes and gives back every thread's heap and starts every client's peak from nothing.
 //!
-//! With the `cuda` feature and a GPU, three device columns run in the same process: a
+//! With the `cuda` feature and a GPU, five device columns run in the same process: a
 //! `devarena::Pool` whose region is one `cuMemAlloc` on the device (classic, "cuda"), the same
 //! pool on a growable region ("cuda-vmm": addresses reserved, device memory mapped in chunks
 //! as the workload first reaches it, so the warm-up round maps and the timed rounds should
-//! not), and `cuMemAllocAsync` / `cuMemFreeAsync` (each thread on its own stream, the device's
+//! not), the classic pool with each thread allocating and freeing on a stream of its own
+//! ("a stream per thread": a heap for each thread and stream from the first allocation; and
+//! "a stream per thread, one index", without thread heaps, where every free on a stream
+//! other than the home stream records an event and parks its block until the event
+//! completes), and `cuMemAllocAsync` / `cuMemFreeAsync` (each thread on its own stream, the device's
 //! memory pool with its release threshold raised to `u64::MAX` so freed memory stays pooled;
 //! the stream is synchronized at the end of the timed part). After the table: the growable
 //! pool's ns/pair over the classic one's, and what growing and trimming cost: 1 GiB allocated
@@ -485,8 +489,9 @@ mod device {
             Err(e) => notes.push(format!("{GROWABLE_NAME} skipped: {e}")),
         }
         // Each thread on a stream of its own, as `cuMemAllocAsync` below: the pool's heaps
-        // for those streams, and the same without thread heaps (every free on a stream other
-        // than the home stream then records an event and parks its block).
+        // for those streams (from each thread's first allocation: one thread alone would
+        // otherwise stay on the pool's index, where a free on a stream other than the home
+        // stream records an event and parks its block), and the same without thread heaps.
         for (heaps, label) in [
             (true, ", a stream per thread"),
             (false, ", a stream per thread, one index"),
@@ -495,7 +500,7 @@ mod device {
                 .name("bench-cuda-streams")
                 .region(RegionKind::Classic);
             let builder = if heaps {
-                builder
+                builder.eager_thread_heaps(true)
             } else {
                 builder.thread_heaps(0)
             };

@@ -211,8 +211,10 @@ impl PoolBuilder {
     /// uses, then the spans with the most free bytes, in pieces. Before a request would fail,
     /// and before [`Pool::stats`] describes the free blocks, every heap gives all its spans
     /// back (other threads' included), and a thread that exits gives its heaps back: heaps
-    /// change the cost of a call, not what succeeds, nor any count. See the
-    /// [module docs](super#threads).
+    /// change the cost of a call, not what succeeds, nor any count. With a stream runtime a
+    /// thread has a heap for each stream it allocates on, which reuses its blocks on that
+    /// stream at once, without an event (a thread on a stream of its own then never takes
+    /// the pool's lock in the common case). See the [module docs](super#threads).
     ///
     /// ```
     /// use devarena::Pool;

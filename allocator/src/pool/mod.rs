@@ -91,10 +91,11 @@
 //! A pool used by one thread at a time works on its own index, block for block as described
 //! above. When a thread finds the pool's lock taken, and from then on whenever a thread
 //! allocates while another has a heap (or at its first allocation, with
-//! [`PoolBuilder::eager_thread_heaps`]), it gets a heap of its own for that pool: it takes a
-//! span of the region (a sixteenth of the capacity, or what a larger request needs) and
-//! allocates and frees home-stream requests in its spans, with a reuse cache of its own, under a
-//! lock that other threads take only to take headroom back or to give spans back. It asks the
+//! [`PoolBuilder::eager_thread_heaps`]), it gets a heap of its own for that pool and the
+//! request's stream: it takes a span of the region (a sixteenth of the capacity, or what a
+//! larger request needs) and allocates and frees that stream's requests in its spans, with a
+//! reuse cache of its own, under a lock that other threads take only to take headroom back or
+//! to give spans back. It asks the
 //! pool, under the pool's lock, only now and then: for a span, for a lease of bytes (below),
 //! for a batch of serial numbers. What users rely on holds exactly as with one thread:
 //!
@@ -112,12 +113,24 @@
 //!   take headroom in chunks and counts it in the peaks instead (quotas stay exact).
 //! * **Statistics, leaks, events.** [`Pool::stats`] gives every heap back first (so the free
 //!   blocks it describes exist, and every count is the pool's own); client statistics and leak
-//!   reports add up every heap with all of them locked. Tracking, event sinks, parked blocks
-//!   and other streams take the general path under the pool's lock, heaps or not; a sink
-//!   switched on is seen by every heap before [`Pool::set_events`] returns.
-//! * **Streams.** Heaps serve the home stream only: a block freed on another stream is parked
-//!   as before and returns to its heap when its event completes; blocks freed on a heap reach
-//!   other streams only through spans given back, which counts as a home-stream free.
+//!   reports add up every heap with all of them locked. Tracking and event sinks take the
+//!   general path under the pool's lock, heaps or not; a sink switched on is seen by every
+//!   heap before [`Pool::set_events`] returns. Parked blocks do not stop the heaps: they come
+//!   back whenever a path takes the pool's lock (a heap's slow path included).
+//! * **Streams.** A thread has a heap for each stream it allocates on (with a stream runtime;
+//!   without one all streams are one), and a heap hands its blocks out again on its own stream
+//!   only, at once, as the pool's own index does for the home stream: a thread working on a
+//!   stream of its own allocates and frees there without the pool's lock and without an
+//!   event. A block freed on any other stream (the home stream included, for a heap of
+//!   another stream) is parked as before and returns to its heap when its event completes. A
+//!   heap of another stream takes its spans after that stream waits for the home stream's
+//!   frees, as any block of the pool's index handed to another stream. Its freed blocks reach
+//!   the pool's index when it gives spans back: before a request would fail for want of them
+//!   and before a trim, the home stream is made to wait for the heap's stream (a wait the
+//!   driver adds, no thread blocks) and they are free at once; otherwise (statistics, a heap
+//!   over its bound, the thread's exit), or where that wait cannot be made (a stream that
+//!   captures a graph), they are parked until an event on the heap's stream completes, and
+//!   count as `pending` meanwhile.
 //! * **Thread exit, pool drop.** A thread's heaps are listed in a thread-local that holds each
 //!   pool weakly; when the thread exits, each heap of a pool still alive is given back. A pool
 //!   dropped first empties its heaps (its leak report lists their live allocations).

@@ -7,8 +7,13 @@
 //!   stream runs after the work that used it (stream order).
 //! * A block freed **on another stream** is parked with an event recorded on that stream at
 //!   the free; it goes back to the free lists once the event has completed. Parked blocks are
-//!   retried lazily, at the start of every allocation (and by
-//!   [`Pool::reclaim`](super::Pool::reclaim)).
+//!   retried lazily, at the start of every allocation on the pool's own index, on a thread
+//!   heap's slow path (and by [`Pool::reclaim`](super::Pool::reclaim)).
+//! * Where threads have heaps ([`PoolBuilder::thread_heaps`](super::PoolBuilder::thread_heaps)),
+//!   a thread has one **for each stream** it allocates on, and each is to its stream what the
+//!   pool's index is to the home stream: a block freed there on that stream is reusable at
+//!   once on it, a free on any other stream parks the block. See the
+//!   [pool's threads](super#threads) for how their blocks reach other streams.
 //! * A block handed out **for another stream** may have been freed on the home stream with
 //!   work still queued there; before the first such allocation after a home-stream free, the
 //!   pool makes that stream wait for the home stream ([`StreamSync::order_after`], an event

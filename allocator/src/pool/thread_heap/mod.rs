@@ -1,6 +1,6 @@
 //! Thread heaps: a heap of its own for each thread that found the pool's lock taken (and,
-//! once one has, for every thread that allocates on the pool), so that threads sharing a pool
-//! stop serializing on that lock.
+//! once one has, for every thread that allocates on the pool), one for each stream it
+//! allocates on, so that threads sharing a pool stop serializing on that lock.
 //!
 //! A thread heap is an index ([`Tlsf`]) over *spans*, pieces of the region it took from the
 //! pool's index, each one used block there. The thread allocates and frees in its spans under a
@@ -42,14 +42,21 @@
 //! * **Statistics, leak reports, the event log.** Counts that add up (bytes, allocations,
 //!   frees) are kept per heap and summed with every heap locked; the free blocks are described
 //!   after every heap gave its spans back. Leak reports list every heap's live allocations.
-//!   Tracking, event sinks, parked blocks and streams other than the home stream take the
-//!   general path under the pool's lock, as before; a heap serves only home-stream requests
-//!   while none of those is on, and checks that under its own lock, which
-//!   [`set_sink`](Shared::set_sink) takes once after switching a sink on.
-//! * **Stream order.** A heap's blocks are freed and handed out again on the home stream only;
-//!   a free on another stream parks the block as before, and it returns to its heap when its
-//!   event completes. Blocks reach the pool's index, and so other streams, only when spans go
-//!   back, which counts as a home-stream free.
+//!   Tracking and event sinks take the general path under the pool's lock, as before; a heap
+//!   serves only while neither is on, and checks that under its own lock, which
+//!   [`set_sink`](Shared::set_sink) takes once after switching a sink on. Parked blocks do
+//!   not stop the heaps: a heap's slow path takes them back, as the general path does.
+//! * **Stream order.** A heap serves one stream ([`ThreadHeap::stream`]): the home stream, or
+//!   with a stream runtime any other stream the thread allocates on (a heap for each). Its
+//!   blocks are freed and handed out again on that stream only, at once, as the pool's index
+//!   does for the home stream; a free on any other stream parks the block, and it returns to
+//!   its heap when its event completes. A heap of another stream takes a span only after its
+//!   stream waited for the home stream's frees since its last wait (what the general path does
+//!   before it hands a block of the pool's index to another stream, see `add_span`). Blocks
+//!   reach the pool's index, and so other streams, only when spans go back: a home-stream
+//!   heap's count as home-stream frees; another stream's are either made home-stream frees by
+//!   a wait of the home stream for the heap's stream (before a refusal, a trim), or parked
+//!   until an event on the heap's stream completes (see [`Shared::give_back_mode`]).
 //! * **Growable regions.** A span is addresses: memory is mapped under it as blocks reach new
 //!   chunks. The heap's fast path checks the chunk bits of each block it takes without the
 //!   pool's lock ([`ChunkMap`](super::vmm::ChunkMap)); where a chunk is missing it gives the
