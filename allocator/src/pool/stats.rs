@@ -29,8 +29,9 @@ pub struct PoolStats {
     pub live: u64,
     /// Bytes in free blocks, ready to be handed out.
     pub free: usize,
-    /// Bytes freed on another stream whose event has not completed yet (neither in use nor
-    /// free).
+    /// Bytes freed on another stream whose event has not completed yet, and free bytes a
+    /// thread heap of another stream gave back that wait for that stream likewise (neither in
+    /// use nor free).
     pub pending: usize,
     /// Bytes freed on another stream whose event could not be queried (a driver error): set
     /// aside for good, since nothing says the stream is done with them. Normally 0.
