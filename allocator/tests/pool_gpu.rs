@@ -421,14 +421,36 @@ mod gpu {
                 // Given back (here by the statistics): parked until `other` has run past it.
                 let pending = pool.stats().pending;
                 assert!(pending >= 1 << 20, "{pending}");
-                let err = pool.allocate(capacity, 0).unwrap_err();
-                assert_eq!(exhausted(&err), ("capacity", pending));
                 assert_eq!(pool.reclaim().unwrap(), 0);
-                gate.open();
-                other.synchronize().unwrap();
-                assert_eq!(pool.reclaim().unwrap(), pending);
+                // A request that needs them: the home stream waits for `other` (work queued
+                // on it now cannot finish before `other`'s), and the pool takes them.
                 let all = pool.allocate(capacity, 0).unwrap();
+                assert_eq!(pool.stats().pending, 0);
+                let marker = home.record_event(None).unwrap();
+                assert!(
+                    !marker.try_is_complete().unwrap(),
+                    "the home stream ran ahead of the other stream's frees"
+                );
+                gate.open();
+                home.synchronize().unwrap();
+                assert!(marker.try_is_complete().unwrap());
                 pool.deallocate(all).unwrap();
+                // The per-thread default stream is another stream on each thread: no heap.
+                let per_thread = devarena::pool::StreamId(2);
+                let b = pool.allocate_on(4096, 0, per_thread).unwrap();
+                assert_eq!(
+                    pool.thread_heaps(),
+                    2,
+                    "the heaps for `other` and home only"
+                );
+                pool.deallocate_on(b, per_thread).unwrap();
+                assert_eq!(
+                    pool.stats().pending,
+                    4096,
+                    "parked until that stream is done"
+                );
+                home.context().synchronize().unwrap();
+                assert_eq!(pool.reclaim().unwrap(), 4096);
             });
         });
     }

@@ -1883,29 +1883,35 @@ fn without_a_heap_for_the_stream_a_thread_meeting_another_on_the_lock_gets_one()
 }
 
 #[test]
-fn statistics_park_a_stream_heaps_free_blocks_until_its_stream_is_done() {
+fn statistics_park_a_stream_heaps_free_blocks_and_a_refusal_takes_them_in_order() {
     const S: StreamId = StreamId(7);
     let capacity = 16 << 20;
     let streams = Arc::new(ManualStreams::new());
     let pool = stream_pool("stats-park", capacity, streams.clone());
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let a = pool.allocate_on(1 << 20, 0, S).unwrap();
-            pool.deallocate_on(a, S).unwrap();
+    let churn = || {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let a = pool.allocate_on(1 << 20, 0, S).unwrap();
+                pool.deallocate_on(a, S).unwrap();
+            });
         });
-    });
+    };
+    churn();
     // Given back (thread exit, or here): the stream may still use those blocks, and no other
     // stream was made to wait for it.
     let stats = pool.stats();
     assert_eq!((stats.in_use, stats.pending), (0, 1 << 20));
     assert!(streams.waits().is_empty());
-    let Err(Error::PoolExhausted { pending, .. }) = pool.allocate(capacity, 0) else {
-        panic!("the stream's blocks are not the home stream's yet");
-    };
-    assert_eq!(pending, 1 << 20);
+    assert_eq!(pool.reclaim().unwrap(), 0);
     streams.complete(S);
     assert_eq!(pool.reclaim().unwrap(), 1 << 20);
+    churn();
+    assert_eq!(pool.stats().pending, 1 << 20);
+    // A request that needs them: rather than fail, the pool makes the home stream wait for
+    // the stream and takes them.
     let all = pool.allocate(capacity, 0).unwrap();
+    assert_eq!(streams.waits(), vec![(HOME, S)]);
+    assert_eq!(pool.stats().pending, 0);
     pool.deallocate(all).unwrap();
 }
 
@@ -2197,4 +2203,50 @@ fn four_threads_on_their_own_streams_reuse_blocks_only_in_stream_order() {
     // (The heaps' spans and the refusals made streams wait: the model saw orders, not only
     // drains.)
     assert!(!clocked.log.lock().unwrap().waits.is_empty());
+}
+
+#[test]
+fn a_stream_that_is_another_on_each_thread_gets_no_heap() {
+    // A runtime whose stream 2 is a different stream on each thread (CUDA's per-thread
+    // default stream): a heap for it would hand a block one thread freed there to another
+    // thread's stream.
+    #[derive(Debug, Default)]
+    struct PerThread(ManualStreams);
+    impl StreamSync for PerThread {
+        fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
+            self.0.record(stream)
+        }
+        fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
+            self.0.order_after(waiter, producer)
+        }
+        fn is_per_thread(&self, stream: StreamId) -> bool {
+            stream == StreamId(2)
+        }
+    }
+    const PER_THREAD: StreamId = StreamId(2);
+    let streams = Arc::new(PerThread::default());
+    let pool = stream_pool("per-thread", 16 << 20, streams.clone());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let home_block = pool.allocate(4096, 0).unwrap();
+            pool.deallocate(home_block).unwrap();
+            let a = pool.allocate_on(4096, 0, PER_THREAD).unwrap();
+            assert_eq!(pool.thread_heaps(), 1, "the home stream's heap only");
+            // Freed there: parked until that stream is done, never reused at once.
+            pool.deallocate_on(a, PER_THREAD).unwrap();
+            assert_eq!(streams.0.pending(PER_THREAD), 1);
+            // Every allocation for it waits for the home stream anew (each thread's stream 2
+            // is another stream).
+            let waits = streams.0.waits().len();
+            let b = pool.allocate_on(4096, 0, PER_THREAD).unwrap();
+            let c = pool.allocate_on(4096, 0, PER_THREAD).unwrap();
+            assert_eq!(streams.0.waits().len(), waits + 2);
+            pool.deallocate_on(b, PER_THREAD).unwrap();
+            pool.deallocate_on(c, PER_THREAD).unwrap();
+        });
+    });
+    streams.0.complete_all();
+    pool.reclaim().unwrap();
+    let s = pool.stats();
+    assert_eq!((s.in_use, s.pending, s.largest_free), (0, 0, 16 << 20));
 }

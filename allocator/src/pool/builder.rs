@@ -214,7 +214,10 @@ impl PoolBuilder {
     /// change the cost of a call, not what succeeds, nor any count. With a stream runtime a
     /// thread has a heap for each stream it allocates on, which reuses its blocks on that
     /// stream at once, without an event (a thread on a stream of its own then never takes
-    /// the pool's lock in the common case). See the [module docs](super#threads).
+    /// the pool's lock in the common case); the free blocks such a heap gives back wait for
+    /// its stream (counted as `pending`) unless a request needs them, which makes the home
+    /// stream wait for that stream instead (a stream capturing a graph cannot be waited for:
+    /// there they stay `pending` until the capture ends). See the [module docs](super#threads).
     ///
     /// ```
     /// use devarena::Pool;

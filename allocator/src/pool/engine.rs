@@ -67,6 +67,10 @@ pub(super) struct Parked {
     pub(super) block: u32,
     pub(super) bytes: usize,
     pub(super) event: Box<dyn StreamEvent>,
+    /// A free block a thread heap of the queue's stream gave back (not a block freed on
+    /// another stream): a refusal may make the home stream wait for that stream and take it
+    /// (see [`Shared::order_given_back`]).
+    pub(super) given_back: bool,
 }
 
 /// One client: a name, a quota, its counters.
@@ -133,7 +137,7 @@ pub(super) struct State {
     pub(super) counts: Counters,
     /// Parked blocks, one FIFO per stream (events on one stream complete in order).
     pub(super) parked: Vec<(StreamId, VecDeque<Parked>)>,
-    pending: usize,
+    pub(super) pending: usize,
     /// Bytes of parked blocks whose events could not be queried: never handed out again.
     quarantined: usize,
     /// Bumped by every free on the home stream with a stream runtime present (and every time

@@ -143,7 +143,8 @@ impl Pool {
     }
 
     /// Returns blocks freed on other streams whose events have completed to the free lists
-    /// now (allocation does this too); the bytes reclaimed.
+    /// now (allocation does this too), and the free blocks that thread heaps of other streams
+    /// gave back once those streams are done with them; the bytes reclaimed.
     pub fn reclaim(&self) -> Result<usize, Error> {
         self.own.shared.reclaim()
     }

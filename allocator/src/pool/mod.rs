@@ -130,7 +130,9 @@
 //!   driver adds, no thread blocks) and they are free at once; otherwise (statistics, a heap
 //!   over its bound, the thread's exit), or where that wait cannot be made (a stream that
 //!   captures a graph), they are parked until an event on the heap's stream completes, and
-//!   count as `pending` meanwhile.
+//!   count as `pending` meanwhile; a request that would fail without them makes the home
+//!   stream wait for that stream and takes them. CUDA's per-thread default stream, a
+//!   different stream on each thread, gets no heap.
 //! * **Thread exit, pool drop.** A thread's heaps are listed in a thread-local that holds each
 //!   pool weakly; when the thread exits, each heap of a pool still alive is given back. A pool
 //!   dropped first empties its heaps (its leak report lists their live allocations).

@@ -33,8 +33,9 @@ pub struct PoolStats {
     /// thread heap of another stream gave back that wait for that stream likewise (neither in
     /// use nor free).
     pub pending: usize,
-    /// Bytes freed on another stream whose event could not be queried (a driver error): set
-    /// aside for good, since nothing says the stream is done with them. Normally 0.
+    /// Bytes freed on another stream (or given back by a thread heap of another stream) whose
+    /// event could not be queried (a driver error): set aside for good, since nothing says the
+    /// stream is done with them. Normally 0.
     pub quarantined: usize,
     /// The largest free block.
     pub largest_free: usize,

@@ -28,7 +28,11 @@
 //! them into the graph (an event recorded there cannot be queried afterwards) or refuse them and
 //! invalidate itself. The CUDA runtime refuses to record on, wait on or synchronize a capturing
 //! stream, with an error that names it, so a free or an allocation that would need one fails
-//! and changes nothing. Allocations for a capture go through a
+//! and changes nothing. A stream served by a thread heap ([`PoolBuilder::thread_heaps`](super::PoolBuilder::thread_heaps))
+//! is like the home stream here: its heap hands out and takes back its blocks without asking
+//! the runtime anything, so plain allocations and frees on it succeed during a capture as on
+//! the home stream, and a block freed there by the captured code is reused by later work on
+//! that stream while the graph may still replay it. Allocations for a capture go through a
 //! [`GraphReservation`](super::GraphReservation) (or
 //! [`Pool::allocate_for_capture`](super::Pool::allocate_for_capture)), which orders the
 //! capturing stream without touching it: the host waits for the home stream's earlier frees
@@ -113,6 +117,16 @@ pub trait StreamSync: Any + Send + Sync + fmt::Debug {
     /// the host.
     fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error>;
 
+    /// Whether `stream` names a different stream on each thread that uses it (CUDA's
+    /// per-thread default stream, `CU_STREAM_PER_THREAD`): the pool then keeps no thread heap
+    /// for it (a heap reuses its blocks on its stream at once, which would be another thread's
+    /// stream there) and takes no earlier wait of it as covering a later one. `false` by
+    /// default.
+    fn is_per_thread(&self, stream: StreamId) -> bool {
+        let _ = stream;
+        false
+    }
+
     /// Whether `stream` is capturing a CUDA graph (`cuStreamIsCapturing`): work queued on it is
     /// recorded, not run, so the pool records no event on it and makes it wait for nothing.
     /// `false` by default (a runtime without graphs).
@@ -158,6 +172,19 @@ impl SharedEvent {
             stream,
             event,
         })))
+    }
+}
+
+impl SharedEvent {
+    /// A free block a heap gave back, parked until this event completes.
+    pub(super) fn park(&self, block: u32, bytes: usize) -> super::engine::Parked {
+        super::engine::Parked {
+            heap: None,
+            block,
+            bytes,
+            event: Box::new(self.clone()),
+            given_back: true,
+        }
     }
 }
 

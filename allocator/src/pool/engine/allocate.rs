@@ -357,8 +357,9 @@ impl Shared {
             _ => return Err(self.exhausted(state, ask, "capacity")),
         };
         let mut info = info;
-        // Thread heaps give their spans back once before a request fails for capacity.
-        let mut given_back = state.heaps.is_empty();
+        // Thread heaps give their spans back once before a request fails for capacity (and
+        // what heaps of other streams gave back parked is ordered, see `order_given_back`).
+        let mut given_back = state.heaps.is_empty() && state.parked.is_empty();
         loop {
             if self.exact_peaks && !state.heaps.is_empty() {
                 // Headroom that waits for heaps serves the pool's own index too.
@@ -383,6 +384,7 @@ impl Shared {
                 Ok(addr) => return Ok(addr),
                 Err(Refusal::Capacity) if !given_back => {
                     self.dissolve_all(state, true);
+                    self.order_given_back(state);
                     given_back = true;
                 }
                 Err(Refusal::Capacity) => return Err(self.exhausted(state, ask, "capacity")),
@@ -557,6 +559,11 @@ impl Shared {
         home: StreamId,
     ) -> Result<(), Error> {
         let epoch = state.home_epoch;
+        // (A handle that is another stream on each thread waits every time: the last wait
+        // was another thread's stream's.)
+        if streams.is_per_thread(stream) {
+            return self.stream_call("order_after", || streams.order_after(stream, home));
+        }
         let slot = state.waited.iter().position(|(s, _)| *s == stream);
         let last = slot.map_or(0, |i| state.waited[i].1);
         if last < epoch {

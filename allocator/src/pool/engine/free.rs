@@ -189,8 +189,8 @@ impl Shared {
             return unknown(state);
         };
         self.check_free(state, caller, addr, size, &live, from_slice)?;
-        // As in `deallocate_general`: the event first, with the heap unlocked (a callback
-        // never runs with a heap locked). A heap hands its blocks out again on its own stream
+        // As in `deallocate_general`: the event first, with the heap unlocked (no callback
+        // runs with a heap locked by this path). A heap hands its blocks out again on its own stream
         // only: a free on any other stream, the home stream included, parks the block until
         // that stream is done with it.
         let event = match &self.streams {
@@ -321,9 +321,15 @@ impl Shared {
             block,
             bytes,
             event,
+            given_back: false,
         };
+        self.park_entry(state, stream, parked);
+    }
+
+    /// Parks `parked` in `stream`'s queue.
+    pub(in crate::pool) fn park_entry(&self, state: &mut State, stream: StreamId, parked: Parked) {
         self.flags.fetch_or(PARKED, Ordering::Relaxed);
-        state.pending += bytes;
+        state.pending += parked.bytes;
         match state.parked.iter_mut().find(|(s, _)| *s == stream) {
             Some((_, queue)) => queue.push_back(parked),
             None => state.parked.push((stream, VecDeque::from([parked]))),

@@ -56,6 +56,9 @@ impl Shared {
         state.tlsf.flush();
         if !state.parked.is_empty() {
             self.reclaim_parked(state);
+            // (The home stream, synchronized before anything is unmapped, then waits for the
+            // streams whose heaps gave their free blocks back parked.)
+            self.order_given_back(state);
         }
         state.mapping.mapped_bytes() > keep
     }

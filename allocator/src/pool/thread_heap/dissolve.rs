@@ -1,13 +1,13 @@
 //! Giving spans back: a heap shrinking to its bound, and every heap dissolving into the
 //! pool's index (before a refusal, a trim, statistics), live blocks kept at their addresses.
 
-use alloc::boxed::Box;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
+use core::sync::atomic::Ordering;
 
 use super::{ClientShare, HeapState, ThreadHeap};
 use crate::pool::counters::Lease;
-use crate::pool::engine::{Shared, State, grow_meta};
+use crate::pool::engine::{PARKED, Shared, State, grow_meta};
 use crate::pool::stream::{SharedEvent, StreamId};
 use crate::pool::tlsf::Piece;
 
@@ -55,7 +55,7 @@ impl Shared {
             return;
         }
         h.tlsf.flush();
-        let mode = self.give_back_mode(heap, false);
+        let mode = self.give_back_mode(heap, false, true);
         let target = bound / 2;
         let mut i = 0;
         while i < h.spans.len() && h.tlsf.free_bytes() > target {
@@ -67,14 +67,10 @@ impl Shared {
                     GiveBack::Free => {
                         state.tlsf.free(span.block);
                     }
-                    GiveBack::Park(event) => self.park(
-                        &mut state,
-                        heap.stream,
-                        None,
-                        span.block,
-                        span.size as usize,
-                        Box::new(event.clone()),
-                    ),
+                    GiveBack::Park(event) => {
+                        let parked = event.park(span.block, span.size as usize);
+                        self.park_entry(&mut state, heap.stream, parked);
+                    }
                 }
             } else {
                 i += 1;
@@ -86,8 +82,8 @@ impl Shared {
                 .unwrap_or(0);
             self.dissolve_span(&mut state, heap, h, i, &mode);
         }
-        if self.streams.is_some() {
-            // Blocks freed on the home stream reach the pool's index.
+        if self.streams.is_some() && matches!(mode, GiveBack::Free) {
+            // Blocks freed on the home stream (or ordered before it) reach the pool's index.
             state.home_epoch += 1;
         }
     }
@@ -101,11 +97,12 @@ impl Shared {
     /// thread; otherwise, or when that wait cannot be made (a stream capturing a graph), they
     /// are parked until an event on the heap's stream completes, recorded now, or at the first
     /// look once the stream no longer captures.
-    pub(super) fn give_back_mode(&self, heap: &ThreadHeap, order: bool) -> GiveBack {
+    /// (`free`: whether the spans hold free bytes; without them nothing needs either.)
+    pub(super) fn give_back_mode(&self, heap: &ThreadHeap, order: bool, free: bool) -> GiveBack {
         let Some(streams) = &self.streams else {
             return GiveBack::Free;
         };
-        if heap.stream == self.home {
+        if heap.stream == self.home || !free {
             return GiveBack::Free;
         }
         if order
@@ -154,15 +151,8 @@ impl Shared {
         for ((p, &block), &park) in pieces.iter().zip(&carved).zip(&park) {
             if park {
                 if let GiveBack::Park(event) = mode {
-                    let bytes = p.size as usize;
-                    self.park(
-                        state,
-                        heap.stream,
-                        None,
-                        block,
-                        bytes,
-                        Box::new(event.clone()),
-                    );
+                    let parked = event.park(block, p.size as usize);
+                    self.park_entry(state, heap.stream, parked);
                 }
                 continue;
             }
@@ -227,13 +217,14 @@ impl Shared {
     ) {
         if !h.spans.is_empty() {
             h.tlsf.flush();
-            let mode = self.give_back_mode(heap, order);
+            let mode = self.give_back_mode(heap, order, h.tlsf.free_bytes() > 0);
             while !h.spans.is_empty() {
                 let last = h.spans.len() - 1;
                 self.dissolve_span(state, heap, h, last, &mode);
             }
-            if self.streams.is_some() {
-                // Blocks freed on the home stream reach the pool's index.
+            if self.streams.is_some() && matches!(mode, GiveBack::Free) {
+                // Blocks freed on the home stream (or ordered before it) reach the pool's
+                // index.
                 state.home_epoch += 1;
             }
         }
@@ -274,6 +265,54 @@ impl Shared {
         }
         Self::drain_spares(self, state);
         drop(guards);
+    }
+
+    /// Before a request fails for want of them: the free blocks that heaps of other streams
+    /// gave back parked (for statistics, a heap over its bound, a thread's exit, or because a
+    /// stream captured then) become free at once wherever the home stream can now be made to
+    /// wait for their stream, as a refusal does with the spans heaps still hold. Whether any
+    /// did.
+    pub(in crate::pool) fn order_given_back(&self, state: &mut State) -> bool {
+        let Some(streams) = &self.streams else {
+            return false;
+        };
+        let waiting: Vec<StreamId> = state
+            .parked
+            .iter()
+            .filter(|(_, queue)| queue.iter().any(|p| p.given_back))
+            .map(|(stream, _)| *stream)
+            .collect();
+        let mut freed = false;
+        for stream in waiting {
+            if self
+                .stream_call("order_after", || streams.order_after(self.home, stream))
+                .is_err()
+            {
+                continue;
+            }
+            let State {
+                parked,
+                tlsf,
+                pending,
+                ..
+            } = &mut *state;
+            if let Some((_, queue)) = parked.iter_mut().find(|(s, _)| *s == stream) {
+                queue.retain(|p| {
+                    if p.given_back {
+                        tlsf.free(p.block);
+                        *pending -= p.bytes;
+                    }
+                    !p.given_back
+                });
+            }
+            state.home_epoch += 1;
+            freed = true;
+        }
+        state.parked.retain(|(_, queue)| !queue.is_empty());
+        if state.parked.is_empty() {
+            self.flags.fetch_and(!PARKED, Ordering::Relaxed);
+        }
+        freed
     }
 
     /// Takes the spare headroom of the pool and of every client back into their counts

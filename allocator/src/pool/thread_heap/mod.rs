@@ -19,7 +19,10 @@
 //!   the pool's index into the blocks the heap made, live ones at their addresses, free ones
 //!   merged with their free neighbours. Afterwards the pool's index is what it would be had it
 //!   made every block itself, so a request that would succeed with every heap given back does
-//!   succeed.
+//!   succeed. (A heap of a stream other than the home stream gives its free blocks back once
+//!   the home stream waits for its stream; the free blocks such heaps gave back parked before,
+//!   see the stream order below, are taken the same way, [`Shared::order_given_back`]. Only
+//!   where that wait cannot be made, a stream capturing a graph, do they stay parked.)
 //! * **Quotas and the peak.** A heap allocates within *leases*, one for the pool and one per
 //!   client ([`Lease`]): bytes it may hold without asking. The pool counts leases as in use
 //!   and keeps `in_use ≤ peak` (and `peak ≤ quota` for a client), so an allocation within a
@@ -475,6 +478,11 @@ impl Shared {
         let stream = self.heap_stream(stream);
         if let Some(streams) = &self.streams {
             if stream != self.home {
+                // A handle that is another stream on each thread: a heap would hand a block
+                // freed there by one thread to another thread's stream.
+                if streams.is_per_thread(stream) {
+                    return None;
+                }
                 // Asked once, here: a heap's requests never reach the runtime until it needs
                 // a span (see `add_span`).
                 self.stream_call("validate", || streams.validate(stream))
