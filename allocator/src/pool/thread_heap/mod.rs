@@ -298,13 +298,16 @@ std::thread_local! {
         const { Cell::new((0, StreamId(0), core::ptr::null())) };
 }
 
-/// Runs `f` on the calling thread's heap for pool `pool` and stream `stream`; `None` when it
-/// has none (or is exiting, or `reentrant` says it is inside a callback of that pool, where
-/// the pool must fail instead).
+/// Runs `f` on the calling thread's heap for pool `pool` and a request on stream `stream`
+/// (the heap of stream `key()`, see [`Shared::heap_stream`]); `None` when it has none (or is
+/// exiting, or `reentrant` says it is inside a callback of that pool, where the pool must fail
+/// instead). The heap looked up last is remembered for the request's own stream: the common
+/// case compares it alone.
 #[inline(always)]
 fn with_current<R>(
     pool: u64,
     stream: StreamId,
+    key: impl FnOnce() -> StreamId,
     reentrant: impl FnOnce() -> bool,
     f: impl FnOnce(&ThreadHeap) -> R,
 ) -> Option<R> {
@@ -316,7 +319,7 @@ fn with_current<R>(
     let heap = if id == pool && last_stream == stream {
         heap
     } else {
-        lookup(pool, stream, reentrant)?
+        lookup(pool, stream, key(), reentrant)?
     };
     // SAFETY: `heap` comes from `Arc::as_ptr` of the `Arc` in an entry of `THREAD_HEAPS`'s
     // list (see `lookup` and `register`, the only writers of a non-null `LAST`, both from
@@ -329,14 +332,15 @@ fn with_current<R>(
     Some(f(unsafe { &*heap }))
 }
 
-/// Finds this thread's heap for `pool` and `stream` in its list and makes it the one looked up
-/// last; `None` (and nothing looked up last) when there is none, or inside a callback of that
-/// pool.
+/// Finds this thread's heap for `pool` and stream `key` in its list and makes it the one looked
+/// up last for requests on `stream`; `None` (and nothing looked up last) when there is none,
+/// or inside a callback of that pool.
 #[cold]
 #[inline(never)]
 fn lookup(
     pool: u64,
     stream: StreamId,
+    key: StreamId,
     reentrant: impl FnOnce() -> bool,
 ) -> Option<*const ThreadHeap> {
     forget_current();
@@ -348,7 +352,7 @@ fn lookup(
             let mut all = t.all.try_borrow_mut().ok()?;
             // Heaps of pools that are gone are empty: forget them.
             all.retain(|e| e.shared.strong_count() > 0);
-            let entry = all.iter().find(|e| e.pool == pool && e.stream == stream)?;
+            let entry = all.iter().find(|e| e.pool == pool && e.stream == key)?;
             let heap = Arc::as_ptr(&entry.heap);
             LAST.try_with(|l| l.set((pool, stream, heap))).ok()?;
             Some(heap)
@@ -453,7 +457,8 @@ impl Shared {
     ) -> Option<R> {
         with_current(
             self.id,
-            self.heap_stream(stream),
+            stream,
+            || self.heap_stream(stream),
             || self.state.in_callback(),
             f,
         )
