@@ -2205,24 +2205,30 @@ fn four_threads_on_their_own_streams_reuse_blocks_only_in_stream_order() {
     assert!(!clocked.log.lock().unwrap().waits.is_empty());
 }
 
+/// A runtime whose stream 2 is a different stream on each thread (CUDA's per-thread default
+/// stream); while its flag is set, asking it whether a stream is one panics.
+#[derive(Debug, Default)]
+struct PerThread(ManualStreams, std::sync::atomic::AtomicBool);
+
+impl StreamSync for PerThread {
+    fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
+        self.0.record(stream)
+    }
+    fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
+        self.0.order_after(waiter, producer)
+    }
+    fn is_per_thread(&self, stream: StreamId) -> bool {
+        assert!(
+            !self.1.load(std::sync::atomic::Ordering::Relaxed),
+            "is_per_thread panics"
+        );
+        stream == StreamId(2)
+    }
+}
+
 #[test]
 fn a_stream_that_is_another_on_each_thread_gets_no_heap() {
-    // A runtime whose stream 2 is a different stream on each thread (CUDA's per-thread
-    // default stream): a heap for it would hand a block one thread freed there to another
-    // thread's stream.
-    #[derive(Debug, Default)]
-    struct PerThread(ManualStreams);
-    impl StreamSync for PerThread {
-        fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
-            self.0.record(stream)
-        }
-        fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
-            self.0.order_after(waiter, producer)
-        }
-        fn is_per_thread(&self, stream: StreamId) -> bool {
-            stream == StreamId(2)
-        }
-    }
+    // A heap for it would hand a block one thread freed there to another thread's stream.
     const PER_THREAD: StreamId = StreamId(2);
     let streams = Arc::new(PerThread::default());
     let pool = stream_pool("per-thread", 16 << 20, streams.clone());
@@ -2249,4 +2255,72 @@ fn a_stream_that_is_another_on_each_thread_gets_no_heap() {
     pool.reclaim().unwrap();
     let s = pool.stats();
     assert_eq!((s.in_use, s.pending, s.largest_free), (0, 0, 16 << 20));
+}
+
+#[test]
+fn a_per_thread_home_stream_and_a_panicking_runtime_are_errors_not_panics() {
+    let err = Pool::builder(1 << 20)
+        .name("per-thread-home")
+        .streams(Arc::new(PerThread::default()), StreamId(2))
+        .build_host()
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("per-thread-home") && text.contains("different stream on each thread"),
+        "{text}"
+    );
+    // A runtime that panics when asked: an error when the pool is built; once built, no heap
+    // for the stream and a wait every time, and the calls succeed.
+    let streams = Arc::new(PerThread::default());
+    streams.1.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        Pool::builder(1 << 20)
+            .streams(streams.clone(), HOME)
+            .build_host()
+            .is_err()
+    );
+    streams.1.store(false, std::sync::atomic::Ordering::Relaxed);
+    let pool = stream_pool("panicking-runtime", 16 << 20, streams.clone());
+    streams.1.store(true, std::sync::atomic::Ordering::Relaxed);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let a = pool.allocate_on(4096, 0, StreamId(7)).unwrap();
+            let b = pool.allocate_on(4096, 0, StreamId(7)).unwrap();
+            assert_eq!(pool.thread_heaps(), 0);
+            assert_eq!(streams.0.waits().len(), 2, "a wait for each allocation");
+            pool.deallocate_on(a, StreamId(7)).unwrap();
+            pool.deallocate_on(b, StreamId(7)).unwrap();
+        });
+    });
+}
+
+#[test]
+fn a_capture_that_needs_blocks_a_stream_heap_gave_back_has_the_host_wait_for_them() {
+    // A thread on stream 7 leaves its blocks given back and parked (it exits); a capture on
+    // stream 9 then needs them. Stream 9 cannot wait for the home stream: the home stream waits
+    // for stream 7, and the host for the home stream, instead.
+    const S: StreamId = StreamId(7);
+    const CAPTURE: StreamId = StreamId(9);
+    let capacity = 16 << 20;
+    let streams = Arc::new(ManualStreams::new());
+    let pool = stream_pool("capture-after-give-back", capacity, streams.clone());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let a = pool.allocate_on(1 << 20, 0, S).unwrap();
+            pool.deallocate_on(a, S).unwrap();
+        });
+    });
+    assert_eq!(pool.stats().pending, 1 << 20);
+    streams.begin_capture(CAPTURE);
+    let all = pool
+        .allocate_for_capture(AllocRequest::new(capacity, 0).on(CAPTURE))
+        .unwrap();
+    assert!(streams.waits().contains(&(HOME, S)));
+    assert!(streams.synchronized().contains(&HOME));
+    assert!(streams.refused().is_empty(), "{:?}", streams.refused());
+    streams.end_capture(CAPTURE);
+    pool.deallocate_on(all, CAPTURE).unwrap();
+    streams.complete_all();
+    pool.reclaim().unwrap();
+    assert_eq!(pool.stats().in_use, 0);
 }

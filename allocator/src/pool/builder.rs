@@ -372,6 +372,22 @@ impl PoolBuilder {
                 self.name, self.capacity
             )));
         }
+        if let Some(streams) = &self.streams {
+            // (Asked before anything is reserved; a panic of the runtime is an error too.)
+            let home = self.home;
+            let per_thread = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                streams.is_per_thread(home)
+            }))
+            .unwrap_or(true);
+            if per_thread {
+                return Err(Error::invalid(format!(
+                    "pool `{}`: home stream {home} is a different stream on each thread (CUDA's \
+                     per-thread default stream): blocks freed there by one thread would be \
+                     handed to another thread's stream; make the pool's home a stream of its own",
+                    self.name
+                )));
+            }
+        }
         if let Some((blocks, _)) = self.reuse.filter(|&(blocks, _)| blocks > MAX_REUSE_BLOCKS) {
             return Err(Error::invalid(format!(
                 "pool `{}`: reuse of {blocks} freed blocks is over the most, \

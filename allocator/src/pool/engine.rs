@@ -60,15 +60,17 @@ pub(super) struct Live {
     pub(super) tracked: bool,
 }
 
-/// A block freed on a stream other than the home stream, waiting for its event.
+/// A block waiting for an event: freed on a stream other than the one its index serves (the
+/// home stream for the pool's index, a thread heap's own stream), or a free block a thread
+/// heap of another stream gave back.
 pub(super) struct Parked {
     /// The thread heap whose block it is; `None`: the pool's own index.
     pub(super) heap: Option<Arc<ThreadHeap>>,
     pub(super) block: u32,
     pub(super) bytes: usize,
     pub(super) event: Box<dyn StreamEvent>,
-    /// A free block a thread heap of the queue's stream gave back (not a block freed on
-    /// another stream): a refusal may make the home stream wait for that stream and take it
+    /// A free block a thread heap of the queue's stream gave back (not a block freed on a
+    /// stream other than its own): a refusal may make the home stream wait for that stream and take it
     /// (see [`Shared::order_given_back`]).
     pub(super) given_back: bool,
 }
@@ -140,8 +142,10 @@ pub(super) struct State {
     pub(super) pending: usize,
     /// Bytes of parked blocks whose events could not be queried: never handed out again.
     quarantined: usize,
-    /// Bumped by every free on the home stream with a stream runtime present (and every time
-    /// blocks freed on a thread heap reach the pool's index).
+    /// Bumped by every free on the home stream with a stream runtime present, and every time
+    /// free blocks of thread heaps reach the pool's index without an event of their own
+    /// (given back as they are, or once the home stream waits for their stream): blocks that
+    /// another stream may use only after waiting for the home stream.
     pub(super) home_epoch: u64,
     /// For each other stream: the `home_epoch` at its last wait on the home stream.
     waited: Vec<(StreamId, u64)>,

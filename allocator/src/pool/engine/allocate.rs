@@ -359,7 +359,11 @@ impl Shared {
         let mut info = info;
         // Thread heaps give their spans back once before a request fails for capacity (and
         // what heaps of other streams gave back parked is ordered, see `order_given_back`).
-        let mut given_back = state.heaps.is_empty() && state.parked.is_empty();
+        let mut given_back = state.heaps.is_empty()
+            && !state
+                .parked
+                .iter()
+                .any(|(_, queue)| queue.iter().any(|p| p.given_back));
         loop {
             if self.exact_peaks && !state.heaps.is_empty() {
                 // Headroom that waits for heaps serves the pool's own index too.
@@ -383,9 +387,16 @@ impl Shared {
             match result {
                 Ok(addr) => return Ok(addr),
                 Err(Refusal::Capacity) if !given_back => {
+                    let epoch = state.home_epoch;
                     self.dissolve_all(state, true);
                     self.order_given_back(state);
                     given_back = true;
+                    if state.home_epoch > epoch {
+                        // Blocks that reached the pool's index here are ordered before the
+                        // home stream's later work: a capturing stream, which cannot wait for
+                        // the home stream, has the host wait for it instead.
+                        self.drain_home_for_capture(state, ask.stream)?;
+                    }
                 }
                 Err(Refusal::Capacity) => return Err(self.exhausted(state, ask, "capacity")),
                 Err(Refusal::Quota) => return Err(self.exhausted(state, ask, "quota")),
@@ -561,7 +572,9 @@ impl Shared {
         let epoch = state.home_epoch;
         // (A handle that is another stream on each thread waits every time: the last wait
         // was another thread's stream's.)
-        if streams.is_per_thread(stream) {
+        // (A runtime that panics here is taken at its worst: a wait every time.)
+        let per_thread = self.stream_call("is_per_thread", || Ok(streams.is_per_thread(stream)));
+        if per_thread.unwrap_or(true) {
             return self.stream_call("order_after", || streams.order_after(stream, home));
         }
         let slot = state.waited.iter().position(|(s, _)| *s == stream);

@@ -77,6 +77,34 @@ impl Shared {
         self.unlock_and_deliver(state, result)
     }
 
+    /// Where `stream` is another stream that captures a graph (it cannot wait for the home
+    /// stream): the host waits for the home stream, with the lock held, and `stream` counts as
+    /// having waited, as [`lock_drained`](Self::lock_drained) does before a capture's
+    /// allocation. Nothing for any other stream.
+    pub(super) fn drain_home_for_capture(
+        &self,
+        state: &mut State,
+        stream: StreamId,
+    ) -> Result<(), Error> {
+        let Some(streams) = self.streams.as_ref().filter(|_| stream != self.home) else {
+            return Ok(());
+        };
+        if !self
+            .stream_call("is_capturing", || streams.is_capturing(stream))
+            .unwrap_or(false)
+        {
+            return Ok(());
+        }
+        let epoch = state.home_epoch;
+        self.stream_call("synchronize", || streams.synchronize(self.home))?;
+        state.graphs.drained = state.graphs.drained.max(epoch);
+        match state.waited.iter_mut().find(|(s, _)| *s == stream) {
+            Some((_, last)) => *last = (*last).max(epoch),
+            None => state.waited.push((stream, epoch)),
+        }
+        Ok(())
+    }
+
     /// The lock, once the host has waited for the home stream past its last free (nothing to
     /// wait for on the home stream itself or without a stream runtime). The wait happens
     /// outside the lock; a free on the home stream that comes in meanwhile sends it round

@@ -485,7 +485,9 @@ impl Shared {
             if stream != self.home {
                 // A handle that is another stream on each thread: a heap would hand a block
                 // freed there by one thread to another thread's stream.
-                if streams.is_per_thread(stream) {
+                let per_thread =
+                    self.stream_call("is_per_thread", || Ok(streams.is_per_thread(stream)));
+                if per_thread.unwrap_or(true) {
                     return None;
                 }
                 // Asked once, here: a heap's requests never reach the runtime until it needs
