@@ -25,8 +25,8 @@
 //! ("a stream per thread": a heap for each thread and stream from the first allocation; and
 //! "a stream per thread, one index", without thread heaps, where every free on a stream
 //! other than the home stream records an event and parks its block until the event
-//! completes), and `cuMemAllocAsync` / `cuMemFreeAsync` (each thread on its own stream, the device's
-//! memory pool with its release threshold raised to `u64::MAX` so freed memory stays pooled;
+//! completes), and `cuMemAllocAsync` / `cuMemFreeAsync` (each thread on its own stream, the
+//! device's memory pool with its release threshold raised to `u64::MAX` so freed memory stays pooled;
 //! the stream is synchronized at the end of the timed part). After the table: the growable
 //! pool's ns/pair over the classic one's, and what growing and trimming cost: 1 GiB allocated
 //! as 64 blocks of 16 MiB into a fresh growable pool, for several chunk sizes, then freed and
@@ -448,7 +448,7 @@ mod device {
     use devarena::backend::cuda::{CudaStream, cuda_stream, describe_device, driver_error};
     use devarena::pool::RegionKind;
 
-    use super::{AllocatorUnderTest, DevarenaPool, Worker};
+    use super::{AllocatorUnderTest, DevarenaPool, PoolWorker, Worker};
 
     /// The column name of `cuMemAllocAsync` / `cuMemFreeAsync`.
     pub const ASYNC_NAME: &str = "cuMemAllocAsync";
@@ -634,10 +634,10 @@ mod device {
         ctx: Arc<CudaContext>,
     }
 
+    /// A pool worker on a stream of its own (kept alive while it works).
     struct PerStreamWorker<'a> {
-        client: devarena::PoolClient,
+        on: PoolWorker<'a>,
         stream: devarena::pool::StreamId,
-        of: &'a DevarenaPool,
         _stream: Arc<CudaStream>,
     }
 
@@ -653,12 +653,14 @@ mod device {
                 .register_stream(&stream)
                 .expect("register the thread's stream");
             Box::new(PerStreamWorker {
-                client: self
-                    .pool
-                    .pool
-                    .client(&format!("thread-{thread}"), usize::MAX),
+                on: PoolWorker {
+                    client: self
+                        .pool
+                        .pool
+                        .client(&format!("thread-{thread}"), usize::MAX),
+                    of: &self.pool,
+                },
                 stream: id,
-                of: &self.pool,
                 _stream: stream,
             })
         }
@@ -669,21 +671,13 @@ mod device {
 
     impl Worker for PerStreamWorker<'_> {
         fn alloc(&mut self, size: usize) -> Option<u64> {
-            self.client.allocate_on(size, 256, self.stream).ok()
+            self.on.client.allocate_on(size, 256, self.stream).ok()
         }
         fn free(&mut self, addr: u64, _size: usize) {
-            self.client
+            self.on
+                .client
                 .deallocate_on(addr, self.stream)
                 .expect("free a live allocation");
-        }
-    }
-
-    impl Drop for PerStreamWorker<'_> {
-        fn drop(&mut self) {
-            self.of.heaps.fetch_max(
-                self.of.pool.thread_heaps(),
-                std::sync::atomic::Ordering::Relaxed,
-            );
         }
     }
 

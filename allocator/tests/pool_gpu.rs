@@ -28,6 +28,21 @@ mod gpu {
 
     const SCALE_ADD_PTX: &str = include_str!("kernels/scale_add.ptx");
 
+    /// Work queued on `stream` now cannot finish before the stream held at `gate`: an event
+    /// recorded there completes only once the gate opens (which this opens); `ran_ahead`
+    /// says what it means when it does.
+    fn assert_waits_at_gate(
+        stream: &devarena::backend::cuda::CudaStream,
+        gate: &StreamGate,
+        ran_ahead: &str,
+    ) {
+        let marker = stream.record_event(None).unwrap();
+        assert!(!marker.try_is_complete().unwrap(), "{ran_ahead}");
+        gate.open();
+        stream.synchronize().unwrap();
+        assert!(marker.try_is_complete().unwrap());
+    }
+
     fn exhausted(error: &Error) -> (&'static str, usize) {
         match error {
             Error::PoolExhausted { limit, pending, .. } => (limit, *pending),
@@ -240,14 +255,11 @@ mod gpu {
         // stream: work queued there now cannot finish before the home stream's.
         let for_other = pool.allocate_on(capacity, 0, stream_id(&other)).unwrap();
         assert_eq!(for_other, addr);
-        let marker = other.record_event(None).unwrap();
-        assert!(
-            !marker.try_is_complete().unwrap(),
-            "the other stream ran ahead of the home stream's free"
+        assert_waits_at_gate(
+            &other,
+            &gate,
+            "the other stream ran ahead of the home stream's free",
         );
-        gate.open();
-        other.synchronize().unwrap();
-        assert!(marker.try_is_complete().unwrap());
         pool.deallocate_on(for_other, stream_id(&other)).unwrap();
         other.synchronize().unwrap();
         assert_eq!(pool.reclaim().unwrap(), capacity);
@@ -426,14 +438,11 @@ mod gpu {
                 // on it now cannot finish before `other`'s), and the pool takes them.
                 let all = pool.allocate(capacity, 0).unwrap();
                 assert_eq!(pool.stats().pending, 0);
-                let marker = home.record_event(None).unwrap();
-                assert!(
-                    !marker.try_is_complete().unwrap(),
-                    "the home stream ran ahead of the other stream's frees"
+                assert_waits_at_gate(
+                    &home,
+                    &gate,
+                    "the home stream ran ahead of the other stream's frees",
                 );
-                gate.open();
-                home.synchronize().unwrap();
-                assert!(marker.try_is_complete().unwrap());
                 pool.deallocate(all).unwrap();
                 // The per-thread default stream is another stream on each thread: no heap.
                 let per_thread = devarena::pool::StreamId(2);
@@ -476,14 +485,11 @@ mod gpu {
             // for `other` and takes them. Work queued on the home stream now cannot finish
             // before `other`'s.
             let all = pool.allocate(capacity, 0).unwrap();
-            let marker = home.record_event(None).unwrap();
-            assert!(
-                !marker.try_is_complete().unwrap(),
-                "the home stream ran ahead of the other stream's frees"
+            assert_waits_at_gate(
+                &home,
+                &gate,
+                "the home stream ran ahead of the other stream's frees",
             );
-            gate.open();
-            home.synchronize().unwrap();
-            assert!(marker.try_is_complete().unwrap());
             pool.deallocate(all).unwrap();
             finish.send(()).unwrap();
         });

@@ -1754,6 +1754,25 @@ fn stream_pool(name: &str, capacity: usize, streams: Arc<dyn StreamSync>) -> Poo
         .unwrap()
 }
 
+/// Runs `body` while another thread holds its heap for `stream` with 1 MiB freed there (the
+/// heap stays with that thread, its blocks free, until `body` returns).
+fn with_free_stream_heap(pool: &Pool, stream: StreamId, body: impl FnOnce()) {
+    std::thread::scope(|s| {
+        let (ready, is_ready) = mpsc::channel();
+        // Dropped when `body` returns or panics: the thread then exits.
+        let (finish, finished) = mpsc::channel::<()>();
+        s.spawn(move || {
+            let a = pool.allocate_on(1 << 20, 0, stream).unwrap();
+            pool.deallocate_on(a, stream).unwrap();
+            ready.send(()).unwrap();
+            let _ = finished.recv();
+        });
+        is_ready.recv().unwrap();
+        body();
+        drop(finish);
+    });
+}
+
 #[test]
 fn a_thread_on_its_own_stream_reuses_its_blocks_on_it_without_events() {
     const S: StreamId = StreamId(7);
@@ -1921,18 +1940,7 @@ fn a_refusal_makes_the_home_stream_wait_for_a_stream_heap_and_takes_its_blocks()
     let capacity = 16 << 20;
     let streams = Arc::new(ManualStreams::new());
     let pool = stream_pool("refusal-order", capacity, streams.clone());
-    let (ready, is_ready) = mpsc::channel();
-    let (finish, finished) = mpsc::channel::<()>();
-    std::thread::scope(|s| {
-        let pool = &pool;
-        s.spawn(move || {
-            let a = pool.allocate_on(1 << 20, 0, S).unwrap();
-            pool.deallocate_on(a, S).unwrap();
-            ready.send(()).unwrap();
-            // The heap stays with this thread, its blocks free, until the test is done.
-            finished.recv().unwrap();
-        });
-        is_ready.recv().unwrap();
+    with_free_stream_heap(&pool, S, || {
         // The whole capacity, on the home stream: only with the stream heap's blocks. Rather
         // than fail, the pool makes the home stream wait for the heap's stream (no thread
         // blocks) and takes them.
@@ -1940,7 +1948,6 @@ fn a_refusal_makes_the_home_stream_wait_for_a_stream_heap_and_takes_its_blocks()
         assert_eq!(streams.waits(), vec![(HOME, S)]);
         assert_eq!((streams.pending(S), pool.stats().pending), (0, 0));
         pool.deallocate(all).unwrap();
-        finish.send(()).unwrap();
     });
 }
 
@@ -1950,17 +1957,7 @@ fn a_stream_heap_given_back_while_its_stream_captures_waits_for_the_capture_to_e
     let capacity = 16 << 20;
     let streams = Arc::new(ManualStreams::new());
     let pool = stream_pool("capture-park", capacity, streams.clone());
-    let (ready, is_ready) = mpsc::channel();
-    let (finish, finished) = mpsc::channel::<()>();
-    std::thread::scope(|s| {
-        let pool = &pool;
-        s.spawn(move || {
-            let a = pool.allocate_on(1 << 20, 0, S).unwrap();
-            pool.deallocate_on(a, S).unwrap();
-            ready.send(()).unwrap();
-            finished.recv().unwrap();
-        });
-        is_ready.recv().unwrap();
+    with_free_stream_heap(&pool, S, || {
         streams.begin_capture(S);
         // A refusal cannot make the home stream wait for a capturing stream, nor record an
         // event on it: the heap's blocks are parked, and nothing is asked of the stream
@@ -1979,7 +1976,6 @@ fn a_stream_heap_given_back_while_its_stream_captures_waits_for_the_capture_to_e
         assert_eq!(pool.reclaim().unwrap(), 1 << 20);
         let all = pool.allocate(capacity, 0).unwrap();
         pool.deallocate(all).unwrap();
-        finish.send(()).unwrap();
     });
 }
 

@@ -70,8 +70,8 @@ pub(super) struct Parked {
     pub(super) bytes: usize,
     pub(super) event: Box<dyn StreamEvent>,
     /// A free block a thread heap of the queue's stream gave back (not a block freed on a
-    /// stream other than its own): a refusal may make the home stream wait for that stream and take it
-    /// (see [`Shared::order_given_back`]).
+    /// stream other than its own): a refusal may make the home stream wait for that stream
+    /// and take it (see [`Shared::order_given_back`]).
     pub(super) given_back: bool,
 }
 
@@ -167,6 +167,15 @@ pub(super) struct State {
 }
 
 impl State {
+    /// Notes that `stream` is ordered after the home stream's frees up to `epoch` (a later
+    /// note never moves it back).
+    pub(super) fn note_waited(&mut self, stream: StreamId, epoch: u64) {
+        match self.waited.iter_mut().find(|(s, _)| *s == stream) {
+            Some((_, last)) => *last = (*last).max(epoch),
+            None => self.waited.push((stream, epoch)),
+        }
+    }
+
     /// Takes `addr` (block `block`) out of the live map, and what tracking recorded for it
     /// if it was `tracked`: the common start of every free that goes through the lock.
     fn forget_live(&mut self, addr: u64, block: u32, tracked: bool) -> Option<Box<LiveInfo>> {

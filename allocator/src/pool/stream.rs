@@ -28,12 +28,13 @@
 //! them into the graph (an event recorded there cannot be queried afterwards) or refuse them and
 //! invalidate itself. The CUDA runtime refuses to record on, wait on or synchronize a capturing
 //! stream, with an error that names it, so a free or an allocation that would need one fails
-//! and changes nothing. A stream served by a thread heap ([`PoolBuilder::thread_heaps`](super::PoolBuilder::thread_heaps))
-//! is like the home stream here: its heap hands out and takes back its blocks without asking
-//! the runtime anything, so plain allocations and frees on it succeed during a capture as on
-//! the home stream while the heap has room (a new span needs the stream to wait for the home
-//! stream's frees, which the capture refuses), and a block freed there by the captured code
-//! is reused by later work on that stream while the graph may still replay it. Allocations for a capture go through a
+//! and changes nothing. A stream served by a thread heap
+//! ([`PoolBuilder::thread_heaps`](super::PoolBuilder::thread_heaps)) is like the home stream
+//! here: its heap hands out and takes back its blocks without asking the runtime anything, so
+//! plain allocations and frees on it succeed during a capture as on the home stream while the
+//! heap has room (a new span needs the stream to wait for the home stream's frees, which the
+//! capture refuses), and a block freed there by the captured code is reused by later work on
+//! that stream while the graph may still replay it. Allocations for a capture go through a
 //! [`GraphReservation`](super::GraphReservation) (or
 //! [`Pool::allocate_for_capture`](super::Pool::allocate_for_capture)), which orders the
 //! capturing stream without touching it: the host waits for the home stream's earlier frees
@@ -174,9 +175,7 @@ impl SharedEvent {
             event,
         })))
     }
-}
 
-impl SharedEvent {
     /// A free block a heap gave back, parked until this event completes.
     pub(super) fn park(&self, block: u32, bytes: usize) -> super::engine::Parked {
         super::engine::Parked {

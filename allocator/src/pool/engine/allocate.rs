@@ -570,21 +570,16 @@ impl Shared {
         home: StreamId,
     ) -> Result<(), Error> {
         let epoch = state.home_epoch;
-        // (A handle that is another stream on each thread waits every time: the last wait
-        // was another thread's stream's.)
-        // (A runtime that panics here is taken at its worst: a wait every time.)
+        // A handle that is another stream on each thread waits every time: the last wait was
+        // another thread's stream's. (A runtime that panics here is taken at its worst.)
         let per_thread = self.stream_call("is_per_thread", || Ok(streams.is_per_thread(stream)));
         if per_thread.unwrap_or(true) {
             return self.stream_call("order_after", || streams.order_after(stream, home));
         }
-        let slot = state.waited.iter().position(|(s, _)| *s == stream);
-        let last = slot.map_or(0, |i| state.waited[i].1);
-        if last < epoch {
+        let last = state.waited.iter().find(|(s, _)| *s == stream);
+        if last.map_or(0, |&(_, last)| last) < epoch {
             self.stream_call("order_after", || streams.order_after(stream, home))?;
-            match slot {
-                Some(i) => state.waited[i].1 = epoch,
-                None => state.waited.push((stream, epoch)),
-            }
+            state.note_waited(stream, epoch);
         }
         Ok(())
     }
@@ -638,11 +633,17 @@ impl Shared {
                 }
             }
         }
-        parked.retain(|(_, queue)| !queue.is_empty());
-        if parked.is_empty() {
+        self.forget_empty_queues(state);
+        reclaimed
+    }
+
+    /// Drops the streams whose queues of parked blocks are empty; clears [`PARKED`] once no
+    /// block is parked.
+    pub(in crate::pool) fn forget_empty_queues(&self, state: &mut State) {
+        state.parked.retain(|(_, queue)| !queue.is_empty());
+        if state.parked.is_empty() {
             self.flags.fetch_and(!PARKED, Ordering::Relaxed);
         }
-        reclaimed
     }
 
     pub(super) fn exhausted(&self, state: &mut State, ask: &Ask, limit: &'static str) -> Error {

@@ -190,9 +190,9 @@ impl Shared {
         };
         self.check_free(state, caller, addr, size, &live, from_slice)?;
         // As in `deallocate_general`: the event first, with the heap unlocked (no callback
-        // runs with a heap locked by this path). A heap hands its blocks out again on its own stream
-        // only: a free on any other stream, the home stream included, parks the block until
-        // that stream is done with it.
+        // runs with a heap locked by this path). A heap hands its blocks out again on its own
+        // stream only: a free on any other stream, the home stream included, parks the block
+        // until that stream is done with it.
         let event = match &self.streams {
             Some(streams) if stream != heap.stream => {
                 Some(self.stream_call("record", || streams.record(stream))?)

@@ -65,10 +65,7 @@ impl Shared {
         // after them as if it had waited itself, so the general path makes it wait for nothing.
         if stream != self.home && self.streams.is_some() {
             let drained = state.graphs.drained;
-            match state.waited.iter_mut().find(|(s, _)| *s == stream) {
-                Some((_, last)) => *last = (*last).max(drained),
-                None => state.waited.push((stream, drained)),
-            }
+            state.note_waited(stream, drained);
         }
         let result = self.allocate_general(&mut state, client, &req, stream, owned, info);
         if let (Ok(addr), Some(key)) = (&result, graph) {
@@ -98,10 +95,7 @@ impl Shared {
         let epoch = state.home_epoch;
         self.stream_call("synchronize", || streams.synchronize(self.home))?;
         state.graphs.drained = state.graphs.drained.max(epoch);
-        match state.waited.iter_mut().find(|(s, _)| *s == stream) {
-            Some((_, last)) => *last = (*last).max(epoch),
-            None => state.waited.push((stream, epoch)),
-        }
+        state.note_waited(stream, epoch);
         Ok(())
     }
 

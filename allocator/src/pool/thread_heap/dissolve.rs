@@ -3,11 +3,10 @@
 
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use core::sync::atomic::Ordering;
 
 use super::{ClientShare, HeapState, ThreadHeap};
 use crate::pool::counters::Lease;
-use crate::pool::engine::{PARKED, Shared, State, grow_meta};
+use crate::pool::engine::{Shared, State, grow_meta};
 use crate::pool::stream::{SharedEvent, StreamId};
 use crate::pool::tlsf::Piece;
 
@@ -63,15 +62,7 @@ impl Shared {
             if h.tlsf.take_span(span.first) {
                 h.spans.swap_remove(i);
                 state.spans.remove(&span.addr);
-                match &mode {
-                    GiveBack::Free => {
-                        state.tlsf.free(span.block);
-                    }
-                    GiveBack::Park(event) => {
-                        let parked = event.park(span.block, span.size as usize);
-                        self.park_entry(&mut state, heap.stream, parked);
-                    }
-                }
+                self.give_back_block(&mut state, heap, span.block, span.size, &mode);
             } else {
                 i += 1;
             }
@@ -120,6 +111,27 @@ impl Shared {
         GiveBack::Park(SharedEvent::new(streams.clone(), heap.stream, event))
     }
 
+    /// A free block of the pool's index that held free bytes of `heap`: freed, or parked, as
+    /// `mode` says.
+    fn give_back_block(
+        &self,
+        state: &mut State,
+        heap: &ThreadHeap,
+        block: u32,
+        size: u64,
+        mode: &GiveBack,
+    ) {
+        match mode {
+            GiveBack::Free => {
+                state.tlsf.free(block);
+            }
+            GiveBack::Park(event) => {
+                let parked = event.park(block, size as usize);
+                self.park_entry(state, heap.stream, parked);
+            }
+        }
+    }
+
     /// Gives span `i` of `heap` back in pieces (the heap's cache flushed): its blocks become
     /// blocks of the pool's index, the free ones merged there (or parked, as `mode` says);
     /// live allocations in it carry on in the pool's index, at their addresses, with their
@@ -138,22 +150,21 @@ impl Shared {
         h.tlsf.export_span(span.first, &mut pieces);
         debug_assert_eq!(pieces.iter().map(|p| p.size).sum::<u64>(), span.size);
         // Free pieces to be parked are carved as used blocks.
+        let parking = matches!(mode, GiveBack::Park(_));
         let park: Vec<bool> = pieces
-            .iter()
-            .map(|p| p.free && matches!(mode, GiveBack::Park(_)))
+            .iter_mut()
+            .map(|p| {
+                let park = p.free && parking;
+                p.free &= !park;
+                park
+            })
             .collect();
-        for (p, &park) in pieces.iter_mut().zip(&park) {
-            p.free &= !park;
-        }
         let mut carved = Vec::new();
         state.tlsf.carve(span.block, &pieces, &mut carved);
         let mut moved = Vec::new();
         for ((p, &block), &park) in pieces.iter().zip(&carved).zip(&park) {
             if park {
-                if let GiveBack::Park(event) = mode {
-                    let parked = event.park(block, p.size as usize);
-                    self.park_entry(state, heap.stream, parked);
-                }
+                self.give_back_block(state, heap, block, p.size, mode);
                 continue;
             }
             if p.free {
@@ -308,10 +319,7 @@ impl Shared {
             state.home_epoch += 1;
             freed = true;
         }
-        state.parked.retain(|(_, queue)| !queue.is_empty());
-        if state.parked.is_empty() {
-            self.flags.fetch_and(!PARKED, Ordering::Relaxed);
-        }
+        self.forget_empty_queues(state);
         freed
     }
 

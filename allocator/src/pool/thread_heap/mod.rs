@@ -284,18 +284,21 @@ impl Drop for ThreadHeaps {
     }
 }
 
+/// What [`LAST`] holds when it names no heap (pool ids are never 0).
+const NO_HEAP: (u64, StreamId, *const ThreadHeap) = (0, StreamId(0), core::ptr::null());
+
 std::thread_local! {
     static THREAD_HEAPS: ThreadHeaps = const {
         ThreadHeaps {
             all: RefCell::new(Vec::new()),
         }
     };
-    /// The pool and stream looked up last and this thread's heap for them (null: none). The heap is one of
+    /// The pool and request stream looked up last and this thread's heap for them
+    /// ([`NO_HEAP`]: none). The heap is one of
     /// `THREAD_HEAPS`'s: `LAST` is reset before entries leave that list. A thread-local of its
     /// own, without a destructor, so that reading it is a plain load: the list has one (it
     /// gives the heaps back), which makes every access check whether it is still there.
-    static LAST: Cell<(u64, StreamId, *const ThreadHeap)> =
-        const { Cell::new((0, StreamId(0), core::ptr::null())) };
+    static LAST: Cell<(u64, StreamId, *const ThreadHeap)> = const { Cell::new(NO_HEAP) };
 }
 
 /// Runs `f` on the calling thread's heap for pool `pool` and a request on stream `stream`
@@ -313,9 +316,7 @@ fn with_current<R>(
 ) -> Option<R> {
     // (`try_with` is a plain load here: `LAST` has no destructor; where thread-locals are
     // kept under OS keys it may fail once the thread's are gone, and then looks nothing up.)
-    let (id, last_stream, heap) =
-        LAST.try_with(Cell::get)
-            .unwrap_or((0, StreamId(0), core::ptr::null()));
+    let (id, last_stream, heap) = LAST.try_with(Cell::get).unwrap_or(NO_HEAP);
     let heap = if id == pool && last_stream == stream {
         heap
     } else {
@@ -398,7 +399,7 @@ fn register(pool: u64, shared: Weak<Shared>, heap: &Arc<ThreadHeap>) -> bool {
 /// Forgets the heap looked up last, so that the next call of this thread looks its list up
 /// (which fails inside a callback).
 pub(super) fn forget_current() {
-    let _ = LAST.try_with(|l| l.set((0, StreamId(0), core::ptr::null())));
+    let _ = LAST.try_with(|l| l.set(NO_HEAP));
 }
 
 /// A thread heap of a pool, its lock held.
