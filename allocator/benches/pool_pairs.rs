@@ -22,10 +22,10 @@
 //! pool on a growable region ("cuda-vmm": addresses reserved, device memory mapped in chunks
 //! as the workload first reaches it, so the warm-up round maps and the timed rounds should
 //! not), the classic pool with each thread allocating and freeing on a stream of its own
-//! ("a stream per thread": a heap for each thread and stream from the first allocation; and
-//! "a stream per thread, one index", without thread heaps, where every free on a stream
-//! other than the home stream records an event and parks its block until the event
-//! completes), and `cuMemAllocAsync` / `cuMemFreeAsync` (each thread on its own stream, the
+//! ("a stream per thread": as built by default, a heap for each thread and stream from its
+//! first request on that stream; and "a stream per thread, one index", without thread heaps,
+//! where every free on a stream other than the home stream records an event and parks its
+//! block until the event completes), and `cuMemAllocAsync` / `cuMemFreeAsync` (each thread on its own stream, the
 //! device's memory pool with its release threshold raised to `u64::MAX` so freed memory stays pooled;
 //! the stream is synchronized at the end of the timed part). After the table: the growable
 //! pool's ns/pair over the classic one's, and what growing and trimming cost: 1 GiB allocated
@@ -488,10 +488,10 @@ mod device {
             Ok(pool) => all.push(Box::new(DevarenaPool::new(pool, ""))),
             Err(e) => notes.push(format!("{GROWABLE_NAME} skipped: {e}")),
         }
-        // Each thread on a stream of its own, as `cuMemAllocAsync` below: the pool's heaps
-        // for those streams (from each thread's first allocation: one thread alone would
-        // otherwise stay on the pool's index, where a free on a stream other than the home
-        // stream records an event and parks its block), and the same without thread heaps.
+        // Each thread on a stream of its own, as `cuMemAllocAsync` below: the pool as built by
+        // default (each thread gets a heap for its stream at its first request there), and
+        // the same without thread heaps (the pool's index alone, where a free on a stream other
+        // than the home stream records an event and parks its block).
         for (heaps, label) in [
             (true, ", a stream per thread"),
             (false, ", a stream per thread, one index"),
@@ -500,7 +500,7 @@ mod device {
                 .name("bench-cuda-streams")
                 .region(RegionKind::Classic);
             let builder = if heaps {
-                builder.eager_thread_heaps(true)
+                builder
             } else {
                 builder.thread_heaps(0)
             };

@@ -1193,10 +1193,14 @@ const HOME: StreamId = StreamId(1);
 const OTHER: StreamId = StreamId(2);
 const THIRD: StreamId = StreamId(3);
 
+/// A pool on its own index alone: these tests are about how the index orders streams (events,
+/// parked blocks, waits). With thread heaps (the default) a thread's requests on another
+/// stream go to a heap of that stream instead, tested in `pool_threads.rs`.
 fn stream_pool(capacity: usize) -> (Pool, Arc<ManualStreams>) {
     let streams = Arc::new(ManualStreams::new());
     let pool = Pool::builder(capacity)
         .name("streams")
+        .thread_heaps(0)
         .streams(streams.clone(), HOME)
         .build_host()
         .unwrap();

@@ -245,9 +245,12 @@ const OTHER: StreamId = StreamId(2);
 
 fn scripted_pool(name: &str, capacity: usize) -> (Pool, Arc<Scripted>) {
     let script = Arc::new(Scripted::default());
+    // The pool's own index alone, whose frees on another stream record events (with thread
+    // heaps a thread's blocks of another stream are freed there without one).
     let pool = Pool::builder(capacity)
         .name(name)
         .reuse(0, 0)
+        .thread_heaps(0)
         .streams(Arc::new(ScriptedStreams(script.clone())), HOME)
         .build_host()
         .unwrap();

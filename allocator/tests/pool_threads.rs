@@ -1836,69 +1836,84 @@ fn a_block_of_a_stream_heap_freed_on_the_home_stream_waits_for_it() {
 }
 
 #[test]
-fn without_a_heap_for_the_stream_a_thread_meeting_another_on_the_lock_gets_one() {
-    // A runtime whose first `validate` of stream 7 waits for the test: the thread asking it
-    // holds the pool's lock meanwhile.
-    #[derive(Debug, Default)]
-    struct Gate {
-        inner: ManualStreams,
-        entered: Mutex<Option<mpsc::Sender<()>>>,
-        release: Mutex<Option<mpsc::Receiver<()>>>,
-    }
-    impl StreamSync for Gate {
-        fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
-            self.inner.record(stream)
-        }
-        fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
-            self.inner.order_after(waiter, producer)
-        }
-        fn validate(&self, stream: StreamId) -> Result<(), Error> {
-            if stream == StreamId(7) {
-                if let Some(entered) = self.entered.lock().unwrap().take() {
-                    entered.send(()).unwrap();
-                    let release = self.release.lock().unwrap().take().unwrap();
-                    release.recv().unwrap();
-                }
-            }
-            Ok(())
-        }
-    }
-    let (entered_tx, entered) = mpsc::channel();
-    let (release, release_rx) = mpsc::channel();
-    let gate = Arc::new(Gate {
-        entered: Mutex::new(Some(entered_tx)),
-        release: Mutex::new(Some(release_rx)),
-        ..Gate::default()
-    });
+fn a_thread_alone_on_another_stream_gets_a_heap_for_it() {
+    // A pool as built by default: no thread has a heap, none met another on the lock.
+    const S: StreamId = StreamId(7);
+    let streams = Arc::new(ManualStreams::new());
     let pool = Pool::builder(16 << 20)
-        .name("meet")
-        .streams(gate.clone(), HOME)
+        .name("alone")
+        .streams(streams.clone(), HOME)
         .log_leaks_on_drop(false)
         .build_host()
         .unwrap();
-    std::thread::scope(|s| {
-        let first = s.spawn(|| {
-            let a = pool.allocate_on(4096, 0, StreamId(7)).unwrap();
-            pool.deallocate_on(a, StreamId(7)).unwrap();
-        });
-        entered.recv().unwrap();
-        let second = s.spawn(|| {
-            // The lock is taken: this thread gets a heap for its stream.
-            let b = pool.allocate_on(4096, 0, StreamId(8)).unwrap();
-            pool.deallocate_on(b, StreamId(8)).unwrap();
-            pool.thread_heaps()
-        });
-        // (Time for the second thread to find the lock taken; had it not, it would take the
-        // pool's own index and the count below would say so.)
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        release.send(()).unwrap();
-        first.join().unwrap();
-        assert!(second.join().unwrap() >= 1);
-    });
-    gate.inner.complete_all();
+    // The home stream on the pool's own index, as always; a home free since `S` last waited.
+    let h = pool.allocate(4096, 0).unwrap();
+    pool.deallocate(h).unwrap();
+    assert_eq!(pool.thread_heaps(), 0);
+    // The first request on `S` gets this thread a heap for `S`, whose span `S` takes after
+    // waiting for the home stream's free.
+    let a = pool.allocate_on(64 << 10, 0, S).unwrap();
+    assert_eq!(pool.thread_heaps(), 1);
+    assert_eq!(streams.waits(), vec![(S, HOME)]);
+    // Freed on `S`: handed out again there at once, without an event.
+    pool.deallocate_on(a, S).unwrap();
+    assert_eq!(pool.allocate_on(64 << 10, 0, S).unwrap(), a);
+    pool.deallocate_on(a, S).unwrap();
+    assert_eq!(streams.pending(S), 0, "no event recorded");
+    assert_eq!(streams.waits().len(), 1, "no other wait");
+    // The home stream goes on (on a heap of its own now that the thread has one).
+    let h = pool.allocate(4096, 0).unwrap();
+    pool.deallocate(h).unwrap();
+    assert_eq!(pool.thread_heaps(), 2);
+    // Every count as without heaps; the heap of `S` gave back its span, which waits for `S`.
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.allocations, stats.frees, stats.in_use, stats.live),
+        (4, 4, 0, 0)
+    );
+    assert_eq!(stats.pending + stats.free, 16 << 20);
+    streams.complete_all();
     pool.reclaim().unwrap();
-    let s = pool.stats();
-    assert_eq!((s.in_use, s.pending, s.largest_free), (0, 0, 16 << 20));
+    let stats = pool.stats();
+    assert_eq!((stats.pending, stats.largest_free), (0, 16 << 20));
+}
+
+#[test]
+fn a_stream_capturing_a_graph_gets_no_heap_until_its_capture_ends() {
+    const S: StreamId = StreamId(7);
+    let streams = Arc::new(ManualStreams::new());
+    let pool = Pool::builder(16 << 20)
+        .name("capture-no-heap")
+        .streams(streams.clone(), HOME)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    streams.begin_capture(S);
+    // The pool's own index serves the capture (nothing freed on home: no wait to refuse).
+    let a = pool.allocate_on(4096, 0, S).unwrap();
+    assert_eq!(pool.thread_heaps(), 0);
+    // A home free since: an ordinary request of the capturing stream would make it wait,
+    // which the capture forbids; refused, and still no heap.
+    let h = pool.allocate(4096, 0).unwrap();
+    pool.deallocate(h).unwrap();
+    let err = pool.allocate_on(4096, 0, S).unwrap_err();
+    assert!(err.to_string().contains("capturing"), "{err}");
+    assert_eq!(streams.refused(), vec![("order_after", S)]);
+    assert_eq!(pool.thread_heaps(), 0);
+    streams.end_capture(S);
+    // After the capture: the stream's next request gets it a heap.
+    let b = pool.allocate_on(4096, 0, S).unwrap();
+    assert_eq!(pool.thread_heaps(), 1);
+    pool.deallocate_on(b, S).unwrap();
+    pool.deallocate_on(a, S).unwrap();
+    streams.complete_all();
+    pool.reclaim().unwrap();
+    let stats = pool.stats();
+    streams.complete_all();
+    pool.reclaim().unwrap();
+    let after = pool.stats();
+    assert_eq!((stats.live, stats.in_use), (0, 0));
+    assert_eq!((after.pending, after.largest_free), (0, 16 << 20));
 }
 
 #[test]

@@ -202,7 +202,8 @@ impl PoolBuilder {
     /// On a growable region a heap maps memory as the pool does, as its blocks reach new chunks.
     ///
     /// A thread that finds the pool's lock taken by another gets a heap of its own (and from
-    /// then on, while any thread has one, so does every thread that allocates): spans of
+    /// then on, while any thread has one, so does every thread that allocates; with a stream
+    /// runtime, a thread also gets one for each other stream it allocates on): spans of
     /// the region (a sixteenth of the capacity at a time, at most half its share, or what a
     /// larger request needs) where it allocates and frees under a lock of its own, so that
     /// threads sharing a pool stop waiting for each other. A heap asks the pool for more only
@@ -244,7 +245,8 @@ impl PoolBuilder {
     }
 
     /// Whether every thread gets its heap at its first allocation, instead of once some thread
-    /// has found the pool's lock taken (off by default). For pools known to serve several threads
+    /// has found the pool's lock taken (off by default; a heap for a stream other than the home
+    /// stream comes with the first request there either way). For pools known to serve several threads
     /// at once; a pool used this way by one thread places its blocks in spans, not as the
     /// pool's own index would.
     ///

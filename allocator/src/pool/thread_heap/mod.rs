@@ -1,14 +1,16 @@
 //! Thread heaps: a heap of its own for each thread that found the pool's lock taken (and,
 //! once one has, for every thread that allocates on the pool), one for each stream it
-//! allocates on, so that threads sharing a pool stop serializing on that lock.
+//! allocates on, so that threads sharing a pool stop serializing on that lock; and a heap for
+//! each stream other than the home stream that a thread allocates on, from its first request
+//! there, so that its blocks are reused there without events.
 //!
 //! A thread heap is an index ([`Tlsf`]) over *spans*, pieces of the region it took from the
 //! pool's index, each one used block there. The thread allocates and frees in its spans under a
 //! lock of its own, which only it takes in the common case, so the pool's lock and the cache
 //! lines of the pool's state stay out of its way. Until a thread meets another on the
-//! pool's lock, no thread gets one (unless the pool gives every thread one,
-//! `eager_thread_heaps`): a pool used by one thread at a time works as it did without them,
-//! block for block. From then on, while any thread has a heap, a thread without one gets one
+//! pool's lock, no thread gets one for the home stream (unless the pool gives every thread
+//! one, `eager_thread_heaps`): a pool used by one thread at a time on its home stream works as
+//! it did without them, block for block. From then on, while any thread has a heap, a thread without one gets one
 //! at its next allocation: left on the pool's index it would look for its heap first on every
 //! call, and hold the pool's lock that the heaps' slow paths need.
 //!
@@ -495,6 +497,12 @@ impl Shared {
                 // a span (see `add_span`).
                 self.stream_call("validate", || streams.validate(stream))
                     .ok()?;
+                // No heap while the stream captures a graph (or cannot say): the general path
+                // serves a capture, and the stream gets its heap at a request after it.
+                let capturing = self.stream_call("is_capturing", || streams.is_capturing(stream));
+                if capturing.unwrap_or(true) {
+                    return None;
+                }
             }
         }
         let (cache_blocks, cache_bytes) = self.heap_cache;
