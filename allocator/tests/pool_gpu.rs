@@ -211,10 +211,10 @@ mod gpu {
         let pool = Pool::cuda(home.clone(), capacity).unwrap();
         pool.register_stream(&other).unwrap();
 
-        // `other` still has work queued (a host function held at a gate) when the block is
-        // freed there: the event recorded at the free cannot complete.
+        // `other` still has work queued (a host function held at a gate) when the block, of
+        // the pool's index, is freed there: the event recorded at the free cannot complete.
         let gate = StreamGate::block(&other);
-        let addr = pool.allocate_on(capacity, 0, stream_id(&other)).unwrap();
+        let addr = pool.allocate(capacity, 0).unwrap();
         pool.deallocate_on(addr, stream_id(&other)).unwrap();
         let stats: PoolStats = pool.stats();
         assert_eq!((stats.live, stats.pending, stats.free), (0, capacity, 0));

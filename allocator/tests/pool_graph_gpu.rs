@@ -609,7 +609,13 @@ mod gpu {
         let Some((_device, home)) = gpu() else {
             return;
         };
-        let pool = Pool::cuda(home.clone(), 64 << 20).unwrap();
+        // The pool's own index, whose frees on another stream record events and whose blocks
+        // for another stream wait for the home stream's frees (a thread heap for the stream
+        // would need neither: it reuses its blocks on its stream at once).
+        let pool = Pool::builder(64 << 20)
+            .thread_heaps(0)
+            .build_cuda(home.clone())
+            .unwrap();
         let s = home.context().new_stream().unwrap();
         let sid = pool.register_stream(&s).unwrap();
         let outside = pool.allocate_on(4096, 0, sid).unwrap();

@@ -200,7 +200,9 @@ fn pool_requests_at_the_edges() {
 fn stream_pools_at_the_edges() {
     let streams = Arc::new(ManualStreams::new());
     let home = StreamId(u64::MAX);
+    // The pool's own index (a thread heap for `other` is below).
     let pool = Pool::builder(MIB)
+        .thread_heaps(0)
         .streams(streams.clone(), home)
         .build_host()
         .unwrap();
@@ -248,6 +250,28 @@ fn stream_pools_at_the_edges() {
         pool.deallocate(addr).unwrap();
     }
     still_serves(&pool);
+
+    // With thread heaps (the default), the stream ids at the edges get heaps of their own: the
+    // heap for `other` (0) reuses its block there at once, and gives it back whole.
+    let streams = Arc::new(ManualStreams::new());
+    let pool = Pool::builder(MIB)
+        .streams(streams.clone(), home)
+        .build_host()
+        .unwrap();
+    let a = pool.allocate_on(MIB / 2, 0, other).unwrap();
+    assert_eq!(pool.thread_heaps(), 1);
+    pool.deallocate_on(a, other).unwrap();
+    assert_eq!(pool.allocate_on(MIB / 2, 0, other), Ok(a));
+    pool.deallocate_on(a, other).unwrap();
+    let h = pool.allocate_on(MIB / 4, 0, home).unwrap();
+    pool.deallocate_on(h, home).unwrap();
+    assert_eq!(streams.pending(other), 0);
+    streams.complete_all();
+    assert_eq!(pool.stats().live, 0);
+    streams.complete_all();
+    pool.reclaim().unwrap();
+    let stats = pool.stats();
+    assert_eq!((stats.pending, stats.largest_free), (0, MIB));
 }
 
 #[test]

@@ -236,7 +236,7 @@ impl StreamEvent for SharedEvent {
 /// let streams = Arc::new(ManualStreams::new());
 /// let pool = Pool::builder(4096).streams(streams.clone(), home).build_host()?;
 ///
-/// let a = pool.allocate_on(4096, 0, other)?;
+/// let a = pool.allocate(4096, 0)?;
 /// pool.deallocate_on(a, other)?; // parked until the event on `other` completes
 /// assert!(pool.allocate(4096, 0).is_err());
 /// streams.complete(other);
@@ -366,8 +366,8 @@ impl ManualStreams {
     /// let (home, other) = (StreamId(1), StreamId(2));
     /// let streams = Arc::new(ManualStreams::new());
     /// let pool = Pool::builder(8192).streams(streams.clone(), home).build_host()?;
-    /// let a = pool.allocate_on(4096, 0, other)?;
-    /// pool.deallocate_on(a, other)?;
+    /// let a = pool.allocate(4096, 0)?;
+    /// pool.deallocate_on(a, other)?; // parked until the event on `other` completes
     /// streams.fail_queries(true);
     /// // Nothing says `other` is done with the block: it is set aside for good.
     /// assert_eq!(pool.reclaim()?, 0);

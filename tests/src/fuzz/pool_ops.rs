@@ -166,8 +166,11 @@ impl World {
         let streams = input.bool().then(|| Arc::new(ManualStreams::new()));
         let sink = Arc::new(SinkCounts::default());
         let counts = sink.clone();
+        // The pool's own index, which the model describes block for block (with a stream
+        // runtime, thread heaps would serve other streams' requests in spans of their own).
         let mut builder = Pool::builder(capacity)
             .name("fuzz")
+            .thread_heaps(0)
             .tracking(tracking)
             .log_leaks_on_drop(false)
             .events(Arc::new(move |e: &PoolEvent<'_>| {
