@@ -394,8 +394,9 @@ mod gpu {
         assert!(pool.allocate(1000, 0).is_ok());
     }
 
-    /// A classic device pool of `capacity` where every thread gets a heap at once, with a
-    /// second stream registered.
+    /// A classic device pool of `capacity` as built by default (a thread gets a heap for a
+    /// stream other than the home stream at its first request there, and then one for the
+    /// home stream too), with a second stream registered.
     fn stream_heap_pool(
         home: &std::sync::Arc<devarena::backend::cuda::CudaStream>,
         capacity: usize,
@@ -407,7 +408,6 @@ mod gpu {
         let other = home.context().new_stream().unwrap();
         let pool = Pool::builder(capacity)
             .region(RegionKind::Classic)
-            .eager_thread_heaps(true)
             .log_leaks_on_drop(false)
             .build_cuda(home.clone())
             .unwrap();
@@ -504,7 +504,6 @@ mod gpu {
         let Some((_device, home)) = gpu() else { return };
         let pool = Pool::builder(64 << 20)
             .region(RegionKind::Classic)
-            .eager_thread_heaps(true)
             .log_leaks_on_drop(false)
             .build_cuda(home.clone())
             .unwrap();
