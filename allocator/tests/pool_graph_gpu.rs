@@ -609,17 +609,15 @@ mod gpu {
         let Some((_device, home)) = gpu() else {
             return;
         };
-        // The pool's own index, whose frees on another stream record events and whose blocks
-        // for another stream wait for the home stream's frees (a thread heap for the stream
-        // would need neither: it reuses its blocks on its stream at once).
-        let pool = Pool::builder(64 << 20)
-            .thread_heaps(0)
-            .build_cuda(home.clone())
-            .unwrap();
+        // As built by default: the requests on `sid` below get this thread a heap for it, which
+        // the capture's reservation gives back before the capture begins (a heap would reuse a
+        // free on its stream at once, without asking whether it captures).
+        let pool = Pool::cuda(home.clone(), 64 << 20).unwrap();
         let s = home.context().new_stream().unwrap();
         let sid = pool.register_stream(&s).unwrap();
         let outside = pool.allocate_on(4096, 0, sid).unwrap();
         let mut y = pool.own_client().alloc_slice_on::<u32>(1024, sid).unwrap();
+        assert_eq!(pool.thread_heaps(), 1);
         let graph = pool
             .capture(&s, |c| {
                 // A block that is not the graph's, freed on the capturing stream: its event
@@ -633,8 +631,9 @@ mod gpu {
                 let e = pool.allocate_on(256, 0, sid).unwrap_err();
                 println!("ordinary allocation for the capturing stream: {e}");
                 assert!(e.to_string().contains("is capturing"), "{e}");
-                // The capture carries on.
+                // The capture carries on, and no heap came back for its stream.
                 assert!(is_capturing(c.stream())?);
+                assert_eq!(pool.thread_heaps(), 0);
                 y.device_view_mut(c.stream())?.fill_bytes(5)
             })
             .unwrap();

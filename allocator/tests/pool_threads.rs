@@ -1917,6 +1917,94 @@ fn a_stream_capturing_a_graph_gets_no_heap_until_its_capture_ends() {
 }
 
 #[test]
+fn a_graph_reservation_gives_back_the_threads_heap_for_its_stream() {
+    const S: StreamId = StreamId(7);
+    let streams = Arc::new(ManualStreams::new());
+    let pool = Pool::builder(16 << 20)
+        .name("reservation")
+        .streams(streams.clone(), HOME)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    // Warmed up on `S`: a heap for it, which reuses its frees there at once.
+    let x = pool.allocate_on(64 << 10, 0, S).unwrap();
+    let y = pool.allocate_on(64 << 10, 0, S).unwrap();
+    pool.deallocate_on(y, S).unwrap();
+    assert_eq!(pool.thread_heaps(), 1);
+    // A graph on `S`: the heap goes back before the capture, its free span parked until `S`
+    // passes an event recorded now, its live block (`x`) staying where it is.
+    let graph = pool.graph_reservation(S).unwrap();
+    assert_eq!(pool.thread_heaps(), 0);
+    assert_eq!(streams.pending(S), 1);
+    streams.begin_capture(S);
+    // A plain free on the capturing stream is refused (its event would be captured), and
+    // the block stays allocated: without the heap the pool's index takes it.
+    let before = pool.stats();
+    let err = pool.deallocate_on(x, S).unwrap_err();
+    assert!(err.to_string().contains("capturing"), "{err}");
+    assert_eq!(pool.stats().live, before.live);
+    // The graph's own blocks are served, and no heap comes back during the capture.
+    let g = graph.allocate(4096, 0).unwrap();
+    assert_eq!(pool.thread_heaps(), 0);
+    streams.end_capture(S);
+    // After the capture: `x` can go, and the next request on `S` makes a new heap.
+    pool.deallocate_on(x, S).unwrap();
+    let z = pool.allocate_on(4096, 0, S).unwrap();
+    assert_eq!(pool.thread_heaps(), 1);
+    pool.deallocate_on(z, S).unwrap();
+    pool.deallocate_on(g, S).unwrap();
+    drop(graph);
+    streams.complete_all();
+    pool.reclaim().unwrap();
+    let stats = pool.stats();
+    streams.complete_all();
+    pool.reclaim().unwrap();
+    let after = pool.stats();
+    assert_eq!((stats.live, stats.in_use), (0, 0));
+    assert_eq!((after.pending, after.largest_free), (0, 16 << 20));
+}
+
+#[test]
+fn a_sink_switched_on_and_off_never_gives_a_thread_two_heaps_for_one_stream() {
+    // A request that saw a sink on takes the general way; if the sink is off again by the
+    // time it looks for a heap, it must find the thread's heap, not make a second one.
+    const S: StreamId = StreamId(7);
+    let streams = Arc::new(ManualStreams::new());
+    let pool = Pool::builder(64 << 20)
+        .name("toggled-sink")
+        .streams(streams.clone(), HOME)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let heaps = std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..50_000 {
+                pool.set_events(Some(Arc::new(|_: &devarena::pool::PoolEvent<'_>| {})));
+                pool.set_events(None);
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        s.spawn(|| {
+            let mut most = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let a = pool.allocate_on(4096, 0, S).unwrap();
+                pool.deallocate_on(a, S).unwrap();
+                most = most.max(pool.thread_heaps());
+            }
+            most
+        })
+        .join()
+        .unwrap()
+    });
+    assert!(heaps <= 1, "one thread on one stream: {heaps} heaps");
+    streams.complete_all();
+    pool.reclaim().unwrap();
+    let stats = pool.stats();
+    assert_eq!((stats.live, stats.in_use), (0, 0));
+}
+
+#[test]
 fn statistics_park_a_stream_heaps_free_blocks_and_a_refusal_takes_them_in_order() {
     const S: StreamId = StreamId(7);
     let capacity = 16 << 20;

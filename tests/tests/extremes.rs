@@ -264,6 +264,7 @@ fn stream_pools_at_the_edges() {
     assert_eq!(pool.allocate_on(MIB / 2, 0, other), Ok(a));
     pool.deallocate_on(a, other).unwrap();
     let h = pool.allocate_on(MIB / 4, 0, home).unwrap();
+    assert_eq!(pool.thread_heaps(), 2, "and one for the home stream");
     pool.deallocate_on(h, home).unwrap();
     assert_eq!(streams.pending(other), 0);
     streams.complete_all();

@@ -246,7 +246,9 @@ impl PoolBuilder {
 
     /// Whether every thread gets its heap at its first allocation, instead of once some thread
     /// has found the pool's lock taken (off by default; a heap for a stream other than the home
-    /// stream comes with the first request there either way). For pools known to serve several threads
+    /// stream comes with the first request there either way, unless the stream captures a
+    /// graph then, is CUDA's per-thread default stream, or the stream runtime refuses it; and
+    /// none while tracking or an event sink is on). For pools known to serve several threads
     /// at once; a pool used this way by one thread places its blocks in spans, not as the
     /// pool's own index would.
     ///

@@ -89,11 +89,13 @@
 //! # Threads
 //!
 //! A pool used by one thread at a time on its home stream works on its own index, block for
-//! block as described above. When a thread finds the pool's lock taken, and from then on
-//! whenever a thread allocates while another has a heap (or at its first allocation, with
-//! [`PoolBuilder::eager_thread_heaps`]), and whenever a thread allocates on a stream other
-//! than the home stream, it gets a heap of its own for that pool and the request's stream:
-//! it takes a span of the region (a sixteenth of the capacity, or what a
+//! block as described above. When a thread finds the pool's lock taken, or allocates on a
+//! stream other than the home stream, and from then on whenever a thread allocates while
+//! another has a heap (or at its first allocation, with
+//! [`PoolBuilder::eager_thread_heaps`]), it gets a heap of its own for that pool and the
+//! request's stream (so one request on another stream moves the thread's home-stream
+//! requests to a heap too, about a fifth more instructions a pair than the pool's index): it
+//! takes a span of the region (a sixteenth of the capacity, or what a
 //! larger request needs) and allocates and frees that stream's requests in its spans, with a
 //! reuse cache of its own, under a lock that other threads take only to take headroom back or
 //! to give spans back. It asks the
@@ -134,9 +136,16 @@
 //!   count as `pending` meanwhile; a request that would fail without them makes the home
 //!   stream wait for that stream and takes them. A thread gets a heap for another stream at
 //!   its first request there (on the pool's index a free there would record an event), unless
-//!   that stream is capturing a graph then (the pool's index serves a capture; the heap comes
-//!   with a request after it). CUDA's per-thread default stream, a different stream on each
-//!   thread, gets no heap.
+//!   that stream is capturing a graph then, or the runtime refuses it or cannot say whether it
+//!   captures (the pool's index serves it; the heap comes with a later request). A heap serves
+//!   its stream without asking whether it captures, as the pool's index serves the home
+//!   stream: a free there during a capture is handed out again at once, though the graph may
+//!   replay work that used the block. A [`GraphReservation`] (and `Pool::capture`) gives the
+//!   calling thread's heap for its stream back when it is opened, so that the thread's plain
+//!   requests on that stream during the capture take the pool's index, which refuses a free
+//!   on a capturing stream; other threads' heaps for the stream, and heaps made on a stream
+//!   whose capture was begun without a reservation, are not given back. CUDA's per-thread
+//!   default stream, a different stream on each thread, gets no heap.
 //! * **Thread exit, pool drop.** A thread's heaps are listed in a thread-local that holds each
 //!   pool weakly; when the thread exits, each heap of a pool still alive is given back. A pool
 //!   dropped first empties its heaps (its leak report lists their live allocations).

@@ -106,9 +106,11 @@ pub trait StreamSync: Any + Send + Sync + fmt::Debug {
     /// finished (`cuEventRecord`).
     fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error>;
 
-    /// Whether the runtime can serve `stream`: the pool asks before it hands out a block for a
-    /// stream other than its home stream, or takes a free on one, so that a stream the
-    /// runtime cannot use fails at once and changes nothing. Every stream by default.
+    /// Whether the runtime can serve `stream`: the pool asks before it hands out a block of its
+    /// own index for a stream other than its home stream, or takes a free there on one, and
+    /// when it makes a thread heap for such a stream (once: the heap's requests do not ask
+    /// again), so that a stream the runtime cannot use fails at once and changes nothing.
+    /// Every stream by default.
     fn validate(&self, stream: StreamId) -> Result<(), Error> {
         let _ = stream;
         Ok(())
@@ -131,7 +133,9 @@ pub trait StreamSync: Any + Send + Sync + fmt::Debug {
 
     /// Whether `stream` is capturing a CUDA graph (`cuStreamIsCapturing`): work queued on it is
     /// recorded, not run, so the pool records no event on it and makes it wait for nothing.
-    /// `false` by default (a runtime without graphs).
+    /// Also asked when a thread would get a heap for a stream other than the home stream: none
+    /// while the stream captures, or while this returns an error. `false` by default (a runtime
+    /// without graphs).
     fn is_capturing(&self, stream: StreamId) -> Result<bool, Error> {
         let _ = stream;
         Ok(false)

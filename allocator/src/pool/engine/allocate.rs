@@ -165,7 +165,12 @@ impl Shared {
     ) -> Result<u64, Error> {
         let mut state = self.lock()?;
         if self.heap_bytes > 0 {
-            if let Some(heap) = self.new_thread_heap(&mut state, ask.stream) {
+            // The thread's heap for the stream where it has one (a sink or tracking switched
+            // off since the caller looked sends it here too), else a new one.
+            let heap = self
+                .thread_heap(ask.stream)
+                .or_else(|| self.new_thread_heap(&mut state, ask.stream));
+            if let Some(heap) = heap {
                 let result = self.heap_allocate_locked(&mut state, &heap, ask, owned);
                 return self.unlock_and_deliver(state, result);
             }

@@ -19,6 +19,13 @@ impl Shared {
         if let Some(streams) = &self.streams {
             if stream != self.home {
                 self.stream_call("validate", || streams.validate(stream))?;
+                // The calling thread's heap for the stream, which would serve the stream's
+                // plain requests during the capture without asking whether it captures (a
+                // free there handed out again at once, though the graph may replay work that
+                // used the block), goes back first: during the capture those requests take the
+                // pool's index, which refuses a free on the capturing stream, and the thread
+                // gets a new heap for the stream at a request after the capture.
+                self.give_back_thread_heap(stream);
             }
         }
         Ok(self.lock()?.graphs.open(stream))

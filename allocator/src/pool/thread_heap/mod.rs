@@ -8,9 +8,9 @@
 //! pool's index, each one used block there. The thread allocates and frees in its spans under a
 //! lock of its own, which only it takes in the common case, so the pool's lock and the cache
 //! lines of the pool's state stay out of its way. Until a thread meets another on the
-//! pool's lock, no thread gets one for the home stream (unless the pool gives every thread
-//! one, `eager_thread_heaps`): a pool used by one thread at a time on its home stream works as
-//! it did without them, block for block. From then on, while any thread has a heap, a thread without one gets one
+//! pool's lock, or allocates on another stream, no thread gets one (unless the pool gives every
+//! thread one, `eager_thread_heaps`): a pool used by one thread at a time on its home stream
+//! works as it did without them, block for block. From then on, while any thread has a heap, a thread without one gets one
 //! at its next allocation: left on the pool's index it would look for its heap first on every
 //! call, and hold the pool's lock that the heaps' slow paths need.
 //!
@@ -379,6 +379,22 @@ fn current_arc(pool: u64, stream: StreamId) -> Option<Arc<ThreadHeap>> {
         .flatten()
 }
 
+/// Takes the calling thread's heap for `pool` and `stream` out of its list (nothing looked up
+/// last afterwards); `None` when it has none (or is exiting).
+fn take_current(pool: u64, stream: StreamId) -> Option<Arc<ThreadHeap>> {
+    forget_current();
+    THREAD_HEAPS
+        .try_with(|t| {
+            let mut all = t.all.try_borrow_mut().ok()?;
+            let at = all
+                .iter()
+                .position(|e| e.pool == pool && e.stream == stream)?;
+            Some(all.swap_remove(at).heap)
+        })
+        .ok()
+        .flatten()
+}
+
 /// Adds `heap` to the calling thread's list; `false` when the thread is exiting.
 fn register(pool: u64, shared: Weak<Shared>, heap: &Arc<ThreadHeap>) -> bool {
     THREAD_HEAPS
@@ -527,7 +543,21 @@ impl Shared {
         Some(heap)
     }
 
-    /// Gives `heap` back for good: its thread exits.
+    /// Gives the calling thread's heap for `stream` back for good, if it has one: its spans go
+    /// back as at the thread's exit, and a later request of the thread on `stream` makes a new
+    /// heap.
+    pub(super) fn give_back_thread_heap(&self, stream: StreamId) {
+        // (Not from inside a callback of this pool, which holds the pool's lock further up:
+        // the caller's own call on the pool reports that.)
+        if self.state.in_callback() {
+            return;
+        }
+        if let Some(heap) = take_current(self.id, self.heap_stream(stream)) {
+            self.retire(&heap);
+        }
+    }
+
+    /// Gives `heap` back for good: its thread exits (or gives it back).
     pub(super) fn retire(&self, heap: &Arc<ThreadHeap>) {
         let mut state = self.lock_wait();
         {
