@@ -10,9 +10,10 @@
 //! lines of the pool's state stay out of its way. Until a thread meets another on the
 //! pool's lock, or allocates on another stream, no thread gets one (unless the pool gives every
 //! thread one, `eager_thread_heaps`): a pool used by one thread at a time on its home stream
-//! works as it did without them, block for block. From then on, while any thread has a heap, a thread without one gets one
-//! at its next allocation: left on the pool's index it would look for its heap first on every
-//! call, and hold the pool's lock that the heaps' slow paths need.
+//! works as it did without them, block for block. From then on, while any thread has a heap,
+//! a thread without one gets one at its next allocation: left on the pool's index it would
+//! look for its heap first on every call, and hold the pool's lock that the heaps' slow paths
+//! need.
 //!
 //! What users rely on holds exactly, heaps or not:
 //!
