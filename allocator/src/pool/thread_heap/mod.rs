@@ -330,9 +330,11 @@ fn with_current<R>(
     // inside `THREAD_HEAPS.try_with`, so never once the list is being destroyed), and that
     // entry stays in the list while `f` runs: entries leave it only in `lookup`, for pools
     // that are gone (this one is not: the caller is a call on it; pool ids are never reused
-    // and never 0), and when the thread exits (the list's destructor resets `LAST` before it
-    // empties the list; where `LAST` itself is gone, `try_with` above fails and nothing is
-    // looked up).
+    // and never 0), in `take_current`, which resets `LAST` before it takes an entry out and
+    // runs only when a graph reservation is opened, a call of its own that no `f` makes (the
+    // paths run as `f` call no user code), and when the thread exits (the list's destructor
+    // resets `LAST` before it empties the list; where `LAST` itself is gone, `try_with` above
+    // fails and nothing is looked up).
     Some(f(unsafe { &*heap }))
 }
 
