@@ -11,8 +11,8 @@ use std::sync::{Arc, Barrier, Mutex, mpsc};
 
 use devarena::backend::{HostVirtualMemory, VmCall};
 use devarena::pool::{
-    AllocRequest, FreeRequest, ManualStreams, PoolAction, PoolEvent, PoolSlice, StreamEvent,
-    StreamId, StreamSync, Tracking, guaranteed_fit,
+    AllocRequest, FreeRequest, ManualStreams, PoolAction, PoolEvent, PoolSlice, PoolStats,
+    StreamEvent, StreamId, StreamSync, Tracking, guaranteed_fit,
 };
 use devarena::{Error, Pool, PoolClient};
 
@@ -1745,13 +1745,36 @@ const HOME: StreamId = StreamId(1);
 
 /// A pool on `streams` (home stream [`HOME`]) where every thread gets a heap at once.
 fn stream_pool(name: &str, capacity: usize, streams: Arc<dyn StreamSync>) -> Pool {
+    stream_pool_with(name, capacity, streams, true)
+}
+
+/// A pool on `streams` as built by default: a thread gets a heap for another stream at its
+/// first request there, and for the home stream once some thread has a heap.
+fn default_stream_pool(name: &str, capacity: usize, streams: Arc<dyn StreamSync>) -> Pool {
+    stream_pool_with(name, capacity, streams, false)
+}
+
+fn stream_pool_with(
+    name: &str,
+    capacity: usize,
+    streams: Arc<dyn StreamSync>,
+    eager: bool,
+) -> Pool {
     Pool::builder(capacity)
         .name(name)
-        .eager_thread_heaps(true)
+        .eager_thread_heaps(eager)
         .streams(streams, HOME)
         .log_leaks_on_drop(false)
         .build_host()
         .unwrap()
+}
+
+/// Completes every event, takes the blocks back, and returns the statistics (which give the
+/// heaps back, parking their free blocks again: a second call takes those).
+fn drained(pool: &Pool, streams: &ManualStreams) -> PoolStats {
+    streams.complete_all();
+    pool.reclaim().unwrap();
+    pool.stats()
 }
 
 /// Runs `body` while another thread holds its heap for `stream` with 1 MiB freed there (the
@@ -1840,12 +1863,7 @@ fn a_thread_alone_on_another_stream_gets_a_heap_for_it() {
     // A pool as built by default: no thread has a heap, none met another on the lock.
     const S: StreamId = StreamId(7);
     let streams = Arc::new(ManualStreams::new());
-    let pool = Pool::builder(16 << 20)
-        .name("alone")
-        .streams(streams.clone(), HOME)
-        .log_leaks_on_drop(false)
-        .build_host()
-        .unwrap();
+    let pool = default_stream_pool("alone", 16 << 20, streams.clone());
     // The home stream on the pool's own index, as always; a home free since `S` last waited.
     let h = pool.allocate(4096, 0).unwrap();
     pool.deallocate(h).unwrap();
@@ -1872,9 +1890,7 @@ fn a_thread_alone_on_another_stream_gets_a_heap_for_it() {
         (4, 4, 0, 0)
     );
     assert_eq!(stats.pending + stats.free, 16 << 20);
-    streams.complete_all();
-    pool.reclaim().unwrap();
-    let stats = pool.stats();
+    let stats = drained(&pool, &streams);
     assert_eq!((stats.pending, stats.largest_free), (0, 16 << 20));
 }
 
@@ -1882,12 +1898,7 @@ fn a_thread_alone_on_another_stream_gets_a_heap_for_it() {
 fn a_stream_capturing_a_graph_gets_no_heap_until_its_capture_ends() {
     const S: StreamId = StreamId(7);
     let streams = Arc::new(ManualStreams::new());
-    let pool = Pool::builder(16 << 20)
-        .name("capture-no-heap")
-        .streams(streams.clone(), HOME)
-        .log_leaks_on_drop(false)
-        .build_host()
-        .unwrap();
+    let pool = default_stream_pool("capture-no-heap", 16 << 20, streams.clone());
     streams.begin_capture(S);
     // The pool's own index serves the capture (nothing freed on home: no wait to refuse).
     let a = pool.allocate_on(4096, 0, S).unwrap();
@@ -1906,12 +1917,8 @@ fn a_stream_capturing_a_graph_gets_no_heap_until_its_capture_ends() {
     assert_eq!(pool.thread_heaps(), 1);
     pool.deallocate_on(b, S).unwrap();
     pool.deallocate_on(a, S).unwrap();
-    streams.complete_all();
-    pool.reclaim().unwrap();
-    let stats = pool.stats();
-    streams.complete_all();
-    pool.reclaim().unwrap();
-    let after = pool.stats();
+    let stats = drained(&pool, &streams);
+    let after = drained(&pool, &streams);
     assert_eq!((stats.live, stats.in_use), (0, 0));
     assert_eq!((after.pending, after.largest_free), (0, 16 << 20));
 }
@@ -1920,12 +1927,7 @@ fn a_stream_capturing_a_graph_gets_no_heap_until_its_capture_ends() {
 fn a_graph_reservation_gives_back_the_threads_heap_for_its_stream() {
     const S: StreamId = StreamId(7);
     let streams = Arc::new(ManualStreams::new());
-    let pool = Pool::builder(16 << 20)
-        .name("reservation")
-        .streams(streams.clone(), HOME)
-        .log_leaks_on_drop(false)
-        .build_host()
-        .unwrap();
+    let pool = default_stream_pool("reservation", 16 << 20, streams.clone());
     // Warmed up on `S`: a heap for it, which reuses its frees there at once.
     let x = pool.allocate_on(64 << 10, 0, S).unwrap();
     let y = pool.allocate_on(64 << 10, 0, S).unwrap();
@@ -1954,12 +1956,8 @@ fn a_graph_reservation_gives_back_the_threads_heap_for_its_stream() {
     pool.deallocate_on(z, S).unwrap();
     pool.deallocate_on(g, S).unwrap();
     drop(graph);
-    streams.complete_all();
-    pool.reclaim().unwrap();
-    let stats = pool.stats();
-    streams.complete_all();
-    pool.reclaim().unwrap();
-    let after = pool.stats();
+    let stats = drained(&pool, &streams);
+    let after = drained(&pool, &streams);
     assert_eq!((stats.live, stats.in_use), (0, 0));
     assert_eq!((after.pending, after.largest_free), (0, 16 << 20));
 }
@@ -1970,17 +1968,12 @@ fn a_sink_switched_on_and_off_never_gives_a_thread_two_heaps_for_one_stream() {
     // time it looks for a heap, it must find the thread's heap, not make a second one.
     const S: StreamId = StreamId(7);
     let streams = Arc::new(ManualStreams::new());
-    let pool = Pool::builder(64 << 20)
-        .name("toggled-sink")
-        .streams(streams.clone(), HOME)
-        .log_leaks_on_drop(false)
-        .build_host()
-        .unwrap();
+    let pool = default_stream_pool("toggled-sink", 64 << 20, streams.clone());
     let stop = std::sync::atomic::AtomicBool::new(false);
     let heaps = std::thread::scope(|s| {
         s.spawn(|| {
             for _ in 0..50_000 {
-                pool.set_events(Some(Arc::new(|_: &devarena::pool::PoolEvent<'_>| {})));
+                pool.set_events(Some(Arc::new(|_: &PoolEvent<'_>| {})));
                 pool.set_events(None);
             }
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -1998,9 +1991,7 @@ fn a_sink_switched_on_and_off_never_gives_a_thread_two_heaps_for_one_stream() {
         .unwrap()
     });
     assert!(heaps <= 1, "one thread on one stream: {heaps} heaps");
-    streams.complete_all();
-    pool.reclaim().unwrap();
-    let stats = pool.stats();
+    let stats = drained(&pool, &streams);
     assert_eq!((stats.live, stats.in_use), (0, 0));
 }
 
