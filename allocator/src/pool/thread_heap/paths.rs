@@ -161,8 +161,8 @@ impl Shared {
         let (size, align) = (reserved as u64, ask.align as u64);
         let hits = h.tlsf.reused();
         let bound = self.heap_bound() as u64;
-        // Half the bound may wait whole for reuse; the rest is room to split from.
-        h.tlsf.set_cache_limit((bound / 2).min(self.heap_cache.1));
+        h.high_water = h.high_water.max((h.lease.used + reserved) as u64);
+        h.tlsf.set_cache_limit(self.heap_cache_limit(h, bound));
         let mut taken = h.tlsf.allocate(size, align);
         // Within its bound a heap grows (a span: one visit here); at its bound it merges what
         // waits in its cache, the oldest half at a time, and looks again.
