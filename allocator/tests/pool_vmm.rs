@@ -616,7 +616,7 @@ fn churn_on_heaps(threads: usize, live: usize, ops: usize, max: usize) -> PoolSt
                     rng
                 };
                 let span = (max / 256).ilog2() as f64;
-                let mut size = move |r: u64| {
+                let size = move |r: u64| {
                     let x = (r >> 11) as f64 / (1u64 << 53) as f64;
                     (256.0 * (x * span).exp2()) as usize
                 };
