@@ -439,8 +439,6 @@ fn hooked_pool(name: &str) -> (Arc<Pool>, Arc<Hooked>) {
 }
 
 #[test]
-#[ignore = "defect: a runtime callback of pool A that calls pool B, whose runtime calls pool A, \
-            waits for ever on A's lock (the re-entry check knows only the innermost callback)"]
 fn a_call_back_through_a_second_pools_runtime_gets_an_error_instead_of_a_hang() {
     let (a, a_streams) = hooked_pool("nested-a");
     let (b, b_streams) = hooked_pool("nested-b");
