@@ -368,12 +368,15 @@ fn within<R: Send + 'static>(secs: u64, f: impl FnOnce() -> R + Send + 'static) 
     rx.recv_timeout(std::time::Duration::from_secs(secs)).ok()
 }
 
+/// What a test hooks into a runtime call, run once.
+type Hook = Mutex<Option<Box<dyn FnOnce() + Send>>>;
+
 /// A stream runtime that, in `record`, runs what the test put in `on_record` (once).
 #[derive(Default)]
 struct Hooked {
-    on_record: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    on_record: Hook,
     /// Events whose destructor runs what the test put here (once).
-    on_event_drop: Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>,
+    on_event_drop: Arc<Hook>,
     complete: Arc<AtomicBool>,
 }
 
@@ -384,7 +387,7 @@ impl std::fmt::Debug for Hooked {
 }
 
 struct HookedEvent {
-    on_drop: Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>,
+    on_drop: Arc<Hook>,
     complete: Arc<AtomicBool>,
 }
 
