@@ -2414,3 +2414,85 @@ fn a_capture_that_needs_blocks_a_stream_heap_gave_back_has_the_host_wait_for_the
     pool.reclaim().unwrap();
     assert_eq!(pool.stats().in_use, 0);
 }
+
+/// Live blocks as `(address, reserved bytes)` never overlap.
+fn assert_disjoint(blocks: &mut [(u64, usize)]) {
+    blocks.sort_unstable();
+    for pair in blocks.windows(2) {
+        assert!(
+            pair[0].0 + pair[0].1 as u64 <= pair[1].0,
+            "blocks {:#x}+{} and {:#x} overlap",
+            pair[0].0,
+            pair[0].1,
+            pair[1].0
+        );
+    }
+}
+
+#[test]
+fn a_sink_that_gives_the_threads_heap_back_midway_leaves_one_owner_per_block() {
+    // The sink runs on the thread whose heap for `side` was looked up last, outside the
+    // pool's lock: it switches itself off, allocates there (the heap, looked up again), opens
+    // a graph reservation on `side` (which takes that heap out of the thread's list) and
+    // allocates there again (the pool's index, then a new heap). Every block has one owner
+    // and the counts add up.
+    let side = StreamId(7);
+    let streams = Arc::new(ManualStreams::new());
+    let pool = Arc::new(default_stream_pool(
+        "sink-gives-back",
+        8 << 20,
+        streams.clone(),
+    ));
+    let inner: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let graph: Arc<Mutex<Option<devarena::pool::GraphReservation>>> = Arc::default();
+    let before: Vec<u64> = (0..4)
+        .map(|i| pool.allocate_on(1000 * (i + 1), 0, side).unwrap())
+        .collect();
+    assert_eq!(pool.thread_heaps(), 1);
+    let sink = {
+        let (pool, inner, graph) = (Arc::downgrade(&pool), inner.clone(), graph.clone());
+        move |_: &PoolEvent<'_>| {
+            let Some(pool) = pool.upgrade() else { return };
+            pool.set_events(None);
+            let mut inner = inner.lock().unwrap();
+            inner.push(pool.allocate_on(3000, 0, side).unwrap());
+            *graph.lock().unwrap() = Some(pool.graph_reservation(side).unwrap());
+            inner.push(pool.allocate_on(5000, 0, side).unwrap());
+            inner.push(pool.allocate_on(7000, 0, side).unwrap());
+        }
+    };
+    pool.set_events(Some(Arc::new(sink)));
+    let home = pool.allocate(2000, 0).unwrap();
+    let inner = inner.lock().unwrap().clone();
+    assert_eq!(inner.len(), 3, "the sink ran once");
+    let after: Vec<u64> = (0..4)
+        .map(|_| pool.allocate_on(9000, 0, side).unwrap())
+        .collect();
+    let sizes = [
+        1000, 2000, 3000, 4000, 2000, 3000, 5000, 7000, 9000, 9000, 9000, 9000,
+    ];
+    let addrs: Vec<u64> = before
+        .iter()
+        .chain([&home])
+        .chain(&inner)
+        .chain(&after)
+        .copied()
+        .collect();
+    let mut blocks: Vec<(u64, usize)> = addrs
+        .iter()
+        .zip(sizes)
+        .map(|(&a, s)| (a, class_rounded(s)))
+        .collect();
+    assert_disjoint(&mut blocks);
+    assert_eq!(pool.stats().live, 12);
+    for (&a, s) in addrs.iter().zip(sizes) {
+        let stream = if a == home { HOME } else { side };
+        pool.deallocate_with(FreeRequest::new(a).size(s).on(stream))
+            .unwrap();
+    }
+    drop(graph.lock().unwrap().take());
+    drained(&pool, &streams);
+    let stats = drained(&pool, &streams);
+    assert_eq!((stats.live, stats.in_use, stats.pending), (0, 0, 0));
+    assert_eq!(stats.largest_free, 8 << 20);
+}

@@ -76,7 +76,10 @@ impl MemoryKind {
 /// `allocate` must return a region of at least `bytes` bytes aligned to `align` that stays valid
 /// until it is passed to `deallocate`, and no two live regions may overlap. `base_mut` and
 /// `base_ref` must address that region. `memory` must tell the truth: code above the backend
-/// hands out `&mut [T]` over an allocation of [`MemoryKind::Host`].
+/// hands out `&mut [T]` and `&[T]` over an allocation of [`MemoryKind::Host`] (for element
+/// types that accept every bit pattern), so such an allocation must be initialized host memory
+/// (zeroed, as [`HostBackend`]'s is, or filled): reading never-written bytes would be undefined
+/// behaviour.
 pub unsafe trait Backend {
     /// The views a mutable borrow of an arena hands out.
     type Mut: ViewKind;

@@ -28,6 +28,8 @@ use crate::error::Error;
 ///   [`memory`](Self::memory), readable and writable (by the device, for device memory), and
 ///   stays so until that chunk is passed to [`unmap`](Self::unmap). On `Err` nothing of the run
 ///   is mapped.
+/// * Memory of kind [`MemoryKind::Host`] is initialized when it is mapped (zeroed, or filled
+///   as [`HostVirtualMemory`] does): it is read as `&[T]` before anything is written there.
 pub unsafe trait VirtualMemory: Send + Sync {
     /// A short name for messages and reports (`"cuda-vmm"`, `"host-vm"`).
     fn name(&self) -> &'static str;

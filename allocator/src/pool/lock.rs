@@ -23,9 +23,37 @@ use core::ops::{Deref, DerefMut};
 use core::sync::atomic::{AtomicBool, Ordering};
 
 std::thread_local! {
-    /// The lock whose holder, on this thread, is running a user callback right now (null when
-    /// none): taking that lock again here could only wait for ever.
-    static IN_CALLBACK: Cell<*const ()> = const { Cell::new(core::ptr::null()) };
+    /// The innermost user callback this thread is running under a lock (null when none): the
+    /// head of a list of [`CallbackFrame`]s, one for each callback on the thread's stack, which
+    /// names every lock taking again here could only wait for ever on. (All of them, not only
+    /// the innermost: pool A's callback may call pool B, whose callback calls pool A.) No
+    /// destructor, so that it can be read while the thread's other thread-locals are destroyed.
+    static IN_CALLBACK: Cell<*const CallbackFrame> = const { Cell::new(core::ptr::null()) };
+}
+
+/// One callback running on this thread: the lock it runs under, and the callback it runs
+/// inside (null: none). Lives on the stack of [`Lock::callback`] while the callback runs.
+struct CallbackFrame {
+    lock: *const (),
+    outer: *const CallbackFrame,
+}
+
+/// Whether this thread is running a user callback under `lock`, at any depth.
+fn in_callback_of(lock: *const ()) -> bool {
+    let mut frame = IN_CALLBACK.with(Cell::get);
+    while !frame.is_null() {
+        // SAFETY: every frame on the list is a local of a `Lock::callback` call of this thread
+        // that has not returned: `callback` puts its frame at the head only for the time it
+        // runs the callback and puts the head it found back when the callback returns or
+        // unwinds (`Restore`), before the frame goes; calls nest, so the frames that list
+        // reaches are those of the calls further up the stack, each still running.
+        let f = unsafe { &*frame };
+        if f.lock == lock {
+            return true;
+        }
+        frame = f.outer;
+    }
+    false
 }
 
 /// The calling thread already holds this lock, further up its stack, in a user callback.
@@ -100,26 +128,33 @@ impl<T> Lock<T> {
 
     /// Whether this thread is running a callback made while it holds this lock.
     pub(crate) fn in_callback(&self) -> bool {
-        IN_CALLBACK.with(|c| c.get()) == self as *const Self as *const ()
+        in_callback_of(self as *const Self as *const ())
     }
 
     /// Runs `f`, a user callback made while this thread holds the lock, so that a call back
     /// into the lock from `f` fails with [`Reentrant`] instead of waiting for ever.
     pub(crate) fn callback<R>(&self, f: impl FnOnce() -> R) -> R {
-        /// Puts back the outer callback's lock, also when `f` unwinds.
-        struct Restore(*const ());
+        /// Puts back the outer callback's frame, also when `f` unwinds.
+        struct Restore(*const CallbackFrame);
         impl Drop for Restore {
             fn drop(&mut self) {
                 IN_CALLBACK.with(|c| c.set(self.0));
             }
         }
-        let _restore = Restore(IN_CALLBACK.with(|c| c.replace(self as *const Self as *const ())));
+        let frame = CallbackFrame {
+            lock: self as *const Self as *const (),
+            outer: IN_CALLBACK.with(Cell::get),
+        };
+        // Declared after `frame`, so dropped before it: the list never names a frame that is
+        // gone.
+        let _restore = Restore(frame.outer);
+        IN_CALLBACK.with(|c| c.set(&frame));
         f()
     }
 
     #[cold]
     fn lock_contended(&self) -> Result<(), Reentrant> {
-        if IN_CALLBACK.with(|c| c.get()) == self as *const Self as *const () {
+        if self.in_callback() {
             return Err(Reentrant);
         }
         let mut backoff = 1;
@@ -220,5 +255,26 @@ mod tests {
         drop(guard);
         // Outside the callback the lock is free again and taken normally.
         assert_eq!(*lock.lock().unwrap(), 0);
+    }
+
+    #[test]
+    fn a_callback_of_another_lock_inside_a_callback_still_knows_the_outer_lock() {
+        let (a, b) = (Lock::new(0u32), Lock::new(0u32));
+        let guard_a = a.lock().unwrap();
+        let inner = a.callback(|| {
+            let guard_b = b.lock().unwrap();
+            let seen = b.callback(|| (a.lock().err(), b.lock().err(), a.in_callback()));
+            drop(guard_b);
+            seen
+        });
+        assert_eq!(inner, (Some(Reentrant), Some(Reentrant), true));
+        // Each callback's frame is gone with it, also when the callback unwinds.
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            b.callback(|| panic!("callback panics"))
+        }));
+        assert!(unwound.is_err());
+        assert!(!a.in_callback() && !b.in_callback());
+        drop(guard_a);
+        assert_eq!((*a.lock().unwrap(), *b.lock().unwrap()), (0, 0));
     }
 }

@@ -19,8 +19,8 @@ use crate::layout::Element;
 ///
 /// On a host pool, [`as_slice`](Self::as_slice) and [`as_mut_slice`](Self::as_mut_slice) give
 /// the elements as `&[T]` / `&mut [T]` (the memory is always initialized: the host region
-/// starts zeroed and `T` accepts every bit pattern, so a reused block reads as the values last
-/// written there). On a device pool they return an error naming the backend; the CUDA backend
+/// starts initialized, zeroed by the crate's host backends, and `T` accepts every bit pattern,
+/// so a reused block reads as the values last written there). On a device pool they return an error naming the backend; the CUDA backend
 /// adds the device view conversion (`device_view(&stream)` / `device_view_mut(&stream)` in
 /// `backend/cuda.rs`: a view of [`addr`](Self::addr) and [`len`](Self::len) that implements
 /// cudarc's `DeviceSlice` / `DevicePtr` / `DevicePtrMut` and `PushKernelArg`, borrowed from the
@@ -131,8 +131,10 @@ impl<T: Element> PoolSlice<T> {
         let ptr = self.host_ptr()?;
         // SAFETY: a host pool's region is host memory that lives while `self.client` does; the
         // block holds `len` elements, aligned for `T`, and belongs to this slice alone (only
-        // the slice can free it, and live blocks never overlap). Its bytes are initialized (the
-        // region starts zeroed) and `T: Element` accepts every bit pattern.
+        // the slice can free it, and live blocks never overlap). Its bytes are initialized
+        // (host memory comes initialized from its `Backend` or `VirtualMemory`, whose unsafe
+        // contracts say so, and only `T: Element` values are written there) and `T: Element`
+        // accepts every bit pattern.
         Ok(unsafe { core::slice::from_raw_parts(ptr, self.len) })
     }
 

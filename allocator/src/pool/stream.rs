@@ -86,6 +86,11 @@ impl fmt::Display for StreamId {
 /// An event recorded on a stream: complete once every piece of work queued on the stream
 /// before the record has finished. Dropping it releases it (`cuEventDestroy`, or back to an
 /// event cache).
+///
+/// The pool may drop an event while it holds its lock (a reclaimed block's, a free that failed
+/// after its event was recorded): its destructor must not call back into the pool, which
+/// would wait for the lock for ever, and should not panic, which would reach the pool call
+/// that dropped it.
 pub trait StreamEvent: Send + fmt::Debug {
     /// Whether the event has completed (`cuEventQuery`: `CUDA_SUCCESS` → `true`,
     /// `CUDA_ERROR_NOT_READY` → `false`, anything else → `Err`). Must not block.

@@ -411,7 +411,11 @@ impl Drop for Mapping {
                 continue;
             }
             let at = self.addr_of(c);
-            // SAFETY: a mapped chunk; the pool is gone and the device is idle.
+            // SAFETY: a mapped chunk; the pool is gone, and with it every handle, slice and
+            // view that reached the chunk from the host. Work queued on the device was waited
+            // for above; where that wait failed, such work may still reach the chunk, which
+            // the contract of `unmap` forbids: a fault on the device, never a host access (a
+            // host region's `synchronize` has nothing to wait for and cannot fail).
             if let Err(error) = unsafe { vm.unmap(at, chunk) } {
                 stuck += 1;
                 log::error!(

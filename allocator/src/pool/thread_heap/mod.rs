@@ -338,7 +338,9 @@ fn with_current<R>(
     // that are gone (this one is not: the caller is a call on it; pool ids are never reused
     // and never 0), in `take_current`, which resets `LAST` before it takes an entry out and
     // runs only when a graph reservation is opened, a call of its own that no `f` makes (the
-    // paths run as `f` call no user code), and when the thread exits (the list's destructor
+    // paths run as `f` call no user code but the global allocator, whose own calls on a pool
+    // may look up and register heaps, which takes no entry of a live pool out of the list and
+    // moves no heap: an entry holds its heap behind an `Arc`), and when the thread exits (the list's destructor
     // resets `LAST` before it empties the list; where `LAST` itself is gone, `try_with` above
     // fails and nothing is looked up).
     Some(f(unsafe { &*heap }))
