@@ -17,7 +17,7 @@ use super::graph::Graphs;
 use super::lock::{Lock, LockGuard, Reentrant};
 use super::region::{Region, RegionOwner};
 use super::stats::{ClientStats, Leak, LeakReport, PoolStats, Tracking};
-use super::stream::{StreamEvent, StreamId, StreamSync};
+use super::stream::{HeldEvent, StreamEvent, StreamId, StreamSync};
 use super::thread_heap::{self, HeapEntry, ThreadHeap};
 use super::tlsf::Tlsf;
 use super::vmm::{ChunkMap, Mapping};
@@ -513,6 +513,17 @@ impl Shared {
                 )))
             })
         })
+    }
+
+    /// Records an event on `stream` (a runtime callback, see [`stream_call`](Self::stream_call)),
+    /// kept as a [`HeldEvent`]: its destructor runs as a callback of the pool's lock.
+    pub(super) fn record_event(
+        &self,
+        streams: &dyn StreamSync,
+        stream: StreamId,
+    ) -> Result<Box<dyn StreamEvent>, Error> {
+        let event = self.stream_call("record", || streams.record(stream))?;
+        Ok(HeldEvent::boxed(event, self.state.id()))
     }
 
     pub(super) fn tracking(&self) -> Tracking {

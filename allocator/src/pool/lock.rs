@@ -32,7 +32,7 @@ std::thread_local! {
 }
 
 /// One callback running on this thread: the lock it runs under, and the callback it runs
-/// inside (null: none). Lives on the stack of [`Lock::callback`] while the callback runs.
+/// inside (null: none). Lives on the stack of [`LockId::callback`] while the callback runs.
 struct CallbackFrame {
     lock: *const (),
     outer: *const CallbackFrame,
@@ -42,7 +42,7 @@ struct CallbackFrame {
 fn in_callback_of(lock: *const ()) -> bool {
     let mut frame = IN_CALLBACK.with(Cell::get);
     while !frame.is_null() {
-        // SAFETY: every frame on the list is a local of a `Lock::callback` call of this thread
+        // SAFETY: every frame on the list is a local of a `LockId::callback` call of this thread
         // that has not returned: `callback` puts its frame at the head only for the time it
         // runs the callback and puts the head it found back when the callback returns or
         // unwinds (`Restore`), before the frame goes; calls nest, so the frames that list
@@ -59,6 +59,34 @@ fn in_callback_of(lock: *const ()) -> bool {
 /// The calling thread already holds this lock, further up its stack, in a user callback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Reentrant;
+
+/// A lock's identity: its address, never dereferenced (see [`Lock::id`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LockId(usize);
+
+impl LockId {
+    /// Runs `f`, a user callback made while this thread holds the lock or made where it
+    /// might (a destructor of something the lock's value owns), so that a call back into the
+    /// lock from `f` fails with [`Reentrant`] instead of waiting for ever.
+    pub(crate) fn callback<R>(self, f: impl FnOnce() -> R) -> R {
+        /// Puts back the outer callback's frame, also when `f` unwinds.
+        struct Restore(*const CallbackFrame);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                IN_CALLBACK.with(|c| c.set(self.0));
+            }
+        }
+        let frame = CallbackFrame {
+            lock: self.0 as *const (),
+            outer: IN_CALLBACK.with(Cell::get),
+        };
+        // Declared after `frame`, so dropped before it: the list never names a frame that is
+        // gone.
+        let _restore = Restore(frame.outer);
+        IN_CALLBACK.with(|c| c.set(&frame));
+        f()
+    }
+}
 
 /// The longest back-off, in spin-loop hints, before a waiter starts yielding the CPU: about
 /// 2,000 hints in all, tens of microseconds, far beyond the pool's critical sections (well
@@ -128,28 +156,19 @@ impl<T> Lock<T> {
 
     /// Whether this thread is running a callback made while it holds this lock.
     pub(crate) fn in_callback(&self) -> bool {
-        in_callback_of(self as *const Self as *const ())
+        in_callback_of(self.id().0 as *const ())
     }
 
     /// Runs `f`, a user callback made while this thread holds the lock, so that a call back
     /// into the lock from `f` fails with [`Reentrant`] instead of waiting for ever.
     pub(crate) fn callback<R>(&self, f: impl FnOnce() -> R) -> R {
-        /// Puts back the outer callback's frame, also when `f` unwinds.
-        struct Restore(*const CallbackFrame);
-        impl Drop for Restore {
-            fn drop(&mut self) {
-                IN_CALLBACK.with(|c| c.set(self.0));
-            }
-        }
-        let frame = CallbackFrame {
-            lock: self as *const Self as *const (),
-            outer: IN_CALLBACK.with(Cell::get),
-        };
-        // Declared after `frame`, so dropped before it: the list never names a frame that is
-        // gone.
-        let _restore = Restore(frame.outer);
-        IN_CALLBACK.with(|c| c.set(&frame));
-        f()
+        self.id().callback(f)
+    }
+
+    /// The lock's identity, for running callbacks under it where the lock itself is not at
+    /// hand (a destructor).
+    pub(crate) fn id(&self) -> LockId {
+        LockId(self as *const Self as *const () as usize)
     }
 
     #[cold]

@@ -54,6 +54,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::Error;
+use crate::pool::lock::LockId;
 
 /// A stream, by its raw handle: a `CUstream` (`cudaStream_t`) as an integer, `0` for the legacy
 /// default stream. The pool only compares stream ids and hands them to its [`StreamSync`].
@@ -88,9 +89,10 @@ impl fmt::Display for StreamId {
 /// event cache).
 ///
 /// The pool may drop an event while it holds its lock (a reclaimed block's, a free that failed
-/// after its event was recorded): its destructor must not call back into the pool, which
-/// would wait for the lock for ever, and should not panic, which would reach the pool call
-/// that dropped it.
+/// after its event was recorded). It runs the destructor as it runs the runtime's methods: a
+/// call back into the pool from it fails with an error (statistics and reports wait for the
+/// lock for ever, see [`StreamSync`]), and a panic in it is caught; the event is gone either
+/// way.
 pub trait StreamEvent: Send + fmt::Debug {
     /// Whether the event has completed (`cuEventQuery`: `CUDA_SUCCESS` → `true`,
     /// `CUDA_ERROR_NOT_READY` → `false`, anything else → `Err`). Must not block.
@@ -159,6 +161,54 @@ pub trait StreamSync: Any + Send + Sync + fmt::Debug {
     }
 }
 
+/// An event the pool holds (recorded by its runtime): its destructor, user code that the pool
+/// may run while it holds its lock (a reclaimed block's event, a free that failed after its
+/// event was recorded), runs as a callback of that lock, so that a call back into the pool
+/// from it fails instead of waiting for ever, and a panic in it is caught there.
+pub(super) struct HeldEvent {
+    event: Option<Box<dyn StreamEvent>>,
+    lock: LockId,
+}
+
+impl HeldEvent {
+    pub(super) fn boxed(event: Box<dyn StreamEvent>, lock: LockId) -> Box<dyn StreamEvent> {
+        Box::new(HeldEvent {
+            event: Some(event),
+            lock,
+        })
+    }
+}
+
+impl fmt::Debug for HeldEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.event {
+            Some(event) => event.fmt(f),
+            None => f.write_str("HeldEvent(dropped)"),
+        }
+    }
+}
+
+impl StreamEvent for HeldEvent {
+    fn is_complete(&self) -> Result<bool, Error> {
+        // (Only `drop` takes the event out.)
+        self.event
+            .as_ref()
+            .map_or(Ok(true), |event| event.is_complete())
+    }
+}
+
+impl Drop for HeldEvent {
+    fn drop(&mut self) {
+        if let Some(event) = self.event.take() {
+            self.lock.callback(|| {
+                // A panic in the runtime's destructor loses nothing of the pool's: the event is
+                // gone either way.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(event)));
+            });
+        }
+    }
+}
+
 /// An event that several parked blocks share: recorded on `stream` when a thread heap of that
 /// stream gave its spans back, or, where the stream could not record one then (it was
 /// capturing a graph), at the first look once it no longer captures. Recorded later, it
@@ -170,6 +220,8 @@ struct SharedEventState {
     streams: Arc<dyn StreamSync>,
     stream: StreamId,
     event: Option<Box<dyn StreamEvent>>,
+    /// The pool's lock, under which the event recorded later drops ([`HeldEvent`]).
+    lock: LockId,
 }
 
 impl SharedEvent {
@@ -177,11 +229,13 @@ impl SharedEvent {
         streams: Arc<dyn StreamSync>,
         stream: StreamId,
         event: Option<Box<dyn StreamEvent>>,
+        lock: LockId,
     ) -> Self {
         SharedEvent(Arc::new(Mutex::new(SharedEventState {
             streams,
             stream,
             event,
+            lock,
         })))
     }
 
@@ -219,7 +273,8 @@ impl StreamEvent for SharedEvent {
                 if state.streams.is_capturing(state.stream)? {
                     return Ok(false);
                 }
-                state.event.insert(state.streams.record(state.stream)?)
+                let event = state.streams.record(state.stream)?;
+                state.event.insert(HeldEvent::boxed(event, state.lock))
             }
         };
         event.is_complete()

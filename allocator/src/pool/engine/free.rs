@@ -133,9 +133,7 @@ impl Shared {
         // Record the event before changing anything, so a failing stream runtime leaves the
         // allocation live and the pool as it was.
         let event = match &self.streams {
-            Some(streams) if stream != self.home => {
-                Some(self.stream_call("record", || streams.record(stream))?)
-            }
+            Some(streams) if stream != self.home => Some(self.record_event(&**streams, stream)?),
             _ => None,
         };
         let info = state.forget_live(addr, block, live.tracked);
@@ -194,9 +192,7 @@ impl Shared {
         // stream only: a free on any other stream, the home stream included, parks the block
         // until that stream is done with it.
         let event = match &self.streams {
-            Some(streams) if stream != heap.stream => {
-                Some(self.stream_call("record", || streams.record(stream))?)
-            }
+            Some(streams) if stream != heap.stream => Some(self.record_event(&**streams, stream)?),
             _ => None,
         };
         let mut guard = heap.state.lock_wait();

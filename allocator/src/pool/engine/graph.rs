@@ -154,7 +154,7 @@ impl Shared {
         // the release event covers, and which may be capturing).
         let event = match &self.streams {
             Some(streams) if stream != self.home && stream != owner.stream => {
-                Some(self.stream_call("record", || streams.record(stream))?)
+                Some(self.record_event(&**streams, stream)?)
             }
             _ => None,
         };
@@ -205,7 +205,7 @@ impl Shared {
         }
         let (event, waited, error) = match &self.streams {
             None => (GraphEvent::complete(), true, None),
-            Some(streams) => match self.stream_call("record", || streams.record(stream)) {
+            Some(streams) => match self.record_event(&**streams, stream) {
                 Ok(event) => (GraphEvent::after(event), false, None),
                 // Waits under the lock: a rare path (a driver error, or the graph's stream
                 // capturing again), and the state is consistent.

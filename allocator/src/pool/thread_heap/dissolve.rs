@@ -105,10 +105,13 @@ impl Shared {
         {
             return GiveBack::Free;
         }
-        let event = self
-            .stream_call("record", || streams.record(heap.stream))
-            .ok();
-        GiveBack::Park(SharedEvent::new(streams.clone(), heap.stream, event))
+        let event = self.record_event(&**streams, heap.stream).ok();
+        GiveBack::Park(SharedEvent::new(
+            streams.clone(),
+            heap.stream,
+            event,
+            self.state.id(),
+        ))
     }
 
     /// A free block of the pool's index that held free bytes of `heap`: freed, or parked, as
