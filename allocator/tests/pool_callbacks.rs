@@ -375,6 +375,8 @@ type Hook = Mutex<Option<Box<dyn FnOnce() + Send>>>;
 #[derive(Default)]
 struct Hooked {
     on_record: Hook,
+    /// Run (once) in `validate`.
+    on_validate: Hook,
     /// Events whose destructor runs what the test put here (once).
     on_event_drop: Arc<Hook>,
     complete: Arc<AtomicBool>,
@@ -425,6 +427,14 @@ impl StreamSync for Hooked {
     }
 
     fn order_after(&self, _waiter: StreamId, _producer: StreamId) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn validate(&self, _stream: StreamId) -> Result<(), Error> {
+        let hook = self.on_validate.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook();
+        }
         Ok(())
     }
 }
@@ -533,4 +543,48 @@ fn a_runtime_that_asks_for_statistics_does_not_hang() {
         move || pool.deallocate_on(a, OTHER)
     });
     assert!(matches!(done, Some(Ok(()))), "the free did not return");
+}
+
+/// Opening a graph reservation asks the runtime to validate the stream without the pool's lock:
+/// a call back into the pool from there waits for the lock as any call does, and succeeds
+/// whether or not another thread holds the lock at that moment.
+#[test]
+fn a_runtime_that_calls_the_pool_while_validating_a_graph_stream_is_served() {
+    let (pool, streams) = hooked_pool("validate-calls-back");
+    let served: Arc<Mutex<Vec<Result<(), Error>>>> = Arc::default();
+    *streams.on_validate.lock().unwrap() = Some(Box::new({
+        let (pool, served) = (pool.clone(), served.clone());
+        move || {
+            for _ in 0..2000 {
+                let result = pool.allocate(256, 0).and_then(|a| pool.deallocate(a));
+                served.lock().unwrap().push(result);
+            }
+        }
+    }));
+    // Another thread keeps the lock busy meanwhile.
+    let stop = Arc::new(AtomicBool::new(false));
+    let busy = std::thread::spawn({
+        let (pool, stop) = (pool.clone(), stop.clone());
+        move || {
+            while !stop.load(Ordering::Relaxed) {
+                let a = pool.allocate(512, 0).unwrap();
+                pool.deallocate(a).unwrap();
+            }
+        }
+    });
+    let reservation = pool.graph_reservation(OTHER);
+    stop.store(true, Ordering::Relaxed);
+    busy.join().unwrap();
+    assert!(reservation.is_ok());
+    let served = served.lock().unwrap();
+    assert_eq!(served.len(), 2000);
+    let failed: Vec<_> = served.iter().filter(|r| r.is_err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} failed, first: {:?}",
+        failed.len(),
+        failed[0]
+    );
+    drop(reservation);
+    assert_eq!(pool.stats().live, 0);
 }

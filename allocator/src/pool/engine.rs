@@ -505,13 +505,22 @@ impl Shared {
     ) -> Result<R, Error> {
         // A call back into the pool from the callback must not find this thread's heap either.
         thread_heap::forget_current();
-        self.state.callback(|| {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
-                Err(Error::invalid(format!(
-                    "pool `{}`: the stream runtime panicked in `{what}`",
-                    self.name
-                )))
-            })
+        self.state.callback(|| self.runtime_call(what, f))
+    }
+
+    /// Runs a stream-runtime callback, a panic becoming an error. Called as it is, without the
+    /// lock, a call back into the pool from the callback takes the lock as any call does;
+    /// under the lock, [`stream_call`](Self::stream_call) runs it.
+    pub(super) fn runtime_call<R>(
+        &self,
+        what: &str,
+        f: impl FnOnce() -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
+            Err(Error::invalid(format!(
+                "pool `{}`: the stream runtime panicked in `{what}`",
+                self.name
+            )))
         })
     }
 

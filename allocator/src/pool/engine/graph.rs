@@ -18,7 +18,9 @@ impl Shared {
     pub(in crate::pool) fn open_graph(&self, stream: StreamId) -> Result<u64, Error> {
         if let Some(streams) = &self.streams {
             if stream != self.home {
-                self.stream_call("validate", || streams.validate(stream))?;
+                // (Without the lock: a call back into the pool from it waits for the lock as
+                // any call does, whether or not another thread holds it.)
+                self.runtime_call("validate", || streams.validate(stream))?;
                 // The calling thread's heap for the stream, which would serve the stream's
                 // plain requests during the capture without asking whether it captures (a
                 // free there handed out again at once, though the graph may replay work that

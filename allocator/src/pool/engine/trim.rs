@@ -1,8 +1,6 @@
 //! Trimming a growable region: unmapping chunks that hold no live byte, after the home
 //! stream's work is done, and the release threshold that `synchronize` trims to.
 
-use alloc::format;
-
 use super::{Shared, State, TRIM_TRIES};
 use crate::error::Error;
 
@@ -76,15 +74,7 @@ impl Shared {
         let Some(streams) = &self.streams else {
             return Ok(());
         };
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            streams.synchronize(self.home)
-        }))
-        .unwrap_or_else(|_| {
-            Err(Error::invalid(format!(
-                "pool `{}`: the stream runtime panicked in `synchronize`",
-                self.name
-            )))
-        })
+        self.runtime_call("synchronize", || streams.synchronize(self.home))
     }
 
     /// Waits for the home stream, takes back parked blocks whose events have completed, and
