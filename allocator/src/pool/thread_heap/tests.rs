@@ -146,9 +146,6 @@ fn high_water(pool: &Pool) -> u64 {
 }
 
 #[test]
-#[ignore = "defect: the slow path raises a heap's high-water mark before it knows the request \
-            succeeds: a request refused over its quota or the capacity lifts the cache limit \
-            for the heap's life"]
 fn a_refused_request_does_not_raise_a_heaps_high_water() {
     // On a growable region a heap's reuse cache follows the most the heap has had in use: a
     // request refused (over its client's quota, or over the capacity) was never in use, and
