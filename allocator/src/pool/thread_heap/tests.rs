@@ -198,9 +198,6 @@ impl Drop for AllocatingEvent {
 }
 
 #[test]
-#[ignore = "defect (latent): a held event's destructor keeps the heap this thread looked up \
-            last, so a call on the pool from it takes the heap's fast path and succeeds under \
-            the pool's lock (every drop site today follows a runtime call that forgot it)"]
 fn an_event_dropped_under_the_lock_does_not_reach_the_threads_heap() {
     // A held event's destructor runs as a callback of the pool's lock: a call on the pool from
     // it fails, also where this thread's heap was the one looked up last (its fast path would
