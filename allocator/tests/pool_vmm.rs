@@ -591,8 +591,10 @@ proptest! {
 
 /// Each of `threads` threads churns its own heap of a growable pool (every thread a heap):
 /// `live` allocations, each operation freeing one and allocating another, sizes log-uniform
-/// in [256 B, `max`]. Returns the pool's statistics after the threads joined.
-fn churn_on_heaps(threads: usize, live: usize, ops: usize, max: usize) -> PoolStats {
+/// in [256 B, `max`]. Returns the pool's statistics after the threads joined, and the most
+/// bytes each thread had in use (its blocks' sizes), added up: unlike the pool's peak, which
+/// depends on how the threads' operations interleave, a figure of the threads' own sequences.
+fn churn_on_heaps(threads: usize, live: usize, ops: usize, max: usize) -> (PoolStats, usize) {
     let capacity = (2 * threads * live * max).next_power_of_two();
     let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
     let pool = Pool::builder(capacity)
@@ -603,55 +605,75 @@ fn churn_on_heaps(threads: usize, live: usize, ops: usize, max: usize) -> PoolSt
     // Every thread holds its allocations from before the first operation to after the last
     // one: the heaps' footprints add up whatever the scheduler does.
     let together = std::sync::Barrier::new(threads);
-    std::thread::scope(|s| {
-        for t in 0..threads {
-            let (pool, together) = (&pool, &together);
-            s.spawn(move || {
-                let mut rng =
-                    0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
-                let mut next = move || {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    rng
-                };
-                let span = (max / 256).ilog2() as f64;
-                let size = move |r: u64| {
-                    let x = (r >> 11) as f64 / (1u64 << 53) as f64;
-                    (256.0 * (x * span).exp2()) as usize
-                };
-                let mut held: Vec<u64> = (0..live)
-                    .map(|_| pool.allocate(size(next()), 256).unwrap())
-                    .collect();
-                together.wait();
-                for _ in 0..ops {
-                    let victim = (next() % live as u64) as usize;
-                    pool.deallocate(held[victim]).unwrap();
-                    held[victim] = pool.allocate(size(next()), 256).unwrap();
-                }
-                together.wait();
-                for a in held {
-                    pool.deallocate(a).unwrap();
-                }
-            });
-        }
+    let heap_peaks = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let (pool, together) = (&pool, &together);
+                s.spawn(move || {
+                    let mut rng = 0x9E37_79B9_7F4A_7C15u64
+                        ^ (t as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
+                    let mut next = move || {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        rng
+                    };
+                    let span = (max / 256).ilog2() as f64;
+                    let size = move |r: u64| {
+                        let x = (r >> 11) as f64 / (1u64 << 53) as f64;
+                        (256.0 * (x * span).exp2()) as usize
+                    };
+                    let reserved = |size: usize| reserved_bytes(size).unwrap();
+                    let mut held: Vec<(u64, usize)> = (0..live)
+                        .map(|_| {
+                            let size = size(next());
+                            (pool.allocate(size, 256).unwrap(), reserved(size))
+                        })
+                        .collect();
+                    let mut in_use: usize = held.iter().map(|&(_, r)| r).sum();
+                    let mut peak = in_use;
+                    together.wait();
+                    for _ in 0..ops {
+                        let victim = (next() % live as u64) as usize;
+                        pool.deallocate(held[victim].0).unwrap();
+                        in_use -= held[victim].1;
+                        let size = size(next());
+                        held[victim] = (pool.allocate(size, 256).unwrap(), reserved(size));
+                        in_use += held[victim].1;
+                        peak = peak.max(in_use);
+                    }
+                    together.wait();
+                    for (a, _) in held {
+                        pool.deallocate(a).unwrap();
+                    }
+                    peak
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
     });
-    pool.stats()
+    (pool.stats(), heap_peaks)
 }
 
 /// A heap's reuse cache on a growable region holds no more than the heap has had in use:
 /// bounded by the capacity alone (half a heap's share of it), the freed blocks waiting there
 /// for a request of their own size pushed new sizes to fresh addresses, and eight heaps kept
-/// 6.4–7.2× the peak in use mapped in this test (3.6–4.6× with the bound).
+/// 4.1–4.2× their peaks in use, added up, mapped in this test (2.3–2.7× with the bound). The
+/// figure compared is the threads' own peaks: the pool's peak moves with how the threads
+/// interleave (34–45 MiB on a loaded two-core machine, as low as what they hold at the start),
+/// the mapped bytes far less.
 #[test]
 fn heaps_on_a_growable_region_map_memory_in_proportion_to_their_use() {
-    let s = churn_on_heaps(8, 32, 4000, MIB);
+    let (s, heap_peaks) = churn_on_heaps(8, 32, 4000, MIB);
     assert_eq!((s.allocations, s.frees, s.in_use), (8 * 4032, 8 * 4032, 0));
+    assert!(s.peak <= heap_peaks);
     assert!(
-        s.mapped * 2 <= 11 * s.peak,
-        "{} KiB mapped for a peak in use of {} KiB: {:.2}× (at most 5.5× expected)",
+        s.mapped * 3 <= 10 * heap_peaks,
+        "{} KiB mapped for heaps whose peaks in use add up to {} KiB: {:.2}× (at most 3.33× \
+         expected; the pool's peak: {} KiB)",
         s.mapped >> 10,
-        s.peak >> 10,
-        s.mapped as f64 / s.peak as f64
+        heap_peaks >> 10,
+        s.mapped as f64 / heap_peaks as f64,
+        s.peak >> 10
     );
 }

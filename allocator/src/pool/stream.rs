@@ -200,6 +200,9 @@ impl StreamEvent for HeldEvent {
 impl Drop for HeldEvent {
     fn drop(&mut self) {
         if let Some(event) = self.event.take() {
+            // As for the runtime's methods (`Shared::stream_call`): a call back into the pool
+            // from the destructor must not find this thread's heap either.
+            super::thread_heap::forget_current();
             self.lock.callback(|| {
                 // A panic in the runtime's destructor loses nothing of the pool's: the event is
                 // gone either way.

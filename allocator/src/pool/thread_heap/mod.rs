@@ -180,8 +180,9 @@ pub(super) struct HeapState {
     pub(super) serials: (u64, u64),
     /// Given back for good (its thread exited, or the pool is being dropped).
     pub(super) retired: bool,
-    /// The most bytes the heap has had in use, as its slow path saw them (what bounds its
-    /// reuse cache on a growable region, see [`Shared::heap_cache_limit`]).
+    /// The most bytes the heap has had in use, as its slow path saw them after the requests
+    /// it made (what bounds its reuse cache on a growable region, see
+    /// [`Shared::heap_cache_limit`]).
     pub(super) high_water: u64,
 }
 
@@ -452,17 +453,18 @@ impl Shared {
         self.heap_bound.load(Ordering::Relaxed)
     }
 
-    /// The most bytes `h`'s reuse cache may hold when its bound is `bound`: half the bound
+    /// The most bytes a heap's reuse cache may hold when its bound is `bound`: half the bound
     /// (the rest is room to split from), within the pool's reuse setting. On a growable
-    /// region also no more than the most the heap has had in use (at least [`MIN_SPAN`]):
+    /// region also no more than `high_water`, the most the heap has had in use
+    /// ([`HeapState::high_water`], with the request being made; at least [`MIN_SPAN`]):
     /// there every address a heap's blocks ever reached stays mapped while the heap holds
     /// the span, and a cache bounded by the capacity alone let each heap of eight busy threads
     /// in the pool benchmark reach 7× its use, spreading new sizes around blocks that waited
     /// for a request of their own size.
-    pub(super) fn heap_cache_limit(&self, h: &HeapState, bound: u64) -> u64 {
+    pub(super) fn heap_cache_limit(&self, high_water: u64, bound: u64) -> u64 {
         let limit = (bound / 2).min(self.heap_cache.1);
         if self.growable {
-            limit.min(h.high_water.max(MIN_SPAN as u64))
+            limit.min(high_water.max(MIN_SPAN as u64))
         } else {
             limit
         }

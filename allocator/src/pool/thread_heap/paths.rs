@@ -161,8 +161,10 @@ impl Shared {
         let (size, align) = (reserved as u64, ask.align as u64);
         let hits = h.tlsf.reused();
         let bound = self.heap_bound() as u64;
-        h.high_water = h.high_water.max((h.lease.used + reserved) as u64);
-        h.tlsf.set_cache_limit(self.heap_cache_limit(h, bound));
+        // The mark counts this request once it is made: a refused one was never in use.
+        let high_water = h.high_water.max((h.lease.used + reserved) as u64);
+        h.tlsf
+            .set_cache_limit(self.heap_cache_limit(high_water, bound));
         let mut taken = h.tlsf.allocate(size, align);
         // Within its bound a heap grows (a span: one visit here); at its bound it merges what
         // waits in its cache, the oldest half at a time, and looks again.
@@ -211,6 +213,7 @@ impl Shared {
         let share = &mut h.clients[client];
         HeapState::count(&mut h.lease, share, &mut h.serials, ask, reserved);
         h.record(ask, owned, block, addr);
+        h.high_water = high_water;
         Ok(addr)
     }
 

@@ -136,3 +136,95 @@ fn agree_while_threads_run(exact_peaks: bool) {
     assert_eq!((s.in_use, s.live, s.free_blocks), (0, 0, 1));
     assert_eq!(s.allocations, s.frees);
 }
+
+/// The high-water mark of this thread's home-stream heap of `pool`.
+fn high_water(pool: &Pool) -> u64 {
+    let shared = pool.shared();
+    let heap = shared.thread_heap(shared.home).expect("a heap");
+    let h = heap.state.lock_wait();
+    h.high_water
+}
+
+#[test]
+fn a_refused_request_does_not_raise_a_heaps_high_water() {
+    // On a growable region a heap's reuse cache follows the most the heap has had in use: a
+    // request refused (over its client's quota, or over the capacity) was never in use, and
+    // must not leave the heap caching as if it had been.
+    let vm = crate::backend::HostVirtualMemory::new(64 << 10).unwrap();
+    let pool = Pool::builder(64 << 20)
+        .eager_thread_heaps(true)
+        .log_leaks_on_drop(false)
+        .build_mapped(vm)
+        .unwrap();
+    let quota = pool.client("quota", 1 << 20);
+    let a = quota.allocate(4096, 0).unwrap();
+    quota.deallocate(a).unwrap();
+    let before = high_water(&pool);
+    assert!((4096..64 << 10).contains(&before), "{before}");
+    assert!(quota.allocate(8 << 20, 0).is_err());
+    assert_eq!(high_water(&pool), before, "after a request over the quota");
+    let held = pool.allocate(40 << 20, 0).unwrap();
+    let after_held = high_water(&pool);
+    assert!(pool.allocate(32 << 20, 0).is_err());
+    assert_eq!(
+        high_water(&pool),
+        after_held,
+        "after a request over the capacity"
+    );
+    pool.deallocate(held).unwrap();
+    // What was in use does count.
+    let b = pool.allocate(1 << 20, 0).unwrap();
+    assert!(high_water(&pool) >= after_held.max(1 << 20));
+    pool.deallocate(b).unwrap();
+}
+
+/// An event whose destructor allocates on its pool and keeps what it got.
+#[derive(Debug)]
+struct AllocatingEvent {
+    pool: alloc::sync::Arc<Pool>,
+    got: alloc::sync::Arc<std::sync::Mutex<Option<Result<u64, crate::error::Error>>>>,
+}
+
+impl crate::pool::stream::StreamEvent for AllocatingEvent {
+    fn is_complete(&self) -> Result<bool, crate::error::Error> {
+        Ok(true)
+    }
+}
+
+impl Drop for AllocatingEvent {
+    fn drop(&mut self) {
+        *self.got.lock().unwrap() = Some(self.pool.allocate(256, 0));
+    }
+}
+
+#[test]
+fn an_event_dropped_under_the_lock_does_not_reach_the_threads_heap() {
+    // A held event's destructor runs as a callback of the pool's lock: a call on the pool from
+    // it fails, also where this thread's heap was the one looked up last (its fast path would
+    // serve the call while the pool's lock is held further up the stack).
+    let pool = alloc::sync::Arc::new(
+        Pool::builder(1 << 20)
+            .eager_thread_heaps(true)
+            .log_leaks_on_drop(false)
+            .build_host()
+            .unwrap(),
+    );
+    let a = pool.allocate(256, 0).unwrap();
+    pool.deallocate(a).unwrap();
+    let got = alloc::sync::Arc::default();
+    let shared = pool.shared().clone();
+    let event = crate::pool::stream::HeldEvent::boxed(
+        alloc::boxed::Box::new(AllocatingEvent {
+            pool: pool.clone(),
+            got: alloc::sync::Arc::clone(&got),
+        }),
+        shared.state.id(),
+    );
+    {
+        let _state = shared.lock_wait();
+        drop(event);
+    }
+    let got = got.lock().unwrap().take();
+    assert!(matches!(got, Some(Err(_))), "{got:?}");
+    assert_eq!(pool.stats().live, 0);
+}
