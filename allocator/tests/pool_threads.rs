@@ -1777,6 +1777,15 @@ fn drained(pool: &Pool, streams: &ManualStreams) -> PoolStats {
     pool.stats()
 }
 
+/// Asserts that nothing is live or in use once every event completed, and that a second look
+/// finds nothing pending and the whole `capacity` in one free block.
+fn assert_all_free(pool: &Pool, streams: &ManualStreams, capacity: usize) {
+    let stats = drained(pool, streams);
+    let after = drained(pool, streams);
+    assert_eq!((stats.live, stats.in_use), (0, 0));
+    assert_eq!((after.pending, after.largest_free), (0, capacity));
+}
+
 /// Runs `body` while another thread holds its heap for `stream` with 1 MiB freed there (the
 /// heap stays with that thread, its blocks free, until `body` returns).
 fn with_free_stream_heap(pool: &Pool, stream: StreamId, body: impl FnOnce()) {
@@ -1917,10 +1926,7 @@ fn a_stream_capturing_a_graph_gets_no_heap_until_its_capture_ends() {
     assert_eq!(pool.thread_heaps(), 1);
     pool.deallocate_on(b, S).unwrap();
     pool.deallocate_on(a, S).unwrap();
-    let stats = drained(&pool, &streams);
-    let after = drained(&pool, &streams);
-    assert_eq!((stats.live, stats.in_use), (0, 0));
-    assert_eq!((after.pending, after.largest_free), (0, 16 << 20));
+    assert_all_free(&pool, &streams, 16 << 20);
 }
 
 #[test]
@@ -1956,10 +1962,7 @@ fn a_graph_reservation_gives_back_the_threads_heap_for_its_stream() {
     pool.deallocate_on(z, S).unwrap();
     pool.deallocate_on(g, S).unwrap();
     drop(graph);
-    let stats = drained(&pool, &streams);
-    let after = drained(&pool, &streams);
-    assert_eq!((stats.live, stats.in_use), (0, 0));
-    assert_eq!((after.pending, after.largest_free), (0, 16 << 20));
+    assert_all_free(&pool, &streams, 16 << 20);
 }
 
 #[test]

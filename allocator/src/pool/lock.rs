@@ -34,26 +34,8 @@ std::thread_local! {
 /// One callback running on this thread: the lock it runs under, and the callback it runs
 /// inside (null: none). Lives on the stack of [`LockId::callback`] while the callback runs.
 struct CallbackFrame {
-    lock: *const (),
+    lock: LockId,
     outer: *const CallbackFrame,
-}
-
-/// Whether this thread is running a user callback under `lock`, at any depth.
-fn in_callback_of(lock: *const ()) -> bool {
-    let mut frame = IN_CALLBACK.with(Cell::get);
-    while !frame.is_null() {
-        // SAFETY: every frame on the list is a local of a `LockId::callback` call of this thread
-        // that has not returned: `callback` puts its frame at the head only for the time it
-        // runs the callback and puts the head it found back when the callback returns or
-        // unwinds (`Restore`), before the frame goes; calls nest, so the frames that list
-        // reaches are those of the calls further up the stack, each still running.
-        let f = unsafe { &*frame };
-        if f.lock == lock {
-            return true;
-        }
-        frame = f.outer;
-    }
-    false
 }
 
 /// The calling thread already holds this lock, further up its stack, in a user callback.
@@ -65,6 +47,25 @@ pub(crate) struct Reentrant;
 pub(crate) struct LockId(usize);
 
 impl LockId {
+    /// Whether this thread is running a user callback under the lock, at any depth.
+    fn in_callback(self) -> bool {
+        let mut frame = IN_CALLBACK.with(Cell::get);
+        while !frame.is_null() {
+            // SAFETY: every frame on the list is a local of a `LockId::callback` call of this
+            // thread that has not returned: `callback` puts its frame at the head only for the
+            // time it runs the callback and puts the head it found back when the callback
+            // returns or unwinds (`Restore`), before the frame goes; calls nest, so the frames
+            // that list reaches are those of the calls further up the stack, each still
+            // running.
+            let f = unsafe { &*frame };
+            if f.lock == self {
+                return true;
+            }
+            frame = f.outer;
+        }
+        false
+    }
+
     /// Runs `f`, a user callback made while this thread holds the lock or made where it
     /// might (a destructor of something the lock's value owns), so that a call back into the
     /// lock from `f` fails with [`Reentrant`] instead of waiting for ever.
@@ -77,7 +78,7 @@ impl LockId {
             }
         }
         let frame = CallbackFrame {
-            lock: self.0 as *const (),
+            lock: self,
             outer: IN_CALLBACK.with(Cell::get),
         };
         // Declared after `frame`, so dropped before it: the list never names a frame that is
@@ -156,7 +157,7 @@ impl<T> Lock<T> {
 
     /// Whether this thread is running a callback made while it holds this lock.
     pub(crate) fn in_callback(&self) -> bool {
-        in_callback_of(self.id().0 as *const ())
+        self.id().in_callback()
     }
 
     /// Runs `f`, a user callback made while this thread holds the lock, so that a call back
