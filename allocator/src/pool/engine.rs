@@ -286,6 +286,11 @@ enum Refusal {
     Error(Error),
 }
 
+/// What a statistics, report or settings call unwinds with when made from inside one of its
+/// pool's own callbacks (see [`Shared::lock_wait`]): the message of the error that the pool
+/// call running the callback returns.
+pub(super) struct CalledBack(pub(super) String);
+
 /// The parts of a request that an event and an error report.
 #[derive(Clone, Copy)]
 pub(super) struct Ask {
@@ -379,19 +384,19 @@ impl Shared {
 
     /// Adds a client; returns its id.
     pub(super) fn add_client(&self, name: &str, quota: usize) -> u32 {
-        let mut state = self.lock_wait();
+        let mut state = self.lock_wait("a new client");
         state.clients.push(ClientState::new(name, quota));
         (state.clients.len() - 1) as u32
     }
 
     /// A client's name.
     pub(super) fn client_name(&self, client: u32) -> String {
-        String::from(&*self.lock_wait().clients[client as usize].name)
+        String::from(&*self.lock_wait("a client's name").clients[client as usize].name)
     }
 
     /// A client's counters.
     pub(super) fn client_stats(&self, client: u32) -> ClientStats {
-        let mut state = self.lock_wait();
+        let mut state = self.lock_wait("a client's statistics");
         self.with_heaps(&mut state, |state, heaps| {
             Self::client_totals(state, heaps, client as usize)
         })
@@ -399,7 +404,7 @@ impl Shared {
 
     /// Every client's counters, the pool's own client first.
     pub(super) fn all_client_stats(&self) -> Vec<ClientStats> {
-        let mut state = self.lock_wait();
+        let mut state = self.lock_wait("every client's statistics");
         self.with_heaps(&mut state, |state, heaps| {
             (0..state.clients.len())
                 .map(|c| Self::client_totals(state, heaps, c))
@@ -431,12 +436,12 @@ impl Shared {
 
     /// How many threads have a heap on this pool.
     pub(super) fn thread_heaps(&self) -> usize {
-        self.lock_wait().heaps.len()
+        self.lock_wait("its number of thread heaps").heaps.len()
     }
 
     /// Replaces the event sink.
     pub(super) fn set_sink(&self, sink: Option<Arc<dyn EventSink>>) {
-        let mut state = self.lock_wait();
+        let mut state = self.lock_wait("a new event sink");
         if sink.is_some() {
             self.flags.fetch_or(SINK, Ordering::Relaxed);
         } else {
@@ -484,15 +489,30 @@ impl Shared {
         ))
     }
 
-    /// Takes the lock for everything else (statistics, reports, settings). These wait: they
-    /// must not be called from the pool's stream-runtime callbacks (see [`StreamSync`]).
-    pub(super) fn lock_wait(&self) -> LockGuard<'_, State> {
-        loop {
-            if let Ok(guard) = self.state.lock() {
-                return guard;
-            }
-            std::thread::yield_now();
+    /// Takes the lock for everything else (statistics, reports, settings: `what`, as the
+    /// error names it), waiting for it. These calls return plain values, so they have no error
+    /// to return when made from inside one of this pool's own callbacks (where waiting would
+    /// be for ever): there they unwind with a [`CalledBack`] payload, which every place that
+    /// runs such a callback catches ([`runtime_call`](Self::runtime_call), a [`HeldEvent`]'s
+    /// destructor) and turns into the error of the pool call that ran the callback.
+    pub(super) fn lock_wait(&self, what: &str) -> LockGuard<'_, State> {
+        match self.state.lock() {
+            Ok(guard) => guard,
+            Err(Reentrant) => self.called_back(what),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn called_back(&self, what: &str) -> ! {
+        // `resume_unwind`, not `panic!`: no panic hook runs (nothing panicked; the callback
+        // made a call it must not make, and its pool call reports that).
+        std::panic::resume_unwind(Box::new(CalledBack(format!(
+            "pool `{}` was asked for {what} from inside its own stream runtime's callback, \
+             which runs while the pool is locked (a `StreamSync` or `StreamEvent` must not \
+             call back into its pool); that call was abandoned",
+            self.name
+        ))))
     }
 
     /// Runs a stream-runtime callback under the lock: a panic becomes an error, and a call back
@@ -516,11 +536,31 @@ impl Shared {
         what: &str,
         f: impl FnOnce() -> Result<R, Error>,
     ) -> Result<R, Error> {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
-            Err(Error::invalid(format!(
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+            .unwrap_or_else(|payload| Err(self.callback_unwound(what, &*payload)))
+    }
+
+    /// The error of a stream-runtime callback that unwound: the call back into the pool that
+    /// it must not make ([`CalledBack`]), or its own panic, with the panic's message.
+    #[cold]
+    #[inline(never)]
+    fn callback_unwound(&self, what: &str, payload: &(dyn core::any::Any + Send)) -> Error {
+        if let Some(CalledBack(message)) = payload.downcast_ref::<CalledBack>() {
+            return Error::invalid(message.clone());
+        }
+        let message = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+        Error::invalid(match message {
+            Some(message) => format!(
+                "pool `{}`: the stream runtime panicked in `{what}`: {message}",
+                self.name
+            ),
+            None => format!(
                 "pool `{}`: the stream runtime panicked in `{what}`",
                 self.name
-            )))
+            ),
         })
     }
 
@@ -634,7 +674,7 @@ impl Shared {
             }
             loop {
                 // Taken one at a time, so that a sink that calls the pool finds it unlocked.
-                let Some(record) = self.lock_wait().outbox.pop_front() else {
+                let Some(record) = self.lock_wait("its recorded events").outbox.pop_front() else {
                     break;
                 };
                 if !record.deliver(&self.name) && !self.sink_panicked.swap(true, Ordering::Relaxed)
@@ -650,14 +690,14 @@ impl Shared {
                 }
             }
             self.delivering.store(false, Ordering::Release);
-            if self.lock_wait().outbox.is_empty() {
+            if self.lock_wait("its recorded events").outbox.is_empty() {
                 return;
             }
         }
     }
 
     pub(super) fn stats(&self) -> PoolStats {
-        let mut state = self.lock_wait();
+        let mut state = self.lock_wait("statistics");
         // Every thread heap gives its spans back, and what waits in the reuse cache is merged,
         // so that the free blocks described are the ones that exist (and every count is the
         // pool's own).
@@ -695,7 +735,7 @@ impl Shared {
     }
 
     pub(super) fn leak_report(&self) -> LeakReport {
-        let mut state = self.lock_wait();
+        let mut state = self.lock_wait("a leak report");
         let mut leaks = self.with_heaps(&mut state, |state, heaps| {
             let mut leaks = Self::leaks(state);
             for h in heaps.iter() {
@@ -774,7 +814,7 @@ fn store_info(info: &mut Vec<Option<Box<LiveInfo>>>, slot: usize, recorded: Box<
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        if !self.lock_wait().outbox.is_empty() {
+        if !self.lock_wait("its recorded events").outbox.is_empty() {
             self.deliver();
         }
         if self.log_leaks_on_drop {

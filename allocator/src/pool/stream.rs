@@ -54,6 +54,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::Error;
+use crate::pool::engine::CalledBack;
 use crate::pool::lock::LockId;
 
 /// A stream, by its raw handle: a `CUstream` (`cudaStream_t`) as an integer, `0` for the legacy
@@ -90,9 +91,8 @@ impl fmt::Display for StreamId {
 ///
 /// The pool may drop an event while it holds its lock (a reclaimed block's, a free that failed
 /// after its event was recorded). It runs the destructor as it runs the runtime's methods: a
-/// call back into the pool from it fails with an error (statistics and reports wait for the
-/// lock for ever, see [`StreamSync`]), and a panic in it is caught; the event is gone either
-/// way.
+/// call back into the pool from it fails (see [`StreamSync`]) instead of waiting for the lock,
+/// and a panic in it is caught; the event is gone either way.
 pub trait StreamEvent: Send + fmt::Debug {
     /// Whether the event has completed (`cuEventQuery`: `CUDA_SUCCESS` → `true`,
     /// `CUDA_ERROR_NOT_READY` → `false`, anything else → `Err`). Must not block.
@@ -103,11 +103,15 @@ pub trait StreamEvent: Send + fmt::Debug {
 /// another. Implemented by the CUDA backend; [`ManualStreams`] is a host stand-in for tests.
 ///
 /// The pool calls these methods while it holds its lock, when its state is consistent, so they
-/// should not block, and must not call back into the pool: from inside them, the pool's
-/// allocations, frees and `reclaim` fail with an error, and its statistics and reports wait
-/// for the lock for ever. A panic in them is caught and becomes an error of the pool call
-/// that made it (for [`StreamEvent::is_complete`]: the block is set aside, see
-/// [`PoolStats::quarantined`](super::PoolStats::quarantined)).
+/// should not block, and must not call back into the pool. From inside them, the pool's
+/// allocations, frees and `reclaim` return an error. Its statistics, reports and settings,
+/// which return plain values, do not return at all: they unwind out of the method (with
+/// [`std::panic::resume_unwind`], so no panic hook runs), and the pool call that made the
+/// method fails with an error naming what was asked for. A panic in them is caught and becomes
+/// an error of the pool call that made it, with the panic's message (for
+/// [`StreamEvent::is_complete`]: the block is set aside, see
+/// [`PoolStats::quarantined`](super::PoolStats::quarantined)). Nothing of the pool's is lost
+/// either way: the pool stays usable, its counts exact.
 pub trait StreamSync: Any + Send + Sync + fmt::Debug {
     /// Records an event on `stream` that completes when all work queued on it so far has
     /// finished (`cuEventRecord`).
@@ -205,8 +209,15 @@ impl Drop for HeldEvent {
             super::thread_heap::forget_current();
             self.lock.callback(|| {
                 // A panic in the runtime's destructor loses nothing of the pool's: the event is
-                // gone either way.
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(event)));
+                // gone either way. A call back into the pool that could only unwind (see
+                // `Shared::lock_wait`) has no pool call to fail here: it is logged.
+                let dropped =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(event)));
+                if let Err(payload) = dropped {
+                    if let Some(CalledBack(message)) = payload.downcast_ref::<CalledBack>() {
+                        log::warn!(target: "devarena::pool", "an event's destructor: {message}");
+                    }
+                }
             });
         }
     }

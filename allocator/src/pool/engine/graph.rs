@@ -255,6 +255,8 @@ impl Shared {
 
     /// What a graph reservation holds now.
     pub(in crate::pool) fn graph_stats(&self, key: u64) -> GraphStats {
-        self.lock_wait().graphs.stats(key)
+        self.lock_wait("a graph reservation's statistics")
+            .graphs
+            .stats(key)
     }
 }

@@ -93,10 +93,14 @@ impl Shared {
 
     /// Bytes [`synchronize`](Self::synchronize) leaves mapped.
     pub(in crate::pool) fn release_threshold(&self) -> usize {
-        self.lock_wait().mapping.release_threshold
+        self.lock_wait("its release threshold")
+            .mapping
+            .release_threshold
     }
 
     pub(in crate::pool) fn set_release_threshold(&self, bytes: usize) {
-        self.lock_wait().mapping.release_threshold = bytes;
+        self.lock_wait("a new release threshold")
+            .mapping
+            .release_threshold = bytes;
     }
 }

@@ -588,7 +588,7 @@ impl Shared {
 
     /// Gives `heap` back for good: its thread exits (or gives it back).
     pub(super) fn retire(&self, heap: &Arc<ThreadHeap>) {
-        let mut state = self.lock_wait();
+        let mut state = self.lock_wait("a thread heap back");
         {
             let mut guard = heap.state.lock_wait();
             if guard.retired {
@@ -608,7 +608,7 @@ impl Shared {
 
     /// Empties every heap for good: the pool is being dropped.
     pub(super) fn drop_heaps(&self) {
-        let mut state = self.lock_wait();
+        let mut state = self.lock_wait("its thread heaps back");
         for entry in core::mem::take(&mut state.heaps) {
             let mut guard = entry.heap.state.lock_wait();
             guard.retired = true;

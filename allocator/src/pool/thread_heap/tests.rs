@@ -5,7 +5,7 @@ impl Shared {
     /// Every invariant of the pool's index, the heaps' indices and the spans between them,
     /// with everything locked.
     fn check_heaps(&self) {
-        let mut state = self.lock_wait();
+        let mut state = self.lock_wait("a test");
         self.with_heaps(&mut state, |state, heaps| {
             state.tlsf.check();
             let mut spans = 0;
@@ -221,7 +221,7 @@ fn an_event_dropped_under_the_lock_does_not_reach_the_threads_heap() {
         shared.state.id(),
     );
     {
-        let _state = shared.lock_wait();
+        let _state = shared.lock_wait("a test");
         drop(event);
     }
     let got = got.lock().unwrap().take();
