@@ -73,9 +73,9 @@ impl FieldPlacement {
         }
     }
 
-    /// One past the last byte of the field.
+    /// One past the last byte of the field (`usize::MAX` for a placement that runs past it).
     pub const fn end(&self) -> usize {
-        self.offset + self.size
+        self.offset.saturating_add(self.size)
     }
 }
 
