@@ -501,7 +501,8 @@ pub fn emit(layout: &Layout) -> TokenStream {
                 };
                 // SAFETY: the caller hands a region of `SIZE` bytes at `ALIGN`, live and (for
                 // mutable kinds) unaliased for `'a`; the plan keeps every field inside it,
-                // aligned for its element, and apart from every other field.
+                // aligned for its element, and, without stages, apart from every other field
+                // (with stages, the caller makes no mutable views: `views`' contract).
                 unsafe {
                     #views_ident {
                         #(#view_inits,)*
