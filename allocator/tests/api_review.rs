@@ -222,3 +222,36 @@ fn host_vm_is_mapped_past_the_end_of_the_address_space() {
     assert!(!vm.is_mapped(u64::MAX - 1, 16));
     assert!(!vm.is_mapped(u64::MAX, 2));
 }
+
+/// A snapshot of a backend's counters taken while another thread allocates and frees can hold
+/// more frees than allocations (the counters are read one by one): no overflow.
+#[test]
+fn backend_stats_with_more_frees_than_allocations() {
+    let stats = devarena::BackendStats {
+        allocations: 4,
+        frees: 5,
+        ..Default::default()
+    };
+    assert_eq!(stats.live_allocations(), 0);
+    let backend = devarena::HostBackend::new();
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let backend = backend.clone();
+            std::thread::spawn(move || {
+                use devarena::Backend;
+                for _ in 0..2_000 {
+                    let a = backend.allocate(64, 256).unwrap();
+                    // SAFETY: allocated just above on this backend, freed once, never viewed.
+                    unsafe { backend.deallocate(&a).unwrap() };
+                }
+            })
+        })
+        .collect();
+    for _ in 0..20_000 {
+        assert!(backend.stats().live_allocations() <= 2);
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(backend.stats().live_allocations(), 0);
+}
