@@ -255,3 +255,21 @@ fn backend_stats_with_more_frees_than_allocations() {
     }
     assert_eq!(backend.stats().live_allocations(), 0);
 }
+
+/// The stage map draws one column per stage, and a run-time layout may declare up to
+/// `MAX_STAGES` (2^24) stages: about 150 bytes of SVG a stage, some 2.5 GB for such a layout
+/// whose table is a few lines. Whether to cap the columns, scale them or group stages is a
+/// decision about the picture.
+#[test]
+#[ignore = "the SVG grows with the stage count (about 150 bytes a stage): how to draw a map of millions of stages is undecided"]
+fn stage_map_of_many_stages_stays_small() {
+    let stages = 1 << 20;
+    let layout = LayoutBuilder::new("Long")
+        .stages(stages)
+        .array::<u8>("a", 256)
+        .live(0, stages - 1)
+        .build()
+        .unwrap();
+    let svg = layout.report().to_svg();
+    assert!(svg.len() < 1 << 20, "{} bytes of SVG", svg.len());
+}
