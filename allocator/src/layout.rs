@@ -73,9 +73,9 @@ impl FieldPlacement {
         }
     }
 
-    /// One past the last byte of the field.
+    /// One past the last byte of the field (`usize::MAX` for a placement that runs past it).
     pub const fn end(&self) -> usize {
-        self.offset + self.size
+        self.offset.saturating_add(self.size)
     }
 }
 
@@ -140,7 +140,10 @@ pub trait DeviceLayout {
     /// # Safety
     ///
     /// `base` must address a region of at least `SIZE` bytes aligned to `ALIGN` that stays
-    /// valid and, for mutable kinds, unaliased for `'a`.
+    /// valid and, for mutable kinds, unaliased for `'a`. For a mutable kind the layout must
+    /// also have no two fields sharing a byte ([`Disjoint`](crate::Disjoint), or no stages):
+    /// the views of a layout with stages include fields whose bytes are shared, and those
+    /// would alias (its mutable views are made per stage, by [`Stage`](crate::Stage)).
     unsafe fn views<'a, K: ViewKind>(base: K::Base<'a>) -> Self::Views<'a, K>;
 }
 

@@ -29,9 +29,9 @@ pub struct ReportRow {
 }
 
 impl ReportRow {
-    /// One past the last byte.
+    /// One past the last byte (`usize::MAX` for a row that runs past it).
     pub fn end(&self) -> usize {
-        self.offset + self.size
+        self.offset.saturating_add(self.size)
     }
 }
 
@@ -172,7 +172,7 @@ impl LayoutReport {
                 reach = end;
             }
         }
-        self.totals.size - used
+        self.totals.size.saturating_sub(used)
     }
 
     /// Padding as a percentage of the allocation.
@@ -267,7 +267,7 @@ impl LayoutReport {
                 let _ = write!(
                     s,
                     "<rect x=\"{:.2}\" y=\"{:.1}\" width=\"{pw:.2}\" height=\"16\" class=\"pad\"><title>padding: {} bytes</title></rect>",
-                    x(r.offset - r.padding_before),
+                    x(r.offset.saturating_sub(r.padding_before)),
                     y + 2.0,
                     r.padding_before
                 );
@@ -343,7 +343,10 @@ impl LayoutReport {
         }
         for (i, r) in self.rows.iter().enumerate() {
             let x0 = LEFT + COL_W * r.live.first as f64 + 2.0;
-            let cw = COL_W * (r.live.last + 1 - r.live.first) as f64 - 4.0;
+            // A row's range is clipped to the stages on the way in; rows and stages are public,
+            // so a range outside them draws empty instead of overflowing.
+            let stages_live = r.live.last.saturating_add(1).saturating_sub(r.live.first);
+            let cw = (COL_W * stages_live as f64 - 4.0).max(0.0);
             let hh = (r.size as f64 / size * MAP_H).max(1.0);
             let _ = writeln!(
                 s,

@@ -21,6 +21,7 @@
 
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
+use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::{GenericParam, Ident, Lifetime};
 
@@ -34,7 +35,8 @@ const SEARCH_STEPS: usize = 4;
 
 pub fn emit(layout: &Layout) -> TokenStream {
     let name = &layout.ident;
-    let name_str = name.to_string();
+    // Names as Rust shows them: `r#Foo` is `Foo`.
+    let name_str = name.unraw().to_string();
     let vis = &layout.vis;
     let n = layout.fields.len();
     let (impl_g, ty_g, where_c) = layout.generics.split_for_impl();
@@ -98,7 +100,7 @@ pub fn emit(layout: &Layout) -> TokenStream {
     let mut checks = Vec::new();
     for (i, f) in layout.fields.iter().enumerate() {
         let fid = &f.ident;
-        let fname = fid.to_string();
+        let fname = fid.unraw().to_string();
         names.push(fname.clone());
         types.push(f.kind.elem_name());
         let mut spec = match &f.kind {
@@ -306,7 +308,7 @@ pub fn emit(layout: &Layout) -> TokenStream {
         .stages
         .as_ref()
         .and_then(|s| s.names.as_ref())
-        .map(|ns| ns.iter().map(|n| n.to_string()).collect())
+        .map(|ns| ns.iter().map(|n| n.unraw().to_string()).collect())
         .unwrap_or_default();
     let disjoint = if layout.stages.is_none() {
         quote!(
@@ -501,7 +503,8 @@ pub fn emit(layout: &Layout) -> TokenStream {
                 };
                 // SAFETY: the caller hands a region of `SIZE` bytes at `ALIGN`, live and (for
                 // mutable kinds) unaliased for `'a`; the plan keeps every field inside it,
-                // aligned for its element, and apart from every other field.
+                // aligned for its element, and, without stages, apart from every other field
+                // (with stages, the caller makes no mutable views: `views`' contract).
                 unsafe {
                     #views_ident {
                         #(#view_inits,)*
@@ -521,7 +524,9 @@ pub fn emit(layout: &Layout) -> TokenStream {
 /// compiler points at the offending field or attribute.
 fn derive_check(name: &Ident, name_str: &str, what: &str, index: usize, span: Span) -> TokenStream {
     let what = Ident::new(what, span);
-    let ty = Ident::new(&name.to_string(), span);
+    // The struct's own identifier, respanned: a raw one (`r#Foo`) stays raw.
+    let mut ty = name.clone();
+    ty.set_span(span);
     // A plan found means every check passes (the planner runs them all): the check reads
     // one `bool` and touches the layout's large constants only when there is an error.
     quote_spanned!(span=>

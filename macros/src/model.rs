@@ -2,6 +2,7 @@
 //! together; nothing here emits tokens.
 
 use proc_macro2::Span;
+use syn::ext::IdentExt;
 use syn::meta::ParseNestedMeta;
 use syn::spanned::Spanned;
 use syn::{
@@ -156,7 +157,7 @@ fn first_time(
 pub fn parse(input: DeriveInput) -> syn::Result<Layout> {
     let mut errors = Errors::default();
     let ident = input.ident.clone();
-    let name = ident.to_string();
+    let name = ident.unraw().to_string();
 
     let named = match &input.data {
         Data::Struct(s) => match &s.fields {
@@ -264,7 +265,7 @@ pub fn parse(input: DeriveInput) -> syn::Result<Layout> {
         let Some(fident) = f.ident.clone() else {
             continue;
         };
-        let fname = fident.to_string();
+        let fname = fident.unraw().to_string();
         let fctx = format!("layout `{name}`, field `{fname}`");
         let kind = match field_kind(&f.ty) {
             Ok(k) => Some(k),
@@ -347,6 +348,14 @@ fn parse_stages(
                     id.span(),
                     format_args!("stage `{id}` is named twice in `stages(..)` of `{name}`"),
                 ),
+                // A stage name names methods (`arena.<stage>()`); a keyword cannot.
+                Some(id) if syn::parse_str::<Ident>(&id.to_string()).is_err() => errors.push(
+                    id.span(),
+                    format_args!(
+                        "stage `{id}` in `stages(..)` of `{name}` is a Rust keyword, which \
+                         cannot name the stage's methods (`arena.{id}()`): choose another name"
+                    ),
+                ),
                 Some(id) => names.push(id.clone()),
                 None => errors.push(
                     inner.path.span(),
@@ -355,6 +364,19 @@ fn parse_stages(
             }
             Ok(())
         })?;
+        // Stage `a` has the methods `a()` and `a_mut()`: a stage called `a_mut` would clash.
+        for id in &names {
+            let mutable = format!("{}_mut", id.unraw());
+            if let Some(clash) = names.iter().find(|n| n.unraw() == mutable) {
+                errors.push(
+                    clash.span(),
+                    format_args!(
+                        "stage `{clash}` in `stages(..)` of `{name}` has the name of stage \
+                         `{id}`'s method `{mutable}()`: rename one of them"
+                    ),
+                );
+            }
+        }
         if names.is_empty() {
             errors.push(
                 meta.path.span(),

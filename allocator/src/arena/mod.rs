@@ -50,7 +50,9 @@ pub trait Stage<const S: usize>: DeviceLayout {
     ///
     /// # Safety
     ///
-    /// As [`DeviceLayout::views`].
+    /// `base` must address a region of at least `SIZE` bytes aligned to `ALIGN` that stays
+    /// valid and, for mutable kinds, unaliased for `'a` (the fields of one stage share no
+    /// byte, so any layout may make them).
     unsafe fn stage_views<'a, K: ViewKind>(base: K::Base<'a>) -> Self::StageViews<'a, K>;
 }
 

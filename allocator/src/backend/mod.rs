@@ -166,9 +166,11 @@ pub struct BackendStats {
 }
 
 impl BackendStats {
-    /// Allocations not yet freed.
+    /// Allocations not yet freed. The counters are read one by one while other threads may
+    /// allocate and free, so a snapshot can hold a free whose allocation it missed: that
+    /// counts as none live, not an overflow.
     pub fn live_allocations(&self) -> u64 {
-        self.allocations - self.frees
+        self.allocations.saturating_sub(self.frees)
     }
 }
 

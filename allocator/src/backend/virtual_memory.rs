@@ -301,7 +301,10 @@ mod host_stand_in {
         /// Whether every byte of `addr..addr + bytes` lies in a mapped chunk.
         pub fn is_mapped(&self, addr: u64, bytes: usize) -> bool {
             let inner = self.lock();
-            let end = addr + bytes as u64;
+            // A range past the end of the address space lies in no chunk.
+            let Some(end) = addr.checked_add(bytes as u64) else {
+                return false;
+            };
             let mut at = addr;
             while at < end {
                 match inner.mapped.range(..=at).next_back() {

@@ -242,17 +242,15 @@ impl Slot {
         align: 1,
     };
 
-    /// One past the last byte of the field.
+    /// One past the last byte of the field (`usize::MAX` for a slot that runs past it: a
+    /// planner never makes one, but a slot's fields are anyone's to set).
     pub const fn end(&self) -> usize {
-        self.offset + self.size
+        self.offset.saturating_add(self.size)
     }
 
     /// Whether the two slots share at least one byte (empty slots share none).
     pub const fn overlaps(&self, other: &Slot) -> bool {
-        self.size != 0
-            && other.size != 0
-            && self.offset < other.offset + other.size
-            && other.offset < self.offset + self.size
+        self.size != 0 && other.size != 0 && self.offset < other.end() && other.offset < self.end()
     }
 }
 

@@ -1,7 +1,7 @@
 //! Stage aliasing: buffers whose live ranges never meet may share bytes. Greedy placement
 //! under several orderings, the smallest plan kept; and the lower bound every plan meets.
 
-use super::align::align_up;
+use super::align::{align_up, is_valid_align};
 use super::error::{PlanError, PlanErrorKind, field_err};
 use super::sort::sort_by_keys;
 use super::timeline::{Index, index_len, sections};
@@ -267,7 +267,8 @@ const fn place_by_list(
 /// Places every buffer in `strategy`'s order at the lowest aligned offset that keeps it apart
 /// from the conflicting buffers already placed; writes the offsets to `placed` and returns the
 /// end of the highest buffer. `slots` gives the sizes and alignments (offsets are ignored);
-/// `scratch` holds [`scratch_len`] entries.
+/// `scratch` holds [`scratch_len`] entries. An alignment the planner does not accept or a live
+/// range whose first stage is after its last is an error naming the buffer.
 ///
 /// [`alias_into`] runs every strategy and keeps the smallest; this runs one, to compare.
 ///
@@ -286,11 +287,40 @@ pub const fn place_with(
         slots.len() == n && placed.len() == n && scratch.len() >= scratch_len(n),
         "place_with: slots and placed need one entry per field, scratch scratch_len(fields)"
     );
+    if let Err(e) = check_given(specs, slots, usize::MAX) {
+        return Err(e);
+    }
     let (lo, rest) = scratch.split_at_mut(n);
     let (hi, rest) = rest.split_at_mut(n);
     let (timeline, rest) = rest.split_at_mut(6 * n);
     let count = sections(specs, slots, lo, hi, timeline);
     greedy(&[strategy], specs, slots, lo, hi, count, placed, rest)
+}
+
+/// What [`alias_into`] and [`place_with`] take as given instead of planning it, checked: every
+/// slot's alignment is one the planner accepts and every live range runs forwards (the
+/// orderings measure a range's length, the placement rounds up to the alignment).
+const fn check_given(specs: &[FieldSpec], slots: &[Slot], stages: usize) -> Result<(), PlanError> {
+    let mut i = 0;
+    while i < specs.len() {
+        let align = slots[i].align;
+        if !is_valid_align(align) {
+            return Err(field_err(i, PlanErrorKind::AlignNotPowerOfTwo { align }));
+        }
+        let live = specs[i].live;
+        if live.first > live.last {
+            return Err(field_err(
+                i,
+                PlanErrorKind::BadLiveRange {
+                    first: live.first,
+                    last: live.last,
+                    stages,
+                },
+            ));
+        }
+        i += 1;
+    }
+    Ok(())
 }
 
 /// Runs `strategies` in turn and keeps the smallest plan: its offsets go to `best`, its end
@@ -351,7 +381,8 @@ pub(super) const fn greedy(
 /// The aliasing planner (stages): places fields so that only fields whose live ranges meet are
 /// kept apart, and returns the planned size (rounded up to `align`). `slots` holds the sizes
 /// and alignments on entry and the aliased offsets on return; `scratch` holds
-/// [`scratch_len`] entries.
+/// [`scratch_len`] entries. An alignment (`align` or a slot's) the planner does not accept or
+/// a live range whose first stage is after its last is an error naming the buffer.
 ///
 /// Every [`Strategy`] is tried and the smallest plan is kept. On the classic five-buffer case
 /// (sizes 10, 20, 30, 40, 50; live 0–1, 1–2, 2–3, 3–4, 0–1) greedy-by-size alone needs 90
@@ -386,6 +417,15 @@ pub const fn alias_into(
         slots.len() == n && scratch.len() >= scratch_len(n),
         "alias_into: slots needs one entry per field, scratch scratch_len(fields)"
     );
+    if !is_valid_align(align) {
+        return Err(PlanError {
+            field: None,
+            kind: PlanErrorKind::AlignNotPowerOfTwo { align },
+        });
+    }
+    if let Err(e) = check_given(specs, slots, layout.stages) {
+        return Err(e);
+    }
     let (lo, rest) = scratch.split_at_mut(n);
     let (hi, rest) = rest.split_at_mut(n);
     let (timeline, rest) = rest.split_at_mut(6 * n);
