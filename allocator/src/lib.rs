@@ -55,7 +55,10 @@
 //!
 //! With `#[layout(stages = N)]` (or `stages(a, b, ..)`) and a `#[layout(live = A..=B)]` on
 //! each field, fields whose live ranges never meet may share bytes; the arena hands out the
-//! views of one stage at a time ([`Arena::stage_mut`]). Planning such a layout is the classic
+//! views of one stage at a time ([`Arena::stage_mut`]; with named stages also `arena.blur_mut()`
+//! and `arena.blur()` for a stage `blur`, methods of a trait the derive makes beside the
+//! struct: a stage name that is a keyword, or whose methods would be `Arena`'s own, such as
+//! `free` or `views`, is a compile error). Planning such a layout is the classic
 //! static memory allocation problem, and devarena's planner works at three depths, all the
 //! same `const fn`s in [`plan`]:
 //!

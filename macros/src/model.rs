@@ -335,6 +335,47 @@ pub fn parse(input: DeriveInput) -> syn::Result<Layout> {
     })
 }
 
+/// The methods of `devarena::Arena` (on every backend; `tests/tests/stages.rs` checks this list
+/// against `allocator/src/arena`).
+/// A named stage's methods (`<stage>()`, `<stage>_mut()`) must not take one of these names:
+/// inherent methods win over the stage trait's, so the call would quietly reach `Arena`'s
+/// (`arena.free()` frees the arena).
+const ARENA_METHODS: &[&str] = &[
+    "new",
+    "new_in",
+    "views",
+    "views_mut",
+    "try_views",
+    "try_views_mut",
+    "stage",
+    "stage_mut",
+    "try_stage",
+    "try_stage_mut",
+    "backend",
+    "allocation",
+    "addr",
+    "size",
+    "fields",
+    "free",
+    "views_mut_on",
+    "stage_mut_on",
+    "prefetch_to_device",
+    "prefetch_to_host",
+    "host_views",
+    "host_views_mut",
+    "device_views_mut",
+    "capture",
+];
+
+/// The name of `Arena`'s method that one of stage `id`'s methods would take, if any.
+fn arena_method_clash(id: &Ident) -> Option<String> {
+    let name = id.unraw().to_string();
+    let mutable = format!("{name}_mut");
+    [name, mutable]
+        .into_iter()
+        .find(|m| ARENA_METHODS.contains(&m.as_str()))
+}
+
 fn parse_stages(
     meta: &ParseNestedMeta<'_>,
     name: &str,
@@ -356,7 +397,22 @@ fn parse_stages(
                          cannot name the stage's methods (`arena.{id}()`): choose another name"
                     ),
                 ),
-                Some(id) => names.push(id.clone()),
+                // `arena.<stage>()` and `arena.<stage>_mut()` are methods of a trait: where
+                // `Arena` has a method of that name, the call reaches `Arena`'s instead.
+                // (Kept as a stage all the same, so that live ranges naming it say nothing more.)
+                Some(id) => {
+                    if let Some(method) = arena_method_clash(id) {
+                        errors.push(
+                            id.span(),
+                            format_args!(
+                                "stage `{id}` in `stages(..)` of `{name}` would be reached as \
+                                 `arena.{method}()`, which is `Arena`'s own method: choose \
+                                 another name"
+                            ),
+                        );
+                    }
+                    names.push(id.clone());
+                }
                 None => errors.push(
                     inner.path.span(),
                     "a stage name is a plain identifier, e.g. `stages(decode, blur, output)`",

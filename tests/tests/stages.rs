@@ -308,3 +308,51 @@ fn aliasing_leaves_layouts_without_stages_alone() {
         256 + 400_usize.next_multiple_of(256)
     );
 }
+
+/// The derive refuses stage names whose methods would be `Arena`'s own (`arena.free()` would
+/// free the arena): its list of those methods is exactly the public methods of `Arena`'s own
+/// impl blocks.
+#[test]
+fn the_derives_list_of_arena_methods_is_the_arenas() {
+    let macro_source = include_str!("../../macros/src/model.rs");
+    let start = macro_source
+        .find("const ARENA_METHODS: &[&str] = &[")
+        .expect("the list in the derive");
+    let list = &macro_source[start..];
+    let list = &list[list.find("= &[").unwrap() + 4..list.find("];").unwrap()];
+    let mut listed: Vec<String> = list
+        .split(',')
+        .map(|m| m.trim().trim_matches('"').to_string())
+        .filter(|m| !m.is_empty())
+        .collect();
+    listed.sort();
+    let sources = [
+        include_str!("../../allocator/src/arena/mod.rs"),
+        include_str!("../../allocator/src/arena/cuda.rs"),
+        include_str!("../../allocator/src/arena/graph.rs"),
+    ];
+    let mut found = Vec::new();
+    for source in sources {
+        let mut in_arena = false;
+        for line in source.lines() {
+            if line.starts_with("impl") {
+                // `impl<..> Arena<..> {`: not a trait's impl, not another type's.
+                in_arena = line.contains("> Arena<") && !line.contains(" for ");
+            } else if line.starts_with('}') {
+                in_arena = false;
+            } else if in_arena && line.starts_with("    pub") {
+                let item = line.trim_start();
+                if let Some(rest) = item
+                    .strip_prefix("pub fn ")
+                    .or_else(|| item.strip_prefix("pub unsafe fn "))
+                {
+                    let end = rest.find(['(', '<']).unwrap_or(rest.len());
+                    found.push(rest[..end].to_string());
+                }
+            }
+        }
+    }
+    found.sort();
+    assert!(found.len() > 20, "{found:?}");
+    assert_eq!(found, listed);
+}
