@@ -273,3 +273,51 @@ fn stage_map_of_many_stages_stays_small() {
     let svg = layout.report().to_svg();
     assert!(svg.len() < 1 << 20, "{} bytes of SVG", svg.len());
 }
+
+/// `Search` rounds the capacities it asks for down to its alignment: one of 0 counts as 1
+/// instead of dividing by zero, and the search still improves on the greedy plan.
+#[test]
+fn a_search_with_an_alignment_of_zero_runs() {
+    use devarena::plan::{Engine, Goal, Search, Step, measure, plan_into};
+    let mut next = rng(0x2545_F491_4F6C_DD1D);
+    let mut improved = 0;
+    for _ in 0..200 {
+        // Small instances at alignment 1 where the greedy plan is above the lower bound.
+        let stages = 2 + next(6) as usize;
+        let spec = LayoutSpec::DEFAULT.with_align(1).with_stages(stages);
+        let specs: Vec<FieldSpec> = (0..8 + next(10))
+            .map(|_| {
+                let (a, b) = (next(stages as u64) as usize, next(stages as u64) as usize);
+                FieldSpec::of::<u8>(1 + next(100) as usize).with_live(a.min(b), a.max(b))
+            })
+            .collect();
+        let mut slots = vec![Slot::EMPTY; specs.len()];
+        let mut head = vec![0; scratch_len(specs.len())];
+        let totals = plan_into(&spec, &specs, &mut slots, &mut head).unwrap();
+        if totals.size == totals.peak_live_bound {
+            continue;
+        }
+        let sizes = measure(&spec, &specs, &slots, &mut head);
+        let mut scratch = vec![0; sizes.scratch_len()];
+        let mut engine = Engine::new(&spec, &specs, &slots, &sizes, &mut scratch);
+        let offsets: Vec<usize> = slots.iter().map(|s| s.offset).collect();
+        engine.set_incumbent(&offsets);
+        for goal in [Goal::Smallest, Goal::AtMost(totals.size - 1)] {
+            let mut search = Search::new(goal, totals.size, totals.peak_live_bound, 0);
+            for _ in 0..100_000 {
+                if search.step(&mut engine, &specs, spec.stages, 1_000) == Step::Finished {
+                    break;
+                }
+            }
+            assert!(search.size() <= totals.size);
+            improved += usize::from(search.size() < totals.size);
+            let placed: Vec<Placed> = specs
+                .iter()
+                .zip(slots.iter().zip(engine.offsets()))
+                .map(|(s, (slot, &offset))| Placed::of(&Slot { offset, ..*slot }, s.live))
+                .collect();
+            assert_eq!(validate(&placed, search.size()), Ok(()));
+        }
+    }
+    assert!(improved > 0);
+}

@@ -78,11 +78,13 @@ pub struct Search {
 
 impl Search {
     /// A search that starts from a plan of `size` bytes (the engine's incumbent, rounded up
-    /// to `align`) and knows no plan is below `lower` (a multiple of `align`).
+    /// to `align`) and knows no plan is below `lower` (a multiple of `align`). The capacities
+    /// it asks for are multiples of `align`; an `align` of 0 counts as 1.
     pub const fn new(goal: Goal, size: usize, lower: usize, align: usize) -> Search {
         Search {
             goal,
-            align,
+            // (Capacities are rounded down to it: 0 would divide by zero.)
+            align: if align == 0 { 1 } else { align },
             lower,
             size,
             level: 1,
