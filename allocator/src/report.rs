@@ -185,7 +185,8 @@ impl LayoutReport {
     }
 
     /// The SVG memory map: one bar per field drawn to scale with padding shaded, labels, and
-    /// for staged layouts a stage × address picture.
+    /// for staged layouts a stage × address picture (at most 256 stage columns: with more
+    /// stages, each column stands for a run of them).
     pub fn to_svg(&self) -> String {
         if self.stages > 0 {
             self.svg_stages()
@@ -299,7 +300,11 @@ impl LayoutReport {
         const COL_W: f64 = 120.0;
         const MAP_H: f64 = 520.0;
         let stages = self.stages;
-        let w = LEFT + COL_W * stages as f64 + 240.0;
+        // At most `MAX_COLUMNS` columns, `per` stages each: the picture of a layout with
+        // millions of stages stays the size of its buffers' list, not of its stages'.
+        let per = stages.div_ceil(MAX_COLUMNS).max(1);
+        let columns = stages.div_ceil(per);
+        let w = LEFT + COL_W * columns as f64 + 240.0;
         let top = 70.0;
         let h = top + MAP_H + 60.0;
         let size = self.totals.size.max(1) as f64;
@@ -322,31 +327,47 @@ impl LayoutReport {
         );
         let _ = writeln!(
             s,
-            "<text x=\"12\" y=\"44\" class=\"small\">stages across, offsets down; one rectangle per buffer over its live stages; sharing saves {} bytes</text>",
+            "<text x=\"12\" y=\"44\" class=\"small\">stages across{}, offsets down; one rectangle per buffer over its live stages; sharing saves {} bytes</text>",
+            if per > 1 {
+                alloc::format!(" ({per} to a column)")
+            } else {
+                String::new()
+            },
             self.totals.unaliased_size.saturating_sub(self.totals.size)
         );
         let _ = writeln!(
             s,
             "<rect x=\"{LEFT}\" y=\"{top}\" width=\"{:.1}\" height=\"{MAP_H}\" class=\"pad\"/>",
-            COL_W * stages as f64
+            COL_W * columns as f64
         );
-        for k in 0..stages {
+        for k in 0..columns {
             let cx = LEFT + COL_W * k as f64;
+            let label = if per == 1 {
+                self.stage_label(k)
+            } else {
+                let (first, last) = (k * per, (k + 1).saturating_mul(per).min(stages) - 1);
+                if self.stage_names.is_empty() {
+                    alloc::format!("{first}–{last}")
+                } else {
+                    alloc::format!("{}–{}", self.stage_label(first), self.stage_label(last))
+                }
+            };
             let _ = writeln!(
                 s,
                 "<text x=\"{:.1}\" y=\"{:.1}\" class=\"small\" text-anchor=\"middle\">{}</text><line x1=\"{cx:.1}\" y1=\"{top}\" x2=\"{cx:.1}\" y2=\"{:.1}\" class=\"grid\"/>",
                 cx + COL_W / 2.0,
                 top - 6.0,
-                esc(&self.stage_label(k)),
+                esc(&label),
                 top + MAP_H
             );
         }
         for (i, r) in self.rows.iter().enumerate() {
-            let x0 = LEFT + COL_W * r.live.first as f64 + 2.0;
+            let (first, last) = (r.live.first / per, r.live.last / per);
+            let x0 = LEFT + COL_W * first as f64 + 2.0;
             // A row's range is clipped to the stages on the way in; rows and stages are public,
             // so a range outside them draws empty instead of overflowing.
-            let stages_live = r.live.last.saturating_add(1).saturating_sub(r.live.first);
-            let cw = (COL_W * stages_live as f64 - 4.0).max(0.0);
+            let columns_live = last.saturating_add(1).saturating_sub(first);
+            let cw = (COL_W * columns_live as f64 - 4.0).max(0.0);
             let hh = (r.size as f64 / size * MAP_H).max(1.0);
             let _ = writeln!(
                 s,
@@ -376,6 +397,9 @@ impl LayoutReport {
         s
     }
 }
+
+/// The most stage columns the stage map draws; beyond, a column stands for several stages.
+const MAX_COLUMNS: usize = 256;
 
 fn svg_head(s: &mut String, w: f64, h: f64) {
     let _ = write!(
