@@ -6,6 +6,7 @@
 
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
+use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::{Data, DeriveInput, Fields};
 
@@ -14,7 +15,8 @@ use crate::model::Errors;
 pub fn derive(input: DeriveInput) -> syn::Result<TokenStream> {
     let mut errors = Errors::default();
     let name = &input.ident;
-    let name_str = name.to_string();
+    // As Rust shows it: `r#Foo` is `Foo`.
+    let name_str = name.unraw().to_string();
     let mut repr_ok = false;
     for attr in input.attrs.iter().filter(|a| a.path().is_ident("repr")) {
         let _ = attr.parse_nested_meta(|meta| {
