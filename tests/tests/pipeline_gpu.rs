@@ -36,9 +36,9 @@ fn gpu_pipeline_matches_host() {
 mod gpu {
     use std::sync::Arc;
 
-    use devarena::backend::cuda::{CudaBackend, CudaStream, DeviceViewMut};
+    use devarena::backend::cuda::{CudaBackend, CudaStream, DeviceViewMut, TrustedDevicePtr};
     use devarena::{Arena, DeviceLayout, Error};
-    use devarena_kernels::cudarc::driver::{DevicePtr, DevicePtrMut};
+    use devarena_kernels::cudarc::driver::DevicePtrMut;
     use devarena_kernels::pipeline::cuda::{
         FrameSlices, PipelineKernels, download_mask_stage, download_outputs, upload_input,
         upload_input_staged,
@@ -72,9 +72,9 @@ mod gpu {
         input: &[u8],
     ) -> FrameOutputs
     where
-        B8: DevicePtr<u8> + DevicePtrMut<u8>,
-        BF: DevicePtr<f32> + DevicePtrMut<f32>,
-        BU: DevicePtr<u32> + DevicePtrMut<u32>,
+        B8: TrustedDevicePtr<u8> + DevicePtrMut<u8>,
+        BF: TrustedDevicePtr<f32> + DevicePtrMut<f32>,
+        BU: TrustedDevicePtr<u32> + DevicePtrMut<u32>,
     {
         stream.memcpy_htod(input, b.rgb).unwrap();
         kernels.run_frame(stream, size, b.reborrow(), None).unwrap();
