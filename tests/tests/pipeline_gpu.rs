@@ -612,6 +612,35 @@ mod gpu {
         assert_eq!(device_mask, host_mask);
     }
 
+    /// No magnitude at all: the histogram is zeros and the mask is nothing, as on the host
+    /// (`edge_mask` launched a grid of no blocks: `CUDA_ERROR_INVALID_VALUE`).
+    #[test]
+    fn histogram_and_mask_of_no_pixels_match_host() {
+        let Some(stream) = stream() else { return };
+        let kernels = PipelineKernels::load(stream.context()).unwrap();
+        let magnitude = stream.clone_htod(&[1.0f32; 4]).unwrap();
+        let mut mask = stream.alloc_zeros::<u8>(4).unwrap();
+        let mut hist = stream.clone_htod(&[7u32; HIST_BINS]).unwrap();
+        let mut threshold = stream.alloc_zeros::<u32>(1).unwrap();
+        let none = magnitude.slice(0..0);
+        kernels.histogram(&stream, &none, &mut hist).unwrap();
+        kernels
+            .otsu_threshold(&stream, &hist, &mut threshold)
+            .unwrap();
+        kernels
+            .edge_mask(&stream, &none, &threshold, &mut mask.slice_mut(0..0))
+            .unwrap();
+        let mut host_hist = vec![7u32; HIST_BINS];
+        host::histogram(&[], &mut host_hist).unwrap();
+        assert_eq!(stream.clone_dtoh(&hist).unwrap(), host_hist);
+        assert_eq!(
+            stream.clone_dtoh(&threshold).unwrap()[0],
+            host::otsu_threshold(&host_hist).unwrap()
+        );
+        host::edge_mask(&[], 0, &mut []).unwrap();
+        assert_eq!(stream.clone_dtoh(&mask).unwrap(), vec![0u8; 4]);
+    }
+
     #[test]
     fn otsu_kernel_matches_host_on_crafted_histograms() {
         let Some(stream) = stream() else { return };

@@ -461,6 +461,10 @@ impl PipelineKernels {
         self.check_context(STAGE, "magnitude", magnitude)?;
         self.check_buffer(STAGE, "mask", mask, magnitude.len(), None)?;
         let pixels = check_pixels(STAGE, magnitude.len())?;
+        if pixels == 0 {
+            // No pixel, no mask (as on the host); a launch of no blocks is a driver error.
+            return Ok(());
+        }
         let (m, _r1) = magnitude.device_ptr(stream);
         let (t, _r2) = threshold.device_ptr(stream);
         let (k, _write) = mask.device_ptr_mut(stream);
