@@ -86,7 +86,6 @@ mod gpu {
         });
         let host = arena.host_views().unwrap();
         let stale = host.data.iter().filter(|&&x| x != 0x5a5a_5a5a).count();
-        drop(host);
         open_later.join().unwrap();
         drop(gate);
         assert_eq!(

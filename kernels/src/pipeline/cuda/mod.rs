@@ -3,11 +3,11 @@
 //! [`PipelineKernels::load`] loads the embedded PTX into a context once; each stage is then one
 //! method taking a stream and device buffers whose address and length the kernels may trust,
 //! [`TrustedDevicePtr`] (cudarc's own `CudaSlice` and views, or the views of a devarena arena
-//! or pool slice on the CUDA backend): cudarc's [`DevicePtr`] / [`DevicePtrMut`] are safe
-//! traits, so a type of the caller's implementing them alone could name any address.
-//!
-//! [`DevicePtr`]: cudarc::driver::DevicePtr [`PipelineKernels::run_frame`] runs every stage on a
-//! [`FrameBuffers`], which an arena's views convert into:
+//! or pool slice on the CUDA backend): cudarc's [`DevicePtr`](cudarc::driver::DevicePtr) /
+//! [`DevicePtrMut`] are safe traits, so a type of the caller's implementing them alone could
+//! name any address.
+//! [`PipelineKernels::run_frame`] runs every stage on a [`FrameBuffers`], which an arena's views
+//! convert into:
 //!
 //! ```no_run
 //! use devarena::Arena;
