@@ -36,9 +36,9 @@ fn gpu_pipeline_matches_host() {
 mod gpu {
     use std::sync::Arc;
 
-    use devarena::backend::cuda::{CudaBackend, CudaStream, DeviceViewMut};
+    use devarena::backend::cuda::{CudaBackend, CudaStream, DeviceViewMut, TrustedDevicePtr};
     use devarena::{Arena, DeviceLayout, Error};
-    use devarena_kernels::cudarc::driver::{DevicePtr, DevicePtrMut};
+    use devarena_kernels::cudarc::driver::DevicePtrMut;
     use devarena_kernels::pipeline::cuda::{
         FrameSlices, PipelineKernels, download_mask_stage, download_outputs, upload_input,
         upload_input_staged,
@@ -72,9 +72,9 @@ mod gpu {
         input: &[u8],
     ) -> FrameOutputs
     where
-        B8: DevicePtr<u8> + DevicePtrMut<u8>,
-        BF: DevicePtr<f32> + DevicePtrMut<f32>,
-        BU: DevicePtr<u32> + DevicePtrMut<u32>,
+        B8: TrustedDevicePtr<u8> + DevicePtrMut<u8>,
+        BF: TrustedDevicePtr<f32> + DevicePtrMut<f32>,
+        BU: TrustedDevicePtr<u32> + DevicePtrMut<u32>,
     {
         stream.memcpy_htod(input, b.rgb).unwrap();
         kernels.run_frame(stream, size, b.reborrow(), None).unwrap();
@@ -610,6 +610,35 @@ mod gpu {
         let mut host_mask = vec![0u8; values.len()];
         host::edge_mask(&values, t, &mut host_mask).unwrap();
         assert_eq!(device_mask, host_mask);
+    }
+
+    /// No magnitude at all: the histogram is zeros and the mask is nothing, as on the host
+    /// (`edge_mask` launched a grid of no blocks: `CUDA_ERROR_INVALID_VALUE`).
+    #[test]
+    fn histogram_and_mask_of_no_pixels_match_host() {
+        let Some(stream) = stream() else { return };
+        let kernels = PipelineKernels::load(stream.context()).unwrap();
+        let magnitude = stream.clone_htod(&[1.0f32; 4]).unwrap();
+        let mut mask = stream.alloc_zeros::<u8>(4).unwrap();
+        let mut hist = stream.clone_htod(&[7u32; HIST_BINS]).unwrap();
+        let mut threshold = stream.alloc_zeros::<u32>(1).unwrap();
+        let none = magnitude.slice(0..0);
+        kernels.histogram(&stream, &none, &mut hist).unwrap();
+        kernels
+            .otsu_threshold(&stream, &hist, &mut threshold)
+            .unwrap();
+        kernels
+            .edge_mask(&stream, &none, &threshold, &mut mask.slice_mut(0..0))
+            .unwrap();
+        let mut host_hist = vec![7u32; HIST_BINS];
+        host::histogram(&[], &mut host_hist).unwrap();
+        assert_eq!(stream.clone_dtoh(&hist).unwrap(), host_hist);
+        assert_eq!(
+            stream.clone_dtoh(&threshold).unwrap()[0],
+            host::otsu_threshold(&host_hist).unwrap()
+        );
+        host::edge_mask(&[], 0, &mut []).unwrap();
+        assert_eq!(stream.clone_dtoh(&mask).unwrap(), vec![0u8; 4]);
     }
 
     #[test]

@@ -733,6 +733,26 @@ mod tests {
     }
 
     #[test]
+    fn zero_and_huge_sizes_never_panic_and_change_nothing_when_refused() {
+        let pools = Pools::new();
+        let s = StreamId(0);
+        // Zero bytes: a segment of its own (PyTorch frees whatever it got).
+        let a = pools.alloc(0, 0, s, host(1 << 20), false, &quiet).unwrap();
+        assert_eq!(a % SEGMENT_ALIGN as u64, 0);
+        let before = pools.stats(0).unwrap();
+        for huge in [usize::MAX, usize::MAX - 4095, 1 << 62, (1 << 20) + 1] {
+            let e = pools.alloc(huge, 0, s, host(0), false, &quiet).unwrap_err();
+            assert!(e.contains(&huge.to_string()), "{e}");
+        }
+        assert_eq!(pools.stats(0).unwrap().live, before.live);
+        assert_eq!(pools.stats(0).unwrap().in_use, before.in_use);
+        pools.free(a, 0, 0, s).unwrap();
+        assert!(pools.free(a, 0, 0, s).is_err(), "a double free is refused");
+        assert!(pools.free(u64::MAX, usize::MAX, 0, s).is_err());
+        assert_eq!(pools.stats(0).unwrap().live, 0);
+    }
+
+    #[test]
     fn stats_codes_tell_no_pool_yet_from_a_failed_pool() {
         let pools = Pools::new();
         let said = RefCell::new(Vec::new());

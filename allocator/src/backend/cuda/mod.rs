@@ -80,5 +80,5 @@ pub use graph::{CaptureStatus, capture_status_raw, is_capturing};
 pub(crate) use graph::{GraphExec, StreamCapture, is_capturing_raw};
 pub use managed::ManagedBackend;
 pub use pinned::PinnedBackend;
-pub use view::{CudaBase, CudaMut, CudaRef, DeviceView, DeviceViewMut};
+pub use view::{CudaBase, CudaMut, CudaRef, DeviceView, DeviceViewMut, TrustedDevicePtr};
 pub use vmm::CudaVirtualMemory;

@@ -324,6 +324,37 @@ unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b mut DeviceViewMut<'c, T>> f
     }
 }
 
+/// A device buffer whose [`DevicePtr`] (and, where it has one, [`DevicePtrMut`]) tells the
+/// truth: what code that launches kernels from safe functions may trust with an address and a
+/// length (the launch wrappers of `devarena-kernels` take only these).
+///
+/// cudarc's [`DeviceSlice`], [`DevicePtr`] and [`DevicePtrMut`] are safe traits: any type may
+/// implement them and return any address and any length, so a safe function that launches a
+/// kernel on what they return would let safe code choose the memory the kernel writes.
+/// Implemented for devarena's views and for cudarc's `CudaSlice`, `CudaView` and
+/// `CudaViewMut`.
+///
+/// # Safety
+///
+/// For as long as the value is borrowed, `device_ptr` and `device_ptr_mut` must return the
+/// address of [`len`](DeviceSlice::len) live elements of `T`, aligned for `T`, in the context of
+/// [`stream`](DeviceSlice::stream), that the value owns or borrows (exclusively, for
+/// `device_ptr_mut`), ordered on the stream they are asked for while the returned guard lives.
+pub unsafe trait TrustedDevicePtr<T>: DevicePtr<T> {}
+
+// SAFETY: a view addresses `len` live elements of its arena's (or pool slice's) allocation,
+// borrowed for its lifetime, and orders the stream it is asked for after its own.
+unsafe impl<T> TrustedDevicePtr<T> for DeviceView<'_, T> {}
+// SAFETY: as above; a mutable view borrows its elements exclusively.
+unsafe impl<T> TrustedDevicePtr<T> for DeviceViewMut<'_, T> {}
+// SAFETY: cudarc's own buffers: a `CudaSlice` owns its `len` elements, its views borrow them
+// from one, and cudarc's event tracking orders the stream they are asked for.
+unsafe impl<T> TrustedDevicePtr<T> for cudarc::driver::CudaSlice<T> {}
+// SAFETY: as above.
+unsafe impl<T> TrustedDevicePtr<T> for cudarc::driver::CudaView<'_, T> {}
+// SAFETY: as above.
+unsafe impl<T> TrustedDevicePtr<T> for cudarc::driver::CudaViewMut<'_, T> {}
+
 impl<'a, T> DeviceView<'a, T> {
     /// A read-only view of `len` elements at device address `ptr`, ordered on `stream`.
     ///

@@ -21,9 +21,9 @@ impl PipelineKernels {
         events: Option<&StageEvents>,
     ) -> Result<(), Error>
     where
-        B8: DevicePtr<u8> + DevicePtrMut<u8>,
-        BF: DevicePtr<f32> + DevicePtrMut<f32>,
-        BU: DevicePtr<u32> + DevicePtrMut<u32>,
+        B8: TrustedDevicePtr<u8> + DevicePtrMut<u8>,
+        BF: TrustedDevicePtr<f32> + DevicePtrMut<f32>,
+        BU: TrustedDevicePtr<u32> + DevicePtrMut<u32>,
     {
         const STAGE: &str = "frame";
         self.check_stream(STAGE, stream)?;

@@ -1,10 +1,13 @@
 //! The pipeline's PTX kernels and their launch wrappers (feature `cuda`).
 //!
 //! [`PipelineKernels::load`] loads the embedded PTX into a context once; each stage is then one
-//! method taking a stream and device buffers: anything that implements cudarc's
-//! [`DevicePtr`] / [`DevicePtrMut`] (cudarc's own `CudaSlice` and views, or the views of a
-//! devarena arena on the CUDA backend). [`PipelineKernels::run_frame`] runs every stage on a
-//! [`FrameBuffers`], which an arena's views convert into:
+//! method taking a stream and device buffers whose address and length the kernels may trust,
+//! [`TrustedDevicePtr`] (cudarc's own `CudaSlice` and views, or the views of a devarena arena
+//! or pool slice on the CUDA backend): cudarc's [`DevicePtr`](cudarc::driver::DevicePtr) /
+//! [`DevicePtrMut`] are safe traits, so a type of the caller's implementing them alone could
+//! name any address.
+//! [`PipelineKernels::run_frame`] runs every stage on a [`FrameBuffers`], which an arena's views
+//! convert into:
 //!
 //! ```no_run
 //! use devarena::Arena;
@@ -61,12 +64,12 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
-    DeviceSlice, LaunchConfig, PushKernelArg, result, sys,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtrMut, DeviceSlice,
+    LaunchConfig, PushKernelArg, result, sys,
 };
 use cudarc::nvrtc::Ptx;
 use devarena::backend::DirectViews;
-use devarena::backend::cuda::{CudaMut, DeviceViewMut, StreamOrdered};
+use devarena::backend::cuda::{CudaMut, DeviceViewMut, StreamOrdered, TrustedDevicePtr};
 use devarena::{Arena, ArenaGraph, Capture, Error, Stage as LayoutStage};
 
 use super::{
@@ -96,9 +99,9 @@ pub fn download_outputs<B8, BF, BU>(
     outputs: &mut FrameOutputs,
 ) -> Result<(), Error>
 where
-    B8: DevicePtr<u8>,
-    BF: DevicePtr<f32>,
-    BU: DevicePtr<u32>,
+    B8: TrustedDevicePtr<u8>,
+    BF: TrustedDevicePtr<f32>,
+    BU: TrustedDevicePtr<u32>,
 {
     let o = outputs;
     let size = o.size;
@@ -124,7 +127,7 @@ where
 fn download_prefix<T>(
     stream: &CudaStream,
     name: &str,
-    src: &impl DevicePtr<T>,
+    src: &impl TrustedDevicePtr<T>,
     dst: &mut [T],
     size: ImageSize,
 ) -> Result<(), Error> {
@@ -330,8 +333,8 @@ impl PipelineKernels {
         &self,
         stream: &CudaStream,
         size: ImageSize,
-        rgb: &impl DevicePtr<u8>,
-        gray: &mut impl DevicePtrMut<f32>,
+        rgb: &impl TrustedDevicePtr<u8>,
+        gray: &mut (impl DevicePtrMut<f32> + TrustedDevicePtr<f32>),
     ) -> Result<(), Error> {
         const STAGE: &str = "grayscale";
         self.check_stream(STAGE, stream)?;
@@ -350,8 +353,8 @@ impl PipelineKernels {
         &self,
         stream: &CudaStream,
         size: ImageSize,
-        src: &impl DevicePtr<f32>,
-        dst: &mut impl DevicePtrMut<f32>,
+        src: &impl TrustedDevicePtr<f32>,
+        dst: &mut (impl DevicePtrMut<f32> + TrustedDevicePtr<f32>),
     ) -> Result<(), Error> {
         let pass = (&self.blur_rows, "blur (rows)", "cuLaunchKernel(blur_rows)");
         self.image_pass(pass, stream, size, src, dst)
@@ -362,8 +365,8 @@ impl PipelineKernels {
         &self,
         stream: &CudaStream,
         size: ImageSize,
-        src: &impl DevicePtr<f32>,
-        dst: &mut impl DevicePtrMut<f32>,
+        src: &impl TrustedDevicePtr<f32>,
+        dst: &mut (impl DevicePtrMut<f32> + TrustedDevicePtr<f32>),
     ) -> Result<(), Error> {
         let pass = (
             &self.blur_columns,
@@ -378,8 +381,8 @@ impl PipelineKernels {
         &self,
         stream: &CudaStream,
         size: ImageSize,
-        src: &impl DevicePtr<f32>,
-        magnitude: &mut impl DevicePtrMut<f32>,
+        src: &impl TrustedDevicePtr<f32>,
+        magnitude: &mut (impl DevicePtrMut<f32> + TrustedDevicePtr<f32>),
     ) -> Result<(), Error> {
         let pass = (&self.sobel, "sobel", "cuLaunchKernel(sobel)");
         self.image_pass(pass, stream, size, src, magnitude)
@@ -392,8 +395,8 @@ impl PipelineKernels {
         (kernel, stage, call): (&CudaFunction, &str, &'static str),
         stream: &CudaStream,
         size: ImageSize,
-        src: &impl DevicePtr<f32>,
-        dst: &mut impl DevicePtrMut<f32>,
+        src: &impl TrustedDevicePtr<f32>,
+        dst: &mut (impl DevicePtrMut<f32> + TrustedDevicePtr<f32>),
     ) -> Result<(), Error> {
         self.check_stream(stage, stream)?;
         Self::check_size(stage, size)?;
@@ -411,8 +414,8 @@ impl PipelineKernels {
     pub fn histogram(
         &self,
         stream: &CudaStream,
-        magnitude: &impl DevicePtr<f32>,
-        hist: &mut impl DevicePtrMut<u32>,
+        magnitude: &impl TrustedDevicePtr<f32>,
+        hist: &mut (impl DevicePtrMut<u32> + TrustedDevicePtr<u32>),
     ) -> Result<(), Error> {
         const STAGE: &str = "histogram";
         self.check_stream(STAGE, stream)?;
@@ -430,8 +433,8 @@ impl PipelineKernels {
     pub fn otsu_threshold(
         &self,
         stream: &CudaStream,
-        hist: &impl DevicePtr<u32>,
-        threshold: &mut impl DevicePtrMut<u32>,
+        hist: &impl TrustedDevicePtr<u32>,
+        threshold: &mut (impl DevicePtrMut<u32> + TrustedDevicePtr<u32>),
     ) -> Result<(), Error> {
         const STAGE: &str = "otsu";
         self.check_stream(STAGE, stream)?;
@@ -448,9 +451,9 @@ impl PipelineKernels {
     pub fn edge_mask(
         &self,
         stream: &CudaStream,
-        magnitude: &impl DevicePtr<f32>,
-        threshold: &impl DevicePtr<u32>,
-        mask: &mut impl DevicePtrMut<u8>,
+        magnitude: &impl TrustedDevicePtr<f32>,
+        threshold: &impl TrustedDevicePtr<u32>,
+        mask: &mut (impl DevicePtrMut<u8> + TrustedDevicePtr<u8>),
     ) -> Result<(), Error> {
         const STAGE: &str = "mask";
         self.check_stream(STAGE, stream)?;
@@ -458,6 +461,10 @@ impl PipelineKernels {
         self.check_context(STAGE, "magnitude", magnitude)?;
         self.check_buffer(STAGE, "mask", mask, magnitude.len(), None)?;
         let pixels = check_pixels(STAGE, magnitude.len())?;
+        if pixels == 0 {
+            // No pixel, no mask (as on the host); a launch of no blocks is a driver error.
+            return Ok(());
+        }
         let (m, _r1) = magnitude.device_ptr(stream);
         let (t, _r2) = threshold.device_ptr(stream);
         let (k, _write) = mask.device_ptr_mut(stream);
