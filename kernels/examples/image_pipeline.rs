@@ -605,7 +605,7 @@ mod device {
 
         /// The frame captured into a graph of the arena.
         fn capture<'a>(
-            gpu: &Gpu,
+            gpu: &'a Gpu,
             arena: &'a mut Arena<Self, CudaBackend>,
             size: ImageSize,
         ) -> Result<ArenaGraph<'a, Self, CudaBackend>, Error>;
@@ -656,7 +656,7 @@ mod device {
         }
 
         fn capture<'a>(
-            gpu: &Gpu,
+            gpu: &'a Gpu,
             arena: &'a mut Arena<Self, CudaBackend>,
             size: ImageSize,
         ) -> Result<ArenaGraph<'a, Self, CudaBackend>, Error> {
@@ -712,7 +712,7 @@ mod device {
         }
 
         fn capture<'a>(
-            gpu: &Gpu,
+            gpu: &'a Gpu,
             arena: &'a mut Arena<Self, CudaBackend>,
             size: ImageSize,
         ) -> Result<ArenaGraph<'a, Self, CudaBackend>, Error> {

@@ -30,6 +30,21 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
     /// See [`ArenaGraph`] for what the borrow guarantees and why the input is
     /// uploaded between replays.
     ///
+    /// # Safety
+    ///
+    /// A graph replays the addresses its work was recorded with, and nothing ties the memory
+    /// behind them to the graph but the arena, which the graph borrows. So every byte the work
+    /// `record` queues reaches outside the arena's allocation (a cudarc buffer, another arena,
+    /// a pool slice, a host buffer of a captured copy, an address passed to a kernel) must stay
+    /// allocated at its address until the graph is dropped and its last replay has finished,
+    /// and be touched by nothing else while a replay may run (other than by work ordered with
+    /// the replays on the arena's stream); so must the modules whose kernels it launches stay
+    /// loaded. Work on the arena's own views alone (those
+    /// [`Capture`] hands out) meets this with nothing more to check: the graph borrows the
+    /// arena exclusively for its whole life. (A safe `capture` could not be sound: the stream
+    /// is the caller's, and safe cudarc calls on it during the capture record whatever they
+    /// reach.)
+    ///
     /// ```no_run
     /// use devarena::backend::cuda::{CudaBackend, cuda_stream, driver_error};
     /// use devarena::{Arena, DeviceLayout};
@@ -42,14 +57,18 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
     ///
     /// let stream = cuda_stream(0)?;
     /// let mut arena = Arena::<Frame, _>::new_in(CudaBackend::new(stream.clone()))?;
-    /// let mut graph = arena.capture(|capture| {
-    ///     let mut v = capture.views_mut();
-    ///     // Recorded, not run: a copy here, kernels (`launch_builder(..).arg(&v.input)`) alike.
-    ///     v.output.fill_bytes(0)?;
-    ///     stream
-    ///         .memcpy_dtod(&v.input, &mut v.output)
-    ///         .map_err(|e| driver_error("cuMemcpyDtoDAsync", e))
-    /// })?;
+    /// // SAFETY: the recorded work reaches the arena's views alone.
+    /// let mut graph = unsafe {
+    ///     arena.capture(|capture| {
+    ///         let mut v = capture.views_mut();
+    ///         // Recorded, not run: a copy here, kernels (`launch_builder(..).arg(&v.input)`)
+    ///         // alike.
+    ///         v.output.fill_bytes(0)?;
+    ///         stream
+    ///             .memcpy_dtod(&v.input, &mut v.output)
+    ///             .map_err(|e| driver_error("cuMemcpyDtoDAsync", e))
+    ///     })?
+    /// };
     /// let mut out = [0.0f32; 1024];
     /// for frame in 0..3 {
     ///     graph.views_mut().input.upload(&[frame as f32; 1024])?; // between replays
@@ -61,7 +80,7 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
     /// arena.views_mut().input.fill_bytes(0)?;
     /// # Ok::<(), devarena::Error>(())
     /// ```
-    pub fn capture<F>(&mut self, record: F) -> Result<ArenaGraph<'_, L, B>, Error>
+    pub unsafe fn capture<F>(&mut self, record: F) -> Result<ArenaGraph<'_, L, B>, Error>
     where
         F: FnOnce(&mut Capture<'_, L, B>) -> Result<(), Error>,
     {
@@ -217,10 +236,11 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> core::fmt::
 /// leaked with `mem::forget`) fails the capture with `CUDA_ERROR_STREAM_CAPTURE_UNJOINED`.
 ///
 /// **Memory other than the arena's.** The graph replays whatever the recording code queued,
-/// also work on buffers that are not the arena's (a cudarc `CudaSlice`, a raw address passed
-/// to a kernel). devarena only knows the arena: such buffers must outlive the graph. (cudarc's
-/// own event tracking refuses most of them: waiting in a capture on an event recorded outside it
-/// invalidates the capture.)
+/// also work on buffers that are not the arena's (a cudarc `CudaSlice`, another arena, a raw
+/// address passed to a kernel). devarena only knows the arena: such buffers must outlive the
+/// graph and its replays, which is why [`Arena::capture`] is `unsafe` (its `# Safety` says
+/// exactly what to keep). (cudarc's own event tracking refuses some of them: waiting in a
+/// capture on an event recorded outside it invalidates the capture.)
 ///
 /// ```compile_fail,E0505
 /// # use devarena::backend::cuda::{CudaBackend, cuda_stream};
@@ -229,7 +249,8 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> core::fmt::
 /// # struct Frame { input: [f32; 1024] }
 /// let stream = cuda_stream(0)?;
 /// let mut arena = Arena::<Frame, _>::new_in(CudaBackend::new(stream))?;
-/// let mut graph = arena.capture(|c| c.views_mut().input.fill_bytes(0))?;
+/// // SAFETY: the recorded work reaches the arena's views alone.
+/// let mut graph = unsafe { arena.capture(|c| c.views_mut().input.fill_bytes(0))? };
 /// drop(arena); // error: `arena` is borrowed by `graph`
 /// graph.launch()?;
 /// # Ok::<(), devarena::Error>(())
@@ -247,9 +268,9 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> ArenaGraph<
         // SAFETY: the captured work reaches the arena's allocation, which `self` borrows
         // exclusively: it stays allocated for the graph's life, and no view of it outlives the
         // `&mut self` of this call. The replay is ordered on the arena's stream, on which every
-        // view of the arena orders its work and for which every host access waits. (Memory
-        // other than the arena's that the capture's code chose to reach is that code's to keep
-        // alive, as documented on `Arena::capture`.)
+        // view of the arena orders its work and for which every host access waits. Memory
+        // other than the arena's that the captured work reaches is kept allocated and
+        // untouched for every replay by the caller of `Arena::capture` (its safety contract).
         unsafe { self.exec.launch() }
     }
 

@@ -31,9 +31,18 @@ impl Pool {
     /// must have a CUDA stream runtime ([`Pool::cuda`], `PoolBuilder::build_cuda`); `stream`
     /// is registered with it (it may be the pool's home stream or another of its device).
     ///
-    /// Memory the graph reaches that is not the graph's (blocks allocated before the capture,
-    /// arenas, cudarc buffers) must outlive the graph, as for any CUDA graph: the captured
-    /// kernels' launches vouched for their addresses.
+    /// # Safety
+    ///
+    /// A graph replays the addresses its work was recorded with. Every byte the work `record`
+    /// queues reaches that is not one of the graph's own blocks (those allocated through the
+    /// [`PoolCapture`]) — blocks of this pool allocated before the capture, arenas, cudarc
+    /// buffers, a host buffer of a captured copy, an address passed to a kernel — must stay
+    /// allocated at its address until the graph is dropped and its last replay has finished,
+    /// and be touched by nothing else while a replay may run (other than by work ordered with
+    /// the replays on `stream`); so must the modules whose kernels it launches stay loaded.
+    /// The graph's own blocks need nothing: the pool holds them for
+    /// the graph. (A safe `capture` could not be sound: `stream` is the caller's, and safe
+    /// cudarc calls on it during the capture record whatever they reach.)
     ///
     /// ```no_run
     /// use devarena::backend::cuda::{cuda_stream, driver_error};
@@ -42,23 +51,28 @@ impl Pool {
     /// let stream = cuda_stream(0)?;
     /// let pool = Pool::cuda(stream.clone(), 256 << 20)?;
     /// let mut output = pool.alloc_slice::<f32>(1024)?; // lives outside the graph
-    /// let graph = pool.capture(&stream, |c| {
-    ///     let mut temp = c.alloc_slice::<f32>(1024)?; // the graph's own
-    ///     temp.device_view_mut(c.stream())?.fill_bytes(0)?; // recorded, not run
-    ///     let temp = temp.device_view(c.stream())?;
-    ///     stream
-    ///         .memcpy_dtod(&temp, &mut output.device_view_mut(&stream)?)
-    ///         .map_err(|e| driver_error("cuMemcpyDtoDAsync", e))
-    ///     // `temp` is dropped here: held for the graph, never handed out while it lives
-    /// })?;
+    /// // SAFETY: besides the graph's own temporary, the work reaches `output`, which is freed
+    /// // only after the graph is dropped and its replays are done (`to_vec` waits for them).
+    /// let graph = unsafe {
+    ///     pool.capture(&stream, |c| {
+    ///         let mut temp = c.alloc_slice::<f32>(1024)?; // the graph's own
+    ///         temp.device_view_mut(c.stream())?.fill_bytes(0)?; // recorded, not run
+    ///         let temp = temp.device_view(c.stream())?;
+    ///         stream
+    ///             .memcpy_dtod(&temp, &mut output.device_view_mut(&stream)?)
+    ///             .map_err(|e| driver_error("cuMemcpyDtoDAsync", e))
+    ///         // `temp` is dropped here: held for the graph, never handed out while it lives
+    ///     })?
+    /// };
     /// for _ in 0..3 {
     ///     graph.launch()?;
     /// }
     /// assert_eq!(output.device_view(&stream)?.to_vec()?, vec![0.0; 1024]);
     /// drop(graph); // the temporary goes back once the replays are done
+    /// drop(output); // after the graph
     /// # Ok::<(), devarena::Error>(())
     /// ```
-    pub fn capture<F>(&self, stream: &Arc<CudaStream>, record: F) -> Result<PoolGraph, Error>
+    pub unsafe fn capture<F>(&self, stream: &Arc<CudaStream>, record: F) -> Result<PoolGraph, Error>
     where
         F: FnOnce(&mut PoolCapture<'_>) -> Result<(), Error>,
     {
@@ -151,8 +165,8 @@ impl PoolGraph {
         // SAFETY: the graph's own blocks stay reserved for as long as `self` lives and are
         // handed out again only after an event recorded on this stream after the last replay
         // has completed; the pool's region lives as long as the reservation. Other memory the
-        // captured work reaches is the capturing code's to keep alive, as documented on
-        // `Pool::capture`: its kernel launches (unsafe) vouched for those addresses.
+        // captured work reaches is kept allocated and untouched for every replay by the caller
+        // of `Pool::capture` (its safety contract).
         unsafe { self.exec.launch() }
     }
 

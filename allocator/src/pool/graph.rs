@@ -35,8 +35,8 @@
 //!
 //! **What stays the caller's.** The reservation keeps the blocks it allocated. Memory a graph
 //! reaches that came from elsewhere (blocks allocated before the capture, arenas, cudarc
-//! buffers) must outlive the graph as with any CUDA graph: the code that launched the captured
-//! kernels vouched for their addresses.
+//! buffers) must outlive the graph and its replays as with any CUDA graph: nothing ties them
+//! to it, which is why `Pool::capture` (with `cuda`) is `unsafe` and says what to keep.
 //!
 //! The driver calls the pool makes while a capture may be open (mapping memory for a growable
 //! region, querying events recorded outside the capture, waiting for the home stream) run in

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaGraph, CudaStream, result, sys};
 use devarena::backend::cuda::{CudaBackend, DeviceViewMut};
-use devarena::{Arena, DeviceLayout, Error, FieldPlacement};
+use devarena::{Arena, Capture, DeviceLayout, Error, FieldPlacement};
 use devarena_kernels::pipeline::cuda::{
     FrameSlices, PipelineKernels, RawFrame, driver_error, upload_input,
 };
@@ -248,7 +248,7 @@ pub fn measure(
     let mut small_graph = kernels.capture_frame(&mut small_graph_arena, SMALL_SIZE)?;
     upload_input(&mut small_graph, SMALL_SIZE, &small_input)?;
     let mut staged_graph_arena = Arena::<FrameStaged, _>::new_in(backend.clone())?;
-    let mut staged_graph = staged_graph_arena.capture(|capture| {
+    let record = |capture: &mut Capture<'_, FrameStaged, CudaBackend>| {
         let stream = capture.stream().clone();
         let decode = capture.stage_mut::<0>();
         // SAFETY: the view holds the frame's input bytes (stage `decode`), exclusively
@@ -257,7 +257,11 @@ pub fn measure(
         unsafe { copy_input(&stream, decode.rgb.device_addr(), rgb) }?;
         // The stages, through the very code of an eager frame, recorded after the copy.
         kernels.record_frame_staged(capture, FRAME_SIZE)
-    })?;
+    };
+    // SAFETY: besides the arena, the graph reaches `rgb` (the resident input, read by the
+    // captured copy) and `kernels`' module, both live until the end of this function, after
+    // the graph's last replay has finished (the runs synchronize) and it is dropped.
+    let mut staged_graph = unsafe { staged_graph_arena.capture(record) }?;
     let raw_graph_1080 = raw_graph(stream, || {
         // SAFETY: `raw` addresses buffers of the floor, live until the end of this function
         // (longer than the graph), with room for the frame.

@@ -12,11 +12,12 @@ fn main() {
     let stream = cuda_stream(0).unwrap();
     let mut arena = Arena::<Frame, _>::new_in(CudaBackend::new(stream)).unwrap();
     let mut kept: Option<DeviceViewMut<'_, f32>> = None;
-    let _graph = arena
+    // SAFETY: the work reaches the arena alone.
+    let _graph = unsafe { arena
         .capture(|c| {
             kept = Some(c.views_mut().input);
             Ok(())
-        })
+        }) }
         .unwrap();
     kept.unwrap().fill_bytes(1).unwrap();
 }

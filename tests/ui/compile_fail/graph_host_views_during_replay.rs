@@ -12,8 +12,9 @@ struct Frame {
 fn main() {
     let stream = cuda_stream(0).unwrap();
     let mut arena = Arena::<Frame, _>::new_in(ManagedBackend::new(stream)).unwrap();
-    let mut graph = arena
-        .capture(|c| c.views_mut().output.fill_bytes(0))
+    // SAFETY: the work reaches the arena alone.
+    let mut graph = unsafe { arena
+        .capture(|c| c.views_mut().output.fill_bytes(0)) }
         .unwrap();
     let host = graph.arena().host_views().unwrap();
     graph.launch().unwrap();

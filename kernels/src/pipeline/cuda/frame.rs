@@ -71,12 +71,20 @@ impl PipelineKernels {
     /// `graph.launch()` after uploading each frame's input ([`upload_input`]); read the outputs
     /// through `graph.views_mut()` ([`download_outputs`]) between replays. A graph is made for
     /// one size: capture another for another size.
+    ///
+    /// Safe where [`Arena::capture`] is not: the recorded work is this crate's kernels on the
+    /// arena's views alone, and the graph borrows the kernels as well as the arena, so the
+    /// module its kernel nodes run stays loaded for every replay.
     pub fn capture_frame<'a, B: DirectViews<Mut = CudaMut> + StreamOrdered>(
-        &self,
+        &'a self,
         arena: &'a mut Arena<Frame, B>,
         size: ImageSize,
     ) -> Result<ArenaGraph<'a, Frame, B>, Error> {
-        arena.capture(|capture| self.record_frame(capture, size))
+        // SAFETY: `record_frame` queues this crate's kernels on the capture's views of the
+        // arena and nothing else (no events, no outputs): the graph reaches the arena's
+        // allocation alone, which it borrows; the kernels' module is `self`'s, borrowed for
+        // the graph's life (`'a`).
+        unsafe { arena.capture(|capture| self.record_frame(capture, size)) }
     }
 
     /// Records the launches of one frame of `size` into a capture of a [`Frame`] arena
@@ -139,12 +147,16 @@ impl PipelineKernels {
     /// reader ran. Stage `decode` stays outside: upload each frame's input between replays
     /// ([`upload_input_staged`]); after a replay, the outputs live in stage `mask` are there to
     /// read ([`download_mask_stage`]).
+    ///
+    /// Safe for the reasons [`capture_frame`](Self::capture_frame) is.
     pub fn capture_frame_staged<'a, B: DirectViews<Mut = CudaMut> + StreamOrdered>(
-        &self,
+        &'a self,
         arena: &'a mut Arena<FrameStaged, B>,
         size: ImageSize,
     ) -> Result<ArenaGraph<'a, FrameStaged, B>, Error> {
-        arena.capture(|capture| self.record_frame_staged(capture, size))
+        // SAFETY: as in `capture_frame`: `record_frame_staged` queues this crate's kernels on
+        // the capture's stage views of the arena alone (no events, no outputs).
+        unsafe { arena.capture(|capture| self.record_frame_staged(capture, size)) }
     }
 
     /// Records the stages `gray` … `mask` of one frame of `size` into a capture of a
