@@ -341,6 +341,22 @@ mod gpu {
         }
     }
 
+    /// A managed arena's host views read its bytes as soon as it is made: they are zeros, never
+    /// what the driver left there (here, in memory just freed by an arena that wrote 0xff).
+    #[test]
+    fn a_new_managed_arena_reads_zeros() {
+        let Some(stream) = gpu_stream() else { return };
+        let backend = ManagedBackend::new(stream.clone());
+        for round in 0..4 {
+            let mut arena = Arena::<Small, _>::new_in(backend.clone()).unwrap();
+            let v = arena.host_views().unwrap();
+            let dirty = v.input.iter().filter(|&&x| x != 0).count();
+            assert_eq!(dirty, 0, "round {round}: {dirty} words not zero");
+            arena.host_views_mut().unwrap().input.fill(u32::MAX);
+            arena.views_mut().input.fill_bytes(0xff).unwrap();
+        }
+    }
+
     fn bytemuck_u32(v: &[u32]) -> &[u8] {
         // SAFETY: u32 has no padding and u8 has alignment 1; the length covers the same bytes.
         unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
