@@ -32,7 +32,8 @@ fn deliberate_fault_pinned_views_after_a_failed_wait_are_errors() {
     let Some(stream) = devarena_tests::gpu_stream() else {
         return;
     };
-    let mut staging = Arena::<Staging, _>::new_in(PinnedBackend::new(stream.clone())).unwrap();
+    let backend = PinnedBackend::new(stream.clone());
+    let mut staging = Arena::<Staging, _>::new_in(backend.clone()).unwrap();
     // Before the fault the host writes and reads its views as usual.
     staging.try_views_mut().unwrap().input.fill(7);
     assert_eq!(staging.try_views().unwrap().input[1023], 7);
@@ -63,6 +64,10 @@ fn deliberate_fault_pinned_views_after_a_failed_wait_are_errors() {
         other => panic!("expected a driver error, got {other:?}"),
     }
     assert!(staging.try_views().is_err());
-    // Freeing on the broken context reports instead of panicking.
+    // Freeing on the broken context reports instead of panicking, and the statistics do not
+    // count a free that did not happen: the memory is still the driver's.
     assert!(staging.free().is_err());
+    let stats = backend.stats();
+    assert_eq!((stats.allocations, stats.frees), (1, 0), "{stats:?}");
+    assert_eq!(stats.live_allocations(), 1);
 }

@@ -155,7 +155,7 @@ pub unsafe trait DirectViews: Backend {}
 pub struct BackendStats {
     /// Successful allocations.
     pub allocations: u64,
-    /// Frees.
+    /// Frees done (a free the driver refused is not counted: its memory is still allocated).
     pub frees: u64,
     /// Failed allocations.
     pub failures: u64,

@@ -74,17 +74,17 @@ impl CudaCore {
         })
     }
 
-    /// A free around `raw_free`: count it, skip a zero-sized allocation, bind the context,
-    /// optionally wait for the stream (work queued on it may still use the memory), then free
-    /// the address the driver returned.
+    /// A free around `raw_free`: skip a zero-sized allocation, bind the context, optionally
+    /// wait for the stream (work queued on it may still use the memory), free the address the
+    /// driver returned, and count the free once it is done.
     pub(super) fn free(
         &self,
         allocation: &Allocation,
         wait_for_stream: bool,
         raw_free: impl FnOnce(u64) -> Result<(), Error>,
     ) -> Result<(), Error> {
-        self.counters.freed(allocation.bytes);
         if allocation.bytes == 0 {
+            self.counters.freed(0);
             return Ok(());
         }
         bind(&self.stream)?;
@@ -93,7 +93,11 @@ impl CudaCore {
                 .synchronize()
                 .map_err(drv("cuStreamSynchronize"))?;
         }
-        raw_free(allocation.raw_addr)
+        raw_free(allocation.raw_addr)?;
+        // Counted once it is freed: a free that failed leaves the memory with the driver, and
+        // the statistics say so (one allocation still live, its bytes still in use).
+        self.counters.freed(allocation.bytes);
+        Ok(())
     }
 
     /// The base of device views of `allocation`, ordered on this backend's stream.
