@@ -133,7 +133,10 @@ unsafe impl Backend for CudaBackend {
     }
 }
 
-impl super::event::StreamOrdered for CudaBackend {
+// SAFETY: the backend's device views are made on `core.stream` (`CudaCore::device_base`), and
+// its free waits for that stream (`cuMemFree` after `cuStreamSynchronize`) or is queued on it
+// (`cuMemFreeAsync`); the host never touches device memory.
+unsafe impl super::event::StreamOrdered for CudaBackend {
     fn stream(&self) -> &Arc<CudaStream> {
         &self.core.stream
     }

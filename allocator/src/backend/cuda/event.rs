@@ -116,7 +116,16 @@ pub fn order_streams(waiter: &CudaStream, producer: &CudaStream) -> Result<(), E
 }
 
 /// A backend whose device views are ordered on one stream.
-pub trait StreamOrdered {
+///
+/// # Safety
+///
+/// [`stream`](Self::stream) is the stream every device view the backend hands out
+/// (`Backend::base_mut`, `Backend::base_ref`) orders its work on, and the stream the backend
+/// waits for before its memory is freed or touched by the host. Arenas rely on it to order
+/// other streams' work with the arena's (`Arena::views_mut_on`) and to capture and replay the
+/// arena's work (`Arena::capture`): a wrong stream would let work on another stream race with
+/// the arena's, its host views or its free.
+pub unsafe trait StreamOrdered {
     /// The stream the backend's views are ordered on.
     fn stream(&self) -> &Arc<CudaStream>;
 }

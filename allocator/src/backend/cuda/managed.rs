@@ -149,7 +149,9 @@ unsafe impl Backend for ManagedBackend {
     }
 }
 
-impl super::event::StreamOrdered for ManagedBackend {
+// SAFETY: the backend's device views are made on `core.stream` (`CudaCore::device_base`); its
+// host views (`host_base`) and its free (`CudaCore::free` with the wait) wait for that stream.
+unsafe impl super::event::StreamOrdered for ManagedBackend {
     fn stream(&self) -> &Arc<CudaStream> {
         &self.core.stream
     }
