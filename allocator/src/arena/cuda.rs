@@ -73,8 +73,11 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
         let join = JoinOnExit::new(self.backend.stream(), stream);
         // SAFETY: the base addresses the arena's `L::SIZE` bytes, exclusively borrowed (`&mut
         // self`) until this call returns, and `f` cannot keep the views past its own return
-        // (their lifetime is one `f` must accept for any borrow); `L: Disjoint` means no two
-        // fields share bytes; `B: DirectViews` needs no `ready`.
+        // (it must accept them for any lifetime, so none can be named outside it); `L:
+        // Disjoint` means no two fields share bytes; `B: DirectViews` needs no `ready`. The
+        // device work queued with them on `stream` runs after the arena's earlier work
+        // (`base_on`) and before its later work: `join` makes the arena's stream wait for
+        // `stream` on every way out of `f`, returning or unwinding.
         let views = unsafe { L::views::<CudaMut>(base) };
         let result = f(views);
         join.finish()?;
@@ -93,8 +96,8 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
     {
         let base = self.base_on(stream)?;
         let join = JoinOnExit::new(self.backend.stream(), stream);
-        // SAFETY: as in `views_mut_on`; the fields of one stage are disjoint (`Stage`'s
-        // contract).
+        // SAFETY: as in `views_mut_on` (the same borrow, the same join on every way out of
+        // `f`); the fields of one stage are disjoint (`Stage`'s contract).
         let views = unsafe { L::stage_views::<CudaMut>(base) };
         let result = f(views);
         join.finish()?;
@@ -149,8 +152,8 @@ impl Drop for JoinOnExit<'_> {
         if self.done {
             return;
         }
-        // Only during a panic of the closure: the error cannot be returned; it is logged, and
-        // the broken context reports it to the next call on it.
+        // Only while a panic of the closure unwinds: the error cannot be returned, so it is
+        // logged.
         if let Err(error) = join(self.arena_stream, self.stream) {
             log::error!(
                 target: "devarena::arena",
