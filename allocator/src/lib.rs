@@ -143,7 +143,7 @@ pub mod report;
 
 pub use arena::{Arena, Disjoint, Stage};
 #[cfg(feature = "cuda")]
-pub use arena::{ArenaGraph, Capture, OnStream};
+pub use arena::{ArenaGraph, Capture};
 pub use backend::{Allocation, Backend, BackendStats, HostBackend, MemoryKind};
 pub use builder::{Budget, LayoutBuilder, RuntimeField, RuntimeLayout, SearchStats};
 pub use dyn_arena::DynArena;

@@ -196,13 +196,11 @@ mod gpu {
                 let s = c.stream().clone();
                 let mut v = c.views_mut();
                 launch(&f, &s, &v.input, &mut v.scratch, (3, 1))?;
-                {
-                    // Forked onto `other`: after the work above, joined back on drop.
-                    let mut on = c.views_mut_on(&other)?;
+                // Forked onto `other`: after the work above, joined back when the closure returns.
+                c.views_mut_on(&other, |mut on| {
                     assert_eq!(on.output.stream().cu_stream(), other.cu_stream());
-                    let v = &mut *on;
-                    launch(&f, &other, &v.scratch, &mut v.output, (5, 7))?;
-                }
+                    launch(&f, &other, &on.scratch, &mut on.output, (5, 7))
+                })?;
                 // Back on the arena's stream, after `other`'s work: copy the result over.
                 let mut v = c.views_mut();
                 launch(&f, &s, &v.output, &mut v.input, (1, 0))
@@ -218,6 +216,36 @@ mod gpu {
             let want = expected(&data);
             assert!(v.output.to_vec().unwrap() == want, "replay {r}: output");
             assert!(v.input.to_vec().unwrap() == want, "replay {r}: the join");
+        }
+    }
+
+    #[test]
+    fn another_stream_joins_a_staged_capture_in_stage_order() {
+        let Some(stream) = gpu_stream() else { return };
+        let other = stream.context().new_stream().unwrap();
+        let f = scale_add(&stream);
+        let mut arena = Arena::<Steps, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        let mut graph = arena
+            .capture(|c| {
+                let s = c.stream().clone();
+                // Stage 1 on `other`, stage 2 (on `input`'s bytes) on the arena's stream: the
+                // join orders stage 2's writes after stage 1's reads.
+                c.stage_mut_on::<1, _>(&other, |mut one| {
+                    assert_eq!(one.mid.stream().cu_stream(), other.cu_stream());
+                    launch(&f, &other, &one.input, &mut one.mid, (3, 1))
+                })?;
+                let mut two = c.stage_mut::<2>();
+                launch(&f, &s, &two.mid, &mut two.output, (5, 7))
+            })
+            .unwrap();
+        assert!(!is_capturing(&other).unwrap());
+        let mut out = vec![0u32; N];
+        for r in 0..200 {
+            let data = input(r);
+            graph.stage_mut::<0>().input.upload(&data).unwrap();
+            graph.launch().unwrap();
+            graph.stage_mut::<2>().output.download(&mut out).unwrap();
+            assert!(out == expected(&data), "replay {r}");
         }
     }
 

@@ -13,10 +13,11 @@ mod gpu_common;
 
 #[cfg(feature = "cuda")]
 mod gpu {
+    use std::panic::AssertUnwindSafe;
     use std::time::Duration;
 
     use devarena::backend::cuda::{CudaBackend, ManagedBackend};
-    use devarena::{Arena, DeviceLayout};
+    use devarena::{Arena, DeviceLayout, Error};
     use devarena_tests::gpu_stream;
 
     #[derive(DeviceLayout)]
@@ -35,12 +36,13 @@ mod gpu {
             // 64 MiB queued on the arena's stream, then 64 MiB on the other stream: the second
             // must run after the first, and the download on the arena's stream after both.
             arena.views_mut().data.fill_bytes(round).unwrap();
-            {
-                let mut on = arena.views_mut_on(&other).unwrap();
-                assert_eq!(on.data.stream().cu_stream(), other.cu_stream());
-                on.data.fill_bytes(round.wrapping_mul(16)).unwrap();
-                on.flag.fill_bytes(round).unwrap();
-            }
+            arena
+                .views_mut_on(&other, |mut on| {
+                    assert_eq!(on.data.stream().cu_stream(), other.cu_stream());
+                    on.data.fill_bytes(round.wrapping_mul(16))?;
+                    on.flag.fill_bytes(round)
+                })
+                .unwrap();
             let data = arena.views().data.to_vec().unwrap();
             let want = u32::from_ne_bytes([round.wrapping_mul(16); 4]);
             assert!(
@@ -54,21 +56,16 @@ mod gpu {
         }
     }
 
-    /// Views made for another stream are handed back by dropping their guard (`OnStream`),
-    /// which makes the arena's stream wait for that stream. Leaking the guard is safe code
-    /// (`mem::forget`), and then nothing orders the arena after the other stream: a managed
-    /// arena's host views wait only for the arena's own stream, so the host reads (and could
-    /// write) bytes a memset queued on the other stream has not written yet: a data race
-    /// between the host and the device from safe code. (A stream-ordered arena dropped instead
-    /// is freed with `cuMemFreeAsync` on its stream, unordered after the memset: a
-    /// use-after-free.) The other stream is held by a gate, opened 200 ms later from another
-    /// thread, so the outcome does not depend on timing: the host must see every byte of the
-    /// memset.
+    /// Views for another stream live only inside the closure of `views_mut_on`, and the
+    /// arena's stream waits for that stream when the closure returns: no guard exists that
+    /// safe code could leak (`mem::forget`) to skip the wait. Without it a managed arena's
+    /// host views, which wait only for the arena's own stream, would let the host read bytes a
+    /// memset queued on the other stream has not written yet (and a stream-ordered arena
+    /// would be freed with `cuMemFreeAsync` unordered after that memset). The other stream is
+    /// held by a gate, opened 200 ms later from another thread, so the outcome does not depend
+    /// on timing: the host must see every byte of the memset.
     #[test]
-    #[ignore = "views_mut_on relies on its guard's drop for ordering; the fix needs an API \
-                decision (a scoped closure API, or the arena remembering the streams it lent \
-                views to and waiting for them before host views and before its free)"]
-    fn a_leaked_guard_of_views_on_another_stream_still_orders_the_host_views() {
+    fn host_views_wait_for_the_work_queued_in_views_mut_on() {
         let Some((_device, stream)) = super::gpu_common::gpu() else {
             return;
         };
@@ -76,9 +73,50 @@ mod gpu {
         let mut arena = Arena::<Big, _>::new_in(ManagedBackend::new(stream.clone())).unwrap();
         arena.host_views_mut().unwrap().data.fill(0);
         let gate = super::gpu_common::StreamGate::block(&other);
-        let mut on = arena.views_mut_on(&other).unwrap();
-        on.data.fill_bytes(0x5a).unwrap(); // queued behind the gate
-        std::mem::forget(on);
+        // Queued behind the gate: the call returns with the memset still pending.
+        arena
+            .views_mut_on(&other, |mut on| on.data.fill_bytes(0x5a))
+            .unwrap();
+        let stale = stale_words_after_opening_later(&arena, &gate);
+        assert_eq!(
+            stale, 0,
+            "the host views were handed out before the memset queued on the other stream ran \
+             ({stale} words not written yet)"
+        );
+    }
+
+    /// The same when the closure panics after queueing its work: the wait is queued during
+    /// the unwinding, before the panic reaches the caller.
+    #[test]
+    fn host_views_wait_for_the_work_queued_in_views_mut_on_when_it_panics() {
+        let Some((_device, stream)) = super::gpu_common::gpu() else {
+            return;
+        };
+        let other = stream.context().new_stream().unwrap();
+        let mut arena = Arena::<Big, _>::new_in(ManagedBackend::new(stream.clone())).unwrap();
+        arena.host_views_mut().unwrap().data.fill(0);
+        let gate = super::gpu_common::StreamGate::block(&other);
+        let panicked = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            arena.views_mut_on(&other, |mut on| -> Result<(), Error> {
+                on.data.fill_bytes(0x5a)?; // queued behind the gate
+                panic!("a closure that panics after queueing its work");
+            })
+        }));
+        assert!(panicked.is_err(), "the closure's panic reaches the caller");
+        let stale = stale_words_after_opening_later(&arena, &gate);
+        assert_eq!(
+            stale, 0,
+            "after a panic in the closure, the host views were handed out before the memset \
+             queued on the other stream ran ({stale} words not written yet)"
+        );
+    }
+
+    /// Opens `gate` from another thread 200 ms from now, takes the host views (which must wait
+    /// for it) and counts the words of `data` not yet 0x5a5a5a5a.
+    fn stale_words_after_opening_later(
+        arena: &Arena<Big, ManagedBackend>,
+        gate: &super::gpu_common::StreamGate,
+    ) -> usize {
         let opener = gate.opener();
         let open_later = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(200));
@@ -87,11 +125,6 @@ mod gpu {
         let host = arena.host_views().unwrap();
         let stale = host.data.iter().filter(|&&x| x != 0x5a5a_5a5a).count();
         open_later.join().unwrap();
-        drop(gate);
-        assert_eq!(
-            stale, 0,
-            "the host views were handed out before the memset queued on the other stream ran \
-             ({stale} words not written yet)"
-        );
+        stale
     }
 }

@@ -2,103 +2,106 @@
 //! pinned arenas. They go through what the backends offer; no driver call happens here.
 
 use alloc::sync::Arc;
-use core::ops::{Deref, DerefMut};
 
 use super::{Arena, Disjoint, Stage};
 use crate::backend::DirectViews;
 use crate::backend::cuda::{
     CudaBase, CudaMut, CudaStream, ManagedBackend, PinnedBackend, StreamOrdered, order_streams,
+    synchronize,
 };
 use crate::error::Error;
 use crate::layout::{DeviceLayout, HostMut, HostRef};
 
-/// Views of an arena made for another stream than the arena's ([`Arena::views_mut_on`]):
-/// they dereference to the views, whose stream is that other stream. When they are dropped,
-/// the arena's stream waits for everything queued on the other stream so far, so work queued
-/// on the arena's stream afterwards runs after it.
-pub struct OnStream<'a, V> {
-    views: V,
-    arena_stream: &'a Arc<CudaStream>,
-    stream: &'a Arc<CudaStream>,
-}
-
-impl<V> Deref for OnStream<'_, V> {
-    type Target = V;
-    fn deref(&self) -> &V {
-        &self.views
-    }
-}
-
-impl<V> DerefMut for OnStream<'_, V> {
-    fn deref_mut(&mut self) -> &mut V {
-        &mut self.views
-    }
-}
-
-impl<V> core::fmt::Debug for OnStream<'_, V> {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("OnStream")
-            .field("arena_stream", &self.arena_stream.cu_stream())
-            .field("stream", &self.stream.cu_stream())
-            .finish_non_exhaustive()
-    }
-}
-
-impl<V> Drop for OnStream<'_, V> {
-    fn drop(&mut self) {
-        // A failure here is the driver's (a broken context): kept in the context's error
-        // state, where the next call on it reports it.
-        if let Err(error) = order_streams(self.arena_stream, self.stream) {
-            log::error!(
-                target: "devarena::arena",
-                "ordering the arena's stream after the views' stream failed: {error}"
-            );
-        }
-    }
-}
-
 impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B> {
-    /// Mutable device views of every field for work on `stream`, another stream than the
-    /// arena's: `stream` first waits for everything queued on the arena's stream, the views
-    /// carry `stream` (so kernels launched and copies queued on it with them are ordered), and
-    /// when they are dropped the arena's stream waits for `stream`. An error when the first
-    /// wait cannot be queued; `stream` must belong to the arena's device.
-    pub fn views_mut_on<'a>(
-        &'a mut self,
-        stream: &'a Arc<CudaStream>,
-    ) -> Result<OnStream<'a, L::Views<'a, CudaMut>>, Error>
+    /// Runs `f` with mutable device views of every field made for `stream`, another stream
+    /// than the arena's, and orders that work both ways:
+    ///
+    /// * before `f` runs, `stream` waits for everything queued on the arena's stream so far;
+    /// * the views carry `stream`, so kernels launched and copies queued on it with them are
+    ///   ordered there;
+    /// * once `f` has returned — or panicked — the arena's stream waits for everything queued
+    ///   on `stream` so far, so what is queued on the arena's stream afterwards (work with the
+    ///   arena's views, a managed arena's [`host_views`](Arena::host_views), the arena's free)
+    ///   runs after `f`'s work.
+    ///
+    /// As with `std::thread::scope`, the views live only inside `f`: they cannot be kept past
+    /// it, and nothing the caller holds can skip the final wait.
+    ///
+    /// Returns what `f` returns. Errors:
+    ///
+    /// * `stream` belongs to another device than the arena's, or the first wait cannot be
+    ///   queued: `f` is not called;
+    /// * `f`'s own error, after the final wait;
+    /// * the final wait cannot be queued (a driver failure): its error comes back instead of
+    ///   `f`'s result, which is dropped. The host then waits for `stream` to finish
+    ///   (`cuStreamSynchronize`) before returning, so the arena's later work still runs after
+    ///   `f`'s; should that fail too, the context is broken and refuses further work.
+    ///
+    /// ```no_run
+    /// use devarena::backend::cuda::{CudaBackend, cuda_stream};
+    /// use devarena::{Arena, DeviceLayout};
+    ///
+    /// #[derive(DeviceLayout)]
+    /// struct Frame {
+    ///     gray: [f32; 1024],
+    /// }
+    ///
+    /// let stream = cuda_stream(0)?;
+    /// let other = stream.context().new_stream().map_err(|e| {
+    ///     devarena::backend::cuda::driver_error("cuStreamCreate", e)
+    /// })?;
+    /// let mut arena = Arena::<Frame, _>::new_in(CudaBackend::new(stream))?;
+    /// arena.views_mut().gray.upload(&[1.0; 1024])?; // on the arena's stream
+    /// let words = arena.views_mut_on(&other, |mut v| {
+    ///     // Queued on `other`, after the upload; kernels go `other.launch_builder(..).arg(&v.gray)`.
+    ///     v.gray.fill_bytes(0)?;
+    ///     Ok(v.gray.len())
+    /// })?;
+    /// // On the arena's stream again, after the fill on `other`.
+    /// assert_eq!(arena.views().gray.to_vec()?, vec![0.0; words]);
+    /// # Ok::<(), devarena::Error>(())
+    /// ```
+    pub fn views_mut_on<R>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        f: impl FnOnce(L::Views<'_, CudaMut>) -> Result<R, Error>,
+    ) -> Result<R, Error>
     where
         L: Disjoint,
     {
         let base = self.base_on(stream)?;
-        // SAFETY: the base addresses the arena's `L::SIZE` bytes, exclusively borrowed for
-        // `'a`; `L: Disjoint` means no two fields share bytes; `B: DirectViews` needs no
-        // `ready`.
+        let join = JoinOnExit::new(self.backend.stream(), stream);
+        // SAFETY: the base addresses the arena's `L::SIZE` bytes, exclusively borrowed (`&mut
+        // self`) until this call returns, and `f` cannot keep the views past its own return
+        // (it must accept them for any lifetime, so none can be named outside it); `L:
+        // Disjoint` means no two fields share bytes; `B: DirectViews` needs no `ready`. The
+        // device work queued with them on `stream` runs after the arena's earlier work
+        // (`base_on`) and before its later work: `join` makes the arena's stream wait for
+        // `stream` on every way out of `f`, returning or unwinding.
         let views = unsafe { L::views::<CudaMut>(base) };
-        Ok(OnStream {
-            views,
-            arena_stream: self.backend.stream(),
-            stream,
-        })
+        let result = f(views);
+        join.finish()?;
+        result
     }
 
-    /// [`stage_mut`](Arena::stage_mut) for work on another stream, ordered as
-    /// [`views_mut_on`](Self::views_mut_on).
-    pub fn stage_mut_on<'a, const S: usize>(
-        &'a mut self,
-        stream: &'a Arc<CudaStream>,
-    ) -> Result<OnStream<'a, <L as Stage<S>>::StageViews<'a, CudaMut>>, Error>
+    /// [`stage_mut`](Arena::stage_mut) for work on another stream, run in `f` and ordered as
+    /// [`views_mut_on`](Self::views_mut_on): `arena.stage_mut_on::<1, _>(&other, |v| ..)`.
+    pub fn stage_mut_on<const S: usize, R>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        f: impl FnOnce(<L as Stage<S>>::StageViews<'_, CudaMut>) -> Result<R, Error>,
+    ) -> Result<R, Error>
     where
         L: Stage<S>,
     {
         let base = self.base_on(stream)?;
-        // SAFETY: as `views_mut_on`; the fields of one stage are disjoint (`Stage`'s contract).
+        let join = JoinOnExit::new(self.backend.stream(), stream);
+        // SAFETY: as in `views_mut_on` (the same borrow, the same join on every way out of
+        // `f`); the fields of one stage are disjoint (`Stage`'s contract).
         let views = unsafe { L::stage_views::<CudaMut>(base) };
-        Ok(OnStream {
-            views,
-            arena_stream: self.backend.stream(),
-            stream,
-        })
+        let result = f(views);
+        join.finish()?;
+        result
     }
 
     /// Orders `stream` after the arena's stream and returns the base of views ordered on it.
@@ -117,6 +120,61 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
         // `CudaMut`), live and borrowed as the caller's borrow of the arena says.
         Ok(unsafe { CudaBase::new(self.allocation.addr, stream) })
     }
+}
+
+/// The final wait of [`Arena::views_mut_on`]: the arena's stream waits for the views' stream
+/// when [`finish`](Self::finish) is called or, if the closure panicked, when this is dropped
+/// during the unwinding. Private, so no caller can leak it and skip the wait.
+struct JoinOnExit<'a> {
+    arena_stream: &'a CudaStream,
+    stream: &'a CudaStream,
+    done: bool,
+}
+
+impl<'a> JoinOnExit<'a> {
+    fn new(arena_stream: &'a CudaStream, stream: &'a CudaStream) -> Self {
+        JoinOnExit {
+            arena_stream,
+            stream,
+            done: false,
+        }
+    }
+
+    /// The wait, its error returned.
+    fn finish(mut self) -> Result<(), Error> {
+        self.done = true;
+        join(self.arena_stream, self.stream)
+    }
+}
+
+impl Drop for JoinOnExit<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        // Only while a panic of the closure unwinds: the error cannot be returned, so it is
+        // logged.
+        if let Err(error) = join(self.arena_stream, self.stream) {
+            log::error!(
+                target: "devarena::arena",
+                "ordering the arena's stream after the views' stream failed: {error}"
+            );
+        }
+    }
+}
+
+/// Makes `arena_stream` wait for everything queued on `stream`. When the driver cannot queue
+/// the wait (creating the event can fail), the host waits for `stream` instead, so the order
+/// holds anyway; the first error comes back either way.
+fn join(arena_stream: &CudaStream, stream: &CudaStream) -> Result<(), Error> {
+    order_streams(arena_stream, stream).inspect_err(|_| {
+        if let Err(error) = synchronize(stream) {
+            log::error!(
+                target: "devarena::arena",
+                "waiting on the host for the views' stream failed too: {error}"
+            );
+        }
+    })
 }
 
 impl<L: Disjoint> Arena<L, ManagedBackend> {

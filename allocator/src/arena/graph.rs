@@ -5,7 +5,7 @@
 use alloc::sync::Arc;
 use core::marker::PhantomData;
 
-use super::{Arena, Disjoint, OnStream, Stage};
+use super::{Arena, Disjoint, Stage};
 use crate::backend::DirectViews;
 use crate::backend::cuda::{
     CudaMut, CudaStream, GraphExec, ManagedBackend, StreamCapture, StreamOrdered,
@@ -136,29 +136,33 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Capture<'_,
         self.arena.stage_mut::<S>()
     }
 
-    /// Device views of every field for work on `stream`, which joins the capture: it waits for
-    /// the work recorded so far on the arena's stream, its own work is recorded, and the arena's
-    /// stream waits for it when the views are dropped ([`Arena::views_mut_on`]).
-    pub fn views_mut_on<'s>(
-        &'s mut self,
-        stream: &'s Arc<CudaStream>,
-    ) -> Result<OnStream<'s, L::Views<'s, CudaMut>>, Error>
+    /// Runs `f` with device views of every field for work on `stream`, which joins the
+    /// capture: before `f`, `stream` waits for the work recorded so far on the arena's stream,
+    /// which pulls it into the capture; `f`'s work on it is recorded; once `f` has returned
+    /// (or panicked) the arena's stream waits for it, which joins it back. Results and errors
+    /// as [`Arena::views_mut_on`].
+    pub fn views_mut_on<R>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        f: impl FnOnce(L::Views<'_, CudaMut>) -> Result<R, Error>,
+    ) -> Result<R, Error>
     where
         L: Disjoint,
     {
-        self.arena.views_mut_on(stream)
+        self.arena.views_mut_on(stream, f)
     }
 
-    /// [`stage_mut`](Self::stage_mut) for work on another stream, joined to the capture as in
-    /// [`views_mut_on`](Self::views_mut_on).
-    pub fn stage_mut_on<'s, const S: usize>(
-        &'s mut self,
-        stream: &'s Arc<CudaStream>,
-    ) -> Result<OnStream<'s, <L as Stage<S>>::StageViews<'s, CudaMut>>, Error>
+    /// [`stage_mut`](Self::stage_mut) for work on another stream, run in `f` and joined to the
+    /// capture as in [`views_mut_on`](Self::views_mut_on).
+    pub fn stage_mut_on<const S: usize, R>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        f: impl FnOnce(<L as Stage<S>>::StageViews<'_, CudaMut>) -> Result<R, Error>,
+    ) -> Result<R, Error>
     where
         L: Stage<S>,
     {
-        self.arena.stage_mut_on::<S>(stream)
+        self.arena.stage_mut_on::<S, R>(stream, f)
     }
 
     /// The capturing stream: the arena's.
@@ -230,10 +234,10 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> core::fmt::
 /// and bytes shared between stages are never live twice — as in eager execution.
 ///
 /// **Another stream** joins the capture through [`Capture::views_mut_on`] (and
-/// [`Capture::stage_mut_on`]): the other stream waits for the arena's stream, which pulls it
-/// into the capture; its work is recorded; when the views are dropped the arena's stream waits
-/// for it, which joins it back. Replays keep that order. A fork that is never joined (views
-/// leaked with `mem::forget`) fails the capture with `CUDA_ERROR_STREAM_CAPTURE_UNJOINED`.
+/// [`Capture::stage_mut_on`]), which run a closure with views for that stream: the other
+/// stream waits for the arena's stream, which pulls it into the capture; the closure's work on
+/// it is recorded; when the closure returns (or panics) the arena's stream waits for it, which
+/// joins it back. Replays keep that order.
 ///
 /// **Memory other than the arena's.** The graph replays whatever the recording code queued,
 /// also work on buffers that are not the arena's (a cudarc `CudaSlice`, another arena, a raw

@@ -12,8 +12,6 @@ mod cuda;
 #[cfg(feature = "cuda")]
 mod graph;
 #[cfg(feature = "cuda")]
-pub use cuda::OnStream;
-#[cfg(feature = "cuda")]
 pub use graph::{ArenaGraph, Capture};
 
 /// Marks layouts in which every field has bytes of its own (no stages, so no sharing): only

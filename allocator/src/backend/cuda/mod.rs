@@ -48,9 +48,10 @@
 //! * A view pushed as a kernel argument (`launch_builder(..).arg(&view)`) records and waits
 //!   on nothing: cudarc's `launch` is `unsafe`, and a launch on a stream other than the
 //!   view's is ordered only if the caller orders it. To run an arena's kernels on another
-//!   stream, take views made for that stream: `Arena::views_mut_on(&other)` (and
-//!   `stage_mut_on`) makes `other` wait for the arena's stream first, hands out views whose
-//!   stream is `other`, and makes the arena's stream wait for `other` when they are dropped.
+//!   stream, take views made for that stream: `Arena::views_mut_on(&other, |views| ..)` (and
+//!   `stage_mut_on`) makes `other` wait for the arena's stream first, runs the closure with
+//!   views whose stream is `other`, and makes the arena's stream wait for `other` once the
+//!   closure has returned (or panicked); the views cannot outlive the closure.
 //!   [`order_streams`] orders two streams by hand.
 
 pub use cudarc::driver::{
