@@ -84,6 +84,16 @@ impl FieldPlacement {
 ///
 /// All constants are evaluated at compile time; `SIZE` can size a static array.
 ///
+/// # Safety
+///
+/// Arenas allocate `SIZE` bytes at `ALIGN` and hand out the views [`views`](Self::views)
+/// makes, trusting the constants. An impl promises that `ALIGN` is a power of two and `SIZE` a
+/// multiple of it; that every field's placement in `FIELDS` lies inside `SIZE`, aligned for its
+/// element; that `views` makes each field's view from that field's placement alone, and
+/// nested layouts' views from their own blocks; and that fields share bytes only where their
+/// live ranges (`LIVE`, over `STAGES` stages) never meet. Leave the impl to
+/// `#[derive(DeviceLayout)]`, which plans and checks all of this at compile time.
+///
 /// ```
 /// use devarena::DeviceLayout;
 ///
@@ -107,7 +117,7 @@ impl FieldPlacement {
     label = "a layout field must be `[T; N]` or a `#[derive(DeviceLayout)]` struct",
     note = "derive `DeviceLayout` for `{Self}`, or make the field an array such as `[f32; 1024]`"
 )]
-pub trait DeviceLayout {
+pub unsafe trait DeviceLayout {
     /// The struct's name.
     const NAME: &'static str;
     /// Bytes of the backing allocation: a multiple of `ALIGN`.

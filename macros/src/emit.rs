@@ -378,7 +378,9 @@ pub fn emit(layout: &Layout) -> TokenStream {
                     #smarker
                 }
 
-                impl #impl_g ::devarena::Stage<#stage> for #name #ty_g #where_c {
+                // (The fields live in this stage all meet each other, so the planner kept them
+                // apart, and each view is made from its own field's placement.)
+                unsafe impl #impl_g ::devarena::Stage<#stage> for #name #ty_g #where_c {
                     type StageViews<#lt, #k: ::devarena::ViewKind> = #sident #vty_g;
 
                     unsafe fn stage_views<#lt, #k: ::devarena::ViewKind>(
@@ -479,7 +481,10 @@ pub fn emit(layout: &Layout) -> TokenStream {
 
         #(#checks)*
 
-        impl #impl_g #dl for #name #ty_g #where_c {
+        // (The constants are the compile-time plan's, which the checks above hold to: every
+        // field inside `SIZE`, aligned, apart from every field whose live range meets its own;
+        // each view is made from its own field's placement.)
+        unsafe impl #impl_g #dl for #name #ty_g #where_c {
             const NAME: &'static str = #name_str;
             const SIZE: usize = Self::__DEVARENA_PLAN.totals.size;
             const ALIGN: usize = Self::__DEVARENA_PLAN.totals.align;

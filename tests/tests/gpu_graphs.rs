@@ -225,8 +225,9 @@ mod gpu {
         let other = stream.context().new_stream().unwrap();
         let f = scale_add(&stream);
         let mut arena = Arena::<Steps, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
-        let mut graph = arena
-            .capture(|c| {
+        // SAFETY: the work reaches the arena's views alone (and kernels that outlive the graph).
+        let mut graph = unsafe {
+            arena.capture(|c| {
                 let s = c.stream().clone();
                 // Stage 1 on `other`, stage 2 (on `input`'s bytes) on the arena's stream: the
                 // join orders stage 2's writes after stage 1's reads.
@@ -237,7 +238,8 @@ mod gpu {
                 let mut two = c.stage_mut::<2>();
                 launch(&f, &s, &two.mid, &mut two.output, (5, 7))
             })
-            .unwrap();
+        }
+        .unwrap();
         assert!(!is_capturing(&other).unwrap());
         let mut out = vec![0u32; N];
         for r in 0..200 {

@@ -35,12 +35,18 @@ pub unsafe trait Disjoint: DeviceLayout {}
 /// The fields of a layout live in stage `S`: what `#[derive(DeviceLayout)]` generates for each
 /// stage of a `#[layout(stages = N)]` layout. Fields live in the same stage all meet, so the
 /// planner kept them apart: their views are disjoint.
+///
+/// # Safety
+///
+/// [`stage_views`](Self::stage_views) makes views of fields live in stage `S` only, each from
+/// its own placement in [`DeviceLayout::FIELDS`], and no two of them share a byte: the arena
+/// hands them out mutably together. Leave the impl to `#[derive(DeviceLayout)]`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` has no stage {S}",
     label = "stages are numbered from 0 to `#[layout(stages = N)]` minus one",
     note = "a layout without `#[layout(stages = ..)]` has no stages: use `views_mut()`"
 )]
-pub trait Stage<const S: usize>: DeviceLayout {
+pub unsafe trait Stage<const S: usize>: DeviceLayout {
     /// The generated views struct of the fields live in stage `S`.
     type StageViews<'a, K: ViewKind>;
 
