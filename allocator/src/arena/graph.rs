@@ -244,7 +244,10 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> core::fmt::
 /// address passed to a kernel). devarena only knows the arena: such buffers must outlive the
 /// graph and its replays, which is why [`Arena::capture`] is `unsafe` (its `# Safety` says
 /// exactly what to keep). (cudarc's own event tracking refuses some of them: waiting in a
-/// capture on an event recorded outside it invalidates the capture.)
+/// capture on an event recorded outside it invalidates the capture.) The same holds for a
+/// capture begun around the arena's work with cudarc's own `CudaStream::begin_capture`: its
+/// graph does not borrow the arena, and replaying it after the arena is gone writes freed
+/// memory. Capture an arena's work with [`Arena::capture`].
 ///
 /// ```compile_fail,E0505
 /// # use devarena::backend::cuda::{CudaBackend, cuda_stream};
