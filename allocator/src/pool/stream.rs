@@ -210,12 +210,16 @@ impl Drop for HeldEvent {
             self.lock.callback(|| {
                 // A panic in the runtime's destructor loses nothing of the pool's: the event is
                 // gone either way. A call back into the pool that could only unwind (see
-                // `Shared::lock_wait`) has no pool call to fail here: it is logged.
+                // `Shared::lock_wait`) has no pool call to fail here: it is logged. The logger is
+                // user code run inside this callback too: its own call back unwinds as well, and
+                // is caught here, not in the pool call that dropped the event.
                 let dropped =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(event)));
                 if let Err(payload) = dropped {
                     if let Some(CalledBack(message)) = payload.downcast_ref::<CalledBack>() {
-                        log::warn!(target: "devarena::pool", "an event's destructor: {message}");
+                        let _ = std::panic::catch_unwind(|| {
+                            log::warn!(target: "devarena::pool", "an event's destructor: {message}");
+                        });
                     }
                 }
             });
