@@ -341,11 +341,12 @@ fn the_derives_list_of_arena_methods_is_the_arenas() {
             } else if line.starts_with('}') {
                 in_arena = false;
             } else if in_arena && line.starts_with("    pub") {
-                let item = line.trim_start();
-                if let Some(rest) = item
-                    .strip_prefix("pub fn ")
-                    .or_else(|| item.strip_prefix("pub unsafe fn "))
-                {
+                // `pub fn`, also `const`, `async`, `unsafe` (not `pub(crate)`: unreachable).
+                let mut item = line.trim_start().strip_prefix("pub ").unwrap_or("");
+                for qualifier in ["const ", "async ", "unsafe "] {
+                    item = item.strip_prefix(qualifier).unwrap_or(item);
+                }
+                if let Some(rest) = item.strip_prefix("fn ") {
                     let end = rest.find(['(', '<']).unwrap_or(rest.len());
                     found.push(rest[..end].to_string());
                 }

@@ -505,14 +505,20 @@ impl Shared {
     #[cold]
     #[inline(never)]
     fn called_back(&self, what: &str) -> ! {
-        // `resume_unwind`, not `panic!`: no panic hook runs (nothing panicked; the callback
-        // made a call it must not make, and its pool call reports that).
-        std::panic::resume_unwind(Box::new(CalledBack(format!(
+        let message = format!(
             "pool `{}` was asked for {what} from inside its own stream runtime's callback, \
              which runs while the pool is locked (a `StreamSync` or `StreamEvent` must not \
              call back into its pool); that call was abandoned",
             self.name
-        ))))
+        );
+        // With `panic = "abort"` nothing can be caught and `resume_unwind` would abort without
+        // a word: `panic!` lets the hook say why first.
+        #[cfg(panic = "abort")]
+        panic!("{message}");
+        // `resume_unwind`, not `panic!`: no panic hook runs (nothing panicked; the callback
+        // made a call it must not make, and its pool call reports that).
+        #[cfg(not(panic = "abort"))]
+        std::panic::resume_unwind(Box::new(CalledBack(message)))
     }
 
     /// Runs a stream-runtime callback under the lock: a panic becomes an error, and a call back

@@ -111,7 +111,11 @@ pub trait StreamEvent: Send + fmt::Debug {
 /// an error of the pool call that made it, with the panic's message (for
 /// [`StreamEvent::is_complete`]: the block is set aside, see
 /// [`PoolStats::quarantined`](super::PoolStats::quarantined)). Nothing of the pool's is lost
-/// either way: the pool stays usable, its counts exact.
+/// either way: the pool stays usable, its counts exact. All of this needs unwinding: built
+/// with `panic = "abort"`, such a call back (or a panic in them) aborts the process, after the
+/// panic hook has printed the call's message; and a frame that cannot unwind between the
+/// method and the call back (an `extern "C"` function, a destructor already running during
+/// a panic) aborts it as well.
 pub trait StreamSync: Any + Send + Sync + fmt::Debug {
     /// Records an event on `stream` that completes when all work queued on it so far has
     /// finished (`cuEventRecord`).
@@ -210,12 +214,16 @@ impl Drop for HeldEvent {
             self.lock.callback(|| {
                 // A panic in the runtime's destructor loses nothing of the pool's: the event is
                 // gone either way. A call back into the pool that could only unwind (see
-                // `Shared::lock_wait`) has no pool call to fail here: it is logged.
+                // `Shared::lock_wait`) has no pool call to fail here: it is logged. The logger is
+                // user code run inside this callback too: its own call back unwinds as well, and
+                // is caught here, not in the pool call that dropped the event.
                 let dropped =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(event)));
                 if let Err(payload) = dropped {
                     if let Some(CalledBack(message)) = payload.downcast_ref::<CalledBack>() {
-                        log::warn!(target: "devarena::pool", "an event's destructor: {message}");
+                        let _ = std::panic::catch_unwind(|| {
+                            log::warn!(target: "devarena::pool", "an event's destructor: {message}");
+                        });
                     }
                 }
             });

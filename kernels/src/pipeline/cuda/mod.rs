@@ -108,16 +108,22 @@ where
     check_len("outputs", "hist", b.hist.len(), o.hist.len(), None)?;
     check_len("outputs", "threshold", b.threshold.len(), 1, None)?;
     let mut threshold = [0u32];
-    download_prefix(stream, "gray", &*b.gray, &mut o.gray, size)?;
-    download_prefix(stream, "scratch", &*b.scratch, &mut o.scratch, size)?;
-    download_prefix(stream, "blurred", &*b.blurred, &mut o.blurred, size)?;
-    download_prefix(stream, "magnitude", &*b.magnitude, &mut o.magnitude, size)?;
-    download_prefix(stream, "hist", &*b.hist, &mut o.hist, size)?;
-    download_prefix(stream, "threshold", &*b.threshold, &mut threshold, size)?;
-    download_prefix(stream, "mask", &*b.mask, &mut o.mask, size)?;
-    stream
+    let queued = (|| {
+        download_prefix(stream, "gray", &*b.gray, &mut o.gray, size)?;
+        download_prefix(stream, "scratch", &*b.scratch, &mut o.scratch, size)?;
+        download_prefix(stream, "blurred", &*b.blurred, &mut o.blurred, size)?;
+        download_prefix(stream, "magnitude", &*b.magnitude, &mut o.magnitude, size)?;
+        download_prefix(stream, "hist", &*b.hist, &mut o.hist, size)?;
+        download_prefix(stream, "threshold", &*b.threshold, &mut threshold, size)?;
+        download_prefix(stream, "mask", &*b.mask, &mut o.mask, size)
+    })();
+    // Also when a later buffer was refused: the copies queued before it write into `outputs`,
+    // which must not be handed back before they are done.
+    let waited = stream
         .synchronize()
-        .map_err(|e| driver_error("cuStreamSynchronize", e))?;
+        .map_err(|e| driver_error("cuStreamSynchronize", e));
+    queued?;
+    waited?;
     o.threshold = threshold[0];
     Ok(())
 }
