@@ -29,8 +29,8 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
     ///
     /// Returns what `f` returns. Errors:
     ///
-    /// * `stream` belongs to another device than the arena's, or the first wait cannot be
-    ///   queued: `f` is not called;
+    /// * `stream` belongs to another context than the arena's (another device, say), or the
+    ///   first wait cannot be queued: `f` is not called;
     /// * `f`'s own error, after the final wait;
     /// * the final wait cannot be queued (a driver failure): its error comes back instead of
     ///   `f`'s result, which is dropped. The host then waits for `stream` to finish
@@ -106,13 +106,20 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
 
     /// Orders `stream` after the arena's stream and returns the base of views ordered on it.
     fn base_on<'a>(&'a self, stream: &'a Arc<CudaStream>) -> Result<CudaBase<'a>, Error> {
-        if stream.context().ordinal() != self.backend.stream().context().ordinal() {
+        let (theirs, ours) = (stream.context(), self.backend.stream().context());
+        // The context, not only the device: the arena's addresses mean nothing in another
+        // context, even one of the same device.
+        if theirs.cu_ctx() != ours.cu_ctx() {
             return Err(Error::invalid(alloc::format!(
-                "arena of `{}`: views for a stream of device {} were asked for; the arena lives \
-                 on device {}",
+                "arena of `{}`: views for a stream of {} were asked for; the arena lives in the \
+                 context of device {}",
                 L::NAME,
-                stream.context().ordinal(),
-                self.backend.stream().context().ordinal()
+                if theirs.ordinal() == ours.ordinal() {
+                    alloc::format!("another context of device {}", theirs.ordinal())
+                } else {
+                    alloc::format!("device {}", theirs.ordinal())
+                },
+                ours.ordinal()
             )));
         }
         order_streams(stream, self.backend.stream())?;
