@@ -1,10 +1,11 @@
-//! A logger is user code too: the pool logs an event destructor's call back into the pool
-//! while it still runs that destructor as a callback of its lock. A logger that asks the pool
-//! for statistics there must not unwind out of the pool call that dropped the event.
+//! A logger is user code too, and the pool logs while it holds its lock: an event destructor's
+//! call back into the pool (while it still runs that destructor as a callback of its lock), a
+//! growable region's mapping of chunks. A logger that calls the pool there must neither unwind
+//! out of the pool call that logged nor wait for ever on the lock its own thread holds.
 //! (A test binary of its own: `log`'s logger is set once per process.)
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use devarena::pool::{StreamEvent, StreamId, StreamSync};
 use devarena::{Error, Pool};
@@ -13,6 +14,10 @@ use devarena::{Error, Pool};
 static POOL: OnceLock<Arc<Pool>> = OnceLock::new();
 /// Whether the logger was asked to log the destructor's call back.
 static LOGGED: AtomicBool = AtomicBool::new(false);
+/// The growable pool the logger calls when it maps chunks, once set.
+static GROWABLE: OnceLock<Arc<Pool>> = OnceLock::new();
+/// What the logger's calls on the growable pool got, one entry per record of a mapping.
+static FROM_LOGGER: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 struct AsksThePool;
 
@@ -21,6 +26,18 @@ impl log::Log for AsksThePool {
         true
     }
     fn log(&self, record: &log::Record<'_>) {
+        if format!("{}", record.args()).starts_with("mapped ") {
+            if let Some(pool) = GROWABLE.get() {
+                // Logged under the pool's lock, which this thread holds.
+                let allocated = pool.allocate(256, 0).map_err(|e| e.to_string());
+                FROM_LOGGER
+                    .lock()
+                    .unwrap()
+                    .push(format!("allocate: {allocated:?}"));
+                let _ = pool.stats(); // unwinds: never returns here
+                FROM_LOGGER.lock().unwrap().push("stats returned".into());
+            }
+        }
         if format!("{}", record.args()).contains("an event's destructor") {
             LOGGED.store(true, Ordering::SeqCst);
             if let Some(pool) = POOL.get() {
@@ -63,10 +80,17 @@ impl StreamSync for Streams {
     }
 }
 
+fn set_logger() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        log::set_logger(&LOGGER).expect("no other logger in this test binary");
+        log::set_max_level(log::LevelFilter::Trace);
+    });
+}
+
 #[test]
 fn a_logger_that_asks_the_pool_for_statistics_does_not_unwind_out_of_the_pool_call() {
-    log::set_logger(&LOGGER).expect("no other logger in this test binary");
-    log::set_max_level(log::LevelFilter::Trace);
+    set_logger();
     let pool = Pool::builder(1 << 20)
         .name("logger-asks-stats")
         .reuse(0, 0)
@@ -101,4 +125,52 @@ fn a_logger_that_asks_the_pool_for_statistics_does_not_unwind_out_of_the_pool_ca
     // The pool serves as before.
     let b = pool.allocate(1 << 20, 0).unwrap();
     pool.deallocate(b).unwrap();
+}
+
+/// A growable region logs each mapping of chunks while the pool's lock is held: a logger that
+/// allocates there gets an error, one that asks for statistics is cut short (its record is
+/// lost), and the allocation that mapped the chunks succeeds with the pool as it should be.
+#[test]
+fn a_logger_that_calls_the_pool_under_its_lock_neither_hangs_nor_breaks_it() {
+    set_logger();
+    let vm = Arc::new(devarena::backend::HostVirtualMemory::new(64 << 10).unwrap());
+    let pool = Pool::builder(4 << 20)
+        .name("logger-under-lock")
+        .thread_heaps(0)
+        .build_mapped(vm)
+        .unwrap();
+    let pool = GROWABLE.get_or_init(|| Arc::new(pool)).clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn({
+        let pool = pool.clone();
+        move || {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let a = pool.allocate(1 << 20, 0)?; // maps 16 chunks of 64 KiB
+                let b = pool.allocate(1 << 20, 0)?;
+                pool.deallocate(a)?;
+                pool.deallocate(b)?;
+                Ok::<_, Error>((a, b))
+            }));
+            let _ = tx.send(result.map_err(|_| "the pool call unwound into its caller"));
+        }
+    });
+    let result = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the allocations returned");
+    let (a, b) = result.unwrap().unwrap();
+    assert_ne!(a, b);
+    let seen = FROM_LOGGER.lock().unwrap().clone();
+    assert!(!seen.is_empty(), "the mappings were logged");
+    for line in &seen {
+        assert!(
+            line.starts_with("allocate: Err(") && line.contains("logger-under-lock"),
+            "{line}"
+        );
+    }
+    let stats = pool.stats();
+    assert_eq!((stats.live, stats.in_use), (0, 0));
+    assert!(stats.mapped >= 2 << 20, "{stats:?}");
+    // The pool serves as before.
+    let c = pool.allocate(4 << 20, 0).unwrap();
+    pool.deallocate(c).unwrap();
 }

@@ -47,6 +47,10 @@ pub(crate) struct Reentrant;
 pub(crate) struct LockId(usize);
 
 impl LockId {
+    /// Every lock at once: a frame of it (see [`logged`]) makes this thread's wait for any lock
+    /// fail, as inside a callback of that lock. (No lock has this address.)
+    const ANY: LockId = LockId(usize::MAX);
+
     /// Whether this thread is running a user callback under the lock, at any depth.
     fn in_callback(self) -> bool {
         let mut frame = IN_CALLBACK.with(Cell::get);
@@ -58,7 +62,7 @@ impl LockId {
             // that list reaches are those of the calls further up the stack, each still
             // running.
             let f = unsafe { &*frame };
-            if f.lock == self {
+            if f.lock == self || f.lock == LockId::ANY {
                 return true;
             }
             frame = f.outer;
@@ -87,6 +91,18 @@ impl LockId {
         IN_CALLBACK.with(|c| c.set(&frame));
         f()
     }
+}
+
+/// Runs `log`, a call into the `log` crate made where this thread may hold a pool's lock (or a
+/// heap's). The logger is user code: a pool call from it that would wait for a lock fails
+/// instead of waiting for ever on the one this thread holds (allocations and frees return an
+/// error; statistics, reports and settings unwind, see `Shared::lock_wait`), and that unwind or
+/// a panic of the logger is caught here, before it could leave the pool's state half-changed;
+/// the record is then lost.
+pub(crate) fn logged(log: impl FnOnce()) {
+    LockId::ANY.callback(|| {
+        let _ = std::panic::catch_unwind(core::panic::AssertUnwindSafe(log));
+    });
 }
 
 /// The longest back-off, in spin-loop hints, before a waiter starts yielding the CPU: about
@@ -296,5 +312,23 @@ mod tests {
         assert!(!a.in_callback() && !b.in_callback());
         drop(guard_a);
         assert_eq!((*a.lock().unwrap(), *b.lock().unwrap()), (0, 0));
+    }
+
+    #[test]
+    fn inside_a_logged_call_no_lock_is_waited_for() {
+        let (a, b) = (Lock::new(0u32), Lock::new(0u32));
+        let guard_a = a.lock().unwrap();
+        let mut seen = None;
+        logged(|| {
+            // `a` is this thread's: an error, not a wait. `b` is free: taken as usual.
+            let free = b.lock().map(|g| *g);
+            seen = Some((a.lock().err(), free, a.in_callback(), b.in_callback()));
+        });
+        assert_eq!(seen, Some((Some(Reentrant), Ok(0), true, true)));
+        // A panic inside is caught, and the frame is gone afterwards.
+        logged(|| panic!("a logger that panics"));
+        assert!(!a.in_callback() && !b.in_callback());
+        drop(guard_a);
+        assert_eq!(*a.lock().unwrap(), 0);
     }
 }

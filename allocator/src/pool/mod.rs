@@ -44,6 +44,13 @@
 //! CSV file in RMM's replay-log format ([`CsvEventLog`]). Stream ordering for device pools (when
 //! a freed block may be reused, and on which stream) is described in the [`stream`] module.
 //!
+//! User code the pool runs — an event sink, a stream runtime ([`StreamSync`]), the `log` crate's
+//! logger (called at times while the pool holds its lock: mapping chunks, setting a block
+//! aside) — may call the pool: an event sink runs outside the lock and is served; from a stream
+//! runtime or a logger under the lock, allocations and frees return an error and statistics,
+//! reports and settings are cut short (the logger's record is lost), instead of waiting for
+//! ever on the lock their own thread holds. A panic there is caught; the pool stays usable.
+//!
 //! # Backends and devices
 //!
 //! [`Pool::host`] reserves host memory; [`Pool::new_in`] (or [`PoolBuilder::build_in`]) takes

@@ -55,7 +55,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::Error;
 use crate::pool::engine::CalledBack;
-use crate::pool::lock::LockId;
+use crate::pool::lock::{LockId, logged};
 
 /// A stream, by its raw handle: a `CUstream` (`cudaStream_t`) as an integer, `0` for the legacy
 /// default stream. The pool only compares stream ids and hands them to its [`StreamSync`].
@@ -221,7 +221,7 @@ impl Drop for HeldEvent {
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(event)));
                 if let Err(payload) = dropped {
                     if let Some(CalledBack(message)) = payload.downcast_ref::<CalledBack>() {
-                        let _ = std::panic::catch_unwind(|| {
+                        logged(|| {
                             log::warn!(target: "devarena::pool", "an event's destructor: {message}");
                         });
                     }

@@ -34,6 +34,7 @@ use super::BLOCK_GRANULE;
 use crate::backend::VirtualMemory;
 use crate::error::Error;
 use crate::plan::align_up;
+use crate::pool::lock::logged;
 
 /// What a pool's statistics say about its mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -288,10 +289,12 @@ impl Mapping {
                 return Err(error);
             }
             self.maps += count as u64;
-            log::trace!(
-                target: "devarena::pool",
-                "mapped {count} chunk(s) of {chunk} bytes at {at:#x}"
-            );
+            logged(|| {
+                log::trace!(
+                    target: "devarena::pool",
+                    "mapped {count} chunk(s) of {chunk} bytes at {at:#x}"
+                )
+            });
         }
         for c in first..=last {
             if !self.bit(c) {
@@ -320,11 +323,13 @@ impl Mapping {
             match unsafe { vm.unmap(at, chunk) } {
                 Ok(()) => self.unmaps += 1,
                 Err(error) => {
-                    log::error!(
-                        target: "devarena::pool",
-                        "undoing a failed map, unmapping the chunk at {at:#x} failed: {error}; \
-                         it stays mapped"
-                    );
+                    logged(|| {
+                        log::error!(
+                            target: "devarena::pool",
+                            "undoing a failed map, unmapping the chunk at {at:#x} failed: {error}; \
+                             it stays mapped"
+                        )
+                    });
                     self.map.set_bit(c, true);
                     self.mapped += 1;
                     self.peak = self.peak.max(self.mapped);
@@ -378,11 +383,13 @@ impl Mapping {
             released += chunk as usize;
         }
         if released > 0 {
-            log::debug!(
-                target: "devarena::pool",
-                "unmapped {released} bytes in chunks of {chunk} bytes; {} bytes stay mapped",
-                self.mapped_bytes()
-            );
+            logged(|| {
+                log::debug!(
+                    target: "devarena::pool",
+                    "unmapped {released} bytes in chunks of {chunk} bytes; {} bytes stay mapped",
+                    self.mapped_bytes()
+                )
+            });
         }
         Ok(released)
     }

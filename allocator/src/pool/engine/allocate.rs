@@ -15,6 +15,7 @@ use super::{
 use crate::error::Error;
 use crate::pool::events::PoolAction;
 use crate::pool::lock::LockGuard;
+use crate::pool::lock::logged;
 use crate::pool::stats::Tracking;
 use crate::pool::stream::{StreamId, StreamSync};
 use crate::pool::{
@@ -638,14 +639,16 @@ impl Shared {
                         };
                         *pending -= parked.bytes;
                         *quarantined += parked.bytes;
-                        log::error!(
-                            target: "devarena::pool",
-                            "pool `{}`: the event of a block of {} bytes freed on stream {stream} \
-                             could not be queried ({error}); the block is set aside for good \
-                             and the pool carries on",
-                            self.name,
-                            parked.bytes
-                        );
+                        logged(|| {
+                            log::error!(
+                                target: "devarena::pool",
+                                "pool `{}`: the event of a block of {} bytes freed on stream {stream} \
+                                 could not be queried ({error}); the block is set aside for good \
+                                 and the pool carries on",
+                                self.name,
+                                parked.bytes
+                            )
+                        });
                     }
                 }
             }

@@ -10,6 +10,7 @@ use alloc::format;
 use super::super::graph::{GraphEvent, GraphStats, Held, Owner};
 use super::{Ask, Live, LiveInfo, LockGuard, Shared, State, TRIM_TRIES};
 use crate::error::Error;
+use crate::pool::lock::logged;
 use crate::pool::stream::StreamId;
 use crate::pool::{AllocRequest, Tracking, effective_align};
 
@@ -245,12 +246,14 @@ impl Shared {
     /// Sets aside a block of a graph whose replays nothing can tell are done.
     fn set_aside(&self, state: &mut State, stream: StreamId, bytes: usize) {
         state.quarantined += bytes;
-        log::error!(
-            target: "devarena::pool",
-            "pool `{}`: a block of {bytes} bytes of a graph on stream {stream} is set aside for \
-             good: nothing says the graph's replays are done with it",
-            self.name
-        );
+        logged(|| {
+            log::error!(
+                target: "devarena::pool",
+                "pool `{}`: a block of {bytes} bytes of a graph on stream {stream} is set aside for \
+                 good: nothing says the graph's replays are done with it",
+                self.name
+            )
+        });
     }
 
     /// What a graph reservation holds now.
