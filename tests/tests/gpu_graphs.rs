@@ -11,6 +11,11 @@ fn gpu_tests_need_the_cuda_feature() {
     devarena_tests::skip_or_fail("built without the `cuda` feature");
 }
 
+// The stream gate of the pool's GPU tests (a host function that holds a stream).
+#[cfg(feature = "cuda")]
+#[path = "../../allocator/tests/gpu_common/mod.rs"]
+mod gpu_common;
+
 #[cfg(feature = "cuda")]
 mod gpu {
     use std::sync::Arc;
@@ -249,6 +254,48 @@ mod gpu {
             graph.stage_mut::<2>().output.download(&mut out).unwrap();
             assert!(out == expected(&data), "replay {r}");
         }
+    }
+
+    /// Between replays, work on another stream (the next input, written on a copy stream) runs
+    /// before the next replay: the other stream is held by a gate, opened 200 ms later from
+    /// another thread, and the replay must still see the new input.
+    #[test]
+    fn work_on_another_stream_between_replays_runs_before_the_next_replay() {
+        let Some((_device, stream)) = super::gpu_common::gpu() else {
+            return;
+        };
+        let other = stream.context().new_stream().unwrap();
+        let f = scale_add(&stream);
+        let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        // SAFETY: the work reaches the arena's views alone (and kernels that outlive the graph).
+        let mut graph = unsafe {
+            arena.capture(|c| {
+                let s = c.stream().clone();
+                let mut v = c.views_mut();
+                launch(&f, &s, &v.input, &mut v.scratch, (3, 1))?;
+                launch(&f, &s, &v.scratch, &mut v.output, (5, 7))
+            })
+        }
+        .unwrap();
+        graph.views_mut().input.upload(&input(1)).unwrap();
+        graph.launch().unwrap();
+        let gate = super::gpu_common::StreamGate::block(&other);
+        // The next input, queued on `other` behind the gate.
+        graph
+            .views_mut_on(&other, |mut v| v.input.fill_bytes(0x01))
+            .unwrap();
+        graph.launch().unwrap();
+        let opener = gate.opener();
+        let open_later = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            opener.open();
+        });
+        let out = graph.arena().views().output.to_vec().unwrap();
+        open_later.join().unwrap();
+        assert!(
+            out == expected(&vec![0x0101_0101; N]),
+            "the replay ran before the input written on the other stream"
+        );
     }
 
     #[test]

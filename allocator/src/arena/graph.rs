@@ -299,6 +299,34 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> ArenaGraph<
         self.arena.stage_mut::<S>()
     }
 
+    /// Runs `f` with device views of every field for work on `stream` between replays (an
+    /// upload of the next input on a copy stream, say), ordered as [`Arena::views_mut_on`]:
+    /// `stream` first waits for the replays queued so far, and the arena's stream waits for
+    /// `stream` before this returns, so the next replay runs after `f`'s work.
+    pub fn views_mut_on<R>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        f: impl FnOnce(L::Views<'_, CudaMut>) -> Result<R, Error>,
+    ) -> Result<R, Error>
+    where
+        L: Disjoint,
+    {
+        self.arena.views_mut_on(stream, f)
+    }
+
+    /// [`stage_mut`](Self::stage_mut) for work on another stream between replays, ordered as
+    /// [`views_mut_on`](Self::views_mut_on).
+    pub fn stage_mut_on<const S: usize, R>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        f: impl FnOnce(<L as Stage<S>>::StageViews<'_, CudaMut>) -> Result<R, Error>,
+    ) -> Result<R, Error>
+    where
+        L: Stage<S>,
+    {
+        self.arena.stage_mut_on::<S, R>(stream, f)
+    }
+
     /// The arena, shared: its shared views (`views()`, `stage::<S>()`), addresses and backend.
     /// No replay can be launched while the borrow lasts.
     pub fn arena(&self) -> &Arena<L, B> {
