@@ -114,8 +114,8 @@ impl FieldPlacement {
 /// ```
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is neither a fixed-size buffer `[T; N]` nor a `DeviceLayout`",
-    label = "a layout field must be `[T; N]` or a `#[derive(DeviceLayout)]` struct",
-    note = "derive `DeviceLayout` for `{Self}`, or make the field an array such as `[f32; 1024]`"
+    label = "expected a `#[derive(DeviceLayout)]` struct (or, as a layout's field, an array `[T; N]`)",
+    note = "add `#[derive(DeviceLayout)]` to `{Self}` (the trait is `unsafe`: the derive implements it), or make a field of this type an array such as `[f32; 1024]`"
 )]
 pub unsafe trait DeviceLayout {
     /// The struct's name.

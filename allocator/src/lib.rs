@@ -87,9 +87,25 @@
 //! ## Compile-time checks
 //!
 //! An alignment that is not a power of two, a field alignment below its element's, a
-//! zero-length buffer, a size that overflows `usize`, a size over `max_bytes`, enums, unions,
-//! tuple structs and fields that are neither `[T; N]` nor a `DeviceLayout` are compile errors
-//! that name the struct, the field and the numbers.
+//! zero-length buffer, a size that overflows `usize`, a size over `max_bytes`, a bad live range,
+//! a stage name that is a keyword or whose methods would be `Arena`'s own (`free`, `views`,
+//! `capture`, ...), enums, unions, tuple structs and fields that are neither `[T; N]` nor a
+//! `DeviceLayout` are compile errors that name the struct, the field and the numbers.
+//!
+//! ## What is `unsafe`, and why
+//!
+//! Arenas allocate `SIZE` bytes at `ALIGN` and hand out the views a layout makes, trusting
+//! what the derive generates: [`DeviceLayout`], [`Stage`] and [`Disjoint`] are `unsafe trait`s
+//! that `#[derive(DeviceLayout)]` implements; never write them by hand. With `cuda`,
+//! `StreamOrdered` (the stream a backend orders its views on) and `TrustedDevicePtr` (a device
+//! buffer whose address and length a safe kernel wrapper may trust; devarena's views and
+//! cudarc's slices have it) are `unsafe trait`s as well, for backends and buffer types of your
+//! own. `Arena::capture` and `Pool::capture` are `unsafe fn`s: a CUDA graph keeps alive only
+//! the arena (or its own pool blocks), and their `# Safety` sections say which other memory the
+//! caller keeps until the last replay. Views for another stream (`Arena::views_mut_on`) are
+//! safe: they live only inside their closure, after which the arena's stream waits for the
+//! other one. [`Element`] is an `unsafe trait` too, for plain element types of your own
+//! (`#[derive(Element)]` checks one).
 //!
 //! ## Features
 //!
@@ -98,9 +114,11 @@
 //!   `IGpuAllocator` contract, with caps, statistics, leak reports and an event log).
 //! * `cuda`: the CUDA backends through cudarc (device memory, stream-ordered, managed, pinned),
 //!   and the pool on device memory (`Pool::cuda`, with CUDA events for stream ordering and
-//!   device views of its slices); CUDA graphs of arenas (`Arena::capture` records a frame's
-//!   work on the arena's stream once, `ArenaGraph::launch` replays it with one call, and the
-//!   graph borrows the arena for as long as it lives).
+//!   device views of its slices); views for another stream, ordered both ways
+//!   (`Arena::views_mut_on(&stream, |views| ..)`, `stage_mut_on`); CUDA graphs of arenas
+//!   (`Arena::capture`, an `unsafe fn`, records a frame's work on the arena's stream once,
+//!   `ArenaGraph::launch` replays it with one call, and the graph borrows the arena for as long
+//!   as it lives).
 //!
 //! Without `std` the crate is `#![no_std]` and needs only `alloc`.
 //!
@@ -115,7 +133,7 @@
 //! | [`plan`] | `const fn` placement math shared by the derive and [`LayoutBuilder`]: alignment arithmetic (`align.rs`, the crate's one home of [`align_up`](plan::align_up) and the 256-byte [`CUDA_ALIGN`](plan::CUDA_ALIGN)), the placement rule, stage aliasing, error messages |
 //! | `layout` | [`DeviceLayout`], [`Element`], view kinds ([`ViewKind`]) |
 //! | [`backend`] | where an allocation comes from: [`HostBackend`], and with `cuda` the device, managed and pinned backends and device views; [`MemoryKind`] says what each hands out |
-//! | `arena` | [`Arena`]: one allocation, typed views, stage views; `arena/cuda.rs`: prefetching and host views of managed arenas, device views of pinned ones; `arena/graph.rs`: `Arena::capture`, `ArenaGraph` |
+//! | `arena` | [`Arena`]: one allocation, typed views, stage views; `arena/cuda.rs`: views for another stream (`views_mut_on`), prefetching and host views of managed arenas, device views of pinned ones; `arena/graph.rs`: `Arena::capture`, `ArenaGraph` |
 //! | `dyn_arena`, `builder` | layouts planned at run time: [`LayoutBuilder`], [`DynArena`] |
 //! | [`pool`] | the run-time [`Pool`]: engine, builder, handles, region, TLSF index, statistics, event log, stream ordering, graph reservations (`pool::graph`); `pool::cuda` and `Pool::capture` with `cuda` |
 //! | [`report`] | [`LayoutReport`]: tables and SVG maps of a layout |
@@ -156,7 +174,9 @@ pub use report::LayoutReport;
 
 /// `#[derive(DeviceLayout)]`: plans a struct of fixed-size buffers at compile time.
 ///
-/// See the [crate docs](crate) for the attributes and the placement rule.
+/// It is the way to implement the `unsafe trait`s [`DeviceLayout`] (and [`Disjoint`] or
+/// [`Stage`]): what it generates is checked at compile time. See the [crate docs](crate) for
+/// the attributes and the placement rule.
 pub use devarena_macros::DeviceLayout;
 
 /// `#[derive(Element)]`: declares a plain `#[repr(C)]` struct a device element, checking that

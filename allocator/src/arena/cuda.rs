@@ -1,4 +1,5 @@
-//! CUDA conveniences for arenas: prefetching and host views of managed arenas, device views of
+//! CUDA conveniences for arenas: views for another stream ([`Arena::views_mut_on`],
+//! [`Arena::stage_mut_on`]), prefetching and host views of managed arenas, device views of
 //! pinned arenas. They go through what the backends offer; no driver call happens here.
 
 use alloc::sync::Arc;
@@ -85,7 +86,8 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
     }
 
     /// [`stage_mut`](Arena::stage_mut) for work on another stream, run in `f` and ordered as
-    /// [`views_mut_on`](Self::views_mut_on): `arena.stage_mut_on::<1, _>(&other, |v| ..)`.
+    /// [`views_mut_on`](Self::views_mut_on): `arena.stage_mut_on::<1, _>(&other, |v| ..)` (the
+    /// `_` is `f`'s result type, left to inference: a turbofish names every generic argument).
     pub fn stage_mut_on<const S: usize, R>(
         &mut self,
         stream: &Arc<CudaStream>,

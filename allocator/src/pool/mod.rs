@@ -177,10 +177,11 @@
 //! stream without recording anything on that stream (which may be capturing), held when freed
 //! while the graph lives, and handed out again only after the replays queued before the graph
 //! went are done. With the `cuda` feature, `Pool::capture(&stream, |c| ..)` captures work into a
-//! `PoolGraph` whose temporaries come from the pool that way. [`Pool::allocate_for_capture`]
-//! serves owners that keep such blocks allocated themselves (PyTorch's graph pools). The
-//! [`graph`] module has the rules. While no graph owns a block, the fast paths pay one check
-//! (in the free path) for it.
+//! `PoolGraph` whose temporaries come from the pool that way; it is an `unsafe fn`, as any
+//! other memory the graph reaches stays the caller's to keep until the last replay.
+//! [`Pool::allocate_for_capture`] serves owners that keep such blocks allocated themselves
+//! (PyTorch's graph pools). The [`graph`] module has the rules. While no graph owns a block,
+//! the fast paths pay one check (in the free path) for it.
 //!
 //! # Performance
 //!

@@ -14,10 +14,10 @@
 //! | `device.rs` | [`CudaBackend`]: `cuMemAlloc` and `cuMemAllocAsync` |
 //! | `managed.rs` | [`ManagedBackend`]: `cuMemAllocManaged` and prefetching |
 //! | `pinned.rs` | [`PinnedBackend`]: `cuMemHostAlloc` and its mapped device address |
-//! | `view.rs` | [`DeviceView`], [`DeviceViewMut`] and the view kinds [`CudaMut`], [`CudaRef`] |
+//! | `view.rs` | [`DeviceView`], [`DeviceViewMut`], the view kinds [`CudaMut`], [`CudaRef`], and [`TrustedDevicePtr`], the buffers safe kernel wrappers may launch on |
 //! | `vmm.rs` | [`CudaVirtualMemory`]: `cuMemAddressReserve`, `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, `cuMemUnmap`: the growable pool region |
 //! | `event.rs` | [`RecordedEvent`](event::RecordedEvent): events on raw stream handles, for stream ordering |
-//! | `graph.rs` | CUDA graphs by stream capture: begin, end, instantiate, launch, and the capture mode (thread-local), for `Arena::capture`; [`is_capturing`], [`capture_status_raw`] |
+//! | `graph.rs` | CUDA graphs by stream capture: begin, end, instantiate, launch, and the capture mode (thread-local), for `Arena::capture` and `Pool::capture`; [`is_capturing`], [`capture_status_raw`] |
 //!
 //! ```no_run
 //! use devarena::backend::cuda::{cuda_stream, CudaBackend};

@@ -340,6 +340,12 @@ unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b mut DeviceViewMut<'c, T>> f
 /// address of [`len`](DeviceSlice::len) live elements of `T`, aligned for `T`, in the context of
 /// [`stream`](DeviceSlice::stream), that the value owns or borrows (exclusively, for
 /// `device_ptr_mut`), ordered on the stream they are asked for while the returned guard lives.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a device buffer whose address and length a safe kernel launch may trust",
+    label = "not a `TrustedDevicePtr<{T}>`",
+    note = "pass a devarena view (an arena's or a pool slice's `DeviceView`/`DeviceViewMut`) or cudarc's `CudaSlice`/`CudaView`/`CudaViewMut`",
+    note = "for a buffer type of your own, `unsafe impl TrustedDevicePtr<{T}>` promises what its `# Safety` says"
+)]
 pub unsafe trait TrustedDevicePtr<T>: DevicePtr<T> {}
 
 // SAFETY: a view addresses `len` live elements of its arena's (or pool slice's) allocation,
