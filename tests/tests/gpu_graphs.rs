@@ -20,11 +20,12 @@ mod gpu_common;
 mod gpu {
     use std::sync::Arc;
 
+    use devarena::backend::DirectViews;
     use devarena::backend::cuda::{
-        CudaBackend, CudaFunction, CudaStream, DeviceViewMut, LaunchConfig, ManagedBackend, Ptx,
-        PushKernelArg, default_stream, is_capturing,
+        CudaBackend, CudaFunction, CudaMut, CudaStream, DeviceViewMut, LaunchConfig,
+        ManagedBackend, Ptx, PushKernelArg, StreamOrdered, default_stream, is_capturing,
     };
-    use devarena::{Arena, DeviceLayout, Error};
+    use devarena::{Arena, ArenaGraph, DeviceLayout, Error};
     use devarena_tests::gpu_stream;
 
     /// `y[i] = a * x[i] + b` (u32, wrapping): the kernel of the pool's GPU tests.
@@ -72,6 +73,29 @@ mod gpu {
         unsafe { args.launch(LaunchConfig::for_num_elems(n)) }
             .map(drop)
             .map_err(|e| devarena::backend::cuda::driver_error("cuLaunchKernel", e))
+    }
+
+    /// Captures `output = 5 · (3 · input + 1) + 7` (two launches of `f`, through `scratch`) on
+    /// `arena`'s stream. The graph borrows `f` as well as the arena, so the module its kernel
+    /// nodes run outlives it.
+    fn capture_two_launches<'a, B>(
+        arena: &'a mut Arena<Pair, B>,
+        f: &'a CudaFunction,
+    ) -> ArenaGraph<'a, Pair, B>
+    where
+        B: DirectViews<Mut = CudaMut> + StreamOrdered,
+    {
+        // SAFETY: the work reaches the arena's views alone, and `f`'s module, borrowed for the
+        // graph's life.
+        unsafe {
+            arena.capture(|c| {
+                let s = c.stream().clone();
+                let mut v = c.views_mut();
+                launch(f, &s, &v.input, &mut v.scratch, (3, 1))?;
+                launch(f, &s, &v.scratch, &mut v.output, (5, 7))
+            })
+        }
+        .unwrap()
     }
 
     /// The input of replay `r`: different every time.
@@ -122,16 +146,7 @@ mod gpu {
         let f = scale_add(&stream);
         let backend = CudaBackend::new(stream.clone());
         let mut arena = Arena::<Pair, _>::new_in(backend.clone()).unwrap();
-        // SAFETY: the work reaches the arena's views alone (and kernels that outlive the graph).
-        let mut graph = unsafe {
-            arena.capture(|c| {
-                let s = c.stream().clone();
-                let mut v = c.views_mut();
-                launch(&f, &s, &v.input, &mut v.scratch, (3, 1))?;
-                launch(&f, &s, &v.scratch, &mut v.output, (5, 7))
-            })
-        }
-        .unwrap();
+        let mut graph = capture_two_launches(&mut arena, &f);
         assert_eq!(graph.nodes(), 2);
         let mut out = vec![0u32; N];
         for r in 0..1000 {
@@ -267,16 +282,7 @@ mod gpu {
         let other = stream.context().new_stream().unwrap();
         let f = scale_add(&stream);
         let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
-        // SAFETY: the work reaches the arena's views alone (and kernels that outlive the graph).
-        let mut graph = unsafe {
-            arena.capture(|c| {
-                let s = c.stream().clone();
-                let mut v = c.views_mut();
-                launch(&f, &s, &v.input, &mut v.scratch, (3, 1))?;
-                launch(&f, &s, &v.scratch, &mut v.output, (5, 7))
-            })
-        }
-        .unwrap();
+        let mut graph = capture_two_launches(&mut arena, &f);
         graph.views_mut().input.upload(&input(1)).unwrap();
         graph.launch().unwrap();
         let gate = super::gpu_common::StreamGate::block(&other);
@@ -303,16 +309,7 @@ mod gpu {
         let Some(stream) = gpu_stream() else { return };
         let f = scale_add(&stream);
         let mut arena = Arena::<Pair, _>::new_in(ManagedBackend::new(stream.clone())).unwrap();
-        // SAFETY: the work reaches the arena's views alone (and kernels that outlive the graph).
-        let mut graph = unsafe {
-            arena.capture(|c| {
-                let s = c.stream().clone();
-                let mut v = c.views_mut();
-                launch(&f, &s, &v.input, &mut v.scratch, (3, 1))?;
-                launch(&f, &s, &v.scratch, &mut v.output, (5, 7))
-            })
-        }
-        .unwrap();
+        let mut graph = capture_two_launches(&mut arena, &f);
         for r in 0..20 {
             let data = input(r);
             graph.host_views_mut().unwrap().input.copy_from_slice(&data);
