@@ -474,6 +474,37 @@ fn capacities_at_the_edges() {
     }
 }
 
+/// Capacities past what the host allocator or the virtual memory can take: refused by the
+/// backend, in an error that names the pool and its capacity.
+#[test]
+fn capacities_past_the_backend_name_the_pool() {
+    for capacity in [usize::MAX - 256, usize::MAX / 2 + 1, isize::MAX as usize] {
+        let err = Pool::builder(capacity)
+            .name("huge")
+            .build_host()
+            .unwrap_err();
+        assert_invalid(err, &["huge", &(capacity & !255).to_string()]);
+    }
+    for capacity in [usize::MAX / 2 + 1, isize::MAX as usize] {
+        let err = Pool::builder(capacity)
+            .name("huge")
+            .build_mapped(HostVirtualMemory::new(4096).unwrap())
+            .unwrap_err();
+        assert_invalid(err, &["huge", &(capacity & !255).to_string()]);
+    }
+    // Past the address space once rounded: the pool's own check.
+    for capacity in [usize::MAX, usize::MAX - 255] {
+        let err = Pool::builder(capacity)
+            .name("huge")
+            .build_host()
+            .unwrap_err();
+        assert_invalid(err, &["huge", "overflows"]);
+    }
+    // A size the host cannot give: out of memory, not an abort.
+    let err = Pool::host(1 << 62).unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { .. }), "{err:?}");
+}
+
 #[test]
 fn chunks_at_the_edges() {
     let vm = || HostVirtualMemory::new(4096).unwrap();
