@@ -777,6 +777,79 @@ fn graph_reservations_misused() {
     assert_whole(&pool);
 }
 
+#[test]
+fn graph_reservations_without_a_stream_runtime() {
+    for (kind, pool) in pools(1 << 20) {
+        // Every stream is the home stream: a reservation for any id works as one for it.
+        let r = pool.graph_reservation(StreamId(9)).unwrap();
+        let a = r.allocate(1000, 0).unwrap();
+        let s = r.alloc_slice::<u8>(100).unwrap();
+        assert_invalid(r.allocate(0, 100).unwrap_err(), &["100"]);
+        assert!(r.allocate(usize::MAX, 0).is_err());
+        pool.deallocate(a).unwrap();
+        drop(s);
+        assert_eq!(r.stats().held, 2, "{kind}");
+        assert!(pool.allocate(largest_request(1 << 20), 0).is_err());
+        drop(r);
+        pool.reclaim().unwrap();
+        assert_whole(&pool);
+    }
+}
+
+#[test]
+fn allocations_for_capture_at_the_edges() {
+    let (streams, pool) = stream_pool(1 << 20);
+    let g = StreamId(4);
+    for align in [3, 8192, usize::MAX] {
+        let err = pool
+            .allocate_for_capture(AllocRequest::new(10, align).on(g))
+            .unwrap_err();
+        assert_invalid(err, &[&align.to_string()]);
+    }
+    for size in [(1 << 20) + 1, usize::MAX] {
+        assert!(matches!(
+            pool.allocate_for_capture(AllocRequest::new(size, 0).on(g)),
+            Err(Error::PoolExhausted { .. })
+        ));
+    }
+    let zero = pool.client("zero", 0);
+    assert!(
+        zero.allocate_for_capture(AllocRequest::new(0, 0).on(g))
+            .is_err()
+    );
+    streams.begin_capture(g);
+    let a = pool
+        .allocate_for_capture(AllocRequest::new(0, 4096).on(g))
+        .unwrap();
+    assert_eq!(a % 4096, 0);
+    streams.end_capture(g);
+    pool.deallocate_on(a, g).unwrap();
+    assert!(pool.deallocate_on(a, g).is_err());
+    streams.complete_all();
+    pool.reclaim().unwrap();
+    assert_whole(&pool);
+}
+
+/// Clients are never forgotten: each `Pool::client` call adds an entry (its name, quota and
+/// counters) that stays after every handle to the client is gone, so a program that makes a
+/// client per request grows the pool's bookkeeping (and every statistics call) without bound.
+#[test]
+#[ignore = "API decision: whether a client whose handles are all gone is forgotten (and its \
+            counters leave client_stats), or clients are meant to be made once"]
+fn clients_whose_handles_are_gone_are_forgotten() {
+    let pool = Pool::host(1 << 20).unwrap();
+    for i in 0..10_000 {
+        let c = pool.client(&format!("request-{i}"), 1 << 16);
+        let a = c.allocate(100, 0).unwrap();
+        c.deallocate(a).unwrap();
+    }
+    assert!(
+        pool.client_stats().len() < 100,
+        "{}",
+        pool.client_stats().len()
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // A random mix of valid and invalid calls against a model.
 
@@ -881,7 +954,9 @@ proptest! {
                     }
                 }
                 Op::Slice { len } => {
-                    if let Ok(s) = pool.alloc_slice::<u32>(len) {
+                    if let Ok(mut s) = pool.alloc_slice::<u32>(len) {
+                        let tag = s.addr() as u32;
+                        s.as_mut_slice().unwrap().iter_mut().enumerate().for_each(|(i, x)| *x = tag ^ i as u32);
                         in_use += reserved_bytes(len * 4).unwrap();
                         slices.push(s);
                     }
@@ -902,6 +977,9 @@ proptest! {
                         }
                     } else if index % 2 == 0 && !slices.is_empty() {
                         let s = slices.swap_remove(index % slices.len());
+                        let tag = s.addr() as u32;
+                        // Nothing (a trim, another allocation) touched the elements.
+                        prop_assert!(s.as_slice().unwrap().iter().enumerate().all(|(i, &x)| x == tag ^ i as u32));
                         in_use -= reserved_bytes(s.num_bytes()).unwrap();
                         drop(s);
                     }
