@@ -850,6 +850,67 @@ fn clients_whose_handles_are_gone_are_forgotten() {
     );
 }
 
+/// Threads on heaps of their own free each other's blocks, twice at once, with the wrong
+/// client and at addresses inside blocks: every block is freed exactly once, every other call
+/// is refused, and the counts add up.
+#[test]
+fn racing_frees_on_thread_heaps() {
+    use std::sync::Barrier;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    for eager in [false, true] {
+        let pool = Pool::builder(4 << 20)
+            .eager_thread_heaps(eager)
+            .build_host()
+            .unwrap();
+        let clients = [pool.client("a", usize::MAX), pool.client("b", 1 << 21)];
+        let rounds = 200;
+        let barrier = Barrier::new(4);
+        let freed = AtomicUsize::new(0);
+        let shared: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for t in 0..4usize {
+                let (pool, clients, barrier, freed, shared) =
+                    (&pool, &clients, &barrier, &freed, &shared);
+                s.spawn(move || {
+                    for round in 0..rounds {
+                        // Threads 0 and 2 allocate; all four then race to free the blocks.
+                        if t % 2 == 0 {
+                            let c = &clients[(round + t) % 2];
+                            let mut v = shared.lock().unwrap();
+                            for i in 0..4 {
+                                if let Ok(a) = c.allocate(300 * (i + 1) + round, 0) {
+                                    v.push(a);
+                                }
+                            }
+                        }
+                        barrier.wait();
+                        let addrs = shared.lock().unwrap().clone();
+                        for &a in &addrs {
+                            // Inside the block, by the other client: refused.
+                            assert!(pool.deallocate(a + 256).is_err());
+                            let _ = clients[t % 2].deallocate(a);
+                            if pool.deallocate(a).is_ok() {
+                                freed.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        barrier.wait();
+                        if t == 0 {
+                            shared.lock().unwrap().clear();
+                        }
+                        barrier.wait();
+                    }
+                });
+            }
+        });
+        let stats = pool.stats();
+        // Each block freed once: by its client (not counted above) or by the pool.
+        assert_eq!(stats.allocations, stats.frees, "{stats}");
+        assert!(freed.load(Ordering::Relaxed) as u64 <= stats.frees);
+        assert!(pool.client_stats().iter().all(|c| c.in_use == 0));
+        assert_whole(&pool);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // A random mix of valid and invalid calls against a model.
 
