@@ -724,6 +724,33 @@ fn frees_on_the_wrong_stream() {
     assert_whole(&pool);
 }
 
+/// A thread on many streams gets a heap for each: more streams than spans fit in the region
+/// must still serve every request that fits, and leave the pool whole.
+#[test]
+fn many_streams_on_one_thread() {
+    let (streams, pool) = stream_pool(1 << 20);
+    let mut live = Vec::new();
+    for i in 0..300u64 {
+        let stream = StreamId(10 + i);
+        let a = pool
+            .allocate_on(1000, 0, stream)
+            .unwrap_or_else(|e| panic!("stream {i}: {e}"));
+        live.push((a, stream));
+        if i % 2 == 0 {
+            let (a, stream) = live.swap_remove(0);
+            pool.deallocate_on(a, stream).unwrap();
+        }
+    }
+    assert_eq!(pool.stats().live, 150);
+    for (a, stream) in live {
+        pool.deallocate_on(a, stream).unwrap();
+    }
+    pool.stats();
+    streams.complete_all();
+    pool.reclaim().unwrap();
+    assert_whole(&pool);
+}
+
 #[test]
 fn graph_reservations_misused() {
     let (streams, pool) = stream_pool(1 << 20);
