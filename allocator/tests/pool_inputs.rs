@@ -560,7 +560,8 @@ fn reuse_and_heap_settings_at_the_edges() {
         .build_host()
         .unwrap_err();
     assert_invalid(err, &[&usize::MAX.to_string()]);
-    let builders: Vec<(&str, fn() -> PoolBuilder)> = vec![
+    type Settings = fn() -> PoolBuilder;
+    let builders: Vec<(&str, Settings)> = vec![
         ("reuse 0 bytes", || Pool::builder(1 << 20).reuse(2048, 0)),
         ("reuse 1 block", || {
             Pool::builder(1 << 20).reuse(1, usize::MAX)
@@ -615,7 +616,8 @@ fn reuse_and_heap_settings_at_the_edges() {
                                 live.push(a);
                             }
                             if i % 3 == 0 && !live.is_empty() {
-                                pool.deallocate(live.swap_remove(i % live.len())).unwrap();
+                                pool.deallocate(live.swap_remove(i % live.len()))
+                                    .unwrap_or_else(|e| panic!("{kind}: {e}"));
                             }
                             if i % 500 == 0 {
                                 pool.synchronize().unwrap();
@@ -629,7 +631,6 @@ fn reuse_and_heap_settings_at_the_edges() {
             });
             pool.trim().unwrap();
             assert_whole(&pool);
-            let _ = kind;
         }
     }
 }
