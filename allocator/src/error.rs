@@ -135,11 +135,21 @@ impl fmt::Display for Error {
                 } else {
                     "the pool's"
                 };
+                write!(f, "client `{client}`: {requested} bytes (align {align}")?;
+                // What the limits count is the request's size class, which may be over a limit
+                // that `requested` is not (a pool of `capacity` bytes refusing `capacity`).
+                #[cfg(feature = "std")]
+                match crate::pool::reserved_bytes(*requested) {
+                    Some(reserved) if reserved != *requested => {
+                        write!(f, ", {reserved} bytes with its size class")?;
+                    }
+                    Some(_) => {}
+                    None => f.write_str(", a size class past usize")?,
+                }
                 write!(
                     f,
-                    "client `{client}`: {requested} bytes (align {align}) would exceed {whose} \
-                     {limit} of {limit_bytes} bytes ({in_use} in use); the pool has {free} bytes \
-                     free, largest free block {largest_free} bytes"
+                    ") would exceed {whose} {limit} of {limit_bytes} bytes ({in_use} in use); the \
+                     pool has {free} bytes free, largest free block {largest_free} bytes"
                 )?;
                 if *pending > 0 {
                     write!(f, ", {pending} bytes waiting for events on other streams")?;

@@ -63,6 +63,18 @@ impl<B: Backend> Drop for OwnedRegion<B> {
     }
 }
 
+/// A backend's refusal of a pool's region, as an [`Error::InvalidArgument`] that names the
+/// pool and its capacity (the backend's message names only the bytes it was asked for); other
+/// errors (out of memory, a driver's) keep their kind and figures.
+pub(super) fn reserving(pool: &str, capacity: usize, error: Error) -> Error {
+    match error {
+        Error::InvalidArgument { what } => Error::invalid(format!(
+            "pool `{pool}`: a region of {capacity} bytes cannot be reserved: {what}"
+        )),
+        error => error,
+    }
+}
+
 /// A reserved region: `capacity` bytes from `base`, both multiples of [`BLOCK_GRANULE`].
 pub(super) struct Region {
     pub(super) base: u64,
@@ -93,7 +105,9 @@ impl Region {
                 "pool `{pool}`: a capacity of {capacity} bytes overflows usize"
             ))
         })?;
-        let allocation = backend.allocate(bytes, REGION_ALIGN)?;
+        let allocation = backend
+            .allocate(bytes, REGION_ALIGN)
+            .map_err(|error| reserving(pool, capacity, error))?;
         let memory = backend.memory();
         let owner = Box::new(OwnedRegion {
             backend,

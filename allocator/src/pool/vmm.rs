@@ -185,7 +185,9 @@ impl Mapping {
                  chunks overflows usize"
             ))
         })?;
-        let base = vm.reserve(reserved)?;
+        let base = vm
+            .reserve(reserved)
+            .map_err(|error| super::region::reserving(pool, capacity, error))?;
         let chunks = reserved / chunk;
         Ok(Mapping {
             vm: Some(vm),
