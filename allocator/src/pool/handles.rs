@@ -71,6 +71,11 @@ impl Pool {
     /// A handle that allocates from this pool as client `name`, under `quota` bytes (counted
     /// as reserved bytes, like [`PoolStats::in_use`]; `usize::MAX` for none). Clones share the
     /// client. Quotas may add up to more than the capacity; the capacity stays the hard cap.
+    ///
+    /// Each call makes a new client, which the pool keeps with its counters for as long as it
+    /// lives ([`client_stats`](Self::client_stats) reports a client after its handles are
+    /// gone, which is how a finished tenant's use is read): make a client once per tenant (an
+    /// engine, a model, a request queue) and clone it, not one per request.
     pub fn client(&self, name: &str, quota: usize) -> PoolClient {
         let id = self.own.shared.add_client(name, quota);
         PoolClient {
