@@ -139,7 +139,11 @@ impl Shape {
         let mut points = Vec::with_capacity(n);
         match *self {
             Shape::Rect { x0, y0, x1, y1, .. } => {
-                let (w, h) = (x1 - x0, y1 - y0);
+                let (w, h) = (x1.saturating_sub(x0), y1.saturating_sub(y0));
+                if w == 0 || h == 0 {
+                    // An empty rectangle (the frame's shapes at a size of a few pixels).
+                    return points;
+                }
                 let perimeter = 2 * (w + h);
                 for i in 0..n {
                     let p = i * perimeter / n;
@@ -437,6 +441,23 @@ mod tests {
             background(size, size.width - 1, size.height - 1),
             [150, 140, 120]
         );
+    }
+
+    #[test]
+    fn border_points_of_tiny_frames_lie_on_the_border() {
+        for (w, h) in [(1, 1), (2, 1), (1, 9), (3, 3), (7, 5)] {
+            for s in shapes(ImageSize::new(w, h)) {
+                let points = s.border_points(16);
+                if let Shape::Rect { x0, y0, x1, y1, .. } = s {
+                    // The rectangle's pixels are its border at these sizes: no points when empty.
+                    assert_eq!(points.is_empty(), x0 == x1 || y0 == y1, "{w}×{h}: {s:?}");
+                    assert!(points.iter().all(|&(x, y)| s.contains(x, y)), "{s:?}");
+                }
+                for (x, y) in points {
+                    assert!(s.border_distance(x, y) <= 1.5, "{w}×{h}: {s:?} ({x}, {y})");
+                }
+            }
+        }
     }
 
     #[test]
