@@ -368,9 +368,10 @@ fn run(args: Args) -> Result<()> {
         let report = r.layout.report();
         let stem = r.layout.file_stem(i == 0);
         let table = args.out.join(format!("{stem}.txt"));
-        fs::write(&table, format!("{report}\n"))?;
+        let cannot_write = |path: &Path, e| format!("cannot write `{}`: {e}", path.display());
+        fs::write(&table, format!("{report}\n")).map_err(|e| cannot_write(&table, e))?;
         let svg = args.out.join(format!("{stem}.svg"));
-        report.write_svg(&svg)?;
+        report.write_svg(&svg).map_err(|e| cannot_write(&svg, e))?;
         written.extend([table, svg]);
     }
 
@@ -1288,6 +1289,21 @@ mod tests {
         let e = load_png(&bomb).err().expect("short data must not load");
         assert!(e.to_string().contains("bomb.png"), "{e}");
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_output_that_cannot_be_written_is_an_error_naming_it() {
+        for name in ["mask.png", "layout.txt", "layout.svg"] {
+            let dir = scratch_dir(&format!("unwritable-{name}"));
+            // A directory where the file goes.
+            let blocked = dir.join(name);
+            fs::create_dir_all(&blocked).unwrap();
+            let mut a = args("--size 5x3 --frames 1 --host").unwrap();
+            a.out = dir.clone();
+            let e = run(a).expect_err(name).to_string();
+            assert!(e.contains(&blocked.display().to_string()), "{name}: {e}");
+            fs::remove_dir_all(&dir).unwrap();
+        }
     }
 
     #[test]
