@@ -51,7 +51,7 @@ use devarena::{Arena, DeviceLayout, HostBackend, LayoutReport};
 use devarena_kernels::pipeline::image::{DEFAULT_SEED, output_images, resample, synthetic_frame};
 use devarena_kernels::pipeline::{
     FRAME_SIZE, Frame, FrameBuffers, FrameOutputs, FrameStaged, HIST_SCALE, ImageSize, MAX_PIXELS,
-    MAX_SIZE, Stage, host,
+    MAX_ROWS, MAX_SIZE, Stage, host,
 };
 
 type Result<T> = std::result::Result<T, Box<dyn StdError>>;
@@ -99,7 +99,11 @@ fn parse_size(v: &str) -> Result<ImageSize> {
     Ok(size)
 }
 
-fn parse_args() -> Result<Args> {
+/// The most frames a run times: every frame keeps a time per stage, allocated before the loop.
+const MAX_FRAMES: usize = 100_000;
+
+/// The arguments after the program's name.
+fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<Args> {
     let mut args = Args {
         input: None,
         size: None,
@@ -109,7 +113,7 @@ fn parse_args() -> Result<Args> {
         mode: Mode::Aliased,
         exec: Exec::Auto,
     };
-    let mut it = std::env::args().skip(1);
+    let mut it = argv.into_iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--frames" => {
@@ -119,6 +123,13 @@ fn parse_args() -> Result<Args> {
                     .map_err(|_| format!("--frames: `{v}` is not a number"))?;
                 if args.frames == 0 {
                     return Err("--frames must be at least 1".into());
+                }
+                if args.frames > MAX_FRAMES {
+                    return Err(format!(
+                        "--frames: {} is more than the {MAX_FRAMES} frames a run times",
+                        args.frames
+                    )
+                    .into());
                 }
             }
             "--size" => args.size = Some(parse_size(&it.next().ok_or("--size needs WxH")?)?),
@@ -171,7 +182,7 @@ fn parse_args() -> Result<Args> {
 }
 
 fn main() -> ExitCode {
-    match parse_args().and_then(run) {
+    match parse_args(std::env::args().skip(1)).and_then(run) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
@@ -251,8 +262,8 @@ fn fit_input(rgb: Vec<u8>, size: ImageSize, mut source: String) -> Result<Input>
         return Ok(Input { rgb, size, source });
     }
     source.push_str(&format!(
-        ", downscaled (bilinear, aspect ratio kept) to {fitted}: larger than the {MAX_PIXELS} \
-         pixels ({MAX_SIZE}) the layouts are planned for"
+        ", downscaled (bilinear, aspect ratio kept) to {fitted}: {}",
+        too_large(size)
     ));
     Ok(Input {
         rgb: resample(&rgb, size, fitted)?,
@@ -261,17 +272,45 @@ fn fit_input(rgb: Vec<u8>, size: ImageSize, mut source: String) -> Result<Input>
     })
 }
 
+/// Why an image of `size` does not run as it is ([`ImageSize::fits`]).
+fn too_large(size: ImageSize) -> String {
+    if size.pixels() > MAX_PIXELS {
+        format!(
+            "its {} pixels are more than the {MAX_PIXELS} ({MAX_SIZE}) the layouts are planned \
+             for",
+            size.pixels()
+        )
+    } else {
+        format!(
+            "its {} rows are more than the {MAX_ROWS} one launch of the 2-D kernels covers",
+            size.height
+        )
+    }
+}
+
+/// The input image: the PNG given, or the synthetic frame of `--size`, made directly at the
+/// size that fits (its shapes are placed in proportion to the size, so it is the same picture):
+/// a `--size` past the layouts costs no more memory than one that fits.
+fn load_input(args: &Args) -> Result<Input> {
+    if let Some(path) = &args.input {
+        return load_png(path);
+    }
+    let asked = args.size.unwrap_or(FRAME_SIZE);
+    let size = asked.fit();
+    let mut rgb = vec![0u8; size.pixels() * 3];
+    synthetic_frame(size, DEFAULT_SEED, &mut rgb)?;
+    let mut source = format!("synthetic {size} test frame (seed {DEFAULT_SEED:#x})");
+    if size != asked {
+        source.push_str(&format!(
+            ": --size {asked} downscaled (aspect ratio kept): {}",
+            too_large(asked)
+        ));
+    }
+    Ok(Input { rgb, size, source })
+}
+
 fn run(args: Args) -> Result<()> {
-    let input = match &args.input {
-        Some(path) => load_png(path)?,
-        None => {
-            let size = args.size.unwrap_or(FRAME_SIZE);
-            let mut rgb = vec![0u8; size.pixels() * 3];
-            synthetic_frame(size, DEFAULT_SEED, &mut rgb)?;
-            let source = format!("synthetic {size} test frame (seed {DEFAULT_SEED:#x})");
-            fit_input(rgb, size, source)?
-        }
-    };
+    let input = load_input(&args)?;
     if input.source.contains("downscaled") {
         println!("note: {}", input.source);
     }
@@ -329,9 +368,10 @@ fn run(args: Args) -> Result<()> {
         let report = r.layout.report();
         let stem = r.layout.file_stem(i == 0);
         let table = args.out.join(format!("{stem}.txt"));
-        fs::write(&table, format!("{report}\n"))?;
+        let cannot_write = |path: &Path, e| format!("cannot write `{}`: {e}", path.display());
+        fs::write(&table, format!("{report}\n")).map_err(|e| cannot_write(&table, e))?;
         let svg = args.out.join(format!("{stem}.svg"));
-        report.write_svg(&svg)?;
+        report.write_svg(&svg).map_err(|e| cannot_write(&svg, e))?;
         written.extend([table, svg]);
     }
 
@@ -967,6 +1007,9 @@ fn write_png(
     Ok(path)
 }
 
+/// The most deflate (a PNG's compression) expands its input.
+const DEFLATE_MAX_RATIO: u64 = 1032;
+
 /// Reads a PNG as 8-bit RGB at its own size, or downscaled to fit the layouts ([`fit_input`]):
 /// palette, gray and 16-bit images are converted, alpha is dropped. Every error names the file.
 fn load_png(path: &Path) -> Result<Input> {
@@ -976,6 +1019,22 @@ fn load_png(path: &Path) -> Result<Input> {
     let mut reader = decoder
         .read_info()
         .map_err(|e| format!("`{}` is not a readable PNG: {e}", path.display()))?;
+    // The header may claim any size: checked before a pixel buffer of that size is allocated.
+    let info = reader.info();
+    let claimed = ImageSize::new(info.width as usize, info.height as usize);
+    claimed.check(&format!("`{}`", path.display()))?;
+    // Deflate expands at most 1032:1 (zlib's technical notes), so a file much smaller than the
+    // image's pixel data cannot hold it: a few bytes claiming gigapixels fail here.
+    let pixel_bytes = (claimed.pixels() as u64 * info.bits_per_pixel() as u64).div_ceil(8);
+    let file_bytes = fs::metadata(path).map_or(u64::MAX, |m| m.len());
+    if file_bytes.saturating_mul(DEFLATE_MAX_RATIO) < pixel_bytes {
+        return Err(format!(
+            "`{}`: {file_bytes} bytes cannot hold the {claimed} image its header claims \
+             ({pixel_bytes} bytes of pixels, compressed at most {DEFLATE_MAX_RATIO}:1)",
+            path.display()
+        )
+        .into());
+    }
     let len = reader
         .output_buffer_size()
         .ok_or_else(|| format!("`{}`: image too large to decode", path.display()))?;
@@ -984,7 +1043,6 @@ fn load_png(path: &Path) -> Result<Input> {
         .next_frame(&mut buf)
         .map_err(|e| format!("`{}`: cannot decode the image data: {e}", path.display()))?;
     let size = ImageSize::new(info.width as usize, info.height as usize);
-    size.check(&format!("`{}`", path.display()))?;
     let samples = info.color_type.samples();
     let mut rgb = Vec::with_capacity(size.pixels() * 3);
     for row in buf.chunks(info.line_size).take(size.height) {
@@ -1008,6 +1066,89 @@ fn load_png(path: &Path) -> Result<Input> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
+    use std::cell::Cell;
+
+    /// The system allocator, recording the largest single allocation each thread asks for: a
+    /// test checks that a size claimed by its input does not become an allocation of that size.
+    #[derive(Debug)]
+    struct LargestAllocation;
+
+    thread_local! {
+        static LARGEST: Cell<usize> = const { Cell::new(0) };
+    }
+
+    fn note(size: usize) {
+        let _ = LARGEST.try_with(|l| l.set(l.get().max(size)));
+    }
+
+    // SAFETY: every call is forwarded to `System` unchanged; `note` neither allocates nor
+    // unwinds.
+    unsafe impl GlobalAlloc for LargestAllocation {
+        unsafe fn alloc(&self, layout: AllocLayout) -> *mut u8 {
+            note(layout.size());
+            // SAFETY: the caller keeps `GlobalAlloc::alloc`'s contract, which is `System`'s.
+            unsafe { System.alloc(layout) }
+        }
+
+        unsafe fn alloc_zeroed(&self, layout: AllocLayout) -> *mut u8 {
+            note(layout.size());
+            // SAFETY: as in `alloc`.
+            unsafe { System.alloc_zeroed(layout) }
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: AllocLayout) {
+            // SAFETY: `ptr` came from `System` with `layout` (every allocation above does).
+            unsafe { System.dealloc(ptr, layout) }
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: AllocLayout, new_size: usize) -> *mut u8 {
+            note(new_size);
+            // SAFETY: `ptr` came from `System` with `layout`; the caller keeps `realloc`'s
+            // contract for `new_size`.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    #[global_allocator]
+    static ALLOCATOR: LargestAllocation = LargestAllocation;
+
+    /// `f`'s result and the largest allocation this thread asked for while it ran.
+    fn largest_allocation<R>(f: impl FnOnce() -> R) -> (R, usize) {
+        LARGEST.with(|l| l.set(0));
+        let r = f();
+        (r, LARGEST.with(Cell::get))
+    }
+
+    /// CRC-32 of a PNG chunk's type and data (ISO 3309, as PNG uses it).
+    fn crc32(bytes: &[u8]) -> u32 {
+        !bytes.iter().fold(!0u32, |mut c, &b| {
+            c ^= b as u32;
+            for _ in 0..8 {
+                c = if c & 1 != 0 {
+                    (c >> 1) ^ 0xedb8_8320
+                } else {
+                    c >> 1
+                };
+            }
+            c
+        })
+    }
+
+    /// `png` with its header's width and height replaced (and the header's CRC redone).
+    fn claim_size(png: &[u8], width: u32, height: u32) -> Vec<u8> {
+        // Signature (8), IHDR length (4), "IHDR" (4), width, height, 5 bytes, CRC.
+        let mut out = png.to_vec();
+        out[16..20].copy_from_slice(&width.to_be_bytes());
+        out[20..24].copy_from_slice(&height.to_be_bytes());
+        let crc = crc32(&out[12..29]);
+        out[29..33].copy_from_slice(&crc.to_be_bytes());
+        out
+    }
+
+    fn args(line: &str) -> Result<Args> {
+        parse_args(line.split_whitespace().map(String::from))
+    }
 
     /// A fresh directory for one test's files.
     fn scratch_dir(test: &str) -> PathBuf {
@@ -1047,6 +1188,122 @@ mod tests {
         assert!(e.to_string().contains("`640by480`"), "{e}");
         let e = parse_size("0x5").unwrap_err();
         assert!(e.to_string().contains("0×5"), "{e}");
+    }
+
+    #[test]
+    fn wrong_arguments_are_errors_naming_them() {
+        for (line, says) in [
+            ("--frames", "--frames needs a number"),
+            ("--frames 0", "at least 1"),
+            ("--frames -1", "`-1` is not a number"),
+            ("--frames 99999999999999999999", "is not a number"),
+            (
+                "--frames 18446744073709551615",
+                "18446744073709551615 is more than the 100000 frames",
+            ),
+            ("--frames 100001", "100001 is more than the 100000 frames"),
+            ("--size", "--size needs WxH"),
+            ("--size 10x", "`10x` is not WIDTHxHEIGHT"),
+            ("--size abc", "`abc` is not WIDTHxHEIGHT"),
+            ("--size 0x0", "0×0 pixels is empty"),
+            ("--size 99999999999x1", "99999999999×1 pixels is too large"),
+            ("--out", "--out needs a directory"),
+            ("--bogus", "unknown option `--bogus`"),
+            ("a.png b.png", "more than one input given (`b.png`)"),
+            ("a.png --size 4x4", "an input image has its own"),
+            ("--graph --eager", "exclude each other"),
+        ] {
+            let e = args(line).expect_err(line).to_string();
+            assert!(e.contains(says), "`{line}`: {e}");
+        }
+        let a = args("--frames 100000 --size 3x7 --compare --eager").unwrap();
+        assert_eq!((a.frames, a.size), (MAX_FRAMES, Some(ImageSize::new(3, 7))));
+    }
+
+    #[test]
+    fn a_size_past_the_layouts_makes_the_synthetic_frame_at_the_size_that_fits() {
+        let a = args("--size 7680x4320").unwrap();
+        let (input, largest) = largest_allocation(|| load_input(&a).unwrap());
+        assert_eq!(input.size, MAX_SIZE);
+        assert_eq!(input.rgb.len(), MAX_PIXELS * 3);
+        assert!(
+            largest <= MAX_PIXELS * 3,
+            "{largest} bytes allocated at once"
+        );
+        assert!(
+            input.source.contains("7680×4320 downscaled")
+                && input
+                    .source
+                    .contains("33177600 pixels are more than the 8294400"),
+            "{}",
+            input.source
+        );
+        // Too many rows, not too many pixels: the note says which.
+        let a = args("--size 1x600000").unwrap();
+        let input = load_input(&a).unwrap();
+        assert_eq!(input.size, ImageSize::new(1, MAX_ROWS));
+        assert!(
+            input
+                .source
+                .contains("600000 rows are more than the 524280"),
+            "{}",
+            input.source
+        );
+    }
+
+    #[test]
+    fn a_header_claiming_a_huge_image_is_refused_before_allocating_it() {
+        let dir = scratch_dir("bomb");
+        let size = ImageSize::new(16, 16);
+        let small = png_file(
+            &dir,
+            "small.png",
+            size,
+            &[7; 16 * 16 * 3],
+            png::ColorType::Rgb,
+        );
+        let bytes = fs::read(&small).unwrap();
+        let bomb = dir.join("bomb.png");
+        for (w, h, says) in [
+            // 2.7 GB of pixels claimed by a file of a few dozen bytes.
+            (
+                30_000,
+                30_000,
+                "cannot hold the 30000×30000 image its header claims",
+            ),
+            // More than the pipeline's u32 byte counts: refused by its size alone.
+            (100_000, 100_000, "100000×100000 pixels is too large"),
+            (u32::MAX >> 1, u32::MAX >> 1, "is not a readable PNG"),
+        ] {
+            fs::write(&bomb, claim_size(&bytes, w, h)).unwrap();
+            let (e, largest) = largest_allocation(|| load_png(&bomb).err());
+            let e = e.expect("a bomb must not load").to_string();
+            assert!(e.contains(says) && e.contains("bomb.png"), "{w}×{h}: {e}");
+            assert!(
+                largest < 1 << 20,
+                "{w}×{h}: {largest} bytes allocated at once"
+            );
+        }
+        // Claiming a slightly larger size than the data holds: decoded, and refused as short.
+        fs::write(&bomb, claim_size(&bytes, 16, 17)).unwrap();
+        let e = load_png(&bomb).err().expect("short data must not load");
+        assert!(e.to_string().contains("bomb.png"), "{e}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_output_that_cannot_be_written_is_an_error_naming_it() {
+        for name in ["mask.png", "layout.txt", "layout.svg"] {
+            let dir = scratch_dir(&format!("unwritable-{name}"));
+            // A directory where the file goes.
+            let blocked = dir.join(name);
+            fs::create_dir_all(&blocked).unwrap();
+            let mut a = args("--size 5x3 --frames 1 --host").unwrap();
+            a.out = dir.clone();
+            let e = run(a).expect_err(name).to_string();
+            assert!(e.contains(&blocked.display().to_string()), "{name}: {e}");
+            fs::remove_dir_all(&dir).unwrap();
+        }
     }
 
     #[test]

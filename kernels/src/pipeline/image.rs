@@ -139,7 +139,11 @@ impl Shape {
         let mut points = Vec::with_capacity(n);
         match *self {
             Shape::Rect { x0, y0, x1, y1, .. } => {
-                let (w, h) = (x1 - x0, y1 - y0);
+                let (w, h) = (x1.saturating_sub(x0), y1.saturating_sub(y0));
+                if w == 0 || h == 0 {
+                    // An empty rectangle (the frame's shapes at a size of a few pixels).
+                    return points;
+                }
                 let perimeter = 2 * (w + h);
                 for i in 0..n {
                     let p = i * perimeter / n;
@@ -223,8 +227,9 @@ pub fn shapes(size: ImageSize) -> [Shape; 4] {
 
 /// The background colour at `(x, y)`: red rises left to right, green top to bottom.
 fn background(size: ImageSize, x: usize, y: usize) -> [u8; 3] {
-    let fx = x as u32 * 80 / (size.width.max(2) as u32 - 1);
-    let fy = y as u32 * 60 / (size.height.max(2) as u32 - 1);
+    // In u64: `x · 80` overflows a u32 past 53 million columns.
+    let fx = x as u64 * 80 / (size.width.max(2) as u64 - 1);
+    let fy = y as u64 * 60 / (size.height.max(2) as u64 - 1);
     [(70 + fx) as u8, (80 + fy) as u8, 120]
 }
 
@@ -300,9 +305,10 @@ pub fn resample(src: &[u8], from: ImageSize, to: ImageSize) -> Result<Vec<u8>, E
     let (sw, sh, dw, dh) = (from.width, from.height, to.width, to.height);
     let mut out = vec![0u8; dw * dh * 3];
     let coord = |d: usize, dn: usize, sn: usize| {
-        let s = ((d as f32 + 0.5) * sn as f32 / dn as f32 - 0.5).clamp(0.0, (sn - 1) as f32);
-        let i = s.floor() as usize;
-        (i, (i + 1).min(sn - 1), s - i as f32)
+        let s = ((d as f32 + 0.5) * sn as f32 / dn as f32 - 0.5).max(0.0);
+        // Clamped as an integer: past 2^24, `(sn - 1) as f32` may round up to `sn`.
+        let i = (s.floor() as usize).min(sn - 1);
+        (i, (i + 1).min(sn - 1), (s - i as f32).clamp(0.0, 1.0))
     };
     let columns: Vec<_> = (0..dw).map(|x| coord(x, dw, sw)).collect();
     for (y, row) in out.chunks_exact_mut(dw * 3).enumerate() {
@@ -408,6 +414,50 @@ mod tests {
         assert_eq!(same, src);
         let e = resample(&src[..59], from, ImageSize::new(5, 3)).unwrap_err();
         assert!(e.to_string().contains("10×6"), "{e}");
+    }
+
+    #[test]
+    fn resampling_a_row_wider_than_f32_counts_exactly_stays_inside_it() {
+        // 2^24 + 4 columns: the last index, 2^24 + 3, rounds up to 2^24 + 4 in f32, so a
+        // clamp in f32 let a sample index one past the row.
+        let from = ImageSize::new((1 << 24) + 4, 1);
+        let src: Vec<u8> = (0..from.pixels())
+            .flat_map(|x| [(x % 251) as u8; 3])
+            .collect();
+        let out = resample(&src, from, from).unwrap();
+        assert_eq!(out[out.len() - 3..], src[src.len() - 3..]);
+        let to = from.fit();
+        let out = resample(&src, from, to).unwrap();
+        assert_eq!(out.len(), to.pixels() * 3);
+    }
+
+    #[test]
+    fn the_gradient_of_a_frame_wider_than_53_million_columns_is_computed() {
+        // `x · 80` no longer fits a u32 there.
+        let size = ImageSize::new(60_000_001, 70_000_001);
+        assert_eq!(background(size, 0, 0), [70, 80, 120]);
+        assert_eq!(background(size, 30_000_000, 35_000_000), [110, 110, 120]);
+        assert_eq!(
+            background(size, size.width - 1, size.height - 1),
+            [150, 140, 120]
+        );
+    }
+
+    #[test]
+    fn border_points_of_tiny_frames_lie_on_the_border() {
+        for (w, h) in [(1, 1), (2, 1), (1, 9), (3, 3), (7, 5)] {
+            for s in shapes(ImageSize::new(w, h)) {
+                let points = s.border_points(16);
+                if let Shape::Rect { x0, y0, x1, y1, .. } = s {
+                    // The rectangle's pixels are its border at these sizes: no points when empty.
+                    assert_eq!(points.is_empty(), x0 == x1 || y0 == y1, "{w}×{h}: {s:?}");
+                    assert!(points.iter().all(|&(x, y)| s.contains(x, y)), "{s:?}");
+                }
+                for (x, y) in points {
+                    assert!(s.border_distance(x, y) <= 1.5, "{w}×{h}: {s:?} ({x}, {y})");
+                }
+            }
+        }
     }
 
     #[test]
