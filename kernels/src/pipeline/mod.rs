@@ -260,6 +260,11 @@ pub struct FrameOutputs {
 
 impl FrameOutputs {
     /// Zeroed buffers for a frame of `size` (made once; copying into them allocates nothing).
+    ///
+    /// # Panics
+    ///
+    /// As `vec!`, when the buffers of `size` cannot be allocated (a size past what
+    /// [`ImageSize::check`] allows, say): [`try_new`](Self::try_new) returns an error instead.
     pub fn new(size: ImageSize) -> Self {
         let n = size.pixels();
         FrameOutputs {
@@ -272,6 +277,35 @@ impl FrameOutputs {
             threshold: 0,
             mask: vec![0; n],
         }
+    }
+
+    /// [`new`](Self::new), with an error naming the size where `size` is refused by
+    /// [`ImageSize::check`] or its buffers cannot be allocated.
+    pub fn try_new(size: ImageSize) -> Result<Self, Error> {
+        size.check("frame outputs")?;
+        let n = size.pixels();
+        let refused = |what: &str| {
+            invalid(format!(
+                "frame outputs: the {what} buffer of a {size} frame ({n} pixels) cannot be \
+                 allocated"
+            ))
+        };
+        fn zeroed<T: Clone + Default>(n: usize) -> Option<Vec<T>> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).ok()?;
+            v.resize(n, T::default());
+            Some(v)
+        }
+        Ok(FrameOutputs {
+            size,
+            gray: zeroed(n).ok_or_else(|| refused("gray"))?,
+            scratch: zeroed(n).ok_or_else(|| refused("scratch"))?,
+            blurred: zeroed(n).ok_or_else(|| refused("blurred"))?,
+            magnitude: zeroed(n).ok_or_else(|| refused("magnitude"))?,
+            hist: vec![0; HIST_BINS],
+            threshold: 0,
+            mask: zeroed(n).ok_or_else(|| refused("mask"))?,
+        })
     }
 
     /// Copies every stage output of a frame of `self.size` out of a frame's buffers (host
@@ -645,6 +679,26 @@ pub(crate) fn check_len(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn frame_outputs_of_a_size_past_the_limits_are_an_error() {
+        for (w, h) in [
+            (0, 10),
+            (usize::MAX, 2),
+            (1 << 32, 1 << 32),
+            (70_000, 70_000),
+        ] {
+            let size = ImageSize::new(w, h);
+            let err = FrameOutputs::try_new(size).err().expect("refused");
+            assert!(err.to_string().contains(&format!("{w}×{h}")), "{err}");
+        }
+        let ok = FrameOutputs::try_new(ImageSize::new(640, 480)).unwrap();
+        assert_eq!(
+            (ok.gray.len(), ok.mask.len(), ok.hist.len()),
+            (307_200, 307_200, HIST_BINS)
+        );
+        assert!(ok.gray.iter().chain(&ok.magnitude).all(|&x| x == 0.0) && ok.threshold == 0);
+    }
 
     #[test]
     fn fitting_keeps_the_aspect_ratio_and_the_limits() {
