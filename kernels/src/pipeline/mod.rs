@@ -689,7 +689,9 @@ mod tests {
             (70_000, 70_000),
         ] {
             let size = ImageSize::new(w, h);
-            let err = FrameOutputs::try_new(size).err().expect("refused");
+            let Err(err) = FrameOutputs::try_new(size) else {
+                panic!("{size}: not refused");
+            };
             assert!(err.to_string().contains(&format!("{w}×{h}")), "{err}");
         }
         let ok = FrameOutputs::try_new(ImageSize::new(640, 480)).unwrap();
