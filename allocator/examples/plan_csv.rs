@@ -242,4 +242,17 @@ mod tests {
         let e = error("id,lower,upper,size\n0,0,99999999999999999999999,8\n");
         assert!(e.starts_with("line 2:"), "{e}");
     }
+
+    #[test]
+    fn a_byte_order_mark_is_skipped() {
+        let (header, rows) = parse("\u{feff}id,lower,upper,size\r\n0,0,4,8\r\n").unwrap();
+        assert_eq!(header, "id,lower,upper,size");
+        assert_eq!((rows[0].id.as_str(), rows[0].size), ("0", 8));
+    }
+
+    #[test]
+    fn a_column_named_twice_is_an_error() {
+        let e = error("id,lower,upper,size,size\n0,0,4,8,9\n");
+        assert!(e.starts_with("line 1:") && e.contains("2 `size` columns"), "{e}");
+    }
 }
