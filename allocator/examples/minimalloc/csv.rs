@@ -38,10 +38,14 @@ pub fn parse(text: &str) -> Result<(String, Vec<Row>), String> {
         .ok_or("the input is empty: expected a header `id,lower,upper,size`")?;
     let names: Vec<&str> = header.split(',').map(str::trim).collect();
     let column = |name: &str| match names.iter().filter(|&&c| c == name).count() {
-        0 => Err(format!("line 1: the header `{header}` has no `{name}` column")),
+        0 => Err(format!(
+            "line 1: the header `{header}` has no `{name}` column"
+        )),
         1 => Ok(names.iter().position(|&c| c == name).unwrap_or(0)),
         // Which one holds the numbers is anyone's guess.
-        k => Err(format!("line 1: the header `{header}` has {k} `{name}` columns")),
+        k => Err(format!(
+            "line 1: the header `{header}` has {k} `{name}` columns"
+        )),
     };
     let (id, lower, upper, size) = (
         column("id")?,
