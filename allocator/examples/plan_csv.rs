@@ -14,9 +14,8 @@
 //! `H` is the end of the highest buffer, `P` the peak of live bytes (a lower bound on any
 //! plan), `R = H / P`, `T` the planning time. With `--capacity` the search stops as soon as a
 //! plan fits (and the command fails if none is found within the budget, or at once if the
-//! capacity is below the peak); without it, the
-//! search keeps lowering the plan until it reaches the peak or the budget (default 60,000 ms)
-//! runs out. Every plan written is first checked by `devarena::plan::validate`.
+//! capacity is below the peak); without it, the search keeps lowering the plan until it
+//! reaches the peak or the budget (default 60,000 ms) runs out. Every plan written is first checked by `devarena::plan::validate`.
 //!
 //! Times map to stages directly when the largest `upper` is at most `plan::MAX_STAGES` (the
 //! search's preorders then see how long each buffer lives), else through their rank among the
