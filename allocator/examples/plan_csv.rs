@@ -13,9 +13,9 @@
 //!
 //! `H` is the end of the highest buffer, `P` the peak of live bytes (a lower bound on any
 //! plan), `R = H / P`, `T` the planning time. With `--capacity` the search stops as soon as a
-//! plan fits (and the command fails if none is found within the budget); without it, the
-//! search keeps lowering the plan until it reaches the peak or the budget (default 60,000 ms)
-//! runs out. Every plan written is first checked by `devarena::plan::validate`.
+//! plan fits (and the command fails if none is found within the budget, or at once if the
+//! capacity is below the peak); without it, the search keeps lowering the plan until it
+//! reaches the peak or the budget (default 60,000 ms) runs out. Every plan written is first checked by `devarena::plan::validate`.
 //!
 //! Times map to stages directly when the largest `upper` is at most `plan::MAX_STAGES` (the
 //! search's preorders then see how long each buffer lives), else through their rank among the
@@ -78,11 +78,24 @@ fn parse_args() -> Result<Args, String> {
     })
 }
 
+/// A capacity under the peak of live bytes: no plan fits it, so the search is not run (it would
+/// spend the whole budget looking).
+fn under_peak(capacity: Option<u64>, rows: &[csv::Row]) -> Result<(), String> {
+    match capacity {
+        Some(c) if c < peak(rows) => Err(format!(
+            "--capacity {c} is below the peak of live bytes, {}: no plan fits",
+            peak(rows)
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn run() -> Result<bool, String> {
     let args = parse_args()?;
     let text = std::fs::read_to_string(&args.input)
         .map_err(|e| format!("cannot read {}: {e}", args.input))?;
     let (header, rows) = parse(&text).map_err(|e| format!("{}: {e}", args.input))?;
+    under_peak(args.capacity, &rows).map_err(|e| format!("{}: {e}", args.input))?;
     let to_usize = |v: u64, what: &str| {
         usize::try_from(v).map_err(|_| format!("{what} {v} does not fit in this machine's usize"))
     };
@@ -241,5 +254,33 @@ mod tests {
         assert!(e.starts_with("line 2:") && e.contains("empty"), "{e}");
         let e = error("id,lower,upper,size\n0,0,99999999999999999999999,8\n");
         assert!(e.starts_with("line 2:"), "{e}");
+    }
+
+    #[test]
+    fn a_capacity_under_the_peak_is_refused_before_the_search() {
+        let (_, rows) = parse("id,lower,upper,size\n0,0,4,8\n1,2,6,8\n2,4,9,1\n").unwrap();
+        let e = super::under_peak(Some(15), &rows).unwrap_err();
+        assert!(
+            e.contains("--capacity 15") && e.contains("peak of live bytes, 16"),
+            "{e}"
+        );
+        assert!(super::under_peak(Some(16), &rows).is_ok());
+        assert!(super::under_peak(None, &rows).is_ok());
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_skipped() {
+        let (header, rows) = parse("\u{feff}id,lower,upper,size\r\n0,0,4,8\r\n").unwrap();
+        assert_eq!(header, "id,lower,upper,size");
+        assert_eq!((rows[0].id.as_str(), rows[0].size), ("0", 8));
+    }
+
+    #[test]
+    fn a_column_named_twice_is_an_error() {
+        let e = error("id,lower,upper,size,size\n0,0,4,8,9\n");
+        assert!(
+            e.starts_with("line 1:") && e.contains("2 `size` columns"),
+            "{e}"
+        );
     }
 }

@@ -4,6 +4,8 @@
 //! smallest kept) beside greedy-by-size alone (TensorFlow Lite Micro's planner).
 //!
 //!     cargo run --release -p devarena --example plan_quality [-- --instances 1000 --seed 7]
+//!
+//! `--instances` is 1 to 100,000,000; a bad or unknown argument is an error.
 
 use devarena::LayoutBuilder;
 use devarena::plan::{FieldSpec, Placed, Slot, Strategy, place_with, scratch_len, validate};
@@ -49,17 +51,45 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str, default: u64| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(default)
+/// Most instances a run takes (a few per millisecond: hours of work).
+const MAX_INSTANCES: u64 = 100_000_000;
+
+/// `--instances` and `--seed` from `args` (without the program's name), or why not.
+fn parse_args(args: &[String]) -> Result<(usize, u64), String> {
+    let usage = "usage: plan_quality [--instances N] [--seed S]";
+    let (mut instances, mut seed) = (1000, 7);
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let value = match flag.as_str() {
+            "--instances" | "--seed" => {
+                it.next().ok_or(format!("{flag} needs a value\n{usage}"))?
+            }
+            other => return Err(format!("unknown argument `{other}`\n{usage}")),
+        };
+        let v: u64 = value
+            .parse()
+            .map_err(|_| format!("{flag} {value}: not a whole number"))?;
+        if flag == "--seed" {
+            seed = v;
+        } else if (1..=MAX_INSTANCES).contains(&v) {
+            instances = v as usize;
+        } else {
+            return Err(format!("--instances {v}: want 1 to {MAX_INSTANCES}"));
+        }
+    }
+    Ok((instances, seed))
+}
+
+fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (instances, seed) = match parse_args(&args) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("plan_quality: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
     };
-    let instances = arg("--instances", 1000) as usize;
-    let mut rng = Rng(arg("--seed", 7) | 1);
+    let mut rng = Rng(seed | 1);
 
     let mut planner = Vec::with_capacity(instances);
     let mut by_size = Vec::with_capacity(instances);
@@ -138,4 +168,33 @@ fn main() {
         "greedy by size alone (TFLM)", gm, g90, gw
     );
     println!("instances planned at the bound (rounded to ALIGN): {at_bound} of {instances}");
+    std::process::ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_args;
+
+    fn args(a: &str) -> Result<(usize, u64), String> {
+        parse_args(&a.split_whitespace().map(String::from).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn reads_the_flags_and_refuses_what_it_cannot_run() {
+        assert_eq!(args(""), Ok((1000, 7)));
+        assert_eq!(args("--seed 3 --instances 12"), Ok((12, 3)));
+        // No instance: no median (it indexed an empty list); too many: no memory for them.
+        assert!(args("--instances 0").unwrap_err().contains("--instances 0"));
+        let e = args("--instances 18446744073709551615").unwrap_err();
+        assert!(e.contains("want 1 to"), "{e}");
+        // Garbage and unknown flags were ignored in silence.
+        assert!(
+            args("--instances abc")
+                .unwrap_err()
+                .contains("--instances abc")
+        );
+        assert!(args("--seed -1").unwrap_err().contains("--seed -1"));
+        assert!(args("--bogus 3").unwrap_err().contains("`--bogus`"));
+        assert!(args("--seed").unwrap_err().contains("needs a value"));
+    }
 }

@@ -27,7 +27,8 @@
 //! * at the end, with every event completed and every block freed, the region is whole again.
 //!
 //! The process exits non-zero (a panic naming the check) on the first violation and prints
-//! `soak: OK` with the counts otherwise.
+//! `soak: OK` with the counts otherwise. A bad argument, or a capacity the pool refuses, is an
+//! error message and exit status 1.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -63,7 +64,7 @@ impl Rng {
     }
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 struct Settings {
     ops: u64,
     threads: usize,
@@ -72,7 +73,11 @@ struct Settings {
     seed: u64,
 }
 
-fn settings() -> Settings {
+/// Most threads a soak runs (each takes a stack and a share of the operations).
+const MAX_THREADS: u64 = 1024;
+
+/// The settings from `args` (without the program's name), or why not.
+fn settings(args: &[String]) -> Result<Settings, String> {
     let mut s = Settings {
         ops: 10_000_000,
         threads: 4,
@@ -80,27 +85,30 @@ fn settings() -> Settings {
         check_every: 250_000,
         seed: 1,
     };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < args.len() {
-        let value = |i: usize| -> u64 {
-            args.get(i + 1)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{} needs a number", args[i]))
-        };
-        match args[i].as_str() {
-            "--ops" => s.ops = value(i),
-            "--threads" => s.threads = value(i) as usize,
-            "--capacity" => s.capacity = value(i) as usize,
-            "--check-every" => s.check_every = value(i),
-            "--seed" => s.seed = value(i),
-            other => panic!(
-                "unknown argument {other:?} (--ops, --threads, --capacity, --check-every, --seed)"
-            ),
+    let flags = "--ops, --threads, --capacity, --check-every, --seed";
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        if !flags.split(", ").any(|f| f == flag) {
+            return Err(format!("unknown argument {flag:?} ({flags})"));
         }
-        i += 2;
+        let value = it.next().ok_or(format!("{flag} needs a number"))?;
+        let v: u64 = value
+            .parse()
+            .map_err(|_| format!("{flag} {value}: not a whole number"))?;
+        match flag.as_str() {
+            "--ops" => s.ops = v,
+            "--threads" if (1..=MAX_THREADS).contains(&v) => s.threads = v as usize,
+            "--threads" => return Err(format!("--threads {v}: want 1 to {MAX_THREADS}")),
+            "--capacity" => {
+                s.capacity = usize::try_from(v).map_err(|_| format!("--capacity {v}: too large"))?
+            }
+            // Operations between two checks: 0 would divide by zero.
+            "--check-every" if v > 0 => s.check_every = v,
+            "--check-every" => return Err("--check-every 0: want at least 1".into()),
+            _ => s.seed = v,
+        }
     }
-    s
+    Ok(s)
 }
 
 /// What every thread publishes at a barrier, summed.
@@ -452,15 +460,25 @@ fn run(shared: Arc<Shared>, index: usize) -> Worker {
     w
 }
 
-fn main() {
-    let s = settings();
+fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
     let streams = Arc::new(ManualStreams::new());
-    let pool = Pool::builder(s.capacity)
-        .name("soak")
-        .streams(streams.clone(), HOME)
-        .log_leaks_on_drop(false)
-        .build_host()
-        .expect("the soak pool");
+    let built = settings(&args).and_then(|s| {
+        Pool::builder(s.capacity)
+            .name("soak")
+            .streams(streams.clone(), HOME)
+            .log_leaks_on_drop(false)
+            .build_host()
+            .map(|pool| (s, pool))
+            .map_err(|e| e.to_string())
+    });
+    let (s, pool) = match built {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("pool_soak: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     let shared = Arc::new(Shared {
         pool,
         streams,
@@ -531,4 +549,39 @@ fn main() {
         stats.capacity,
         stats.reused
     );
+    std::process::ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::settings;
+
+    fn args(a: &str) -> Result<super::Settings, String> {
+        settings(&a.split_whitespace().map(String::from).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn reads_the_flags_and_refuses_what_it_cannot_run() {
+        let s = args("--ops 10 --threads 2 --capacity 4096 --check-every 5 --seed 9").unwrap();
+        assert_eq!(
+            (s.ops, s.threads, s.capacity, s.check_every, s.seed),
+            (10, 2, 4096, 5, 9)
+        );
+        // These panicked: a division by zero threads, a remainder by zero, a missing or
+        // non-numeric value, an unknown flag.
+        assert!(args("--threads 0").unwrap_err().contains("--threads 0"));
+        assert!(
+            args("--threads 100000")
+                .unwrap_err()
+                .contains("want 1 to 1024")
+        );
+        assert!(
+            args("--check-every 0")
+                .unwrap_err()
+                .contains("--check-every 0")
+        );
+        assert!(args("--ops x").unwrap_err().contains("--ops x"));
+        assert!(args("--ops").unwrap_err().contains("--ops needs a number"));
+        assert!(args("--bogus 1").unwrap_err().contains("\"--bogus\""));
+    }
 }

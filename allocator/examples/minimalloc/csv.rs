@@ -27,6 +27,8 @@ fn number(v: &str, column: &str, line: usize) -> Result<u64, String> {
 
 /// The header and rows of a problem, each checked.
 pub fn parse(text: &str) -> Result<(String, Vec<Row>), String> {
+    // Spreadsheets save UTF-8 with a byte-order mark, which would stick to the first name.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut lines = text
         .lines()
         .enumerate()
@@ -35,11 +37,15 @@ pub fn parse(text: &str) -> Result<(String, Vec<Row>), String> {
         .next()
         .ok_or("the input is empty: expected a header `id,lower,upper,size`")?;
     let names: Vec<&str> = header.split(',').map(str::trim).collect();
-    let column = |name: &str| {
-        names
-            .iter()
-            .position(|&c| c == name)
-            .ok_or_else(|| format!("line 1: the header `{header}` has no `{name}` column"))
+    let column = |name: &str| match names.iter().filter(|&&c| c == name).count() {
+        0 => Err(format!(
+            "line 1: the header `{header}` has no `{name}` column"
+        )),
+        1 => Ok(names.iter().position(|&c| c == name).unwrap_or(0)),
+        // Which one holds the numbers is anyone's guess.
+        k => Err(format!(
+            "line 1: the header `{header}` has {k} `{name}` columns"
+        )),
     };
     let (id, lower, upper, size) = (
         column("id")?,

@@ -69,12 +69,13 @@ const fn bit_length(v: usize) -> usize {
     (usize::BITS - v.leading_zeros()) as usize
 }
 
-/// Entries of scratch the index of `n` buffers needs at most (its sections are at most `2n`).
+/// Entries of scratch the index of `n` buffers needs at most (its sections are at most `2n`,
+/// or the one section of a layout without stages).
 pub(super) const fn index_len(n: usize) -> usize {
-    // Nodes: 2S of them, S <= 2n; per tree a base (2S + 1) and a fill pointer (2S). Entries:
-    // a span decomposes into at most 2 * bit_length(4n) nodes of the stabbing tree, and a
-    // leaf has at most bit_length(4n) ancestors in the start tree.
-    let nodes = 4 * n;
+    // Nodes: 2S of them, S <= max(2n, 1); per tree a base (2S + 1) and a fill pointer (2S).
+    // Entries: a span decomposes into at most 2 * bit_length(4n) nodes of the stabbing tree,
+    // and a leaf has at most bit_length(4n) ancestors in the start tree.
+    let nodes = if n == 0 { 2 } else { 4 * n };
     let depth = bit_length(4 * n) + 1;
     2 * (2 * nodes + 1) + n * 3 * depth
 }

@@ -204,3 +204,18 @@ fn a_run_cut_into_pieces_ends_as_an_uncut_one() {
         "{cut_runs} {kinds:?}"
     );
 }
+
+/// A layout without fields: without stages it still has its one section, which the scratch
+/// sized by `scratch_len(0)` must hold (it held two entries of the ten the index takes).
+#[test]
+fn measure_and_search_an_empty_layout() {
+    for stages in [0, 3] {
+        let layout = LayoutSpec::DEFAULT.with_align(1).with_stages(stages);
+        let mut head = vec![0; crate::plan::scratch_len(0)];
+        let sizes = measure(&layout, &[], &[], &mut head);
+        assert_eq!((sizes.buffers, sizes.conflicts, sizes.spanned), (0, 0, 0));
+        let mut scratch = vec![0; sizes.scratch_len()];
+        let mut engine = Engine::new(&layout, &[], &[], &sizes, &mut scratch);
+        assert!(matches!(engine.run(0, u64::MAX), Outcome::Found { end: 0 }));
+    }
+}
