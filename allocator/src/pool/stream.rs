@@ -430,6 +430,19 @@ impl ManualStreams {
         self.lock().waits.clone()
     }
 
+    /// How many [`waits`](Self::waits) there have been: a mark for
+    /// [`waits_since`](Self::waits_since).
+    pub fn wait_count(&self) -> usize {
+        self.lock().waits.len()
+    }
+
+    /// The [`waits`](Self::waits) made since `mark` (a [`wait_count`](Self::wait_count)), in
+    /// order, without copying the earlier ones.
+    pub fn waits_since(&self, mark: usize) -> Vec<(StreamId, StreamId)> {
+        let inner = self.lock();
+        inner.waits.get(mark..).unwrap_or_default().to_vec()
+    }
+
     /// Every stream passed to [`synchronize`](StreamSync::synchronize), in order.
     pub fn synchronized(&self) -> Vec<StreamId> {
         self.lock().synchronized.clone()
