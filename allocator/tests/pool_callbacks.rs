@@ -444,6 +444,20 @@ impl StreamSync for Hooked {
     }
 }
 
+/// Completes the runtime's events and reclaims, from another thread within 20 s: the one
+/// parked block of 4096 bytes comes back (its event dropped under the pool's lock).
+fn reclaim_the_parked_block(pool: &Arc<Pool>, streams: &Hooked) {
+    streams.complete.store(true, Ordering::SeqCst);
+    let reclaimed = within(20, {
+        let pool = pool.clone();
+        move || pool.reclaim()
+    });
+    assert!(
+        matches!(reclaimed, Some(Ok(4096))),
+        "reclaim did not return: {reclaimed:?}"
+    );
+}
+
 fn hooked_pool(name: &str) -> (Arc<Pool>, Arc<Hooked>) {
     let streams = Arc::new(Hooked::default());
     let pool = Pool::builder(1 << 20)
@@ -501,15 +515,7 @@ fn an_event_whose_drop_calls_the_pool_gets_an_error_instead_of_a_hang() {
         let (pool, inner) = (pool.clone(), inner.clone());
         move || *inner.lock().unwrap() = Some(pool.allocate(256, 0))
     }));
-    streams.complete.store(true, Ordering::SeqCst);
-    let reclaimed = within(20, {
-        let pool = pool.clone();
-        move || pool.reclaim()
-    });
-    assert!(
-        matches!(reclaimed, Some(Ok(4096))),
-        "reclaim did not return: {reclaimed:?}"
-    );
+    reclaim_the_parked_block(&pool, &streams);
     // The call from the destructor, made under the pool's lock, failed instead of waiting.
     let inner = inner.lock().unwrap().take();
     assert!(matches!(inner, Some(Err(_))), "{inner:?}");
@@ -603,15 +609,7 @@ fn an_event_whose_drop_asks_for_statistics_is_logged_and_the_pool_carries_on() {
             let _ = pool.stats();
         }
     }));
-    streams.complete.store(true, Ordering::SeqCst);
-    let reclaimed = within(20, {
-        let pool = pool.clone();
-        move || pool.reclaim()
-    });
-    assert!(
-        matches!(reclaimed, Some(Ok(4096))),
-        "reclaim did not return: {reclaimed:?}"
-    );
+    reclaim_the_parked_block(&pool, &streams);
     let stats = pool.stats();
     assert_eq!((stats.pending, stats.live, stats.in_use), (0, 0, 0));
     let logged = logs_containing("pool `event-drop-asks-stats` was asked for statistics");

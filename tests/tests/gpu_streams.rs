@@ -66,13 +66,9 @@ mod gpu {
     /// on timing: the host must see every byte of the memset.
     #[test]
     fn host_views_wait_for_the_work_queued_in_views_mut_on() {
-        let Some((_device, stream)) = super::gpu_common::gpu() else {
+        let Some((_device, other, mut arena, gate)) = gated_arena() else {
             return;
         };
-        let other = stream.context().new_stream().unwrap();
-        let mut arena = Arena::<Big, _>::new_in(ManagedBackend::new(stream.clone())).unwrap();
-        arena.host_views_mut().unwrap().data.fill(0);
-        let gate = super::gpu_common::StreamGate::block(&other);
         // Queued behind the gate: the call returns with the memset still pending.
         arena
             .views_mut_on(&other, |mut on| on.data.fill_bytes(0x5a))
@@ -89,13 +85,9 @@ mod gpu {
     /// the unwinding, before the panic reaches the caller.
     #[test]
     fn host_views_wait_for_the_work_queued_in_views_mut_on_when_it_panics() {
-        let Some((_device, stream)) = super::gpu_common::gpu() else {
+        let Some((_device, other, mut arena, gate)) = gated_arena() else {
             return;
         };
-        let other = stream.context().new_stream().unwrap();
-        let mut arena = Arena::<Big, _>::new_in(ManagedBackend::new(stream.clone())).unwrap();
-        arena.host_views_mut().unwrap().data.fill(0);
-        let gate = super::gpu_common::StreamGate::block(&other);
         let panicked = std::panic::catch_unwind(AssertUnwindSafe(|| {
             arena.views_mut_on(&other, |mut on| -> Result<(), Error> {
                 on.data.fill_bytes(0x5a)?; // queued behind the gate
@@ -109,6 +101,24 @@ mod gpu {
             "after a panic in the closure, the host views were handed out before the memset \
              queued on the other stream ran ({stale} words not written yet)"
         );
+    }
+
+    /// The device's lock, another stream of it, a zeroed managed arena, and a gate holding
+    /// that stream.
+    type Gated = (
+        std::sync::MutexGuard<'static, ()>,
+        std::sync::Arc<devarena::backend::cuda::CudaStream>,
+        Arena<Big, ManagedBackend>,
+        super::gpu_common::StreamGate,
+    );
+
+    fn gated_arena() -> Option<Gated> {
+        let (device, stream) = super::gpu_common::gpu()?;
+        let other = stream.context().new_stream().unwrap();
+        let mut arena = Arena::<Big, _>::new_in(ManagedBackend::new(stream.clone())).unwrap();
+        arena.host_views_mut().unwrap().data.fill(0);
+        let gate = super::gpu_common::StreamGate::block(&other);
+        Some((device, other, arena, gate))
     }
 
     /// Opens `gate` from another thread 200 ms from now, takes the host views (which must wait
