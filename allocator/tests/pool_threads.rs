@@ -1986,6 +1986,10 @@ fn a_sink_switched_on_and_off_never_gives_a_thread_two_heaps_for_one_stream() {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let a = pool.allocate_on(4096, 0, S).unwrap();
                 pool.deallocate_on(a, S).unwrap();
+                // A block the general path made (while the sink was on) is parked on `S` by
+                // its free: complete it, or a long run with the sink on parks the whole
+                // capacity and the next request fails.
+                streams.complete(S);
                 most = most.max(pool.thread_heaps());
             }
             most
