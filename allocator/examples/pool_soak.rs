@@ -40,7 +40,7 @@
 //! `soak: OK` with the counts otherwise. A bad argument, or a capacity the pool refuses, is an
 //! error message and exit status 1.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -200,11 +200,22 @@ enum Held {
     Parked(StreamId, usize),
 }
 
+/// The model's map of occupied ranges.
+#[derive(Default)]
+struct Occupied {
+    /// start → (end, what holds it).
+    ranges: BTreeMap<u64, (u64, Held)>,
+    /// For each stream, the starts of ranges parked on it (some since taken or split: checked
+    /// against `ranges` when the stream completes). Without it, each completion scanned every
+    /// occupied range under the lock, which took most of a long soak's time.
+    parked: HashMap<StreamId, Vec<u64>>,
+}
+
 struct Shared {
     pool: Pool,
     streams: Arc<ManualStreams>,
-    /// Occupied ranges of every thread: start → (end, what holds it).
-    occupied: Mutex<BTreeMap<u64, (u64, Held)>>,
+    /// Occupied ranges of every thread, and where the parked ones start.
+    occupied: Mutex<Occupied>,
     barrier: Gate,
     totals: Totals,
     settings: Settings,
@@ -226,7 +237,11 @@ impl Shared {
             addr >= base && end <= base + self.pool.capacity() as u64,
             "{addr:#x}+{reserved} outside the region"
         );
-        let mut map = self.occupied.lock().unwrap();
+        let mut occupied = self.occupied.lock().unwrap();
+        let Occupied {
+            ranges: map,
+            parked,
+        } = &mut *occupied;
         // The ranges are disjoint: those that overlap the block are the last ones starting
         // before its end, back to the first that ends at or before its start.
         let overlapping: Vec<(u64, u64, Held)> = map
@@ -252,13 +267,16 @@ impl Shared {
             }
             if stop > end {
                 map.insert(end, (stop, held));
+                if let Held::Parked(on, _) = held {
+                    parked.entry(on).or_default().push(end);
+                }
             }
         }
         map.insert(addr, (end, Held::Live));
     }
 
     fn release(&self, addr: u64) {
-        let removed = self.occupied.lock().unwrap().remove(&addr);
+        let removed = self.occupied.lock().unwrap().ranges.remove(&addr);
         assert!(
             matches!(removed, Some((_, Held::Live))),
             "{addr:#x} was not a live block: {removed:?}"
@@ -280,18 +298,24 @@ impl Shared {
     /// A live block freed on `stream`: parked there until the stream completes.
     fn park(&self, addr: u64, stream: StreamId) {
         let mark = self.streams.wait_count();
-        let mut map = self.occupied.lock().unwrap();
-        let held = &mut map.get_mut(&addr).expect("an occupied block").1;
+        let mut occupied = self.occupied.lock().unwrap();
+        let held = &mut occupied.ranges.get_mut(&addr).expect("an occupied block").1;
         assert_eq!(*held, Held::Live, "{addr:#x} parked twice");
         *held = Held::Parked(stream, mark);
+        occupied.parked.entry(stream).or_default().push(addr);
     }
 
     /// Takes every range parked on `stream` out of the map: the stream completes.
     fn unpark(&self, stream: StreamId) {
-        self.occupied
-            .lock()
-            .unwrap()
-            .retain(|_, (_, held)| !matches!(held, Held::Parked(on, _) if *on == stream));
+        let mut occupied = self.occupied.lock().unwrap();
+        let starts = occupied.parked.remove(&stream).unwrap_or_default();
+        for start in starts {
+            // (A range parked on another stream or live may start there now: it stays.)
+            if matches!(occupied.ranges.get(&start), Some((_, Held::Parked(on, _))) if *on == stream)
+            {
+                occupied.ranges.remove(&start);
+            }
+        }
     }
 }
 
@@ -619,7 +643,7 @@ fn soak(s: Settings) -> Result<String, String> {
     let shared = Arc::new(Shared {
         pool,
         streams,
-        occupied: Mutex::new(BTreeMap::new()),
+        occupied: Mutex::new(Occupied::default()),
         barrier: Gate::new(s.threads),
         totals: Totals::default(),
         settings: s,
@@ -674,7 +698,7 @@ fn soak(s: Settings) -> Result<String, String> {
         stats.largest_free, stats.capacity,
         "the region is whole again"
     );
-    assert!(shared.occupied.lock().unwrap().is_empty());
+    assert!(shared.occupied.lock().unwrap().ranges.is_empty());
     let ops = s.ops / s.threads as u64 * s.threads as u64;
     Ok(format!(
         "soak: OK: {ops} operations on {} threads in {:.1} s ({:.2} M ops/s): {allocations} \
