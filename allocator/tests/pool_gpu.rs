@@ -192,6 +192,25 @@ mod gpu {
         drop(z);
         other.synchronize().unwrap();
 
+        // A stream of another context of the same device (not the primary context the pool
+        // lives in) is refused: the pool's addresses mean nothing there.
+        let ordinal = stream.context().ordinal();
+        let ctx = devarena::backend::cuda::CudaContext::new_non_primary(ordinal, 0).unwrap();
+        let foreign = ctx.new_stream().unwrap();
+        let live = pool.stats().live;
+        let err = pool.register_stream(&foreign).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains(&format!("another context of device {ordinal}")),
+            "{err}"
+        );
+        let err = pool
+            .own_client()
+            .alloc_slice_on::<u32>(16, stream_id(&foreign))
+            .unwrap_err();
+        assert!(err.to_string().contains("is not registered"), "{err}");
+        assert_eq!(pool.stats().live, live);
+
         // A host pool's slice has no device view.
         let host = Pool::host(1 << 20).unwrap();
         let h = host.alloc_slice::<u32>(4).unwrap();

@@ -56,6 +56,47 @@ mod gpu {
         }
     }
 
+    /// A stream of another context of the same device (`cuCtxCreate`, not the primary
+    /// context the arena lives in) is refused before the closure runs: the arena's addresses
+    /// mean nothing in that context, and its stream could not be ordered with the arena's.
+    #[test]
+    fn views_for_a_stream_of_another_context_of_the_device_are_refused() {
+        let Some(stream) = gpu_stream() else { return };
+        let ordinal = stream.context().ordinal();
+        let ctx = devarena::backend::cuda::CudaContext::new_non_primary(ordinal, 0).unwrap();
+        assert!(!ctx.is_primary());
+        assert_ne!(ctx.cu_ctx(), stream.context().cu_ctx());
+        let foreign = ctx.new_stream().unwrap();
+        let mut arena = Arena::<Big, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        let mut ran = false;
+        let error = arena
+            .views_mut_on(&foreign, |_| {
+                ran = true;
+                Ok(())
+            })
+            .unwrap_err();
+        assert!(
+            !ran,
+            "the closure ran with views for a stream of another context"
+        );
+        let message = error.to_string();
+        assert!(
+            message.contains(&format!("another context of device {ordinal}"))
+                && message.contains("Big"),
+            "{message}"
+        );
+        // The arena is untouched and still works on its own stream and on a stream of its
+        // own context.
+        let own = stream.context().new_stream().unwrap();
+        arena
+            .views_mut_on(&own, |mut on| on.flag.fill_bytes(7))
+            .unwrap();
+        assert_eq!(
+            arena.views().flag.to_vec().unwrap(),
+            [u32::from_ne_bytes([7; 4])]
+        );
+    }
+
     /// Views for another stream live only inside the closure of `views_mut_on`, and the
     /// arena's stream waits for that stream when the closure returns: no guard exists that
     /// safe code could leak (`mem::forget`) to skip the wait. Without it a managed arena's

@@ -78,14 +78,20 @@ impl CudaStreams {
     }
 
     /// Registers a stream of this runtime's context (kept alive while the runtime lives);
-    /// returns its id. An error for a stream of another device.
+    /// returns its id. An error for a stream of another context: of another device, or
+    /// another context of the same device (the pool's addresses mean nothing there).
     pub fn register(&self, stream: &Arc<CudaStream>) -> Result<StreamId, Error> {
-        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+        let (theirs, ours) = (stream.context(), &self.ctx);
+        if theirs.cu_ctx() != ours.cu_ctx() {
             return Err(Error::invalid(format!(
-                "stream {} belongs to device {}'s context, not to the pool's (device {})",
+                "stream {} belongs to {}, not to the pool's context (device {})",
                 stream_id(stream),
-                stream.context().ordinal(),
-                self.ctx.ordinal()
+                if theirs.ordinal() == ours.ordinal() {
+                    format!("another context of device {}", theirs.ordinal())
+                } else {
+                    format!("device {}'s context", theirs.ordinal())
+                },
+                ours.ordinal()
             )));
         }
         let id = stream_id(stream);
