@@ -228,3 +228,63 @@ fn an_event_dropped_under_the_lock_does_not_reach_the_threads_heap() {
     assert!(matches!(got, Some(Err(_))), "{got:?}");
     assert_eq!(pool.stats().live, 0);
 }
+
+#[test]
+fn a_heap_at_its_bound_merges_its_cache_without_the_pools_lock() {
+    // One heap, bound 4 MiB, spans of 2 MiB: 64 blocks of 64 KiB fill two spans; the first
+    // span's blocks are freed into the reuse cache, a quarter of the second's merge at once
+    // (the cache is full). A request of 2 MiB then finds no block until the cache is merged:
+    // the heap is at its bound (3 MiB free), so it merges rather than take a span, and it
+    // does so while another thread holds the pool's lock.
+    let pool = Pool::builder(64 << 20)
+        .eager_thread_heaps(true)
+        .thread_heaps(4 << 20)
+        .reuse(1024, 2 << 20)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let shared = pool.shared().clone();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let pool = &pool;
+        s.spawn(move || {
+            let blocks: Vec<u64> = (0..64)
+                .map(|_| pool.allocate(64 << 10, 0).unwrap())
+                .collect();
+            for &addr in &blocks[..48] {
+                pool.deallocate(addr).unwrap();
+            }
+            {
+                // The setup the test needs: at the bound, a full cache, room in the leases
+                // (from the spare headroom: exact peaks, the default).
+                let shared = pool.shared();
+                let heap = shared.thread_heap(shared.home).expect("a heap");
+                let h = heap.state.lock_wait();
+                assert_eq!(h.spans.len(), 2);
+                assert_eq!(h.tlsf.cached(), (2 << 20, 32));
+                assert_eq!(h.tlsf.free_bytes(), 3 << 20);
+                assert_eq!(shared.heap_bound(), 4 << 20);
+            }
+            ready_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+            let got = pool.allocate(2 << 20, 0);
+            done_tx.send(got).unwrap();
+            for &addr in &blocks[48..] {
+                pool.deallocate(addr).unwrap();
+            }
+        });
+        ready_rx.recv().unwrap();
+        let got = {
+            let _state = shared.lock_wait("a test");
+            go_tx.send(()).unwrap();
+            // A path that needed the pool's lock would wait until this scope ends.
+            done_rx.recv_timeout(std::time::Duration::from_secs(60))
+        };
+        let got = got.expect("the allocation waited for the pool's lock");
+        let addr = got.unwrap();
+        pool.deallocate(addr).unwrap();
+    });
+    shared.check_heaps();
+}
