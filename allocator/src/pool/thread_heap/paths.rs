@@ -152,13 +152,8 @@ impl Shared {
         let high_water = h.high_water.max((h.lease.used + reserved) as u64);
         h.tlsf
             .set_cache_limit(self.heap_cache_limit(high_water, bound));
-        let mut taken = h.tlsf.allocate(size, align);
-        while taken.is_none() && h.tlsf.cached().1 > 0 {
-            let half = h.tlsf.cached().0.div_ceil(2);
-            h.tlsf.evict_oldest(half);
-            taken = h.tlsf.allocate(size, align);
-        }
-        let (block, addr) = taken?;
+        let taken = h.tlsf.allocate(size, align);
+        let (block, addr) = taken.or_else(|| merge_cache_for(h, size, align))?;
         // A growable region's chunks are mapped under the pool's lock: the locked path finds
         // the block again and maps it.
         if self.growable && !self.chunks.covers(addr, size) {
@@ -233,10 +228,8 @@ impl Shared {
         if taken.is_none() && h.tlsf.free_bytes() + self.span_bytes(bound) <= bound {
             taken = self.add_span(state, heap, h, size, align);
         }
-        while taken.is_none() && h.tlsf.cached().1 > 0 {
-            let half = h.tlsf.cached().0.div_ceil(2);
-            h.tlsf.evict_oldest(half);
-            taken = h.tlsf.allocate(size, align);
+        if taken.is_none() {
+            taken = merge_cache_for(h, size, align);
         }
         if taken.is_none() {
             taken = self.add_span(state, heap, h, size, align);
@@ -402,4 +395,17 @@ impl Shared {
         };
         Some(over || hoarding)
     }
+}
+
+/// Merges what waits in a heap's reuse cache, the oldest half at a time, until a block of
+/// `size` bytes at `align` is found (taken) or the cache is empty.
+fn merge_cache_for(h: &mut HeapState, size: u64, align: u64) -> Option<(u32, u64)> {
+    while h.tlsf.cached().1 > 0 {
+        let half = h.tlsf.cached().0.div_ceil(2);
+        h.tlsf.evict_oldest(half);
+        if let Some(taken) = h.tlsf.allocate(size, align) {
+            return Some(taken);
+        }
+    }
+    None
 }
