@@ -116,7 +116,8 @@
 //! * **Quotas and peaks.** A heap allocates within leases of the pool's bytes and of each
 //!   client's, taken from the headroom below the peak (and the quota). Headroom no heap holds
 //!   waits in a spare that heaps take from and give back to without the pool's lock (one
-//!   atomic operation, now and then); past that a heap asks the pool, and where no headroom
+//!   atomic operation, now and then, on a shard of the spare that is mostly the heap's own);
+//!   past that a heap asks the pool, and where no headroom
 //!   is left the pool takes back every heap's unused leases and the spare before it counts a
 //!   new peak or refuses a quota. Peaks stay exact at a cost: near its peak a pool shared by
 //!   many threads coordinates more often. [`PoolBuilder::exact_peaks`]`(false)` lets heaps

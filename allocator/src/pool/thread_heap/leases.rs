@@ -23,14 +23,14 @@ impl Shared {
         let counts = &mut state.counts;
         if !counts.admits(reserved) {
             let more = keep(counts.peak, state.heaps.len() + 1);
-            if let Some(taken) = self.spare.take(reserved, more) {
+            if let Some(taken) = self.spare.take(0, reserved, more) {
                 counts.unlease(taken);
             }
         }
         let c = &mut state.clients[client as usize];
         if !(c.counts.admits(reserved) && c.counts.allows(reserved, c.quota)) {
             let more = keep(c.counts.peak, c.heaps + 1);
-            if let Some(taken) = c.spare.take(reserved, more) {
+            if let Some(taken) = c.spare.take(0, reserved, more) {
                 c.counts.unlease(taken);
             }
         }
@@ -67,11 +67,11 @@ impl Shared {
         }
         let heaps = state.heaps.len();
         h.lease.keep = keep(state.counts.peak, heaps);
-        if h.lease.refill(&self.spare, reserved) {
+        if h.lease.refill(&self.spare, h.shard, reserved) {
             return;
         }
         if state.counts.headroom() >= need {
-            Self::share_headroom(&mut state.counts, &self.spare, &mut h.lease, need);
+            Self::share_headroom(&mut state.counts, &self.spare, h.shard, &mut h.lease, need);
             return;
         }
         self.with_other_heaps(state, heap, None, |state, others| {
@@ -87,15 +87,17 @@ impl Shared {
             let counts = &mut state.counts;
             counts.peak = counts.peak.max(counts.in_use + reserved);
             h.lease.keep = keep(counts.peak, heaps);
-            Self::share_headroom(counts, &self.spare, &mut h.lease, reserved);
+            Self::share_headroom(counts, &self.spare, h.shard, &mut h.lease, reserved);
         });
     }
 
     /// With exact peaks: leases all the headroom below `counts`' peak (at least `need`):
-    /// `need` and what `lease` keeps to the heap, the rest to `spare`.
+    /// `need` and what `lease` keeps to the heap, the rest to `spare`, spread over its shards
+    /// (`shard`, the heap's, gets what does not divide).
     pub(super) fn share_headroom(
         counts: &mut Counters,
         spare: &Spare,
+        shard: usize,
         lease: &mut Lease,
         need: usize,
     ) {
@@ -103,7 +105,7 @@ impl Shared {
         let grant = need + lease.keep.min(headroom - need);
         counts.lease(headroom);
         lease.cap += grant;
-        spare.give(headroom - grant);
+        spare.spread(shard, headroom - grant);
     }
 
     /// Without exact peaks: the headroom a lease that kept `keep` keeps after a request of
@@ -160,7 +162,7 @@ impl Shared {
         if self.exact_peaks {
             share.lease.keep = keep(counts.peak, heaps);
             if let Some(spare) = &share.spare {
-                if share.lease.refill(spare, reserved) {
+                if share.lease.refill(spare, h.shard, reserved) {
                     return true;
                 }
             }
@@ -168,7 +170,7 @@ impl Shared {
         if counts.headroom() >= need {
             match (&share.spare, self.exact_peaks) {
                 (Some(spare), true) => {
-                    Self::share_headroom(counts, spare, &mut share.lease, need);
+                    Self::share_headroom(counts, spare, h.shard, &mut share.lease, need);
                 }
                 _ => {
                     let extra = (counts.headroom() - need) / heaps.max(1);
@@ -199,7 +201,7 @@ impl Shared {
             match (&share.spare, self.exact_peaks) {
                 (Some(spare), true) => {
                     share.lease.keep = keep(counts.peak, heaps);
-                    Self::share_headroom(counts, spare, &mut share.lease, reserved);
+                    Self::share_headroom(counts, spare, h.shard, &mut share.lease, reserved);
                 }
                 _ => {
                     let extra = (counts.headroom() - reserved) / heaps.max(1);

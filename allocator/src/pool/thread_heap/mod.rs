@@ -32,7 +32,8 @@
 //!   lease can set no new peak and pass no quota. Headroom that no heap holds is leased to a
 //!   [`Spare`] (the pool's, and one per client), counted as in use like any lease: a heap
 //!   short of lease takes what it needs from the spare, and a little more to keep, with one
-//!   compare-and-swap and without the pool's lock, and gives back to it what it holds beyond
+//!   compare-and-swap and without the pool's lock (on its own shard of the spare where that
+//!   holds enough, else on another's), and gives back to it what it holds beyond
 //!   a few times that (the amount kept follows the peak and the number of heaps). Moving
 //!   headroom between a heap and a spare changes no count. Where the spare runs short the
 //!   heap asks the pool; where the headroom under the peak is gone, the pool first takes back
@@ -89,7 +90,7 @@ use core::cell::{Cell, RefCell};
 use core::sync::atomic::Ordering;
 
 use super::addr_map::AddrMap;
-use super::counters::{Lease, Spare};
+use super::counters::{Lease, SPARE_SHARDS, Spare};
 use super::engine::{Ask, HEAPS, Live, Shared, State, grow_meta};
 use super::lock::{Lock, LockGuard};
 use super::stream::StreamId;
@@ -166,6 +167,8 @@ pub(super) struct ClientShare {
 
 /// Everything behind a heap's lock.
 pub(super) struct HeapState {
+    /// The shard of the spares ([`Spare`]) the heap gives to and takes from first.
+    pub(super) shard: usize,
     pub(super) tlsf: Tlsf,
     /// Address of every live allocation made in the heap → its block.
     pub(super) live: AddrMap,
@@ -187,8 +190,15 @@ pub(super) struct HeapState {
 }
 
 impl HeapState {
-    fn new(base: u64, capacity: usize, cache_blocks: usize, cache_bytes: u64) -> Self {
+    fn new(
+        base: u64,
+        capacity: usize,
+        cache_blocks: usize,
+        cache_bytes: u64,
+        shard: usize,
+    ) -> Self {
         HeapState {
+            shard,
             tlsf: Tlsf::empty(base, capacity as u64, cache_blocks, cache_bytes),
             live: AddrMap::with_capacity(64),
             meta: Vec::new(),
@@ -557,6 +567,9 @@ impl Shared {
                 self.capacity,
                 cache_blocks,
                 cache_bytes,
+                // Round robin over the heaps there are: threads allocating at once mostly
+                // have shards of their own.
+                state.heaps.len() % SPARE_SHARDS,
             )),
             stream,
         });

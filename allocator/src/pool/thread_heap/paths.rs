@@ -36,7 +36,7 @@ impl Shared {
             return None;
         }
         let fits = h.lease.fits(reserved) && share.lease.fits(reserved);
-        if !(fits || self.refill(&mut h.lease, share, reserved)) {
+        if !(fits || self.refill(&mut h.lease, share, h.shard, reserved)) {
             return None;
         }
         let (block, addr) = h.tlsf.allocate(reserved as u64, ask.align as u64)?;
@@ -60,20 +60,21 @@ impl Shared {
         &self,
         lease: &mut Lease,
         share: &mut ClientShare,
+        shard: usize,
         reserved: usize,
     ) -> bool {
         // (Before the pool first told it what to keep, a heap asks the pool.)
         if !self.exact_peaks || lease.keep == 0 {
             return false;
         }
-        if !lease.fits(reserved) && !lease.refill(&self.spare, reserved) {
+        if !lease.fits(reserved) && !lease.refill(&self.spare, shard, reserved) {
             return false;
         }
         if share.lease.fits(reserved) {
             return true;
         }
         match &share.spare {
-            Some(spare) => share.lease.refill(spare, reserved),
+            Some(spare) => share.lease.refill(spare, shard, reserved),
             None => false,
         }
     }
@@ -82,12 +83,12 @@ impl Shared {
     /// spare headroom, without the pool's lock.
     #[cold]
     #[inline(never)]
-    pub(super) fn give_back(&self, lease: &mut Lease, share: &mut ClientShare) {
+    pub(super) fn give_back(&self, lease: &mut Lease, share: &mut ClientShare, shard: usize) {
         if lease.hoards() {
-            lease.give_back(&self.spare);
+            lease.give_back(&self.spare, shard);
         }
         if let (true, Some(spare)) = (share.lease.hoards(), &share.spare) {
-            share.lease.give_back(spare);
+            share.lease.give_back(spare, shard);
         }
     }
 
@@ -139,7 +140,7 @@ impl Shared {
         }
         // (With exact peaks, from the spare headroom, as the fast path does.)
         let fits = h.lease.fits(reserved) && share.lease.fits(reserved);
-        if !(fits || self.refill(&mut h.lease, share, reserved)) {
+        if !(fits || self.refill(&mut h.lease, share, h.shard, reserved)) {
             return None;
         }
         // (The bound changes under the pool's lock only as heaps come and go; a stale one
@@ -386,7 +387,7 @@ impl Shared {
         // spare headroom (here, without the pool's lock), else to the pool.
         let hoarding = if self.exact_peaks {
             if h.lease.hoards() || share.lease.hoards() {
-                self.give_back(&mut h.lease, share);
+                self.give_back(&mut h.lease, share, h.shard);
             }
             false
         } else {
