@@ -163,7 +163,7 @@ pub use arena::{Arena, Disjoint, Stage};
 #[cfg(feature = "cuda")]
 pub use arena::{ArenaGraph, Capture};
 pub use backend::{Allocation, Backend, BackendStats, HostBackend, MemoryKind};
-pub use builder::{Budget, LayoutBuilder, RuntimeField, RuntimeLayout, SearchStats};
+pub use builder::{Budget, LayoutBuilder, RuntimeField, RuntimeLayout, SearchEnd, SearchStats};
 pub use dyn_arena::DynArena;
 pub use error::Error;
 pub use layout::{DeviceLayout, Element, FieldPlacement, HostBase, HostMut, HostRef, ViewKind};
