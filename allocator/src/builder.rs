@@ -584,8 +584,8 @@ impl SearchEnd {
 pub struct SearchStats {
     /// Nodes searched (buffers placed on trial).
     pub nodes: u64,
-    /// The size of the plan the search started from: the greedy orderings' (the smallest of
-    /// theirs and a best-fit sweep's; the sweep's alone where the budget stopped them).
+    /// The size of the plan the search started from: the smallest of the greedy orderings'
+    /// (those the budget let finish) and a best-fit sweep's.
     pub greedy_size: usize,
     /// No plan is smaller than this: the peak-live bound, or more where the search proved so.
     pub lower: usize,

@@ -423,11 +423,14 @@ pub(super) const fn greedy(
 /// that a time budget is checked every few hundred microseconds.
 const CHUNK: u64 = 1 << 14;
 
+/// A plan's offsets, one per buffer, and the end of its highest buffer.
+pub(super) type Offsets = (alloc::vec::Vec<usize>, usize);
+
 /// [`greedy`] over every [`Strategy`], at run time, asking `keep_going` (with the units of
-/// work done since it last asked) between the strategies, after each sort and every
-/// [`CHUNK`] units of placement: once it answers false, the orderings stop and `None` comes
-/// back. Otherwise the offsets and end of the smallest plan, the first on a tie, as
-/// [`greedy`] finds them.
+/// work done since it last asked) before each strategy, after each sort and every [`CHUNK`]
+/// units of placement: once it answers false, the orderings stop. Returns the offsets and end
+/// of the smallest plan of the orderings that finished (the first on a tie; `None` if none
+/// did) and whether all did: then the plan is [`greedy`]'s.
 pub(super) fn greedy_within(
     specs: &[FieldSpec],
     slots: &[Slot],
@@ -435,10 +438,10 @@ pub(super) fn greedy_within(
     hi: &[usize],
     count: usize,
     keep_going: &mut dyn FnMut(u64) -> bool,
-) -> Result<Option<(alloc::vec::Vec<usize>, usize)>, PlanError> {
+) -> Result<(Option<Offsets>, bool), PlanError> {
     use alloc::vec;
     if !keep_going(0) {
-        return Ok(None);
+        return Ok((None, false));
     }
     let n = specs.len();
     let (mut order, mut k1, mut k2) = (vec![0; n], vec![0; n], vec![0; n]);
@@ -451,6 +454,10 @@ pub(super) fn greedy_within(
     };
     let sort_work = (n * (1 + (usize::BITS - n.leading_zeros()) as usize)) as u64;
     let mut best_end = usize::MAX;
+    // The best plan of the orderings finished so far.
+    let so_far = |best: alloc::vec::Vec<usize>, best_end: usize| {
+        Ok(((best_end < usize::MAX).then_some((best, best_end)), false))
+    };
     for strategy in Strategy::ALL {
         strategy_keys(strategy, specs, slots, &mut k1, &mut k2);
         for (i, o) in order.iter_mut().enumerate() {
@@ -458,7 +465,7 @@ pub(super) fn greedy_within(
         }
         sort_by_keys(&mut order, &k1, &k2);
         if !keep_going(sort_work) {
-            return Ok(None);
+            return so_far(best, best_end);
         }
         let end = match &mut index {
             Some(index) => {
@@ -477,7 +484,7 @@ pub(super) fn greedy_within(
                         CHUNK,
                     )?;
                     if !keep_going(done) {
-                        return Ok(None);
+                        return so_far(best, best_end);
                     }
                 }
                 state.end
@@ -489,7 +496,7 @@ pub(super) fn greedy_within(
             best.copy_from_slice(&placed);
         }
     }
-    Ok(Some((best, if n == 0 { 0 } else { best_end })))
+    Ok((Some((best, if n == 0 { 0 } else { best_end })), true))
 }
 
 /// The aliasing planner (stages): places fields so that only fields whose live ranges meet are

@@ -36,9 +36,9 @@ pub(crate) struct Within {
 /// Plans `specs` like [`plan_into`](super::plan_into) (without checking `max_bytes`), asking
 /// `keep_going`, with the units of work done since it last asked, while the greedy orderings
 /// run. Every field is checked and the sweep's plan made first, in `O(n log n)` plus the
-/// sections the fields span (for the lower bound); once `keep_going` answers false the smaller
-/// of the sweep's plan and the unaliased one is kept (`complete` false). When every ordering
-/// runs, the smallest of theirs is kept unless the sweep's is smaller still.
+/// sections the fields span (for the lower bound); then the greedy orderings run until
+/// `keep_going` answers false (`complete` false). The smallest plan of the sweep's, the
+/// unaliased one and those of the orderings that finished is kept; on a tie, an ordering's.
 pub(crate) fn plan_within(
     layout: &LayoutSpec,
     specs: &[FieldSpec],
@@ -66,10 +66,10 @@ pub(crate) fn plan_within(
         best = offsets;
         best_size = size;
     }
-    let greedy = greedy_within(specs, &slots, &lo, &hi, count, keep_going)?;
-    let complete = greedy.is_some();
+    let (greedy, complete) = greedy_within(specs, &slots, &lo, &hi, count, keep_going)?;
     if let Some((offsets, end)) = greedy {
         let size = round_size(end, totals.align)?;
+        // On a tie, the orderings' plan: with all of them run, `plan_into`'s.
         if size <= best_size {
             best = offsets;
             best_size = size;
