@@ -68,8 +68,9 @@
 //!   plan in about 0.1 s.
 //! * **Search** ([`LayoutBuilder::search`] with a [`Budget`] of nodes or time): MiniMalloc's
 //!   complete branch and bound over canonical plans, from the greedy plan, never larger
-//!   than it; given the budget it finds the smallest plan and proves it so
-//!   ([`SearchStats::optimal`]). The `plan_csv` example runs it on the field's benchmark
+//!   than it (under a time budget too short for the greedy orderings, from a best-fit sweep
+//!   made in `O(n log n)`); given the budget it finds the smallest plan and proves it so
+//!   ([`SearchStats::optimal`]; [`SearchStats::end`] says why it stopped). The `plan_csv` example runs it on the field's benchmark
 //!   format (MiniMalloc's CSV): `cargo run --release -p devarena --example plan_csv --
 //!   --input F.csv --output O.csv [--capacity BYTES] [--budget-ms MS]`.
 //! * **At compile time** (the derive): the greedy plan, then the search under a fixed amount

@@ -171,7 +171,10 @@ impl Search {
     }
 
     /// One run of the engine, of at most `max_nodes` nodes. `specs` and `stages` are the
-    /// layout's (for the preorders).
+    /// layout's (for the preorders). A run cut off by the engine's work limit
+    /// ([`Engine::set_work_stop`]) answers [`Step::OutOfNodes`] and goes on, where it
+    /// stopped, at the next step (set a new limit first); one cut off by `max_nodes` starts
+    /// again, with the nodes the next step allows.
     pub const fn step(
         &mut self,
         engine: &mut Engine<'_>,
