@@ -68,8 +68,9 @@
 //!   plan in about 0.1 s.
 //! * **Search** ([`LayoutBuilder::search`] with a [`Budget`] of nodes or time): MiniMalloc's
 //!   complete branch and bound over canonical plans, from the greedy plan, never larger
-//!   than it; given the budget it finds the smallest plan and proves it so
-//!   ([`SearchStats::optimal`]). The `plan_csv` example runs it on the field's benchmark
+//!   than it (under a time budget too short for the greedy orderings, from a best-fit sweep
+//!   made in `O(n log n)`); given the budget it finds the smallest plan and proves it so
+//!   ([`SearchStats::optimal`]; [`SearchStats::end`] says why it stopped). The `plan_csv` example runs it on the field's benchmark
 //!   format (MiniMalloc's CSV): `cargo run --release -p devarena --example plan_csv --
 //!   --input F.csv --output O.csv [--capacity BYTES] [--budget-ms MS]`.
 //! * **At compile time** (the derive): the greedy plan, then the search under a fixed amount
@@ -163,7 +164,7 @@ pub use arena::{Arena, Disjoint, Stage};
 #[cfg(feature = "cuda")]
 pub use arena::{ArenaGraph, Capture};
 pub use backend::{Allocation, Backend, BackendStats, HostBackend, MemoryKind};
-pub use builder::{Budget, LayoutBuilder, RuntimeField, RuntimeLayout, SearchStats};
+pub use builder::{Budget, LayoutBuilder, RuntimeField, RuntimeLayout, SearchEnd, SearchStats};
 pub use dyn_arena::DynArena;
 pub use error::Error;
 pub use layout::{DeviceLayout, Element, FieldPlacement, HostBase, HostMut, HostRef, ViewKind};

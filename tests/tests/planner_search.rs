@@ -71,7 +71,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
     /// `search` is never larger than `build` (the four-ordering greedy), nor than the
-    /// unaliased plan, and both are valid.
+    /// unaliased plan, and both are valid; `end` agrees with the sizes.
     #[test]
     fn search_never_loses_to_the_greedy_plan((stages, bufs) in instance()) {
         let greedy = builder(stages, &bufs).build().unwrap();
@@ -80,11 +80,17 @@ proptest! {
         check(&searched)?;
         prop_assert!(searched.size() <= greedy.size());
         let stats = searched.search_stats().unwrap();
-        prop_assert_eq!(stats.greedy_size, greedy.size());
+        // The start: the greedy orderings' plan, or the best-fit sweep's where smaller.
+        prop_assert!(stats.greedy_size <= greedy.size());
+        prop_assert!(searched.size() <= stats.greedy_size);
         prop_assert!(stats.lower >= searched.totals().peak_live_bound);
         prop_assert!(searched.size() >= stats.lower);
         if stats.optimal {
             prop_assert_eq!(searched.size(), stats.lower);
+        }
+        prop_assert_eq!(stats.optimal, stats.end == devarena::SearchEnd::Optimal);
+        if stats.end == devarena::SearchEnd::Budget {
+            prop_assert_eq!(stats.nodes, 2_000);
         }
     }
 
@@ -207,4 +213,90 @@ fn derived_plans_are_valid() {
     check_derived::<FrameStaged>();
     check_derived::<devarena_tests::fixtures::Mixed>();
     check_derived::<devarena_tests::Many>();
+}
+
+/// A time budget of zero on a large layout whose buffers live long and overlap heavily
+/// (about 170 live at once, 3.7 million conflicting pairs: the greedy orderings alone took
+/// seconds in a release build) returns the first plan: valid, searched no further, and
+/// saying that the budget ended the search. (How long it takes is `plan_budget`'s to
+/// measure: BENCHMARKS.md.)
+#[test]
+fn a_zero_time_budget_on_a_large_layout_returns_a_valid_plan() {
+    use devarena::SearchEnd;
+    use std::time::Duration;
+    let n = 40_000;
+    let stages = n / 2;
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = |m: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % m as u64) as usize
+    };
+    let mut b = LayoutBuilder::new("Long").stages(stages);
+    let mut live = vec![];
+    for i in 0..n {
+        let first = next(stages);
+        let last = (first + next(400)).min(stages - 1);
+        b = b
+            .array::<u8>(format!("b{i}"), 256 << next(12))
+            .live(first, last);
+        live.push(LiveRange::new(first, last));
+    }
+    let layout = b.search(Budget::time(Duration::ZERO)).unwrap();
+    let placed: Vec<Placed> = layout.fields().iter().map(Placed::from).collect();
+    assert_eq!(plan::validate(&placed, layout.size()), Ok(()));
+    // The fields are the ones asked for, with their live ranges, in declaration order.
+    assert_eq!(layout.fields().len(), n);
+    assert!(layout.fields().iter().zip(&live).all(|(f, l)| f.live == *l));
+    let totals = layout.totals();
+    assert!(totals.peak_live_bound <= layout.size() && layout.size() < totals.unaliased_size);
+    let stats = layout.search_stats().unwrap();
+    assert_eq!(stats.end, SearchEnd::Budget, "{stats:?}");
+    assert_eq!((stats.nodes, stats.optimal), (0, false));
+    assert_eq!(stats.greedy_size, layout.size());
+}
+
+/// `SearchStats::end` says why the search stopped: a plan proved optimal, a plan within the
+/// size asked for, a layout without stages (nothing to search), a spent node budget.
+#[test]
+fn the_search_says_why_it_stopped() {
+    use devarena::SearchEnd;
+    let tight = || {
+        LayoutBuilder::new("Tight")
+            .align(1)
+            .stages(4)
+            .array::<u8>("a", 5)
+            .live(1, 3)
+            .array::<u8>("b", 9)
+            .live(0, 0)
+            .array::<u8>("c", 1)
+            .live(0, 1)
+            .array::<u8>("d", 6)
+            .live(3, 3)
+            .array::<u8>("e", 7)
+            .live(2, 3)
+            .array::<u8>("f", 9)
+            .live(0, 2)
+    };
+    let end = |l: &RuntimeLayout| l.search_stats().unwrap().end;
+    let best = tight().search(Budget::nodes(100_000)).unwrap();
+    assert_eq!((best.size(), end(&best)), (21, SearchEnd::Optimal));
+    // The greedy plan (24 bytes) already meets a goal of 24: nothing searched.
+    let fits = tight()
+        .search(Budget::nodes(100_000).until_size(24))
+        .unwrap();
+    assert_eq!((fits.size(), end(&fits)), (24, SearchEnd::GoalMet));
+    assert_eq!(fits.search_stats().unwrap().nodes, 0);
+    let none = tight().search(Budget::nodes(0)).unwrap();
+    assert_eq!((none.size(), end(&none)), (24, SearchEnd::Budget));
+    // Without stages: 5 bytes, then 300 at 256, rounded up to 768; the bound is 512.
+    let flat = LayoutBuilder::new("Flat")
+        .align(1)
+        .array::<u8>("a", 5)
+        .array_aligned::<u8>("b", 300, 256)
+        .search(Budget::nodes(100))
+        .unwrap();
+    assert_eq!((flat.size(), flat.totals().peak_live_bound), (768, 512));
+    assert_eq!(end(&flat), SearchEnd::NotSearched);
 }

@@ -74,6 +74,8 @@ pub struct Search {
     part: usize,
     strategy: usize,
     finished: bool,
+    /// The last run was cut off by the engine's work limit: the next step resumes it.
+    cut: bool,
 }
 
 impl Search {
@@ -92,6 +94,7 @@ impl Search {
             part: 0,
             strategy: 0,
             finished: false,
+            cut: false,
         }
     }
 
@@ -168,7 +171,10 @@ impl Search {
     }
 
     /// One run of the engine, of at most `max_nodes` nodes. `specs` and `stages` are the
-    /// layout's (for the preorders).
+    /// layout's (for the preorders). A run cut off by the engine's work limit
+    /// ([`Engine::set_work_stop`]) answers [`Step::OutOfNodes`] and goes on, where it
+    /// stopped, at the next step (set a new limit first); one cut off by `max_nodes` starts
+    /// again, with the nodes the next step allows.
     pub const fn step(
         &mut self,
         engine: &mut Engine<'_>,
@@ -187,8 +193,9 @@ impl Search {
             }
         };
         let parts = engine.parts();
-        while self.part < parts && engine.part_end(self.part) <= cap {
-            self.part += 1;
+        let over = engine.first_part_over(self.part, cap);
+        if over != self.part {
+            self.part = over;
             self.strategy = 0;
         }
         if self.part == parts {
@@ -202,10 +209,17 @@ impl Search {
         }
         let limit = (engine.buffers() as u64 + 1).saturating_mul(1 << self.level);
         let run = if max_nodes < limit { max_nodes } else { limit };
-        let (preorder, reorder) = STRATEGIES[self.strategy];
-        engine.set_preorder(preorder, specs, stages);
-        engine.set_reorder_parts(reorder);
-        match engine.run_part(self.part, cap, run) {
+        let outcome = if self.cut {
+            // The same state as when the run was cut: the same capacity, part and try.
+            self.cut = false;
+            engine.resume()
+        } else {
+            let (preorder, reorder) = STRATEGIES[self.strategy];
+            engine.set_preorder(preorder, specs, stages);
+            engine.set_reorder_parts(reorder);
+            engine.run_part(self.part, cap, run)
+        };
+        match outcome {
             Outcome::Found { .. } => {
                 self.part += 1;
                 self.strategy = 0;
@@ -218,6 +232,12 @@ impl Search {
                 Step::Working
             }
             Outcome::OutOfNodes => {
+                // Cut short by the caller's work limit: the next step goes on with the run.
+                if engine.out_of_work() {
+                    self.cut = true;
+                    return Step::OutOfNodes;
+                }
+                // Cut short by the caller's nodes: the same try, with more, next time.
                 if run < limit {
                     return Step::OutOfNodes;
                 }

@@ -37,6 +37,7 @@ mod place;
 mod search;
 mod sort;
 mod stages;
+mod sweep;
 mod timeline;
 mod validate;
 
@@ -69,6 +70,7 @@ pub use place::{
 };
 pub use search::{Engine, Outcome, Preorder, Sizes, Suspended, measure};
 pub use stages::{Strategy, alias_into, place_with, scratch_len};
+pub(crate) use sweep::plan_within;
 pub use validate::{Placed, Violation, validate};
 
 /// The most stages a layout may declare (2^24, about 16.7 million: room for every operation of

@@ -180,7 +180,7 @@ pub const fn plan_into_with(
 /// in declaration order in `out` (the unaliased plan), computes each field's span of
 /// sections into `lo` and `hi` and the lower bound; returns the totals of the unaliased plan
 /// and the number of sections. `work` holds `6n` entries.
-const fn prepare_into(
+pub(super) const fn prepare_into(
     layout: &LayoutSpec,
     specs: &[FieldSpec],
     out: &mut [Slot],

@@ -135,18 +135,59 @@ const fn place_in_order(
     placed: &mut [usize],
     work: &mut [usize],
 ) -> Result<usize, PlanError> {
+    index.clear();
+    let mut state = Placing { next: 0, end: 0 };
+    match place_some(
+        order,
+        slots,
+        lo,
+        hi,
+        index,
+        placed,
+        work,
+        &mut state,
+        u64::MAX,
+    ) {
+        Ok(_) => Ok(state.end),
+        Err(e) => Err(e),
+    }
+}
+
+/// Where a greedy placement stands: the next step of its order, the end of the highest
+/// buffer placed so far.
+pub(super) struct Placing {
+    pub(super) next: usize,
+    pub(super) end: usize,
+}
+
+/// [`place_in_order`]'s loop, from `state` on, until every buffer is placed or at least
+/// `limit` units of work are done (a unit: a conflicting buffer looked at, or sorted);
+/// returns the units done. The index holds the buffers placed before `state.next`.
+#[allow(clippy::too_many_arguments)]
+pub(super) const fn place_some(
+    order: &[usize],
+    slots: &[Slot],
+    lo: &[usize],
+    hi: &[usize],
+    index: &mut Index<'_>,
+    placed: &mut [usize],
+    work: &mut [usize],
+    state: &mut Placing,
+    limit: u64,
+) -> Result<u64, PlanError> {
     let n = order.len();
     let (found, rest) = work.split_at_mut(n);
     let (off, end_of) = rest.split_at_mut(n);
-    index.clear();
-    let mut end = 0usize;
-    let mut step = 0;
-    while step < n {
-        let b = order[step];
+    let mut done = 0u64;
+    while state.next < n && done < limit {
+        let b = order[state.next];
         let (size, align) = (slots[b].size, slots[b].align);
         let mut at = 0;
+        done += 1;
         if lo[b] < hi[b] {
             let k = index.meeting(lo[b], hi[b], found);
+            // The sort of the `k` conflicts: about `k log k` steps.
+            done += (k * (1 + (usize::BITS - k.leading_zeros()) as usize)) as u64;
             let mut j = 0;
             while j < k {
                 let c = found[j];
@@ -172,12 +213,12 @@ const fn place_in_order(
             index.insert(b, lo[b], hi[b]);
         }
         placed[b] = at;
-        if at + size > end {
-            end = at + size;
+        if at + size > state.end {
+            state.end = at + size;
         }
-        step += 1;
+        state.next += 1;
     }
-    Ok(end)
+    Ok(done)
 }
 
 /// Up to this many buffers, the greedy placement walks the placed buffers in offset order
@@ -376,6 +417,86 @@ pub(super) const fn greedy(
         s += 1;
     }
     Ok(if n == 0 { 0 } else { best_end })
+}
+
+/// Work (see [`place_some`]) between two questions to [`greedy_within`]'s caller: small enough
+/// that a time budget is checked every few hundred microseconds.
+const CHUNK: u64 = 1 << 14;
+
+/// A plan's offsets, one per buffer, and the end of its highest buffer.
+pub(super) type Offsets = (alloc::vec::Vec<usize>, usize);
+
+/// [`greedy`] over every [`Strategy`], at run time, asking `keep_going` (with the units of
+/// work done since it last asked) before each strategy, after each sort and every [`CHUNK`]
+/// units of placement: once it answers false, the orderings stop. Returns the offsets and end
+/// of the smallest plan of the orderings that finished (the first on a tie; `None` if none
+/// did) and whether all did: then the plan is [`greedy`]'s.
+pub(super) fn greedy_within(
+    specs: &[FieldSpec],
+    slots: &[Slot],
+    lo: &[usize],
+    hi: &[usize],
+    count: usize,
+    keep_going: &mut dyn FnMut(u64) -> bool,
+) -> Result<(Option<Offsets>, bool), PlanError> {
+    use alloc::vec;
+    if !keep_going(0) {
+        return Ok((None, false));
+    }
+    let n = specs.len();
+    let (mut order, mut k1, mut k2) = (vec![0; n], vec![0; n], vec![0; n]);
+    let (mut work, mut placed, mut best) = (vec![0; 3 * n], vec![0; n], vec![0; n]);
+    let mut index_scratch = vec![0; if n > LIST_MAX { index_len(n) } else { 0 }];
+    let mut index = if n > LIST_MAX {
+        Some(Index::new(lo, hi, count, &mut index_scratch))
+    } else {
+        None
+    };
+    let sort_work = (n * (1 + (usize::BITS - n.leading_zeros()) as usize)) as u64;
+    let mut best_end = usize::MAX;
+    // The best plan of the orderings finished so far.
+    let so_far = |best: alloc::vec::Vec<usize>, best_end: usize| {
+        Ok(((best_end < usize::MAX).then_some((best, best_end)), false))
+    };
+    for strategy in Strategy::ALL {
+        strategy_keys(strategy, specs, slots, &mut k1, &mut k2);
+        for (i, o) in order.iter_mut().enumerate() {
+            *o = i;
+        }
+        sort_by_keys(&mut order, &k1, &k2);
+        if !keep_going(sort_work) {
+            return so_far(best, best_end);
+        }
+        let end = match &mut index {
+            Some(index) => {
+                index.clear();
+                let mut state = Placing { next: 0, end: 0 };
+                while state.next < n {
+                    let done = place_some(
+                        &order,
+                        slots,
+                        lo,
+                        hi,
+                        index,
+                        &mut placed,
+                        &mut work,
+                        &mut state,
+                        CHUNK,
+                    )?;
+                    if !keep_going(done) {
+                        return so_far(best, best_end);
+                    }
+                }
+                state.end
+            }
+            None => place_by_list(&order, slots, lo, hi, &mut placed, &mut work[..n])?,
+        };
+        if end < best_end {
+            best_end = end;
+            best.copy_from_slice(&placed);
+        }
+    }
+    Ok((Some((best, if n == 0 { 0 } else { best_end })), true))
 }
 
 /// The aliasing planner (stages): places fields so that only fields whose live ranges meet are

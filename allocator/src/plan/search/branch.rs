@@ -610,6 +610,58 @@ impl<'a> Engine<'a> {
         (start, self.count)
     }
 
+    /// The first independent part from part `from` on (below [`parts`](Self::parts)) whose
+    /// best plan ends above `cap`, or `parts()` when every one fits: what
+    /// [`part_end`](Self::part_end) would find part by part, in one pass over the sections
+    /// and the buffers (`O(n + sections)` however many parts there are).
+    pub const fn first_part_over(&self, from: usize, cap: usize) -> usize {
+        // The first section of part `from`.
+        let (mut k, mut start) = (0, 0);
+        let mut x = 0;
+        while x + 1 < self.count && k < from {
+            if self.cuts0[x] == 0 {
+                k += 1;
+                start = x + 1;
+            }
+            x += 1;
+        }
+        if k < from {
+            return self.parts();
+        }
+        // The earliest first section, from there on, of a buffer that ends above `cap`.
+        let mut first = usize::MAX;
+        let mut b = 0;
+        while b < self.n {
+            if self.lo[b] < self.hi[b]
+                && self.lo[b] >= start
+                && self.lo[b] < first
+                && self.best[b] + self.slots[b].size > cap
+            {
+                first = self.lo[b];
+            }
+            b += 1;
+        }
+        if first == usize::MAX {
+            return self.parts();
+        }
+        // Its part: the parts that end before it.
+        let mut part = from;
+        let mut x = start;
+        while x < first {
+            if self.cuts0[x] == 0 {
+                part += 1;
+            }
+            x += 1;
+        }
+        part
+    }
+
+    /// Whether the last run stopped because the work reached
+    /// [`set_work_stop`](Self::set_work_stop)'s limit.
+    pub const fn out_of_work(&self) -> bool {
+        self.work >= self.work_stop
+    }
+
     /// [`run`](Self::run) on independent part `i` alone: only its buffers are placed (and
     /// their offsets recorded); the others are left as they were.
     pub const fn run_part(&mut self, i: usize, cap: usize, limit: u64) -> Outcome {

@@ -27,6 +27,7 @@
 //! part, with tighter capacities and other preorders. Everything is `const fn` over scratch
 //! space, and iterative: the compiler runs the very same code when it plans a derived layout.
 
+use super::sort::sort_by_keys;
 use super::stages::spans;
 use super::timeline::{Index, index_len};
 use super::{FieldSpec, LayoutSpec, Slot};
@@ -101,6 +102,10 @@ impl Sizes {
 
 /// Measures what an engine over `slots` (sizes and alignments) needs; `scratch` holds
 /// [`scratch_len`](super::scratch_len)`(n)` entries.
+///
+/// `O(n log n)`, however many pairs conflict: a sweep over the spans by first section counts,
+/// as each span starts, the spans still open (a span `[lo, hi)` closes before any span that
+/// starts at or after `hi`). So a layout too large to search is known to be so at once.
 pub const fn measure(
     layout: &LayoutSpec,
     specs: &[FieldSpec],
@@ -112,17 +117,36 @@ pub const fn measure(
     let (hi, rest) = rest.split_at_mut(n);
     let (timeline, rest) = rest.split_at_mut(6 * n);
     let count = spans(layout, specs, slots, lo, hi, timeline);
-    let (found, rest) = rest.split_at_mut(n);
-    let mut index = Index::new(lo, hi, count, rest);
-    let (mut conflicts, mut spanned) = (0, 0);
+    let (by_lo, rest) = rest.split_at_mut(n);
+    let (by_hi, _) = rest.split_at_mut(n);
+    // Only spans that are not empty: `m` of them.
+    let mut m = 0;
+    let mut spanned = 0;
     let mut b = 0;
     while b < n {
         if lo[b] < hi[b] {
-            conflicts += index.meeting(lo[b], hi[b], found);
+            by_lo[m] = b;
+            by_hi[m] = b;
+            m += 1;
             spanned += hi[b] - lo[b];
-            index.insert(b, lo[b], hi[b]);
         }
         b += 1;
+    }
+    let (by_lo, _) = by_lo.split_at_mut(m);
+    let (by_hi, _) = by_hi.split_at_mut(m);
+    sort_by_keys(by_lo, lo, lo);
+    sort_by_keys(by_hi, hi, hi);
+    let (mut open, mut closed, mut conflicts) = (0usize, 0, 0usize);
+    let mut i = 0;
+    while i < m {
+        let b = by_lo[i];
+        while closed < m && hi[by_hi[closed]] <= lo[b] {
+            closed += 1;
+            open -= 1;
+        }
+        conflicts += open;
+        open += 1;
+        i += 1;
     }
     Sizes {
         buffers: n,
