@@ -660,3 +660,44 @@ fn a_runtime_that_calls_the_pool_while_validating_a_graph_stream_is_served() {
     drop(reservation);
     assert_eq!(pool.stats().live, 0);
 }
+
+#[test]
+fn a_slice_dropped_in_an_event_destructor_is_freed_by_the_next_call() {
+    // A runtime's event that owns a pool slice (keeping a buffer alive until the event
+    // completes) is dropped by the pool under its lock: the slice's free cannot be made there,
+    // and its destructor has no one to give an error to. The free waits for the next call
+    // that takes the lock, which makes it before anything else.
+    let (pool, streams) = hooked_pool("slice-in-an-event");
+    let slice = pool.alloc_slice::<u32>(1000).unwrap();
+    let held = slice.addr();
+    let a = pool.allocate(4096, 0).unwrap();
+    pool.deallocate_on(a, OTHER).unwrap();
+    let before = pool.stats();
+    assert_eq!(before.live, 1);
+    *streams.on_event_drop.lock().unwrap() = Some(Box::new(move || drop(slice)));
+    reclaim_the_parked_block(&pool, &streams);
+    // The statistics are the next call: the slice is freed, nothing leaks.
+    let after = pool.stats();
+    assert_eq!((after.live, after.in_use, after.requested), (0, 0, 0));
+    assert_eq!(after.frees, before.frees + 1);
+    assert_eq!(pool.leak_report().leaks.len(), 0);
+    // Its memory is free again: the whole region in one request.
+    let all = pool.allocate(1 << 20, 0).unwrap();
+    assert!(all <= held);
+    pool.deallocate(all).unwrap();
+}
+
+#[test]
+fn a_slice_dropped_in_an_event_destructor_is_freed_before_an_allocation_needs_it() {
+    // The same, with an allocation as the next call: it needs the whole region, which it
+    // finds only once the deferred free is made.
+    let (pool, streams) = hooked_pool("slice-in-an-event-alloc");
+    let slice = pool.alloc_slice::<u8>(512 << 10).unwrap();
+    let a = pool.allocate(4096, 0).unwrap();
+    pool.deallocate_on(a, OTHER).unwrap();
+    *streams.on_event_drop.lock().unwrap() = Some(Box::new(move || drop(slice)));
+    reclaim_the_parked_block(&pool, &streams);
+    let all = pool.allocate(1 << 20, 0).unwrap();
+    pool.deallocate(all).unwrap();
+    assert_eq!(pool.stats().live, 0);
+}

@@ -14,7 +14,7 @@ use super::addr_map::AddrMap;
 use super::counters::{Counters, Spare};
 use super::events::{self, EventSink, PoolAction, Record};
 use super::graph::Graphs;
-use super::lock::{Lock, LockGuard, Reentrant};
+use super::lock::{Lock, LockGuard, Reentrant, logged};
 use super::region::{Region, RegionOwner};
 use super::stats::{ClientStats, Leak, LeakReport, PoolStats, Tracking};
 use super::stream::{HeldEvent, StreamEvent, StreamId, StreamSync};
@@ -199,6 +199,9 @@ pub(super) const PARKED: u8 = 1 << 3;
 pub(super) const HEAPS: u8 = 1 << 4;
 /// Every thread gets a heap at its first allocation.
 pub(super) const EAGER: u8 = 1 << 5;
+/// Frees of pool slices dropped inside one of the pool's own callbacks wait to be made (see
+/// [`Shared::defer_free`]).
+pub(super) const DEFERRED: u8 = 1 << 6;
 /// What sends an allocation on a thread heap down the general path: tracking, a sink. (Parked
 /// blocks do not: they come back when a path takes the pool's lock. On the pool's own index
 /// every allocation takes the general path while blocks are parked, and takes them back.)
@@ -245,6 +248,9 @@ pub(super) struct Shared {
     pub(super) lease_chunk: usize,
     /// A thread is handing the outbox to the sinks (see [`deliver`](Shared::deliver)).
     delivering: AtomicBool,
+    /// Frees that could not be made where they were asked for (see
+    /// [`defer_free`](Shared::defer_free)): client, address, stream.
+    deferred: std::sync::Mutex<Vec<(u32, u64, StreamId)>>,
     /// A sink has panicked (reported once).
     sink_panicked: AtomicBool,
     /// Whether memory is mapped on demand (and can be trimmed).
@@ -375,6 +381,7 @@ impl Shared {
             spare: Spare::default(),
             lease_chunk: (capacity / LEASE_CHUNKS).max(BLOCK_GRANULE),
             delivering: AtomicBool::new(false),
+            deferred: std::sync::Mutex::new(Vec::new()),
             sink_panicked: AtomicBool::new(false),
             growable,
             chunks,
@@ -466,7 +473,9 @@ impl Shared {
 
     /// Returns parked blocks whose events completed; the bytes reclaimed.
     pub(super) fn reclaim(&self) -> Result<usize, Error> {
-        Ok(self.reclaim_parked(&mut *self.lock()?))
+        let mut state = self.lock()?;
+        self.make_deferred_frees(&mut state);
+        Ok(self.reclaim_parked(&mut state))
     }
 
     /// Takes the lock for an allocation, a free or a reclaim: an error instead of waiting for
@@ -476,6 +485,62 @@ impl Shared {
         match self.state.lock() {
             Ok(guard) => Ok(guard),
             Err(Reentrant) => Err(self.reentrant()),
+        }
+    }
+
+    /// Frees the block of a [`PoolSlice`](crate::pool::PoolSlice) of `client` at `addr`, on
+    /// `stream`, later: the slice was dropped inside one of this pool's own callbacks (a
+    /// stream event's destructor that owned it, say), where the pool is locked further up the
+    /// stack and the free could only fail, and a destructor has no one to return the error
+    /// to. The free is made by the next call that needs it, before it does anything else:
+    /// statistics, reports and settings, `reclaim`, `trim`, and every allocation that a
+    /// thread heap does not serve (the pool's own index sends every allocation down its
+    /// general path meanwhile). A plain free does not look: it would cost every free a load
+    /// and a branch.
+    pub(super) fn defer_free(&self, client: u32, addr: u64, stream: StreamId) {
+        self.deferred
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((client, addr, stream));
+        // Every allocation on the pool's own index then takes the general path, which makes it.
+        self.flags.fetch_or(DEFERRED, Ordering::Relaxed);
+        logged(|| {
+            log::debug!(
+                target: "devarena::pool",
+                "pool `{}`: the free of a slice at {addr:#x} dropped in a callback of the pool \
+                 waits for the next call that takes the lock",
+                self.name
+            )
+        });
+    }
+
+    /// Makes the frees [`defer_free`](Self::defer_free) set aside, with the lock held.
+    #[inline(always)]
+    pub(super) fn make_deferred_frees(&self, state: &mut State) {
+        if self.flags.load(Ordering::Relaxed) & DEFERRED != 0 {
+            self.make_deferred_frees_now(state);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn make_deferred_frees_now(&self, state: &mut State) {
+        // Cleared before the list is taken: a free deferred meanwhile sets it again.
+        self.flags.fetch_and(!DEFERRED, Ordering::Relaxed);
+        let frees = core::mem::take(&mut *self.deferred.lock().unwrap_or_else(|e| e.into_inner()));
+        for (client, addr, stream) in frees {
+            // (A callback these frees run may defer more: the next call makes those.)
+            if let Err(error) =
+                self.deallocate_general(state, Some(client), addr, None, stream, true)
+            {
+                logged(|| {
+                    log::error!(
+                        target: "devarena::pool",
+                        "pool `{}`: a deferred free of a slice at {addr:#x}: {error}",
+                        self.name
+                    )
+                });
+            }
         }
     }
 
@@ -497,7 +562,10 @@ impl Shared {
     /// destructor) and turns into the error of the pool call that ran the callback.
     pub(super) fn lock_wait(&self, what: &str) -> LockGuard<'_, State> {
         match self.state.lock() {
-            Ok(guard) => guard,
+            Ok(mut guard) => {
+                self.make_deferred_frees(&mut guard);
+                guard
+            }
             Err(Reentrant) => self.called_back(what),
         }
     }

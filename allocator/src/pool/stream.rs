@@ -104,7 +104,10 @@ pub trait StreamEvent: Send + fmt::Debug {
 ///
 /// The pool calls these methods while it holds its lock, when its state is consistent, so they
 /// should not block, and must not call back into the pool. From inside them, the pool's
-/// allocations, frees and `reclaim` return an error. Its statistics, reports and settings,
+/// allocations, frees and `reclaim` return an error, with one exception: a
+/// [`PoolSlice`](super::PoolSlice) of the pool dropped there (an event that owns one, to keep
+/// a buffer alive until it completes, say) is freed by the next call that takes the pool's
+/// lock, before that call does anything else. Its statistics, reports and settings,
 /// which return plain values, do not return at all: they unwind out of the method (with
 /// [`std::panic::resume_unwind`], so no panic hook runs), and the pool call that made the
 /// method fails with an error naming what was asked for. A panic in them is caught and becomes

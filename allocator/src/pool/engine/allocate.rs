@@ -299,6 +299,8 @@ impl Shared {
         owned: bool,
         info: Option<Box<LiveInfo>>,
     ) -> Result<u64, Error> {
+        // (Paths that take the lock with `try_guard` come here; `lock()` makes them too.)
+        self.make_deferred_frees(state);
         let align = effective_align(req.align);
         let ask = Ask {
             client,

@@ -41,7 +41,12 @@ impl Shared {
         {
             return Ok(());
         }
-        let mut state = self.lock()?;
+        let mut state = match self.lock() {
+            Ok(state) => state,
+            Err(error) => {
+                return self.deallocate_reentrant(caller, addr, size, stream, from_slice, error);
+            }
+        };
         if home
             && size.is_none()
             && self
@@ -53,6 +58,29 @@ impl Shared {
         let result = self.deallocate_general(&mut state, caller, addr, size, stream, from_slice);
         // The backtrace (if any) is freed outside the lock.
         self.unlock_and_deliver(state, result).map(drop)
+    }
+
+    /// A free made inside one of this pool's own callbacks (`error` says so). A slice dropped
+    /// there is freed later ([`defer_free`](Self::defer_free)): its destructor could only
+    /// log the error and leak the block. Any other free fails with `error`.
+    #[cold]
+    #[inline(never)]
+    fn deallocate_reentrant(
+        &self,
+        caller: Option<u32>,
+        addr: u64,
+        size: Option<usize>,
+        stream: StreamId,
+        from_slice: bool,
+        error: Error,
+    ) -> Result<(), Error> {
+        match caller {
+            Some(client) if from_slice && size.is_none() => {
+                self.defer_free(client, addr, stream);
+                Ok(())
+            }
+            _ => Err(error),
+        }
     }
 
     /// A free on the calling thread's heap, where it has one and the allocation is there:

@@ -21,6 +21,7 @@ impl Shared {
         for _ in 0..TRIM_TRIES {
             let epoch = {
                 let mut state = self.lock()?;
+                self.make_deferred_frees(&mut state);
                 if !self.prepare_trim(&mut state, keep) {
                     return Ok(0);
                 }
