@@ -81,13 +81,16 @@ impl Tlsf {
         let blocks = &mut Slots(&mut self.blocks);
         let b = blocks.at_mut(block);
         debug_assert!(!b.free && !b.cached && b.addr - self.base < self.size);
-        let (fl, sl) = mapping_insert(size >> GRANULE_SHIFT);
-        let class = class(fl, sl);
+        // A used block carries its size's class (see `allocate` and `carve`).
+        let class = b.class as usize & (FL_ROWS * SL_COUNT - 1);
+        debug_assert_eq!(class, {
+            let (fl, sl) = mapping_insert(size >> GRANULE_SHIFT);
+            super::class(fl, sl)
+        });
         let head = cache.heads[class];
         b.cached = true;
         b.generation = b.generation.wrapping_add(1);
         let generation = b.generation;
-        b.class = class as u16;
         b.prev_free = NIL;
         b.next_free = head;
         blocks.at_mut(head).prev_free = block;

@@ -50,7 +50,8 @@ struct Block {
     prev_free: u32,
     next_free: u32,
     /// The size class of a free block (its index in `heads`), kept so that taking it out of
-    /// its list needs no second mapping of its size.
+    /// its list needs no second mapping of its size; of a used or cached block, the class of
+    /// its own size, so that caching it needs none either.
     class: u16,
     free: bool,
     /// Freed by its user but not yet merged: in a [`Cache`] list, neither used nor free.
@@ -125,6 +126,14 @@ fn mapping_insert(units: u64) -> (usize, usize) {
 #[inline(always)]
 fn class(fl: usize, sl: usize) -> usize {
     (fl & (FL_ROWS - 1)) << SL_SHIFT | (sl & (SL_COUNT - 1))
+}
+
+/// The class of a block of `size` bytes (a multiple of [`GRANULE`]): a used block carries it
+/// ([`Block::class`]), so that freeing it into the reuse cache need not work it out again.
+#[inline(always)]
+fn size_class(size: u64) -> usize {
+    let (fl, sl) = mapping_insert(size >> GRANULE_SHIFT);
+    class(fl, sl)
 }
 
 /// The first class whose every block holds `units` granules (rounds up).
@@ -294,9 +303,25 @@ impl Tlsf {
     #[inline(always)]
     pub(crate) fn allocate(&mut self, size: u64, align: u64) -> Option<(u32, u64)> {
         debug_assert!(size % GRANULE == 0 && size > 0 && align.is_power_of_two());
+        // A cached block already carries its size's class.
         if let Some(taken) = self.take_cached(size, align) {
             return Some(taken);
         }
+        self.allocate_from_lists(size, align)
+    }
+
+    /// [`allocate`](Self::allocate) from the free lists; the block taken carries its size's
+    /// class.
+    #[inline(never)]
+    fn allocate_from_lists(&mut self, size: u64, align: u64) -> Option<(u32, u64)> {
+        let taken = self.search_lists(size, align)?;
+        self.blocks[taken.0 as usize].class = size_class(size) as u16;
+        Some(taken)
+    }
+
+    /// The search of [`allocate_from_lists`](Self::allocate_from_lists).
+    #[inline(always)]
+    fn search_lists(&mut self, size: u64, align: u64) -> Option<(u32, u64)> {
         if self.lists.spares < SLOTS_PER_ALLOCATION {
             self.add_spares();
         }

@@ -9,7 +9,7 @@
 
 use alloc::vec::Vec;
 
-use super::{Block, GRANULE, NIL, Slots, Tlsf};
+use super::{Block, GRANULE, NIL, Slots, Tlsf, size_class};
 
 /// One block of a span handed back: its address and size, its slot in the index it leaves,
 /// and whether it is free.
@@ -139,6 +139,8 @@ impl Tlsf {
                 size: p.size,
                 prev_phys: prev,
                 next_phys: NIL,
+                // A used piece carries its size's class (a free one gets its list's below).
+                class: size_class(p.size) as u16,
                 ..Block::UNUSED
             };
             if i > 0 {
