@@ -425,8 +425,8 @@ impl Budget {
 
     /// At most about `time` for the whole call, the first plan excepted (see [`Budget`]):
     /// the greedy orderings are checked against it as they go and stopped when it is spent,
-    /// the search's runs are sized to the time left. `Duration::ZERO` returns the first plan,
-    /// a best-fit sweep made in `O(n log n)`.
+    /// the search's runs are sized to the time left. `Duration::ZERO` returns the first plan:
+    /// a best-fit sweep made in `O(n log n)`, or the unaliased plan where that is smaller.
     #[cfg(feature = "std")]
     pub const fn time(time: core::time::Duration) -> Budget {
         Budget {
@@ -585,7 +585,9 @@ pub struct SearchStats {
     /// Nodes searched (buffers placed on trial).
     pub nodes: u64,
     /// The size of the plan the search started from: the smallest of the greedy orderings'
-    /// (those the budget let finish) and a best-fit sweep's.
+    /// (those the budget let finish), a best-fit sweep's and the unaliased plan's (every
+    /// field apart, in declaration order: smaller than the sweep's where its alignment
+    /// padding is less).
     pub greedy_size: usize,
     /// No plan is smaller than this: the peak-live bound, or more where the search proved so.
     pub lower: usize,

@@ -59,7 +59,15 @@ fn huge_staged_layouts_plan_and_search_without_overflow() {
                 refused += 1;
             }
         }
-        for budget in [Budget::nodes(2_000), Budget::nodes(500).until_size(0)] {
+        // A time budget of zero (the first plan alone: the best-fit sweep or the unaliased
+        // plan) and a small one (cut wherever the clock says) take the sweep's path too.
+        let budgets = [
+            Budget::nodes(2_000),
+            Budget::nodes(500).until_size(0),
+            Budget::time(std::time::Duration::ZERO),
+            Budget::time(std::time::Duration::from_micros(200)),
+        ];
+        for budget in budgets {
             match b.clone().search(budget) {
                 Ok(l) => {
                     assert_valid(&l);

@@ -300,3 +300,25 @@ fn the_search_says_why_it_stopped() {
     assert_eq!((flat.size(), flat.totals().peak_live_bound), (768, 512));
     assert_eq!(end(&flat), SearchEnd::NotSearched);
 }
+
+/// With no time for the greedy orderings the search starts from the smaller of the best-fit
+/// sweep's plan and the unaliased one, and `greedy_size` says which size that was: here the
+/// sweep puts the larger field first and pads the 4-aligned one after it (8 bytes), while
+/// declaration order needs no padding (4 bytes).
+#[test]
+fn a_zero_time_budget_starts_from_the_unaliased_plan_where_it_is_smaller() {
+    let layout = LayoutBuilder::new("Padded")
+        .align(1)
+        .stages(1)
+        .array_aligned::<u8>("small", 1, 4)
+        .live(0, 0)
+        .array_aligned::<u8>("large", 3, 1)
+        .live(0, 0)
+        .search(Budget::time(std::time::Duration::ZERO))
+        .unwrap();
+    let stats = layout.search_stats().unwrap();
+    assert_eq!(layout.totals().unaliased_size, 4);
+    assert_eq!((layout.size(), stats.greedy_size), (4, 4));
+    let offsets: Vec<usize> = layout.fields().iter().map(|f| f.offset).collect();
+    assert_eq!(offsets, [0, 1]);
+}

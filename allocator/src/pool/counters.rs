@@ -446,4 +446,68 @@ mod loom_tests {
             assert_eq!(leased + spare.drain(), TOTAL);
         });
     }
+
+    /// The spare split over both shards so that no shard alone holds what heap 0 needs: it
+    /// gathers from both (or fails and gives back what it gathered) while heap 1 takes from
+    /// its own shard and the pool, under its lock but without the heaps', draws from the spare
+    /// as `draw_spare` does, then drains it with every lease locked. A request that fails
+    /// takes nothing; no byte is lost or made; and once they are done the bytes left are
+    /// found again whole, whichever shard the failed gathering gave them back to.
+    #[test]
+    fn loom_gathering_from_several_shards_loses_no_byte() {
+        loom::model(|| {
+            const TOTAL: usize = 6;
+            let spare = Arc::new(Spare::default());
+            spare.give(0, 3);
+            spare.give(1, 3);
+            let leases: Arc<Vec<Mutex<Lease>>> = Arc::new(
+                (0..2)
+                    .map(|_| {
+                        Mutex::new(Lease {
+                            keep: 1,
+                            ..Lease::default()
+                        })
+                    })
+                    .collect(),
+            );
+            let heaps: Vec<_> = [4, 2]
+                .into_iter()
+                .enumerate()
+                .map(|(h, reserved)| {
+                    let (spare, leases) = (spare.clone(), leases.clone());
+                    loom::thread::spawn(move || {
+                        let mut lease = leases[h].lock().unwrap();
+                        if lease.refill(&spare, h, reserved) {
+                            assert!(lease.fits(reserved));
+                        } else {
+                            assert_eq!(lease.cap, 0, "a failed refill took bytes");
+                        }
+                    })
+                })
+                .collect();
+            // The pool's draw, without the heaps' locks.
+            let drawn = spare.take(0, 1, 0).unwrap_or(0);
+            {
+                let locked: Vec<_> = leases.iter().map(|l| l.lock().unwrap()).collect();
+                let leased: usize = locked.iter().map(|l| l.cap).sum();
+                let drained = spare.drain();
+                assert_eq!(
+                    leased + drained + drawn,
+                    TOTAL,
+                    "a byte went missing with the leases locked"
+                );
+                spare.give(0, drained);
+            }
+            for heap in heaps {
+                heap.join().unwrap();
+            }
+            let leased: usize = leases.iter().map(|l| l.lock().unwrap().cap).sum();
+            let left = TOTAL - leased - drawn;
+            assert_eq!(spare.bytes(), left);
+            // Nothing stranded: a request for all that is left, from either shard, gets it.
+            if left > 0 {
+                assert_eq!(spare.take(1, left, 0), Some(left));
+            }
+        });
+    }
 }
