@@ -516,7 +516,7 @@ impl Clock {
         true
     }
 
-    /// The search's runs start now, the engine having done `work`.
+    /// The search's runs start now (the engine has done no work yet: it was just built).
     fn start_search(&mut self) {
         #[cfg(feature = "std")]
         {
@@ -547,8 +547,10 @@ impl Clock {
     }
 }
 
-/// Why [`LayoutBuilder::search`] stopped.
+/// Why [`LayoutBuilder::search`] stopped. (Non-exhaustive: a later search may stop for
+/// another reason.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum SearchEnd {
     /// The plan is proved the smallest there is: its size is [`SearchStats::lower`].
     Optimal,

@@ -1614,6 +1614,7 @@ fn once_a_thread_has_a_heap_a_thread_without_one_gets_one() {
         .unwrap();
     let first = pool.allocate(4096, 0).unwrap();
     assert_eq!(pool.thread_heaps(), 0);
+    let start = std::sync::Barrier::new(2);
     let heaps_before = std::thread::scope(|s| {
         let (parked_tx, parked_rx) = mpsc::channel();
         let mut releases = Vec::new();
@@ -1621,18 +1622,25 @@ fn once_a_thread_has_a_heap_a_thread_without_one_gets_one() {
             .map(|t| {
                 let (release_tx, release_rx) = mpsc::channel::<()>();
                 releases.push(release_tx);
-                let (pool, parked_tx) = (&pool, parked_tx.clone());
+                let (pool, parked_tx, start) = (&pool, parked_tx.clone(), &start);
                 s.spawn(move || {
                     let mut rng = Rng(t + 11);
                     let mut live = Vec::new();
-                    // Contention comes within a few thousand calls on any machine with two
-                    // threads; the bound only keeps a broken pool from looping for ever.
-                    for i in 0..2_000_000u32 {
+                    // Both run until one has met the other on the lock: within a few thousand
+                    // calls on an idle machine with two cores, later on a loaded one (a bound
+                    // in calls let one thread finish before the other ran, now and then, under
+                    // a loaded CI). The deadline only keeps a broken pool from looping for
+                    // ever.
+                    start.wait();
+                    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+                    for i in 0u64.. {
                         live.push(pool.allocate(rng.size(16 << 10), 0).unwrap());
                         if live.len() > 8 {
                             pool.deallocate(live.swap_remove(0)).unwrap();
                         }
-                        if i % 64 == 0 && pool.thread_heaps() > 0 {
+                        if i % 64 == 0
+                            && (pool.thread_heaps() > 0 || std::time::Instant::now() > deadline)
+                        {
                             break;
                         }
                     }
