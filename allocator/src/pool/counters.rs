@@ -230,17 +230,22 @@ impl Spare {
                 return Some(taken);
             }
         }
-        // Enough only together: gathered, shard by shard; given back to its own shard when
-        // even that falls short.
+        // Enough only together: gathered, shard by shard, `more` too where there is (a heap
+        // that got only its need would gather again at its next shortfall); given back to its
+        // own shard when even that falls short.
+        let want = need.saturating_add(more);
         let mut got = 0;
         for i in 0..SPARE_SHARDS {
             let there = at(i).0.load(Ordering::Relaxed);
             if there > 0 {
-                got += at(i).take(1, (need - got).min(there) - 1).unwrap_or(0);
+                got += at(i).take(1, (want - got).min(there) - 1).unwrap_or(0);
             }
-            if got >= need {
-                return Some(got);
+            if got >= want {
+                break;
             }
+        }
+        if got >= need {
+            return Some(got);
         }
         self.give(shard, got);
         None
@@ -362,14 +367,20 @@ mod tests {
         // Its own shard first.
         assert_eq!(spare.take(1, 2, 0), Some(2));
         assert_eq!(spare.take(1, 1, 10), Some(1));
-        // No shard with enough alone: gathered from several.
+        // No shard with enough alone: gathered from several, with `more` where there is.
         spare.give(0, 3);
         spare.give(7, 2);
         assert_eq!(spare.bytes(), 9);
-        assert_eq!(spare.take(3, 8, 100), Some(8));
-        assert_eq!(spare.bytes(), 1);
+        assert_eq!(spare.take(3, 8, 100), Some(9));
+        assert_eq!(spare.bytes(), 0);
+        // Gathering stops at the need and `more`: shards 5 and 7 (from shard 2 on) give 3 + 2.
+        spare.give(0, 3);
+        spare.give(5, 3);
+        spare.give(7, 3);
+        assert_eq!(spare.take(2, 4, 1), Some(5));
+        assert_eq!(spare.bytes(), 4);
         // Not enough together: nothing taken, and the bytes it gathered are still there.
-        spare.give(6, 4);
+        spare.give(6, 1);
         assert_eq!(spare.take(4, 6, 0), None);
         assert_eq!(spare.bytes(), 5);
         assert_eq!(spare.drain(), 5);
