@@ -9,6 +9,7 @@ use super::{ClientShare, HeapState, SERIAL_BATCH, Span, ThreadHeap, keep};
 use crate::error::Error;
 use crate::pool::counters::Lease;
 use crate::pool::engine::{Ask, HEAP_SLOW, SINK, Shared, State};
+use crate::pool::lock::LockGuard;
 use crate::pool::tlsf::{self, GRANULE};
 use crate::pool::{AllocRequest, reserved_bytes};
 
@@ -23,13 +24,7 @@ impl Shared {
         ask: &Ask,
         owned: bool,
     ) -> Option<u64> {
-        let reserved = reserved_bytes(ask.size).filter(|&r| r <= self.capacity)?;
-        // Held by another thread only while it takes leases back or gives spans back.
-        let mut guard = heap.state.try_guard()?;
-        // Checked again under the heap's lock: a sink switched on since is seen here.
-        if self.flags.load(Ordering::Relaxed) & HEAP_SLOW != 0 {
-            return None;
-        }
+        let (mut guard, reserved) = self.heap_guard(heap, ask)?;
         let h = &mut *guard;
         let share = h.clients.get_mut(ask.client as usize)?;
         if h.serials.0 == h.serials.1 {
@@ -49,6 +44,25 @@ impl Shared {
         HeapState::count(&mut h.lease, share, &mut h.serials, ask, reserved);
         h.record(ask, owned, block, addr);
         Some(addr)
+    }
+
+    /// Where an allocation on `heap` without the pool's lock starts: the bytes the request
+    /// reserves (within the capacity) and the heap's lock, unless another thread holds it or
+    /// a sink or tracking was switched on since the caller looked.
+    #[inline(always)]
+    fn heap_guard<'h>(
+        &self,
+        heap: &'h ThreadHeap,
+        ask: &Ask,
+    ) -> Option<(LockGuard<'h, HeapState>, usize)> {
+        let reserved = reserved_bytes(ask.size).filter(|&r| r <= self.capacity)?;
+        // Held by another thread only while it takes leases back or gives spans back.
+        let guard = heap.state.try_guard()?;
+        // Checked again under the heap's lock: a sink switched on since is seen here.
+        if self.flags.load(Ordering::Relaxed) & HEAP_SLOW != 0 {
+            return None;
+        }
+        Some((guard, reserved))
     }
 
     /// With exact peaks: takes what the heap's leases (the pool's, `share`'s) lack for
@@ -128,11 +142,7 @@ impl Shared {
     #[cold]
     #[inline(never)]
     fn heap_allocate_merging(&self, heap: &ThreadHeap, ask: &Ask, owned: bool) -> Option<u64> {
-        let reserved = reserved_bytes(ask.size).filter(|&r| r <= self.capacity)?;
-        let mut guard = heap.state.try_guard()?;
-        if self.flags.load(Ordering::Relaxed) & HEAP_SLOW != 0 {
-            return None;
-        }
+        let (mut guard, reserved) = self.heap_guard(heap, ask)?;
         let h = &mut *guard;
         let share = h.clients.get_mut(ask.client as usize)?;
         if h.retired || h.serials.0 == h.serials.1 || h.tlsf.cached().1 == 0 {
