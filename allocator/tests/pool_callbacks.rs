@@ -701,3 +701,25 @@ fn a_slice_dropped_in_an_event_destructor_is_freed_before_an_allocation_needs_it
     pool.deallocate(all).unwrap();
     assert_eq!(pool.stats().live, 0);
 }
+
+#[test]
+fn a_slice_dropped_by_the_allocations_own_reclaim_is_freed_for_it() {
+    // The event that owns the slice completes, but nothing reclaims it before the allocation
+    // that needs the whole region: the allocation's own reclaim drops the event (and the
+    // slice in it) under the lock, after the allocation looked for deferred frees. It must
+    // still find the slice's memory free.
+    let (pool, streams) = hooked_pool("slice-in-an-event-own-reclaim");
+    let slice = pool.alloc_slice::<u8>(512 << 10).unwrap();
+    let a = pool.allocate(4096, 0).unwrap();
+    pool.deallocate_on(a, OTHER).unwrap();
+    *streams.on_event_drop.lock().unwrap() = Some(Box::new(move || drop(slice)));
+    streams.complete.store(true, Ordering::SeqCst);
+    let all = within(20, {
+        let pool = pool.clone();
+        move || pool.allocate(1 << 20, 0)
+    });
+    let all = all.expect("the allocation returned").unwrap();
+    pool.deallocate(all).unwrap();
+    let stats = pool.stats();
+    assert_eq!((stats.live, stats.in_use, stats.pending), (0, 0, 0));
+}

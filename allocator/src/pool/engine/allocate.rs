@@ -385,6 +385,9 @@ impl Shared {
                 .iter()
                 .any(|(_, queue)| queue.iter().any(|p| p.given_back));
         loop {
+            // Events dropped above (`reclaim_parked`) or by the last attempt's give-back
+            // (`order_given_back`) may have owned slices: their memory is free for this one.
+            self.make_deferred_frees(state);
             if self.exact_peaks && !state.heaps.is_empty() {
                 // Headroom that waits for heaps serves the pool's own index too.
                 self.draw_spare(state, ask.client, reserved);
@@ -656,6 +659,9 @@ impl Shared {
             }
         }
         self.forget_empty_queues(state);
+        // The events dropped here may have owned slices of this pool (see `defer_free`): their
+        // memory is free when this returns.
+        self.make_deferred_frees(state);
         reclaimed
     }
 
