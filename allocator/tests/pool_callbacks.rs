@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once, OnceLock};
 
 use devarena::pool::{
-    FreeRequest, MAX_REUSE_BLOCKS, PoolAction, PoolEvent, StreamEvent, StreamId, StreamSync,
+    AllocRequest, FreeRequest, MAX_REUSE_BLOCKS, ManualStreams, PoolAction, PoolEvent, StreamEvent,
+    StreamId, StreamSync,
 };
 use devarena::{Error, Pool, PoolClient};
 
@@ -722,4 +723,122 @@ fn a_slice_dropped_by_the_allocations_own_reclaim_is_freed_for_it() {
     pool.deallocate(all).unwrap();
     let stats = pool.stats();
     assert_eq!((stats.live, stats.in_use, stats.pending), (0, 0, 0));
+}
+
+/// [`ManualStreams`] (its events, waits and captures) with a hook run in `record` (once), and
+/// one that the next event recorded runs in its destructor.
+#[derive(Default)]
+struct HookedManual {
+    manual: ManualStreams,
+    on_record: Hook,
+    on_event_drop: Hook,
+}
+
+/// An event of [`HookedManual`]: `ManualStreams`' own, and what runs when it is dropped.
+struct DropHooked {
+    event: Box<dyn StreamEvent>,
+    on_drop: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl std::fmt::Debug for DropHooked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DropHooked")
+    }
+}
+
+impl StreamEvent for DropHooked {
+    fn is_complete(&self) -> Result<bool, Error> {
+        self.event.is_complete()
+    }
+}
+
+impl Drop for DropHooked {
+    fn drop(&mut self) {
+        if let Some(hook) = self.on_drop.take() {
+            hook();
+        }
+    }
+}
+
+impl std::fmt::Debug for HookedManual {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HookedManual")
+    }
+}
+
+impl StreamSync for HookedManual {
+    fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
+        let hook = self.on_record.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+        Ok(Box::new(DropHooked {
+            event: self.manual.record(stream)?,
+            on_drop: self.on_event_drop.lock().unwrap().take(),
+        }))
+    }
+    fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
+        self.manual.order_after(waiter, producer)
+    }
+    fn is_capturing(&self, stream: StreamId) -> Result<bool, Error> {
+        self.manual.is_capturing(stream)
+    }
+    fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
+        self.manual.synchronize(stream)
+    }
+}
+
+#[test]
+fn a_deferred_free_on_the_home_stream_does_not_make_a_capturing_stream_wait() {
+    // A slice on the home stream dropped in `record` (under the pool's lock) is freed by the
+    // next call that allocates. When that call is an allocation for a capturing stream, the
+    // host must have waited for the home stream past that free too: the capturing stream
+    // cannot wait for the home stream (the capture would be invalidated).
+    const CAPTURE: StreamId = StreamId(3);
+    let streams = Arc::new(HookedManual::default());
+    let pool = Pool::builder(1 << 20)
+        .name("deferred-before-capture")
+        .reuse(0, 0)
+        .thread_heaps(0)
+        .streams(streams.clone(), HOME)
+        .build_host()
+        .unwrap();
+    let slice = pool.alloc_slice::<u8>(4096).unwrap();
+    *streams.on_record.lock().unwrap() = Some(Box::new(move || drop(slice)));
+    let a = pool.allocate(4096, 0).unwrap();
+    pool.deallocate_on(a, OTHER).unwrap();
+    streams.manual.begin_capture(CAPTURE);
+    let b = pool.allocate_for_capture(AllocRequest::new(256, 0).on(CAPTURE));
+    assert!(b.is_ok(), "{b:?}");
+    assert_eq!(streams.manual.refused(), []);
+    // The slice was freed (before the capture's allocation), and the home stream waited for.
+    let stats = pool.stats();
+    assert_eq!((stats.live, stats.pending), (1, 4096));
+    assert!(streams.manual.synchronized().contains(&HOME));
+}
+
+#[test]
+fn a_slice_freed_by_a_capturing_allocations_own_reclaim_does_not_make_it_wait() {
+    // The same, with the slice in an event that the capture's allocation reclaims itself.
+    const CAPTURE: StreamId = StreamId(3);
+    let streams = Arc::new(HookedManual::default());
+    let pool = Pool::builder(1 << 20)
+        .name("deferred-in-capture-reclaim")
+        .reuse(0, 0)
+        .thread_heaps(0)
+        .streams(streams.clone(), HOME)
+        .build_host()
+        .unwrap();
+    let slice = pool.alloc_slice::<u8>(4096).unwrap();
+    *streams.on_event_drop.lock().unwrap() = Some(Box::new(move || drop(slice)));
+    let a = pool.allocate(4096, 0).unwrap();
+    pool.deallocate_on(a, OTHER).unwrap();
+    streams.manual.complete(OTHER);
+    streams.manual.begin_capture(CAPTURE);
+    let b = pool.allocate_for_capture(AllocRequest::new(256, 0).on(CAPTURE));
+    assert!(b.is_ok(), "{b:?}");
+    assert_eq!(streams.manual.refused(), []);
+    let stats = pool.stats();
+    assert_eq!((stats.live, stats.pending), (1, 0));
+    assert!(streams.manual.synchronized().contains(&HOME));
 }

@@ -370,7 +370,13 @@ impl Shared {
         info: Option<Box<LiveInfo>>,
     ) -> Result<u64, Error> {
         if !state.parked.is_empty() {
+            let epoch = state.home_epoch;
             self.reclaim_parked(state);
+            if state.home_epoch > epoch {
+                // A slice that an event dropped there was freed on the home stream: a
+                // capturing stream, which cannot wait for it, has the host wait instead.
+                self.drain_home_for_capture(state, ask.stream)?;
+            }
         }
         let reserved = match reserved_bytes(ask.size) {
             Some(r) if r <= self.capacity => r,
@@ -385,9 +391,6 @@ impl Shared {
                 .iter()
                 .any(|(_, queue)| queue.iter().any(|p| p.given_back));
         loop {
-            // Events dropped above (`reclaim_parked`) or by the last attempt's give-back
-            // (`order_given_back`) may have owned slices: their memory is free for this one.
-            self.make_deferred_frees(state);
             if self.exact_peaks && !state.heaps.is_empty() {
                 // Headroom that waits for heaps serves the pool's own index too.
                 self.draw_spare(state, ask.client, reserved);
@@ -413,6 +416,8 @@ impl Shared {
                     let epoch = state.home_epoch;
                     self.dissolve_all(state, true);
                     self.order_given_back(state);
+                    // The events it dropped may have owned slices: freed for this request.
+                    self.make_deferred_frees(state);
                     given_back = true;
                     if state.home_epoch > epoch {
                         // Blocks that reached the pool's index here are ordered before the

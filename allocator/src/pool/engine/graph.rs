@@ -115,29 +115,39 @@ impl Shared {
     /// again, and after [`TRIM_TRIES`] tries it happens under the lock (as `trim_to` does).
     fn lock_drained(&self, stream: StreamId) -> Result<LockGuard<'_, State>, Error> {
         let Some(streams) = self.streams.as_ref().filter(|_| stream != self.home) else {
-            return self.lock();
+            return self.lock_made();
         };
         for _ in 0..TRIM_TRIES {
             let epoch = {
-                let state = self.lock()?;
+                let state = self.lock_made()?;
                 if state.graphs.drained >= state.home_epoch {
                     return Ok(state);
                 }
                 state.home_epoch
             };
             self.synchronize_home()?;
-            let mut state = self.lock()?;
+            let mut state = self.lock_made()?;
             state.graphs.drained = state.graphs.drained.max(epoch);
             if state.graphs.drained >= state.home_epoch {
                 return Ok(state);
             }
         }
-        let mut state = self.lock()?;
+        let mut state = self.lock_made()?;
         if state.graphs.drained < state.home_epoch {
             let epoch = state.home_epoch;
             self.stream_call("synchronize", || streams.synchronize(self.home))?;
             state.graphs.drained = epoch;
         }
+        Ok(state)
+    }
+
+    /// The lock, with the deferred frees made (see [`defer_free`](Self::defer_free)): a free
+    /// on the home stream then counts in the epoch that [`lock_drained`](Self::lock_drained)
+    /// compares with what the host waited for (made later, by the general path, it would have
+    /// a capturing stream wait for the home stream, which invalidates the capture).
+    fn lock_made(&self) -> Result<LockGuard<'_, State>, Error> {
+        let mut state = self.lock()?;
+        self.make_deferred_frees(&mut state);
         Ok(state)
     }
 
