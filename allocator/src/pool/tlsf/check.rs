@@ -53,6 +53,14 @@ impl Tlsf {
                 if b.free {
                     free_bytes += b.size;
                     free_blocks += 1;
+                } else {
+                    // Released into the cache by this class, without mapping its size again.
+                    assert_eq!(
+                        b.class as usize,
+                        size_class(b.size),
+                        "a used block at {:#x} carries its size's class",
+                        b.addr
+                    );
                 }
                 prev_free = b.free;
                 expect_addr += b.size;
