@@ -842,3 +842,36 @@ fn a_slice_freed_by_a_capturing_allocations_own_reclaim_does_not_make_it_wait() 
     assert_eq!((stats.live, stats.pending), (1, 0));
     assert!(streams.manual.synchronized().contains(&HOME));
 }
+
+#[test]
+fn a_slice_of_a_thread_heap_dropped_in_an_event_destructor_is_freed_on_its_heap() {
+    // The slice and the parked block are the main thread's heap's; another thread's reclaim
+    // drops the event (and the slice in it) under the pool's lock. The free is deferred, then
+    // made on the heap that owns the block, and nothing leaks.
+    capture_logs();
+    let streams = Arc::new(Hooked::default());
+    let pool = Arc::new(
+        Pool::builder(1 << 20)
+            .name("heap-slice-in-an-event")
+            .eager_thread_heaps(true)
+            .streams(streams.clone(), HOME)
+            .build_host()
+            .unwrap(),
+    );
+    let slice = pool.alloc_slice::<u8>(256 << 10).unwrap();
+    let a = pool.allocate(4096, 0).unwrap();
+    assert_eq!(pool.thread_heaps(), 1);
+    pool.deallocate_on(a, OTHER).unwrap();
+    let frees = pool.stats().frees;
+    *streams.on_event_drop.lock().unwrap() = Some(Box::new(move || drop(slice)));
+    reclaim_the_parked_block(&pool, &streams);
+    let deferred = logs_containing("pool `heap-slice-in-an-event`: the free of a slice");
+    assert_eq!(deferred.len(), 1, "{deferred:?}");
+    let stats = pool.stats();
+    assert_eq!((stats.live, stats.in_use, stats.requested), (0, 0, 0));
+    assert_eq!(stats.frees, frees + 1);
+    assert!(pool.leak_report().leaks.is_empty());
+    // The whole region in one request: every byte came back.
+    let all = pool.allocate(1 << 20, 0).unwrap();
+    pool.deallocate(all).unwrap();
+}
