@@ -508,7 +508,7 @@ impl Shared {
             log::debug!(
                 target: "devarena::pool",
                 "pool `{}`: the free of a slice at {addr:#x} dropped in a callback of the pool \
-                 waits for the next call that takes the lock",
+                 waits for the next call that needs it",
                 self.name
             )
         });

@@ -12,8 +12,8 @@ use crate::error::Error;
 use crate::layout::Element;
 
 /// `len` elements of `T` in a pool, freed (on its stream) when dropped. (Dropped inside one of
-/// its pool's own callbacks, where the pool is locked, it is freed by the pool's next call
-/// that takes the lock: see [`StreamSync`](super::StreamSync).)
+/// its pool's own callbacks, where the pool is locked, it is freed by the first later call
+/// that needs the memory or the counts: see [`StreamSync`](super::StreamSync).)
 ///
 /// The block is aligned to at least 256 bytes and to `T`. Only the slice can free it: passing
 /// its address to [`Pool::deallocate`](super::Pool::deallocate) is an error, so safe code can

@@ -106,8 +106,10 @@ pub trait StreamEvent: Send + fmt::Debug {
 /// should not block, and must not call back into the pool. From inside them, the pool's
 /// allocations, frees and `reclaim` return an error, with one exception: a
 /// [`PoolSlice`](super::PoolSlice) of the pool dropped there (an event that owns one, to keep
-/// a buffer alive until it completes, say) is freed by the next call that takes the pool's
-/// lock, before that call does anything else. Its statistics, reports and settings,
+/// a buffer alive until it completes, say) is freed later, by the first call that needs the
+/// memory or the counts: statistics, reports, settings, `reclaim`, `trim`, and every
+/// allocation that a thread heap does not serve (before it looks for a block; a plain free
+/// does not look). Its statistics, reports and settings,
 /// which return plain values, do not return at all: they unwind out of the method (with
 /// [`std::panic::resume_unwind`], so no panic hook runs), and the pool call that made the
 /// method fails with an error naming what was asked for. A panic in them is caught and becomes
