@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once, OnceLock};
 
 use devarena::pool::{
-    AllocRequest, FreeRequest, MAX_REUSE_BLOCKS, ManualStreams, PoolAction, PoolEvent, StreamEvent,
-    StreamId, StreamSync,
+    AllocRequest, FreeRequest, MAX_REUSE_BLOCKS, ManualStreams, PoolAction, PoolEvent, PoolSlice,
+    StreamEvent, StreamId, StreamSync,
 };
 use devarena::{Error, Pool, PoolClient};
 
@@ -794,50 +794,62 @@ fn a_deferred_free_on_the_home_stream_does_not_make_a_capturing_stream_wait() {
     // next call that allocates. When that call is an allocation for a capturing stream, the
     // host must have waited for the home stream past that free too: the capturing stream
     // cannot wait for the home stream (the capture would be invalidated).
-    const CAPTURE: StreamId = StreamId(3);
-    let streams = Arc::new(HookedManual::default());
-    let pool = Pool::builder(1 << 20)
-        .name("deferred-before-capture")
-        .reuse(0, 0)
-        .thread_heaps(0)
-        .streams(streams.clone(), HOME)
-        .build_host()
-        .unwrap();
-    let slice = pool.alloc_slice::<u8>(4096).unwrap();
-    *streams.on_record.lock().unwrap() = Some(Box::new(move || drop(slice)));
-    let a = pool.allocate(4096, 0).unwrap();
-    pool.deallocate_on(a, OTHER).unwrap();
-    streams.manual.begin_capture(CAPTURE);
-    let b = pool.allocate_for_capture(AllocRequest::new(256, 0).on(CAPTURE));
-    assert!(b.is_ok(), "{b:?}");
-    assert_eq!(streams.manual.refused(), []);
+    let (pool, streams) =
+        slice_dropped_then_captured("deferred-before-capture", |streams, slice| {
+            *streams.on_record.lock().unwrap() = Some(Box::new(move || drop(slice)));
+        });
     // The slice was freed (before the capture's allocation), and the home stream waited for.
     let stats = pool.stats();
     assert_eq!((stats.live, stats.pending), (1, 4096));
     assert!(streams.manual.synchronized().contains(&HOME));
 }
 
-#[test]
-fn a_slice_freed_by_a_capturing_allocations_own_reclaim_does_not_make_it_wait() {
-    // The same, with the slice in an event that the capture's allocation reclaims itself.
+/// A pool on a [`HookedManual`] runtime with a 4096-byte slice that `hook` hands to the
+/// runtime (to drop in `record` or in an event's destructor), a block freed on `OTHER` (its
+/// event recorded), then (after `hook`'s runtime setup) an allocation for a stream that
+/// captures: it succeeds, and the runtime refused no call.
+fn slice_dropped_then_captured(
+    name: &str,
+    hook: impl FnOnce(&HookedManual, PoolSlice<u8>),
+) -> (Pool, Arc<HookedManual>) {
+    slice_dropped_then_captured_after(name, hook, |_| {})
+}
+
+fn slice_dropped_then_captured_after(
+    name: &str,
+    hook: impl FnOnce(&HookedManual, PoolSlice<u8>),
+    before_capture: impl FnOnce(&HookedManual),
+) -> (Pool, Arc<HookedManual>) {
     const CAPTURE: StreamId = StreamId(3);
     let streams = Arc::new(HookedManual::default());
     let pool = Pool::builder(1 << 20)
-        .name("deferred-in-capture-reclaim")
+        .name(name)
         .reuse(0, 0)
         .thread_heaps(0)
         .streams(streams.clone(), HOME)
         .build_host()
         .unwrap();
-    let slice = pool.alloc_slice::<u8>(4096).unwrap();
-    *streams.on_event_drop.lock().unwrap() = Some(Box::new(move || drop(slice)));
+    hook(&streams, pool.alloc_slice::<u8>(4096).unwrap());
     let a = pool.allocate(4096, 0).unwrap();
     pool.deallocate_on(a, OTHER).unwrap();
-    streams.manual.complete(OTHER);
+    before_capture(&streams);
     streams.manual.begin_capture(CAPTURE);
     let b = pool.allocate_for_capture(AllocRequest::new(256, 0).on(CAPTURE));
     assert!(b.is_ok(), "{b:?}");
     assert_eq!(streams.manual.refused(), []);
+    (pool, streams)
+}
+
+#[test]
+fn a_slice_freed_by_a_capturing_allocations_own_reclaim_does_not_make_it_wait() {
+    // The same, with the slice in an event that the capture's allocation reclaims itself.
+    let (pool, streams) = slice_dropped_then_captured_after(
+        "deferred-in-capture-reclaim",
+        |streams, slice| {
+            *streams.on_event_drop.lock().unwrap() = Some(Box::new(move || drop(slice)));
+        },
+        |streams| streams.manual.complete(OTHER),
+    );
     let stats = pool.stats();
     assert_eq!((stats.live, stats.pending), (1, 0));
     assert!(streams.manual.synchronized().contains(&HOME));
