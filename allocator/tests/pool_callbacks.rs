@@ -688,15 +688,22 @@ fn a_slice_dropped_in_an_event_destructor_is_freed_by_the_next_call() {
     pool.deallocate(all).unwrap();
 }
 
-#[test]
-fn a_slice_dropped_in_an_event_destructor_is_freed_before_an_allocation_needs_it() {
-    // The same, with an allocation as the next call: it needs the whole region, which it
-    // finds only once the deferred free is made.
-    let (pool, streams) = hooked_pool("slice-in-an-event-alloc");
+/// A [`hooked_pool`] with a slice of half its region, and a block of 4096 bytes freed on
+/// `OTHER` whose event (not complete) drops the slice when it is dropped.
+fn slice_in_a_parked_blocks_event(name: &str) -> (Arc<Pool>, Arc<Hooked>) {
+    let (pool, streams) = hooked_pool(name);
     let slice = pool.alloc_slice::<u8>(512 << 10).unwrap();
     let a = pool.allocate(4096, 0).unwrap();
     pool.deallocate_on(a, OTHER).unwrap();
     *streams.on_event_drop.lock().unwrap() = Some(Box::new(move || drop(slice)));
+    (pool, streams)
+}
+
+#[test]
+fn a_slice_dropped_in_an_event_destructor_is_freed_before_an_allocation_needs_it() {
+    // The same, with an allocation as the next call: it needs the whole region, which it
+    // finds only once the deferred free is made.
+    let (pool, streams) = slice_in_a_parked_blocks_event("slice-in-an-event-alloc");
     reclaim_the_parked_block(&pool, &streams);
     let all = pool.allocate(1 << 20, 0).unwrap();
     pool.deallocate(all).unwrap();
@@ -709,11 +716,7 @@ fn a_slice_dropped_by_the_allocations_own_reclaim_is_freed_for_it() {
     // that needs the whole region: the allocation's own reclaim drops the event (and the
     // slice in it) under the lock, after the allocation looked for deferred frees. It must
     // still find the slice's memory free.
-    let (pool, streams) = hooked_pool("slice-in-an-event-own-reclaim");
-    let slice = pool.alloc_slice::<u8>(512 << 10).unwrap();
-    let a = pool.allocate(4096, 0).unwrap();
-    pool.deallocate_on(a, OTHER).unwrap();
-    *streams.on_event_drop.lock().unwrap() = Some(Box::new(move || drop(slice)));
+    let (pool, streams) = slice_in_a_parked_blocks_event("slice-in-an-event-own-reclaim");
     streams.complete.store(true, Ordering::SeqCst);
     let all = within(20, {
         let pool = pool.clone();
