@@ -461,14 +461,18 @@ fn reclaim_the_parked_block(pool: &Arc<Pool>, streams: &Hooked) {
 
 fn hooked_pool(name: &str) -> (Arc<Pool>, Arc<Hooked>) {
     let streams = Arc::new(Hooked::default());
-    let pool = Pool::builder(1 << 20)
+    (Arc::new(pool_on(name, streams.clone())), streams)
+}
+
+/// A 1 MiB host pool on the runtime `streams`, without a reuse cache or thread heaps.
+fn pool_on(name: &str, streams: Arc<dyn StreamSync>) -> Pool {
+    Pool::builder(1 << 20)
         .name(name)
         .reuse(0, 0)
         .thread_heaps(0)
-        .streams(streams.clone(), HOME)
+        .streams(streams, HOME)
         .build_host()
-        .unwrap();
-    (Arc::new(pool), streams)
+        .unwrap()
 }
 
 #[test]
@@ -825,13 +829,7 @@ fn slice_dropped_then_captured_after(
 ) -> (Pool, Arc<HookedManual>) {
     const CAPTURE: StreamId = StreamId(3);
     let streams = Arc::new(HookedManual::default());
-    let pool = Pool::builder(1 << 20)
-        .name(name)
-        .reuse(0, 0)
-        .thread_heaps(0)
-        .streams(streams.clone(), HOME)
-        .build_host()
-        .unwrap();
+    let pool = pool_on(name, streams.clone());
     hook(&streams, pool.alloc_slice::<u8>(4096).unwrap());
     let a = pool.allocate(4096, 0).unwrap();
     pool.deallocate_on(a, OTHER).unwrap();
