@@ -169,7 +169,9 @@ impl LayoutBuilder {
     ///
     /// With a [`max_bytes`](Self::max_bytes) limit that the greedy plan exceeds, the search
     /// looks for a plan within the limit and stops at the first; the error names the best size
-    /// found when none is. A layout without stages has nothing to search.
+    /// found when none is, and says so when the time budget ran out first (a budget too short
+    /// for the greedy orderings can miss a plan that `build` finds). A layout without stages
+    /// has nothing to search.
     ///
     /// A layout the greedy planner misses by 3 bytes:
     ///
@@ -242,7 +244,17 @@ impl LayoutBuilder {
                 &mut clock,
             ),
         };
-        plan::check_max_bytes(&self.spec, totals.size).map_err(|e| self.plan_error(e))?;
+        if let Err(e) = plan::check_max_bytes(&self.spec, totals.size) {
+            let mut error = self.plan_error(e);
+            // Not what the layout needs: how far a search cut short got.
+            if let (SearchEnd::Budget, Error::Plan { message, .. }) = (stats.end, &mut error) {
+                message.push_str(
+                    " (the best plan found before the search's time budget ran out: a larger \
+                     budget may find one within the limit)",
+                );
+            }
+            return Err(error);
+        }
         Ok(self.finish(slots, totals, Some(stats)))
     }
 

@@ -260,6 +260,47 @@ fn a_zero_time_budget_on_a_large_layout_returns_a_valid_plan() {
     assert_eq!(stats.greedy_size, layout.size());
 }
 
+/// Under a `max_bytes` limit that `build()` meets, a search whose time budget ran out before
+/// the greedy orderings finished can miss it: the error says that the size it names is where
+/// the budget stopped, not what the layout needs.
+#[test]
+fn a_budget_that_runs_out_over_max_bytes_says_so() {
+    use std::time::Duration;
+    let n = 3_000;
+    let mut b = LayoutBuilder::new("Net").stages(n);
+    for i in 0..n {
+        let len = 1 + (i * 7919) % 50;
+        b = b
+            .array::<u8>(format!("f{i}"), 256 * (1 + (i * 31) % 9))
+            .live(i, (i + len).min(n - 1));
+    }
+    let built = b.clone().build().unwrap().size();
+    let cut = b
+        .clone()
+        .search(Budget::time(Duration::ZERO))
+        .unwrap()
+        .size();
+    assert!(
+        cut > built,
+        "the zero budget's plan ({cut}) must be over build()'s ({built})"
+    );
+    let err = b
+        .clone()
+        .max_bytes(built)
+        .search(Budget::time(Duration::ZERO))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!(
+            "needs {cut} bytes, over its max_bytes limit of {built}"
+        )) && err.contains("time budget ran out"),
+        "{err}"
+    );
+    // A node budget lets the orderings finish: the same limit is met.
+    let met = b.max_bytes(built).search(Budget::nodes(0)).unwrap();
+    assert!(met.size() <= built);
+}
+
 /// `SearchStats::end` says why the search stopped: a plan proved optimal, a plan within the
 /// size asked for, a layout without stages (nothing to search), a spent node budget.
 #[test]
