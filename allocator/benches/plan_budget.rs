@@ -13,27 +13,11 @@
 
 use std::time::{Duration, Instant};
 
-use devarena::plan::{self, Placed};
+use devarena::plan;
 use devarena::{Budget, LayoutBuilder, RuntimeLayout};
 
 mod common;
-use common::{Buffer, activations, long_lived};
-
-fn builder(buffers: &[Buffer], stages: usize) -> LayoutBuilder {
-    let mut b = LayoutBuilder::new("Large").stages(stages);
-    for (i, x) in buffers.iter().enumerate() {
-        b = b.array::<u8>(format!("b{i}"), x.size).live(x.first, x.last);
-    }
-    b
-}
-
-/// Checks a plan with the independent validator; panics (the benchmark is wrong) if it fails.
-fn check(layout: &RuntimeLayout) {
-    let placed: Vec<Placed> = layout.fields().iter().map(Placed::from).collect();
-    if let Err(v) = plan::validate(&placed, layout.size()) {
-        panic!("invalid plan: {v}");
-    }
-}
+use common::{Buffer, activations, builder, check, long_lived};
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -96,7 +80,7 @@ fn main() {
         ("long", long_lived(n, longest, 1)),
     ];
     for (name, (buffers, stages)) in &shapes {
-        let make = || builder(buffers, *stages);
+        let make = || builder("Large", buffers, *stages);
         let (build_ms, built) = time(runs, &make, &|b| b.build().expect("plans"));
         let peak = built.totals().peak_live_bound as f64;
         let conflicts = {

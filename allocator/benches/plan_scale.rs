@@ -24,26 +24,10 @@
 use std::time::{Duration, Instant};
 
 use devarena::plan::{self, FieldSpec, LayoutSpec, Placed, Slot, Strategy};
-use devarena::{Budget, LayoutBuilder, LiveRange, RuntimeLayout};
+use devarena::{Budget, LiveRange};
 
 mod common;
-use common::{Buffer, activations};
-
-fn builder(buffers: &[Buffer], stages: usize) -> LayoutBuilder {
-    let mut b = LayoutBuilder::new("Activations").stages(stages);
-    for (i, x) in buffers.iter().enumerate() {
-        b = b.array::<u8>(format!("b{i}"), x.size).live(x.first, x.last);
-    }
-    b
-}
-
-/// Checks a plan with the independent validator; panics (the benchmark is wrong) if it fails.
-fn check(layout: &RuntimeLayout) {
-    let placed: Vec<Placed> = layout.fields().iter().map(Placed::from).collect();
-    if let Err(v) = plan::validate(&placed, layout.size()) {
-        panic!("invalid plan: {v}");
-    }
-}
+use common::{Buffer, activations, builder, check};
 
 /// Greedy by size alone, through the same planner code: the baseline.
 fn by_size(buffers: &[Buffer], stages: usize) -> (usize, Duration) {
@@ -138,13 +122,15 @@ fn main() {
             let (base, t) = by_size(&buffers, stages);
 
             let t0 = Instant::now();
-            let built = builder(&buffers, stages).build().expect("plans");
+            let built = builder("Activations", &buffers, stages)
+                .build()
+                .expect("plans");
             let tb = t0.elapsed();
             check(&built);
             let peak = built.totals().peak_live_bound as f64;
 
             let t0 = Instant::now();
-            let searched = builder(&buffers, stages)
+            let searched = builder("Activations", &buffers, stages)
                 .search(Budget::time(Duration::from_millis(budget_ms)))
                 .expect("plans");
             let ts = t0.elapsed();

@@ -1,7 +1,28 @@
-//! What the planner's benchmarks share: a network-shaped instance generator.
+//! What the planner's benchmarks share: a network-shaped instance generator, the layout of an
+//! instance, and the check of a plan.
 
 // Each benchmark uses only some of it.
 #![allow(dead_code)]
+
+use devarena::plan::{self, Placed};
+use devarena::{LayoutBuilder, RuntimeLayout};
+
+/// The layout `name` of `buffers` (bytes, live from `first` to `last`) over `stages` stages.
+pub fn builder(name: &str, buffers: &[Buffer], stages: usize) -> LayoutBuilder {
+    let mut b = LayoutBuilder::new(name).stages(stages);
+    for (i, x) in buffers.iter().enumerate() {
+        b = b.array::<u8>(format!("b{i}"), x.size).live(x.first, x.last);
+    }
+    b
+}
+
+/// Checks a plan with the independent validator; panics (the benchmark is wrong) if it fails.
+pub fn check(layout: &RuntimeLayout) {
+    let placed: Vec<Placed> = layout.fields().iter().map(Placed::from).collect();
+    if let Err(v) = plan::validate(&placed, layout.size()) {
+        panic!("invalid plan: {v}");
+    }
+}
 
 /// One generated buffer: size in bytes, first and last stage.
 #[derive(Clone, Copy)]

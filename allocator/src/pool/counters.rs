@@ -397,6 +397,21 @@ mod loom_tests {
     use alloc::vec::Vec;
     use loom::sync::{Arc, Mutex};
 
+    /// Two heaps' leases, empty, each keeping 1 byte, each behind a lock of its own as a
+    /// heap's is.
+    fn two_leases() -> Arc<Vec<Mutex<Lease>>> {
+        Arc::new(
+            (0..2)
+                .map(|_| {
+                    Mutex::new(Lease {
+                        keep: 1,
+                        ..Lease::default()
+                    })
+                })
+                .collect(),
+        )
+    }
+
     /// Two heaps, each a lease behind a lock of its own as a heap's is, refill from the spare
     /// (the compare-and-swap loop, racing each other) and give back what they hoard; the pool,
     /// holding every lease's lock, drains the spare meanwhile and puts it back, as it does
@@ -408,16 +423,7 @@ mod loom_tests {
             const TOTAL: usize = 12;
             let spare = Arc::new(Spare::default());
             spare.give(0, TOTAL);
-            let leases: Arc<Vec<Mutex<Lease>>> = Arc::new(
-                (0..2)
-                    .map(|_| {
-                        Mutex::new(Lease {
-                            keep: 1,
-                            ..Lease::default()
-                        })
-                    })
-                    .collect(),
-            );
+            let leases = two_leases();
             let heaps: Vec<_> = (0..2)
                 .map(|h| {
                     let (spare, leases) = (spare.clone(), leases.clone());
@@ -471,16 +477,7 @@ mod loom_tests {
             let spare = Arc::new(Spare::default());
             spare.give(0, 3);
             spare.give(1, 3);
-            let leases: Arc<Vec<Mutex<Lease>>> = Arc::new(
-                (0..2)
-                    .map(|_| {
-                        Mutex::new(Lease {
-                            keep: 1,
-                            ..Lease::default()
-                        })
-                    })
-                    .collect(),
-            );
+            let leases = two_leases();
             let heaps: Vec<_> = [4, 2]
                 .into_iter()
                 .enumerate()
