@@ -18,7 +18,7 @@ use super::lock::{Lock, LockGuard, Reentrant, logged};
 use super::region::{Region, RegionOwner};
 use super::stats::{ClientStats, Leak, LeakReport, PoolStats, Tracking};
 use super::stream::{HeldEvent, StreamEvent, StreamId, StreamSync};
-use super::thread_heap::{self, HeapEntry, ThreadHeap};
+use super::thread_heap::{self, HeapEntry, SpanDirectory, ThreadHeap};
 use super::tlsf::Tlsf;
 use super::vmm::{ChunkMap, Mapping};
 use super::{BLOCK_GRANULE, DEFAULT_REUSE_BLOCKS};
@@ -244,6 +244,8 @@ pub(super) struct Shared {
     /// (counted in the state's `counts.leased`), which heaps take and give back without the
     /// lock (see [`thread_heap`]).
     pub(super) spare: Spare,
+    /// Where the heaps' spans lie, for frees from other threads (see `thread_heap::remote`).
+    pub(super) span_dir: SpanDirectory,
     /// Without exact peaks: the headroom a lease takes beyond what it needs, and keeps.
     pub(super) lease_chunk: usize,
     /// A thread is handing the outbox to the sinks (see [`deliver`](Shared::deliver)).
@@ -379,6 +381,7 @@ impl Shared {
             heap_cache,
             exact_peaks: settings.exact_peaks,
             spare: Spare::default(),
+            span_dir: SpanDirectory::default(),
             lease_chunk: (capacity / LEASE_CHUNKS).max(BLOCK_GRANULE),
             delivering: AtomicBool::new(false),
             deferred: std::sync::Mutex::new(Vec::new()),

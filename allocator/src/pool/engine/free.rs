@@ -35,11 +35,15 @@ impl Shared {
         let stream = stream.unwrap_or(self.home);
         // The calling thread's heap for the stream of the free takes it if the allocation is
         // there (a free on another stream of a heap's block goes on, and parks it).
-        if size.is_none()
-            && self.flags.load(Ordering::Relaxed) & HEAPS != 0
-            && self.deallocate_on_thread_heap(caller, addr, stream, from_slice)
-        {
-            return Ok(());
+        if size.is_none() && self.flags.load(Ordering::Relaxed) & HEAPS != 0 {
+            if self.deallocate_on_thread_heap(caller, addr, stream, from_slice) {
+                return Ok(());
+            }
+            // Another thread's heap (a consumer freeing what a producer allocated), found and
+            // locked without the pool's lock.
+            if self.deallocate_remote(caller, addr, stream, from_slice) {
+                return Ok(());
+            }
         }
         let mut state = match self.lock() {
             Ok(state) => state,

@@ -73,6 +73,7 @@ impl Shared {
                 .unwrap_or(0);
             self.dissolve_span(&mut state, heap, h, i, &mode);
         }
+        self.publish_spans(&state);
         if self.streams.is_some() && matches!(mode, GiveBack::Free) {
             // Blocks freed on the home stream (or ordered before it) reach the pool's index.
             state.home_epoch += 1;
@@ -236,6 +237,7 @@ impl Shared {
                 let last = h.spans.len() - 1;
                 self.dissolve_span(state, heap, h, last, &mode);
             }
+            self.publish_spans(state);
             if self.streams.is_some() && matches!(mode, GiveBack::Free) {
                 // Blocks freed on the home stream (or ordered before it) reach the pool's
                 // index.

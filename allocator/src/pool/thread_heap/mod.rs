@@ -73,6 +73,13 @@
 //!   so a chunk under a heap's span stays mapped while the heap holds the span. There a heap's
 //!   reuse cache holds no more than the most the heap has had in use
 //!   ([`Shared::heap_cache_limit`]), so that what a heap maps follows its use.
+//! * **Frees from other threads.** A thread that frees a block of another thread's heap (a
+//!   data-loader thread allocates, a consumer frees) finds the heap in a copy of the pool's
+//!   map of spans readable without the pool's lock ([`SpanDirectory`]) and frees the block
+//!   under that heap's lock alone, with the checks and counts of the general path; the copy
+//!   is only a hint, checked against the heap's live allocations (see [`remote`]). Frees the
+//!   copy cannot place, and every free a heap cannot take (a sink, another stream, a refusal),
+//!   go to the pool's lock as before.
 //! * **Thread exit and pool drop.** The thread's heaps live in a thread-local list that holds
 //!   each pool weakly: when the thread exits, each heap of a pool still alive is given back. A
 //!   pool dropped first empties its heaps; the list then holds only an empty heap, dropped when
@@ -80,9 +87,12 @@
 //!
 //! Locks are taken in one order: the pool's lock, then heap locks. A thread's fast path holds
 //! only its own heap's lock (and touches a spare with atomic operations, which wait for no
-//! one); every other path that locks a heap holds the pool's lock first, so no two threads
-//! wait for each other's locks in opposite orders. No callback runs while a heap is locked by
-//! its own thread's fast path.
+//! one), and a free from another thread only the lock of the block's heap, neither waiting
+//! for any other lock while it holds its own; every other path that locks a heap holds the
+//! pool's lock first, so no two threads wait for each other's locks in opposite orders. (The
+//! span directory's read locks are held by no one who waits for another lock, and its
+//! writers hold the pool's lock.) No callback runs while a heap is locked by its own thread's
+//! fast path or by another thread's free.
 
 use alloc::sync::{Arc, Weak};
 use alloc::vec::Vec;
@@ -102,6 +112,9 @@ use super::tlsf::{GRANULE, Tlsf};
 mod dissolve;
 mod leases;
 mod paths;
+mod remote;
+
+pub(super) use remote::SpanDirectory;
 
 /// Serial numbers a heap takes from the pool at a time (numbers are for leak reports: gaps
 /// are harmless, a visit to the pool's lock for them is not).
@@ -632,6 +645,7 @@ impl Shared {
             guard.clients = Vec::new();
         }
         state.spans.clear();
+        self.publish_spans(&state);
     }
 }
 

@@ -361,6 +361,7 @@ impl Shared {
             block,
         });
         state.spans.insert(addr, (span, heap.clone()));
+        self.publish_spans(state);
         h.tlsf.allocate(size, align)
     }
 

@@ -288,3 +288,156 @@ fn a_heap_at_its_bound_merges_its_cache_without_the_pools_lock() {
     });
     shared.check_heaps();
 }
+
+/// A thread that allocates on its heap and waits, alive (its heap with it), until told to
+/// finish: the blocks it allocated (address, client 0 or 1), for other threads to free.
+fn allocate_and_wait<'scope>(
+    clients: &[crate::pool::PoolClient],
+    blocks: usize,
+    s: &'scope std::thread::Scope<'scope, '_>,
+) -> (Vec<(u64, usize)>, std::sync::mpsc::Sender<()>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (finish_tx, finish_rx) = std::sync::mpsc::channel::<()>();
+    let clients = clients.to_vec();
+    s.spawn(move || {
+        let got: Vec<(u64, usize)> = (0..blocks)
+            .map(|i| {
+                let c = i % clients.len();
+                (clients[c].allocate(1024 + 256 * i, 0).unwrap(), c)
+            })
+            .collect();
+        tx.send(got).unwrap();
+        // Alive until told: an exiting thread gives its heap back.
+        let _ = finish_rx.recv();
+    });
+    (rx.recv().unwrap(), finish_tx)
+}
+
+#[test]
+fn another_threads_frees_of_a_heaps_blocks_take_no_pool_lock() {
+    let pool = Pool::builder(64 << 20)
+        .eager_thread_heaps(true)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let shared = pool.shared().clone();
+    let clients = [pool.client("a", usize::MAX), pool.client("b", usize::MAX)];
+    let before = pool.stats();
+    std::thread::scope(|s| {
+        let (blocks, finish) = allocate_and_wait(&clients, 64, s);
+        assert_eq!(pool.thread_heaps(), 1);
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let freed = {
+            let _state = shared.lock_wait("a test");
+            let clients = &clients;
+            let shared = shared.clone();
+            s.spawn(move || {
+                // Half through the clients, half through the pool.
+                for &(addr, c) in &blocks[..32] {
+                    clients[c].deallocate(addr).unwrap();
+                }
+                for &(addr, _) in &blocks[32..] {
+                    shared
+                        .deallocate(None, crate::pool::FreeRequest::new(addr), false)
+                        .unwrap();
+                }
+                done_tx.send(blocks).unwrap();
+            });
+            // A free that needed the pool's lock would wait until this scope ends.
+            done_rx.recv_timeout(std::time::Duration::from_secs(60))
+        };
+        let blocks = freed.expect("a free of another thread's heap waited for the pool's lock");
+        // Exact counts: every byte and every free, per client as well.
+        let stats = pool.stats();
+        assert_eq!(stats.live, 0);
+        assert_eq!(stats.in_use, before.in_use);
+        assert_eq!(stats.frees, before.frees + 64);
+        for client in &clients {
+            let c = client.stats();
+            assert_eq!((c.live, c.in_use, c.frees), (0, 0, 32), "{}", c.name);
+        }
+        // A second free of the same address is refused, and names it.
+        let err = clients[0].deallocate(blocks[0].0).unwrap_err();
+        let err = alloc::string::ToString::to_string(&err);
+        assert!(err.contains(&alloc::format!("{:#x}", blocks[0].0)), "{err}");
+        assert_eq!(pool.stats().frees, before.frees + 64);
+        finish.send(()).unwrap();
+    });
+    pool.shared().check_heaps();
+}
+
+#[test]
+fn another_threads_free_through_the_wrong_client_is_refused_and_changes_nothing() {
+    let pool = Pool::builder(64 << 20)
+        .eager_thread_heaps(true)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let clients = [
+        pool.client("owner", usize::MAX),
+        pool.client("other", usize::MAX),
+    ];
+    std::thread::scope(|s| {
+        let (blocks, finish) = allocate_and_wait(&clients[..1], 4, s);
+        let addr = blocks[0].0;
+        let err = clients[1].deallocate(addr).unwrap_err();
+        let err = alloc::string::ToString::to_string(&err);
+        assert!(err.contains("owner") && err.contains("other"), "{err}");
+        assert_eq!(clients[0].stats().live, 4);
+        // Its own client frees it, from this thread too.
+        for &(addr, _) in &blocks {
+            clients[0].deallocate(addr).unwrap();
+        }
+        assert_eq!(clients[0].stats().live, 0);
+        finish.send(()).unwrap();
+    });
+    pool.shared().check_heaps();
+}
+
+#[test]
+fn a_span_directory_that_names_the_wrong_heap_frees_nothing_there() {
+    // The directory is a hint: here it says that a block of one thread's heap lies in another
+    // thread's heap. That heap, locked, holds no allocation there, so the free changes nothing
+    // and goes on to the pool's lock.
+    let pool = Pool::builder(64 << 20)
+        .eager_thread_heaps(true)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let shared = pool.shared().clone();
+    let client = [pool.client("c", usize::MAX)];
+    // (Statistics give every heap back: taken before the heaps are made.)
+    let before = pool.stats();
+    std::thread::scope(|s| {
+        let (a, finish_a) = allocate_and_wait(&client, 2, s);
+        let (b, finish_b) = allocate_and_wait(&client, 2, s);
+        let (heap_a, heap_b) = {
+            let state = shared.lock_wait("a test");
+            let a = Shared::span_owner(&state, a[0].0).expect("a's heap");
+            let b = Shared::span_owner(&state, b[0].0).expect("b's heap");
+            (a, b)
+        };
+        assert!(!Arc::ptr_eq(&heap_a, &heap_b));
+        let addr = b[0].0;
+        shared
+            .span_dir
+            .publish(alloc::vec![(addr, addr + 256, heap_a.clone())]);
+        assert!(!shared.deallocate_remote(None, addr, shared.home, false));
+        assert_eq!(heap_a.state.lock_wait().live.len(), 2, "a's heap unchanged");
+        assert_eq!(heap_b.state.lock_wait().live.len(), 2, "b's heap unchanged");
+        // Through the pool's lock, which finds the block in b's heap.
+        pool.deallocate(addr).unwrap();
+        assert_eq!(heap_b.state.lock_wait().live.len(), 1);
+        // With the directory up to date, without it.
+        shared.publish_spans(&shared.lock_wait("a test"));
+        assert!(shared.deallocate_remote(None, b[1].0, shared.home, false));
+        assert!(shared.deallocate_remote(None, a[0].0, shared.home, false));
+        assert_eq!(heap_b.state.lock_wait().live.len(), 0);
+        pool.deallocate(a[1].0).unwrap();
+        assert_eq!(pool.stats().live, before.live);
+        assert_eq!(pool.stats().frees, before.frees + 4);
+        finish_a.send(()).unwrap();
+        finish_b.send(()).unwrap();
+    });
+    shared.check_heaps();
+}
