@@ -133,12 +133,24 @@ impl Shared {
         let reserved = h.tlsf.release(block) as usize;
         h.uncount(&live, reserved);
         // Leases the heap no longer uses go back to the spare headroom, as on its owner's
-        // frees (with exact peaks; without, its owner gives them back to the pool).
-        if self.exact_peaks {
-            let share = &mut h.clients[live.client as usize];
-            if h.lease.hoards() || share.lease.hoards() {
-                self.give_back(&mut h.lease, share, h.shard);
-            }
+        // frees (with exact peaks; without, to the pool, by `shrink` below or at the owner's
+        // next free).
+        let share = &mut h.clients[live.client as usize];
+        let hoarding = h.lease.hoards() || share.lease.hoards();
+        if self.exact_peaks && hoarding {
+            self.give_back(&mut h.lease, share, h.shard);
+        }
+        let over =
+            h.tlsf.free_bytes() > self.heap_bound() as u64 || (!self.exact_peaks && hoarding);
+        drop(guard);
+        // The caller's own heap, whose lock another thread held a moment ago: what its own
+        // free would have done next (`shrink` finds its heap and takes the pool's lock).
+        if over
+            && self
+                .thread_heap(heap.stream)
+                .is_some_and(|own| Arc::ptr_eq(&own, &heap))
+        {
+            self.shrink(stream);
         }
         true
     }
