@@ -160,6 +160,20 @@ impl<T> Lock<T> {
         self.try_lock().then(|| LockGuard { lock: self })
     }
 
+    /// Waits, spinning up to about `spins` loop hints, while another thread holds the lock;
+    /// whether it is free now (it may be taken again at once).
+    pub(crate) fn wait_unlocked(&self, spins: u32) -> bool {
+        let mut left = spins;
+        while self.locked.0.load(Ordering::Relaxed) {
+            if left == 0 {
+                return false;
+            }
+            left -= 1;
+            core::hint::spin_loop();
+        }
+        true
+    }
+
     /// Takes the lock, waiting for it, where this thread cannot be inside a callback made
     /// under it (a lock no callback runs under).
     pub(crate) fn lock_wait(&self) -> LockGuard<'_, T> {

@@ -22,6 +22,10 @@ use crate::pool::{
     AllocRequest, DEFAULT_POOL_ALIGN, MAX_POOL_ALIGN, effective_align, reserved_bytes,
 };
 
+/// How long a thread waits for its heap's lock, in spin-loop hints, before its allocation goes
+/// to the pool's lock: a few times what another thread's free holds it for.
+const HEAP_LOCK_SPINS: u32 = 128;
+
 impl Shared {
     // Inlined into each public entry point: the call and its argument passing cost about 20
     // instructions of the fast path.
@@ -107,7 +111,12 @@ impl Shared {
             align,
             stream,
         };
-        match self.on_thread_heap(stream, |heap| self.heap_allocate_fast(heap, &ask, owned)) {
+        match self.on_thread_heap(stream, |heap| {
+            // Its lock held by another thread's free of one of its blocks (for a moment, see
+            // `thread_heap::remote`): waited for here rather than at the pool's lock.
+            heap.state.wait_unlocked(HEAP_LOCK_SPINS);
+            self.heap_allocate_fast(heap, &ask, owned)
+        }) {
             Some(Some(addr)) => return Ok(addr),
             Some(None) => return self.heap_allocate_slow(&ask, owned),
             None => {}

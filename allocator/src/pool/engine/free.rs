@@ -98,7 +98,16 @@ impl Shared {
         from_slice: bool,
     ) -> bool {
         match self.on_thread_heap(stream, |heap| {
-            self.heap_deallocate_fast(heap, caller, addr, from_slice)
+            // After a free of another heap's block, the span directory is asked first (see
+            // `OwnerHint`): `deallocate_remote` finds the heap, this one included.
+            if heap.frees_elsewhere.get() {
+                return None;
+            }
+            let freed = self.heap_deallocate_fast(heap, caller, addr, from_slice);
+            if freed.is_none() {
+                heap.frees_elsewhere.set(true);
+            }
+            freed
         }) {
             Some(Some(over)) => {
                 if over {

@@ -138,6 +138,35 @@ pub(super) struct ThreadHeap {
     /// another stream the thread allocates on. Its blocks are freed and handed out again on
     /// this stream only.
     pub(super) stream: StreamId,
+    /// Whether its thread's last free was of a block another heap holds (see
+    /// [`OwnerHint`]).
+    pub(super) frees_elsewhere: OwnerHint,
+}
+
+/// A hint its heap's thread alone reads and writes, on cache lines of its own: set when the
+/// thread's free found the block in another heap, cleared when one found it in its own. While
+/// it is set, the thread's frees look in the span directory first instead of trying its own
+/// heap: a thread that frees what another allocated (a consumer that also allocates, or
+/// threads handing blocks round a ring) would otherwise take its own heap's lock and read its
+/// map on every free, while the thread before it frees into that heap, and the lock's and the
+/// map's cache lines would move between the two cores each time. (A stale hint only costs a
+/// look in the other place; it decides nothing.)
+#[repr(align(128))]
+#[derive(Default)]
+pub(super) struct OwnerHint(core::sync::atomic::AtomicBool);
+
+impl OwnerHint {
+    #[inline(always)]
+    pub(super) fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+    #[inline(always)]
+    pub(super) fn set(&self, value: bool) {
+        // (A load first: the line stays unwritten while the hint does not change.)
+        if self.get() != value {
+            self.0.store(value, Ordering::Relaxed);
+        }
+    }
 }
 
 /// A thread heap as the pool lists it.
@@ -585,6 +614,7 @@ impl Shared {
                 state.heaps.len() % SPARE_SHARDS,
             )),
             stream,
+            frees_elsewhere: OwnerHint::default(),
         });
         if !register(self.id, self.this.clone(), &heap) {
             return None;

@@ -106,6 +106,14 @@ impl Shared {
         let Some(heap) = self.span_dir.find(addr) else {
             return false;
         };
+        // The calling thread's own heap (its lock was held a moment ago, or the thread's last
+        // free was of another heap's block): its next free tries it first again.
+        let own = self
+            .on_thread_heap(stream, |own| core::ptr::eq(own, &*heap))
+            .unwrap_or(false);
+        if own {
+            heap.frees_elsewhere.set(false);
+        }
         // A heap hands its blocks out again on its own stream only: a free on another stream
         // parks the block, under the pool's lock.
         if self.streams.is_some() && stream != heap.stream {
@@ -145,11 +153,7 @@ impl Shared {
         drop(guard);
         // The caller's own heap, whose lock another thread held a moment ago: what its own
         // free would have done next (`shrink` finds its heap and takes the pool's lock).
-        if over
-            && self
-                .thread_heap(heap.stream)
-                .is_some_and(|own| Arc::ptr_eq(&own, &heap))
-        {
+        if over && own {
             self.shrink(stream);
         }
         true

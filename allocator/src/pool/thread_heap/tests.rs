@@ -444,3 +444,58 @@ fn a_span_directory_that_names_the_wrong_heap_frees_nothing_there() {
     });
     shared.check_heaps();
 }
+
+#[test]
+fn a_thread_that_frees_another_heaps_blocks_asks_the_directory_first_until_it_frees_its_own() {
+    let pool = Pool::builder(64 << 20)
+        .eager_thread_heaps(true)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let shared = pool.shared().clone();
+    let client = [pool.client("c", usize::MAX)];
+    let before = pool.stats();
+    std::thread::scope(|s| {
+        let (theirs, finish) = allocate_and_wait(&client, 4, s);
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let (pool, shared_b, given) = (&pool, shared.clone(), theirs.clone());
+        s.spawn(move || {
+            let theirs = given;
+            let mine: Vec<u64> = (0..4).map(|_| pool.allocate(4096, 0).unwrap()).collect();
+            let heap = shared_b.thread_heap(shared_b.home).expect("a heap");
+            ready_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+            let mut hints = Vec::new();
+            // Another heap's block: the hint is set.
+            pool.deallocate(theirs[0].0).unwrap();
+            hints.push(heap.frees_elsewhere.get());
+            pool.deallocate(theirs[1].0).unwrap();
+            hints.push(heap.frees_elsewhere.get());
+            // Its own block, found through the directory: the hint is cleared.
+            pool.deallocate(mine[0]).unwrap();
+            hints.push(heap.frees_elsewhere.get());
+            // And its own heap first again.
+            pool.deallocate(mine[1]).unwrap();
+            hints.push(heap.frees_elsewhere.get());
+            done_tx.send((hints, mine)).unwrap();
+        });
+        ready_rx.recv().unwrap();
+        let done = {
+            let _state = shared.lock_wait("a test");
+            go_tx.send(()).unwrap();
+            // Every free above is made without the pool's lock.
+            done_rx.recv_timeout(std::time::Duration::from_secs(60))
+        };
+        let (hints, mine) = done.expect("a free waited for the pool's lock");
+        assert_eq!(hints, [true, true, false, false]);
+        for addr in [theirs[2].0, theirs[3].0, mine[2], mine[3]] {
+            pool.deallocate(addr).unwrap();
+        }
+        let stats = pool.stats();
+        assert_eq!((stats.live, stats.frees), (before.live, before.frees + 8));
+        finish.send(()).unwrap();
+    });
+    shared.check_heaps();
+}
