@@ -221,7 +221,8 @@ impl Shared {
     }
 
     /// Gives every span of `heap` back and folds its counts into the pool's: the heap is empty
-    /// afterwards, and everything it held is in the pool's index.
+    /// afterwards, and everything it held is in the pool's index. (The span directory still
+    /// names the heap's spans until the caller publishes them: it is a hint.)
     /// `order`: see [`give_back_mode`](Self::give_back_mode).
     pub(in crate::pool) fn dissolve(
         &self,
@@ -237,7 +238,6 @@ impl Shared {
                 let last = h.spans.len() - 1;
                 self.dissolve_span(state, heap, h, last, &mode);
             }
-            self.publish_spans(state);
             if self.streams.is_some() && matches!(mode, GiveBack::Free) {
                 // Blocks freed on the home stream (or ordered before it) reach the pool's
                 // index.
@@ -271,7 +271,8 @@ impl Shared {
     /// Gives every heap back ([`dissolve`](Self::dissolve)) and the spare headroom; the heaps
     /// stay with their threads, empty. Every heap stays locked until the spares are drained
     /// (a heap takes from a spare under its own lock only), so that no heap holds a lease
-    /// afterwards and every count is the pool's own.
+    /// afterwards and every count is the pool's own. (The caller of [`dissolve`] publishes
+    /// the spans afterwards, [`publish_spans`](Self::publish_spans); here once for all.)
     /// `order`: see [`give_back_mode`](Self::give_back_mode).
     pub(in crate::pool) fn dissolve_all(&self, state: &mut State, order: bool) {
         let heaps: Vec<Arc<ThreadHeap>> = state.heaps.iter().map(|e| e.heap.clone()).collect();
@@ -279,6 +280,7 @@ impl Shared {
         for (heap, guard) in heaps.iter().zip(guards.iter_mut()) {
             self.dissolve(state, heap, guard, order);
         }
+        self.publish_spans(state);
         Self::drain_spares(self, state);
         drop(guards);
     }

@@ -651,6 +651,7 @@ impl Shared {
                 return;
             }
             self.dissolve(&mut state, heap, &mut guard, false);
+            self.publish_spans(&state);
             guard.retired = true;
         }
         state.heaps.retain(|e| !Arc::ptr_eq(&e.heap, heap));

@@ -21,7 +21,6 @@
 //! the pool's lock, which decides and reports as before.
 
 use alloc::sync::Arc;
-use alloc::vec::Vec;
 use core::sync::atomic::Ordering;
 use std::sync::{PoisonError, RwLock};
 
@@ -30,8 +29,9 @@ use crate::pool::counters::SPARE_SHARDS;
 use crate::pool::engine::{SINK, Shared, State};
 use crate::pool::stream::StreamId;
 
-/// Where the thread heaps' spans lie: `(start, end, heap)`, sorted by start.
-type Spans = Vec<(u64, u64, Arc<ThreadHeap>)>;
+/// Where the thread heaps' spans lie: `(start, end, heap)`, sorted by start; one list shared
+/// by every copy.
+type Spans = Arc<[(u64, u64, Arc<ThreadHeap>)]>;
 
 /// One copy of the span map, alone on its cache lines: threads read different copies, so
 /// that taking a read lock moves no line between their cores.
@@ -47,7 +47,7 @@ pub(in crate::pool) struct SpanDirectory {
 impl Default for SpanDirectory {
     fn default() -> Self {
         SpanDirectory {
-            copies: core::array::from_fn(|_| Copy(RwLock::new(Vec::new()))),
+            copies: core::array::from_fn(|_| Copy(RwLock::new(Arc::new([])))),
         }
     }
 }
@@ -69,8 +69,7 @@ impl SpanDirectory {
     /// Replaces every copy with `spans`.
     pub(super) fn publish(&self, spans: Spans) {
         for copy in &self.copies {
-            let mut copy = copy.0.write().unwrap_or_else(PoisonError::into_inner);
-            copy.clone_from(&spans);
+            *copy.0.write().unwrap_or_else(PoisonError::into_inner) = spans.clone();
         }
     }
 }

@@ -424,7 +424,7 @@ fn a_span_directory_that_names_the_wrong_heap_frees_nothing_there() {
         let addr = b[0].0;
         shared
             .span_dir
-            .publish(alloc::vec![(addr, addr + 256, heap_a.clone())]);
+            .publish(alloc::vec![(addr, addr + 256, heap_a.clone())].into());
         assert!(!shared.deallocate_remote(None, addr, shared.home, false));
         assert_eq!(heap_a.state.lock_wait().live.len(), 2, "a's heap unchanged");
         assert_eq!(heap_b.state.lock_wait().live.len(), 2, "b's heap unchanged");
