@@ -499,3 +499,96 @@ fn a_thread_that_frees_another_heaps_blocks_asks_the_directory_first_until_it_fr
     });
     shared.check_heaps();
 }
+
+#[test]
+fn slices_and_blocks_freed_by_another_thread_with_peaks_exact_or_leased() {
+    for exact_peaks in [true, false] {
+        let pool = Pool::builder(64 << 20)
+            .eager_thread_heaps(true)
+            .exact_peaks(exact_peaks)
+            .log_leaks_on_drop(false)
+            .build_host()
+            .unwrap();
+        let shared = pool.shared().clone();
+        let before = pool.stats();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let (made_tx, made_rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            let pool = &pool;
+            s.spawn(move || {
+                let blocks: Vec<u64> = (0..16)
+                    .map(|i| pool.allocate(512 << (i % 8), 0).unwrap())
+                    .collect();
+                let slices: Vec<_> = (0..16)
+                    .map(|i| pool.alloc_slice::<u32>(100 + 1000 * i).unwrap())
+                    .collect();
+                // A slice's memory is the slice's to free: refused through its address, from
+                // another thread as from this one (the pool's lock refuses it).
+                let addr = slices[0].addr();
+                let refused = std::thread::scope(|t| t.spawn(|| pool.deallocate(addr)).join());
+                assert!(refused.unwrap().is_err());
+                made_tx.send((blocks, slices)).unwrap();
+                // Alive (its heap with it) until the other thread is done.
+                let _ = go_rx.recv();
+            });
+            let (blocks, slices) = made_rx.recv().unwrap();
+            let (done_tx, done_rx) = std::sync::mpsc::channel();
+            let done = {
+                let _state = shared.lock_wait("a test");
+                s.spawn(move || {
+                    drop(slices);
+                    for addr in blocks {
+                        pool.deallocate(addr).unwrap();
+                    }
+                    done_tx.send(()).unwrap();
+                });
+                done_rx.recv_timeout(std::time::Duration::from_secs(60))
+            };
+            // (Sent first, so that the allocating thread ends and the scope with it.)
+            go_tx.send(()).unwrap();
+            assert!(
+                done.is_ok(),
+                "a free waited for the pool's lock (exact peaks: {exact_peaks})"
+            );
+            let stats = pool.stats();
+            assert_eq!(
+                (stats.live, stats.in_use, stats.frees),
+                (0, before.in_use, before.frees + 32),
+                "exact {exact_peaks}"
+            );
+        });
+        shared.check_heaps();
+    }
+}
+
+#[test]
+fn a_directory_naming_a_heap_given_back_frees_nothing_there() {
+    let pool = Pool::builder(64 << 20)
+        .eager_thread_heaps(true)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let shared = pool.shared().clone();
+    let (blocks, heap) = std::thread::scope(|s| {
+        s.spawn(|| {
+            let blocks: Vec<u64> = (0..4).map(|_| pool.allocate(4096, 0).unwrap()).collect();
+            let heap = shared.thread_heap(shared.home).expect("a heap");
+            (blocks, heap)
+        })
+        .join()
+        .unwrap()
+    });
+    // The thread exited: its heap was given back, its blocks are in the pool's index, and the
+    // directory no longer names its spans. Named again by hand, the heap frees nothing.
+    assert!(heap.state.lock_wait().retired);
+    shared
+        .span_dir
+        .publish(alloc::vec![(blocks[0], blocks[0] + 4096, heap.clone())].into());
+    assert!(!shared.deallocate_remote(None, blocks[0], shared.home, false));
+    for &addr in &blocks {
+        pool.deallocate(addr).unwrap();
+    }
+    assert_eq!(pool.stats().live, 0);
+    assert!(pool.deallocate(blocks[0]).is_err());
+    shared.check_heaps();
+}
