@@ -226,9 +226,10 @@ mod gpu {
         let start = std::sync::Barrier::new(THREADS);
         let heaps = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|s| {
+            let mut threads = Vec::new();
             for t in 0..THREADS {
                 let (pool, stream, start, heaps) = (&pool, &stream, &start, &heaps);
-                s.spawn(move || {
+                threads.push(s.spawn(move || {
                     stream.context().bind_to_thread().unwrap();
                     start.wait();
                     let mut slices = Vec::new();
@@ -255,7 +256,12 @@ mod gpu {
                             slice.addr()
                         );
                     }
-                });
+                }));
+            }
+            // Joined one by one: a join waits for the thread's thread-local destructors,
+            // which give its heap back; the end of the scope alone does not.
+            for thread in threads {
+                thread.join().unwrap();
             }
         });
         println!("up to {} heaps", heaps.load(Ordering::Relaxed));
