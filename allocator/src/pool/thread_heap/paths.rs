@@ -378,7 +378,21 @@ impl Shared {
         from_slice: bool,
     ) -> Option<bool> {
         let mut guard = heap.state.try_guard()?;
-        let h = &mut *guard;
+        self.heap_free_locked(&mut guard, caller, addr, from_slice)
+    }
+
+    /// A free on a heap whose lock the caller holds (its own thread's, or another thread's
+    /// free, see `remote`): a live allocation of the heap that `caller` may free, with no sink
+    /// on. `None` changes nothing; `Some(true)` when the heap keeps more free bytes or lease
+    /// than it should (see [`shrink`](Self::shrink)).
+    #[inline(always)]
+    pub(super) fn heap_free_locked(
+        &self,
+        h: &mut HeapState,
+        caller: Option<u32>,
+        addr: u64,
+        from_slice: bool,
+    ) -> Option<bool> {
         // A free made after a sink was switched on is logged (see `set_sink`).
         if self.flags.load(Ordering::Relaxed) & SINK != 0 {
             return None;

@@ -14,19 +14,19 @@
 //! The directory is a hint, never trusted: the block is freed only if the heap it names, once
 //! locked, has a live allocation at that address, so a directory that lags behind a span given
 //! back or taken (it is updated after the map, see [`Shared::publish_spans`]) costs a trip to
-//! the pool's lock, never a wrong free. What the free does under the heap's lock is what the
-//! general path does there ([`deallocate_on_heap`](Shared::deallocate_on_heap)) for a free on
-//! the heap's stream with no sink: the same checks, the same counts. Everything else (a sink,
+//! the pool's lock, never a wrong free. Under the heap's lock the free is the one its own
+//! thread makes ([`heap_free_locked`](Shared::heap_free_locked)), which is what the general
+//! path does there ([`deallocate_on_heap`](Shared::deallocate_on_heap)) for a free on the
+//! heap's stream with no sink: the same checks, the same counts. Everything else (a sink,
 //! another stream, an allocation the caller may not free, an address no heap holds) goes on to
 //! the pool's lock, which decides and reports as before.
 
 use alloc::sync::Arc;
-use core::sync::atomic::Ordering;
 use std::sync::{PoisonError, RwLock};
 
 use super::ThreadHeap;
 use crate::pool::counters::SPARE_SHARDS;
-use crate::pool::engine::{SINK, Shared, State};
+use crate::pool::engine::{Shared, State};
 use crate::pool::stream::StreamId;
 
 /// Where the thread heaps' spans lie: `(start, end, heap)`, sorted by start; one list shared
@@ -124,34 +124,17 @@ impl Shared {
         // Held by its owner for one allocation or free at a time, by others as briefly; this
         // thread holds no other lock here.
         let mut guard = heap.state.lock_wait();
-        let h = &mut *guard;
-        // A sink switched on since is seen under the heap's lock (see `set_sink`); a heap
-        // given back has no live allocation left.
-        if self.flags.load(Ordering::Relaxed) & SINK != 0 || h.retired {
-            return false;
-        }
-        // Where the directory lags, the heap holds no allocation at `addr`.
-        let Some(slot) = h.live.find(addr) else {
+        // A heap given back has no live allocation left; where the directory lags, the heap
+        // holds none at `addr` and nothing changes. The free itself, its checks and counts,
+        // are its owner's.
+        let freed = if guard.retired {
+            None
+        } else {
+            self.heap_free_locked(&mut guard, caller, addr, from_slice)
+        };
+        let Some(over) = freed else {
             return false;
         };
-        let block = h.live.value_at(slot);
-        let live = h.meta[block as usize];
-        if (live.owned && !from_slice) || caller.is_some_and(|caller| caller != live.client) {
-            return false;
-        }
-        h.live.remove_at(slot);
-        let reserved = h.tlsf.release(block) as usize;
-        h.uncount(&live, reserved);
-        // Leases the heap no longer uses go back to the spare headroom, as on its owner's
-        // frees (with exact peaks; without, to the pool, by `shrink` below or at the owner's
-        // next free).
-        let share = &mut h.clients[live.client as usize];
-        let hoarding = h.lease.hoards() || share.lease.hoards();
-        if self.exact_peaks && hoarding {
-            self.give_back(&mut h.lease, share, h.shard);
-        }
-        let over =
-            h.tlsf.free_bytes() > self.heap_bound() as u64 || (!self.exact_peaks && hoarding);
         drop(guard);
         // The caller's own heap, whose lock another thread held a moment ago: what its own
         // free would have done next (`shrink` finds its heap and takes the pool's lock).
