@@ -480,6 +480,13 @@ fn register(pool: u64, shared: Weak<Shared>, heap: &Arc<ThreadHeap>) -> bool {
 
 /// Forgets the heap looked up last, so that the next call of this thread looks its list up
 /// (which fails inside a callback).
+/// Whether `heap` is the heap looked up last on this thread, for `pool` and requests on
+/// `stream` (no lookup: a thread without a heap for them would pay for one on every call).
+pub(super) fn is_current(pool: u64, stream: StreamId, heap: *const ThreadHeap) -> bool {
+    LAST.try_with(Cell::get)
+        .is_ok_and(|(id, last_stream, last)| id == pool && last_stream == stream && last == heap)
+}
+
 pub(super) fn forget_current() {
     let _ = LAST.try_with(|l| l.set(NO_HEAP));
 }

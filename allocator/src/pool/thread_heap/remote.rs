@@ -109,10 +109,9 @@ impl Shared {
             return false;
         };
         // The calling thread's own heap (its lock was held a moment ago, or the thread's last
-        // free was of another heap's block): its next free tries it first again.
-        let own = self
-            .on_thread_heap(stream, |own| core::ptr::eq(own, &*heap))
-            .unwrap_or(false);
+        // free was of another heap's block): its next free tries it first again. (The free
+        // looked its heap up just before; a thread without one looks nothing up here.)
+        let own = super::is_current(self.id, stream, Arc::as_ptr(&heap));
         if own {
             heap.frees_elsewhere.set(false);
         }
