@@ -16,6 +16,13 @@
 //!          contains NAME, or one of `A|B|…`)
 //! ```
 //!
+//! A second table runs producers and consumers at once, as a data loader does: each of
+//! `threads / 2` producers allocates the same blocks (fresh sizes each round) and hands them
+//! over in batches of 64 through a bounded channel (8 batches) to a consumer of its own,
+//! which frees them while the producer goes on allocating. Reported: the median over rounds
+//! of the time from the first producer's start to the last consumer's end, per block of one
+//! pair (ns), and the blocks per second of all pairs together, against `std::alloc`.
+//!
 //! Columns: the system allocator (the baseline), a `devarena::Pool` on host memory as built by
 //! default (thread heaps), and the same pool without thread heaps (`thread_heaps(0)`: every
 //! thread on the pool's one index and lock). Host memory only: what is measured is the pool's
@@ -162,6 +169,55 @@ fn measure(a: &dyn Allocator, threads: usize, rounds: usize, blocks: usize, next
     }
 }
 
+/// Producers and consumers at once: the median over rounds of (ns per block of one pair,
+/// blocks per second of all pairs).
+fn measure_pipe(a: &dyn Allocator, pairs: usize, rounds: usize, blocks: usize) -> (f64, f64) {
+    const BATCH: usize = 64;
+    let mut per_block = Vec::new();
+    let mut rates = Vec::new();
+    for round in 0..rounds {
+        let barrier = Barrier::new(2 * pairs);
+        let elapsed = Mutex::new((None::<Instant>, None::<Instant>));
+        std::thread::scope(|s| {
+            for p in 0..pairs {
+                let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<(u64, usize)>>(8);
+                let script = sizes((round * 1000 + p) as u64 + 7, blocks);
+                let (barrier, elapsed) = (&barrier, &elapsed);
+                s.spawn(move || {
+                    barrier.wait();
+                    let start = Instant::now();
+                    {
+                        let mut e = elapsed.lock().unwrap();
+                        e.0 = Some(e.0.map_or(start, |t| t.min(start)));
+                    }
+                    for chunk in script.chunks(BATCH) {
+                        let batch = chunk.iter().map(|&size| (a.alloc(size), size)).collect();
+                        tx.send(batch).expect("the consumer is there");
+                    }
+                });
+                s.spawn(move || {
+                    barrier.wait();
+                    for batch in rx {
+                        for (addr, size) in batch {
+                            a.free(addr, size);
+                        }
+                    }
+                    let end = Instant::now();
+                    let mut e = elapsed.lock().unwrap();
+                    e.1 = Some(e.1.map_or(end, |t| t.max(end)));
+                });
+            }
+        });
+        let (start, end) = elapsed.into_inner().unwrap();
+        let secs = (end.unwrap() - start.unwrap()).as_secs_f64();
+        if round > 0 || rounds == 1 {
+            per_block.push(secs * 1e9 / blocks as f64);
+            rates.push((pairs * blocks) as f64 / secs);
+        }
+    }
+    (median(per_block), median(rates))
+}
+
 fn main() {
     let mut threads: Vec<usize> = vec![1, 2, 4, 8];
     let mut rounds = 9;
@@ -238,6 +294,37 @@ fn main() {
                     ratio
                 );
             }
+        }
+    }
+    println!();
+    println!(
+        "producers and consumers at once (each producer's blocks freed by its consumer, \
+         batches of 64); medians"
+    );
+    println!(
+        "{:<34} {:>7} {:>13} {:>12} {:>10}",
+        "allocator", "pairs", "ns per block", "Mblocks/s", "x std"
+    );
+    for pairs in threads.iter().map(|t| t / 2).filter(|&p| p > 0) {
+        let mut baseline = None;
+        for column in columns.iter().filter(|c| wanted(&c.name())) {
+            let (ns, rate) = measure_pipe(&**column, pairs, rounds, blocks);
+            let ratio = match baseline {
+                None if column.name().starts_with("std::alloc") => {
+                    baseline = Some(rate);
+                    "-".to_string()
+                }
+                Some(b) => format!("{:.2}x", rate / b),
+                None => "-".to_string(),
+            };
+            println!(
+                "{:<34} {:>7} {:>13.1} {:>12.2} {:>10}",
+                column.name(),
+                pairs,
+                ns,
+                rate / 1e6,
+                ratio
+            );
         }
     }
 }
