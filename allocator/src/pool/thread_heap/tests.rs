@@ -289,6 +289,15 @@ fn a_heap_at_its_bound_merges_its_cache_without_the_pools_lock() {
     shared.check_heaps();
 }
 
+/// A host pool of 64 MiB on which every thread gets a heap from its first allocation.
+fn eager_heaps_pool() -> Pool {
+    Pool::builder(64 << 20)
+        .eager_thread_heaps(true)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap()
+}
+
 /// A thread that allocates on its heap and waits, alive (its heap with it), until told to
 /// finish: the blocks it allocated (address, client 0 or 1), for other threads to free.
 fn allocate_and_wait<'scope>(
@@ -315,11 +324,7 @@ fn allocate_and_wait<'scope>(
 
 #[test]
 fn another_threads_frees_of_a_heaps_blocks_take_no_pool_lock() {
-    let pool = Pool::builder(64 << 20)
-        .eager_thread_heaps(true)
-        .log_leaks_on_drop(false)
-        .build_host()
-        .unwrap();
+    let pool = eager_heaps_pool();
     let shared = pool.shared().clone();
     let clients = [pool.client("a", usize::MAX), pool.client("b", usize::MAX)];
     let before = pool.stats();
@@ -371,11 +376,7 @@ fn another_threads_frees_of_a_heaps_blocks_take_no_pool_lock() {
 
 #[test]
 fn another_threads_free_through_the_wrong_client_is_refused_and_changes_nothing() {
-    let pool = Pool::builder(64 << 20)
-        .eager_thread_heaps(true)
-        .log_leaks_on_drop(false)
-        .build_host()
-        .unwrap();
+    let pool = eager_heaps_pool();
     let clients = [
         pool.client("owner", usize::MAX),
         pool.client("other", usize::MAX),
@@ -402,11 +403,7 @@ fn a_span_directory_that_names_the_wrong_heap_frees_nothing_there() {
     // The directory is a hint: here it says that a block of one thread's heap lies in another
     // thread's heap. That heap, locked, holds no allocation there, so the free changes nothing
     // and goes on to the pool's lock.
-    let pool = Pool::builder(64 << 20)
-        .eager_thread_heaps(true)
-        .log_leaks_on_drop(false)
-        .build_host()
-        .unwrap();
+    let pool = eager_heaps_pool();
     let shared = pool.shared().clone();
     let client = [pool.client("c", usize::MAX)];
     // (Statistics give every heap back: taken before the heaps are made.)
@@ -447,11 +444,7 @@ fn a_span_directory_that_names_the_wrong_heap_frees_nothing_there() {
 
 #[test]
 fn a_thread_that_frees_another_heaps_blocks_asks_the_directory_first_until_it_frees_its_own() {
-    let pool = Pool::builder(64 << 20)
-        .eager_thread_heaps(true)
-        .log_leaks_on_drop(false)
-        .build_host()
-        .unwrap();
+    let pool = eager_heaps_pool();
     let shared = pool.shared().clone();
     let client = [pool.client("c", usize::MAX)];
     let before = pool.stats();
@@ -563,11 +556,7 @@ fn slices_and_blocks_freed_by_another_thread_with_peaks_exact_or_leased() {
 
 #[test]
 fn a_directory_naming_a_heap_given_back_frees_nothing_there() {
-    let pool = Pool::builder(64 << 20)
-        .eager_thread_heaps(true)
-        .log_leaks_on_drop(false)
-        .build_host()
-        .unwrap();
+    let pool = eager_heaps_pool();
     let shared = pool.shared().clone();
     let (blocks, heap) = std::thread::scope(|s| {
         s.spawn(|| {
