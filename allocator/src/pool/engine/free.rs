@@ -99,8 +99,10 @@ impl Shared {
     ) -> bool {
         match self.on_thread_heap(stream, |heap| {
             // After a free of another heap's block, the span directory is asked first (see
-            // `OwnerHint`): `deallocate_remote` finds the heap, this one included.
-            if heap.frees_elsewhere.get() {
+            // `OwnerHint`): `deallocate_remote` finds the heap, this one included. (Not inside
+            // a callback of the pool, a logger's included, where that path gives way to the
+            // pool's lock: there the heap is tried as it always was.)
+            if heap.frees_elsewhere.get() && !self.state.in_callback() {
                 return None;
             }
             let freed = self.heap_deallocate_fast(heap, caller, addr, from_slice);

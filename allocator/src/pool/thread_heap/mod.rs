@@ -478,8 +478,6 @@ fn register(pool: u64, shared: Weak<Shared>, heap: &Arc<ThreadHeap>) -> bool {
         .unwrap_or(false)
 }
 
-/// Forgets the heap looked up last, so that the next call of this thread looks its list up
-/// (which fails inside a callback).
 /// Whether `heap` is the heap looked up last on this thread, for `pool` and requests on
 /// `stream` (no lookup: a thread without a heap for them would pay for one on every call).
 pub(super) fn is_current(pool: u64, stream: StreamId, heap: *const ThreadHeap) -> bool {
@@ -487,6 +485,8 @@ pub(super) fn is_current(pool: u64, stream: StreamId, heap: *const ThreadHeap) -
         .is_ok_and(|(id, last_stream, last)| id == pool && last_stream == stream && last == heap)
 }
 
+/// Forgets the heap looked up last, so that the next call of this thread looks its list up
+/// (which fails inside a callback).
 pub(super) fn forget_current() {
     let _ = LAST.try_with(|l| l.set(NO_HEAP));
 }
