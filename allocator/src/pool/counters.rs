@@ -412,6 +412,16 @@ mod loom_tests {
         )
     }
 
+    /// The pool's drain: every lease locked (in order), the spare drained and given back to
+    /// shard 0. The bytes the leases and the spare held together at that moment.
+    fn drain_with_leases_locked(spare: &Spare, leases: &[Mutex<Lease>]) -> usize {
+        let locked: Vec<_> = leases.iter().map(|l| l.lock().unwrap()).collect();
+        let leased: usize = locked.iter().map(|l| l.cap).sum();
+        let drained = spare.drain();
+        spare.give(0, drained);
+        leased + drained
+    }
+
     /// Two heaps, each a lease behind a lock of its own as a heap's is, refill from the spare
     /// (the compare-and-swap loop, racing each other) and give back what they hoard; the pool,
     /// holding every lease's lock, drains the spare meanwhile and puts it back, as it does
@@ -443,19 +453,10 @@ mod loom_tests {
                     })
                 })
                 .collect();
-            {
-                // The pool: every lease locked (in order), the spare drained and given back.
-                let locked: Vec<_> = leases.iter().map(|l| l.lock().unwrap()).collect();
-                let leased: usize = locked.iter().map(|l| l.cap).sum();
-                let drained = spare.drain();
-                assert!(leased + drained <= TOTAL);
-                assert_eq!(
-                    leased + drained,
-                    TOTAL,
-                    "a byte went missing with the leases locked"
-                );
-                spare.give(0, drained);
-            }
+            // The pool: every lease locked (in order), the spare drained and given back.
+            let held = drain_with_leases_locked(&spare, &leases);
+            assert!(held <= TOTAL);
+            assert_eq!(held, TOTAL, "a byte went missing with the leases locked");
             for heap in heaps {
                 heap.join().unwrap();
             }
@@ -495,17 +496,12 @@ mod loom_tests {
                 .collect();
             // The pool's draw, without the heaps' locks.
             let drawn = spare.take(0, 1, 0).unwrap_or(0);
-            {
-                let locked: Vec<_> = leases.iter().map(|l| l.lock().unwrap()).collect();
-                let leased: usize = locked.iter().map(|l| l.cap).sum();
-                let drained = spare.drain();
-                assert_eq!(
-                    leased + drained + drawn,
-                    TOTAL,
-                    "a byte went missing with the leases locked"
-                );
-                spare.give(0, drained);
-            }
+            let held = drain_with_leases_locked(&spare, &leases);
+            assert_eq!(
+                held + drawn,
+                TOTAL,
+                "a byte went missing with the leases locked"
+            );
             for heap in heaps {
                 heap.join().unwrap();
             }

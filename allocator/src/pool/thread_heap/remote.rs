@@ -36,18 +36,18 @@ type Spans = Arc<[(u64, u64, Arc<ThreadHeap>)]>;
 /// One copy of the span map, alone on its cache lines: threads read different copies, so
 /// that taking a read lock moves no line between their cores.
 #[repr(align(128))]
-struct Copy(RwLock<Spans>);
+struct SpanCopy(RwLock<Spans>);
 
 /// Copies of the pool's map of spans to heaps ([`State::spans`]), one per shard, each read
 /// under a read lock of its own by the threads of its shard (by thread number).
 pub(in crate::pool) struct SpanDirectory {
-    copies: [Copy; SPARE_SHARDS],
+    copies: [SpanCopy; SPARE_SHARDS],
 }
 
 impl Default for SpanDirectory {
     fn default() -> Self {
         SpanDirectory {
-            copies: core::array::from_fn(|_| Copy(RwLock::new(Arc::new([])))),
+            copies: core::array::from_fn(|_| SpanCopy(RwLock::new(Arc::new([])))),
         }
     }
 }
