@@ -38,7 +38,10 @@ use devarena::Pool;
 trait Allocator: Sync {
     fn name(&self) -> String;
     fn alloc(&self, size: usize) -> u64;
-    fn free(&self, addr: u64, size: usize);
+    /// # Safety
+    ///
+    /// `addr` was returned by this allocator's `alloc(size)` and is freed once.
+    unsafe fn free(&self, addr: u64, size: usize);
 }
 
 struct SystemAlloc;
@@ -54,9 +57,10 @@ impl Allocator for SystemAlloc {
         assert!(!ptr.is_null(), "the system allocator refused {size} bytes");
         ptr as u64
     }
-    fn free(&self, addr: u64, size: usize) {
+    unsafe fn free(&self, addr: u64, size: usize) {
         let layout = Layout::from_size_align(size, 256).expect("valid layout");
-        // SAFETY: `addr` came from `alloc` with this layout and is freed once.
+        // SAFETY: by `free`'s contract `addr` came from `alloc` with this layout (size, 256)
+        // and is freed once.
         unsafe { System.dealloc(addr as usize as *mut u8, layout) }
     }
 }
@@ -73,7 +77,7 @@ impl Allocator for DevarenaPool {
     fn alloc(&self, size: usize) -> u64 {
         self.pool.allocate(size, 256).expect("the pool has room")
     }
-    fn free(&self, addr: u64, _size: usize) {
+    unsafe fn free(&self, addr: u64, _size: usize) {
         self.pool.deallocate(addr).expect("free a live allocation");
     }
 }
@@ -137,7 +141,9 @@ fn measure(a: &dyn Allocator, threads: usize, rounds: usize, blocks: usize, next
                     barrier.wait();
                     let start = Instant::now();
                     for &(addr, size) in &to_free {
-                        a.free(addr, size);
+                        // SAFETY: allocated by `a` with this size this round (by this thread
+                        // or the one it took them from) and freed here only.
+                        unsafe { a.free(addr, size) };
                     }
                     let free = Phase {
                         start,
@@ -199,7 +205,9 @@ fn measure_pipe(a: &dyn Allocator, pairs: usize, rounds: usize, blocks: usize) -
                     barrier.wait();
                     for batch in rx {
                         for (addr, size) in batch {
-                            a.free(addr, size);
+                            // SAFETY: allocated by `a` with this size by this consumer's
+                            // producer, handed over once and freed here only.
+                            unsafe { a.free(addr, size) };
                         }
                     }
                     let end = Instant::now();
