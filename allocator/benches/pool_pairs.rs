@@ -66,7 +66,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use devarena::Pool;
@@ -83,6 +83,9 @@ trait AllocatorUnderTest: Sync {
     fn summary(&self) -> Option<String> {
         None
     }
+    /// What a monitoring thread reads while the workers run (`--stats-every-us`): nothing
+    /// for an allocator without statistics.
+    fn observe(&self) {}
 }
 
 /// One thread's view of an allocator under test.
@@ -141,6 +144,9 @@ impl AllocatorUnderTest for DevarenaPool {
             client: self.pool.client(&format!("thread-{thread}"), usize::MAX),
             of: self,
         })
+    }
+    fn observe(&self) {
+        black_box(self.pool.stats());
     }
     fn summary(&self) -> Option<String> {
         let s = self.pool.stats();
@@ -724,6 +730,9 @@ struct Config {
     fresh_threads: bool,
     /// Thread `t` runs on CPU `pin[t % pin.len()]` (empty: wherever the scheduler puts it).
     pin: &'static [usize],
+    /// A monitoring thread reads the allocator's statistics every this many microseconds
+    /// while the workers run (0: none).
+    stats_every_us: u64,
 }
 
 /// SplitMix64: a fixed, dependency-free random sequence.
@@ -918,6 +927,8 @@ struct Measured {
     pairs_per_sec: Vec<f64>,
     /// Rounds in which every thread had started before the first one finished.
     overlapped: usize,
+    /// Microseconds each read of the monitoring thread took (`--stats-every-us`).
+    observe_us: Vec<f64>,
 }
 
 impl Measured {
@@ -927,6 +938,31 @@ impl Measured {
         self.cpu_ns_per_pair.extend(other.cpu_ns_per_pair);
         self.pairs_per_sec.extend(other.pairs_per_sec);
         self.overlapped += other.overlapped;
+        self.observe_us.extend(other.observe_us);
+    }
+}
+
+/// A monitoring thread that reads `alloc`'s statistics every `every_us` microseconds until
+/// `done` is set (none when `every_us` is 0), and records how long each read took in
+/// `observed`.
+fn spawn_monitor<'scope, 'env>(
+    s: &'scope std::thread::Scope<'scope, 'env>,
+    alloc: &'env dyn AllocatorUnderTest,
+    done: &'env AtomicBool,
+    every_us: u64,
+    observed: &'env Mutex<Vec<f64>>,
+) {
+    if every_us > 0 {
+        s.spawn(move || {
+            let mut took = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                let t0 = Instant::now();
+                alloc.observe();
+                took.push(t0.elapsed().as_secs_f64() * 1e6);
+                std::thread::sleep(Duration::from_micros(every_us));
+            }
+            observed.lock().unwrap().extend(took);
+        });
     }
 }
 
@@ -934,12 +970,16 @@ fn measure(alloc: &dyn AllocatorUnderTest, threads: usize, cfg: Config) -> Measu
     let scripts: Vec<Script> = (0..threads)
         .map(|t| script(cfg, 0xDE7A_4E4A + t as u64))
         .collect();
+    let done = AtomicBool::new(false);
+    let observed = Mutex::new(Vec::new());
     // Round 0 warms up (page faults, allocator caches) and is not reported.
     let rounds: Vec<Vec<Timing>> = if cfg.fresh_threads {
         (0..=cfg.rounds)
             .map(|_| {
                 let start = SpinBarrier::new(threads);
                 std::thread::scope(|s| {
+                    done.store(false, Ordering::Relaxed);
+                    spawn_monitor(s, alloc, &done, cfg.stats_every_us, &observed);
                     let handles: Vec<_> = scripts
                         .iter()
                         .enumerate()
@@ -952,7 +992,9 @@ fn measure(alloc: &dyn AllocatorUnderTest, threads: usize, cfg: Config) -> Measu
                             })
                         })
                         .collect();
-                    handles.into_iter().map(|h| h.join().unwrap()).collect()
+                    let timings = handles.into_iter().map(|h| h.join().unwrap()).collect();
+                    done.store(true, Ordering::Relaxed);
+                    timings
                 })
             })
             .collect()
@@ -961,6 +1003,7 @@ fn measure(alloc: &dyn AllocatorUnderTest, threads: usize, cfg: Config) -> Measu
         // `run_script` starts each round's timed part on every thread at once.
         let start = SpinBarrier::new(threads);
         let per_thread: Vec<Vec<Timing>> = std::thread::scope(|s| {
+            spawn_monitor(s, alloc, &done, cfg.stats_every_us, &observed);
             let handles: Vec<_> = scripts
                 .iter()
                 .enumerate()
@@ -975,7 +1018,9 @@ fn measure(alloc: &dyn AllocatorUnderTest, threads: usize, cfg: Config) -> Measu
                     })
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+            let per_thread = handles.into_iter().map(|h| h.join().unwrap()).collect();
+            done.store(true, Ordering::Relaxed);
+            per_thread
         });
         (0..=cfg.rounds)
             .map(|r| per_thread.iter().map(|rounds| rounds[r]).collect())
@@ -986,6 +1031,7 @@ fn measure(alloc: &dyn AllocatorUnderTest, threads: usize, cfg: Config) -> Measu
         cpu_ns_per_pair: Vec::new(),
         pairs_per_sec: Vec::new(),
         overlapped: 0,
+        observe_us: Vec::new(),
     };
     for timings in rounds.iter().skip(1) {
         let first_start = timings.iter().map(|t| t.start).min().expect("a thread");
@@ -1013,6 +1059,7 @@ fn measure(alloc: &dyn AllocatorUnderTest, threads: usize, cfg: Config) -> Measu
             .pairs_per_sec
             .push((threads * cfg.ops) as f64 / (last_end - first_start).as_secs_f64());
     }
+    measured.observe_us = observed.into_inner().unwrap();
     measured
 }
 
@@ -1034,6 +1081,7 @@ fn main() {
         live: 64,
         fresh_threads: false,
         pin: &[],
+        stats_every_us: 0,
     };
     let mut threads = vec![1usize, 4];
     let mut json = false;
@@ -1057,6 +1105,11 @@ fn main() {
                 cfg.pin = Vec::leak(cpus);
             }
             "--fresh-threads" => cfg.fresh_threads = true,
+            "--stats-every-us" => {
+                cfg.stats_every_us = value("--stats-every-us")
+                    .parse()
+                    .expect("--stats-every-us N")
+            }
             "--only" => only = Some(value("--only")),
             "--rounds" => cfg.rounds = value("--rounds").parse().expect("--rounds N"),
             "--passes" => passes = value("--passes").parse().expect("--passes N"),
@@ -1122,6 +1175,16 @@ fn main() {
     for (&t, pooled) in threads.iter().zip(pooled) {
         for (alloc, m) in allocators.iter().zip(pooled) {
             let Some(m) = m else { continue };
+            if !m.observe_us.is_empty() {
+                notes.push(format!(
+                    "{} x{t}: {} reads of the statistics while the threads ran, median {:.1} \
+                     us, longest {:.1} us",
+                    alloc.name(),
+                    m.observe_us.len(),
+                    median(&m.observe_us),
+                    m.observe_us.iter().copied().fold(0.0, f64::max),
+                ));
+            }
             rows.push(Row {
                 name: alloc.name(),
                 threads: t,

@@ -1361,11 +1361,17 @@ fn freed_blocks_are_reused_whole_and_merged_before_a_request_would_fail() {
     assert_ne!(c, a);
     assert_eq!(pool.stats().reused, 1);
     // Four-KiB blocks fill the pool, then all are freed: most wait in the cache, but a request
-    // for everything free must still succeed, with every block merged first. (`stats` merges
-    // the cache first, so that the fill starts from one free block.)
+    // for everything free must still succeed, with every block merged first. (`stats`
+    // describes the free blocks as merged and leaves the cache as it is; a request that
+    // cannot succeed merges it, so that the fill starts from one free block.)
     pool.deallocate(c).unwrap();
     pool.deallocate(neighbour).unwrap();
-    assert_eq!(pool.stats().free_blocks, 1);
+    let s = pool.stats();
+    assert_eq!(
+        (s.free_blocks, s.largest_free, s.free),
+        (1, 1 << 20, 1 << 20)
+    );
+    assert!(pool.allocate(2 << 20, 0).is_err());
     let mut blocks = Vec::new();
     while let Ok(addr) = pool.allocate(4096, 0) {
         blocks.push(addr);

@@ -815,6 +815,99 @@ fn million_with(eager: bool, exact_peaks: bool, memory: Memory) {
     }
 }
 
+/// Statistics read while four threads' heaps hold live blocks, free blocks in their spans
+/// and blocks in their reuse caches (and the pool's index holds some of each too): the heaps
+/// are left as they are, and every figure is what the statistics say once a refusal has made
+/// every heap give its spans back and every cache merge.
+#[test]
+fn statistics_leave_every_heap_as_it_is_and_describe_it_as_given_back() {
+    for (seed, eager, exact_peaks) in [(1, true, true), (2, true, false), (3, false, true)] {
+        let capacity = 128 << 20;
+        let pool = Pool::builder(capacity)
+            .name("stats-in-place")
+            .eager_thread_heaps(eager)
+            .exact_peaks(exact_peaks)
+            .log_leaks_on_drop(false)
+            .build_host()
+            .unwrap();
+        let threads = 4;
+        let paused = Barrier::new(threads + 1);
+        let resumed = Barrier::new(threads + 1);
+        // Without eager heaps, made before any thread has a heap: the pool's index holds a
+        // live block and a cached one (with them, the main thread's heap does).
+        let own = pool.allocate(3 << 20, 0).unwrap();
+        let cached = pool.allocate(5000, 0).unwrap();
+        pool.deallocate(cached).unwrap();
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let (pool, paused, resumed) = (&pool, &paused, &resumed);
+                s.spawn(move || {
+                    let client = pool.client(&format!("t{t}"), usize::MAX);
+                    let mut rng = Rng(seed * 1000 + t as u64 + 1);
+                    let mut live = Vec::new();
+                    for _ in 0..400 {
+                        if live.len() < 24 && rng.below(3) != 0 || live.is_empty() {
+                            let size = rng.size(1 << 20);
+                            live.push(client.allocate(size, rng.align()).unwrap());
+                        } else {
+                            let at = rng.below(live.len() as u64) as usize;
+                            client.deallocate(live.swap_remove(at)).unwrap();
+                        }
+                    }
+                    paused.wait();
+                    resumed.wait();
+                    for addr in live {
+                        client.deallocate(addr).unwrap();
+                    }
+                });
+            }
+            paused.wait();
+            // Checked while the threads wait; they are let go whatever the outcome, so that a
+            // failed check fails the test instead of leaving them waiting.
+            let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                // (Without eager heaps, a thread has one only if it met another on the pool's
+                // lock.)
+                let heaps = pool.thread_heaps();
+                assert!(!eager || heaps > threads, "seed {seed}: {heaps} heaps");
+                let live = live_blocks(&pool);
+                let seen = pool.stats();
+                let clients = pool.client_stats();
+                // Nothing was given back: the heaps, and what they hold, are where they were.
+                assert_eq!(pool.thread_heaps(), heaps);
+                assert_eq!(live_blocks(&pool), live);
+                assert_eq!(pool.stats(), seen, "seed {seed}: a second look differs");
+                let in_use: usize = live.iter().map(|&(_, reserved)| reserved).sum();
+                assert_eq!((seen.in_use, seen.live), (in_use, live.len() as u64));
+                assert_eq!(seen.free, capacity - in_use - seen.pending);
+                // A request that cannot succeed makes every heap give its spans back and merges
+                // every cache before it fails: then the free blocks exist as described.
+                assert!(pool.allocate(capacity, 0).is_err());
+                let merged = pool.stats();
+                assert_eq!(
+                    merged,
+                    PoolStats {
+                        failures: seen.failures + 1,
+                        ..seen
+                    },
+                    "seed {seed}: statistics before and after the heaps gave their spans back"
+                );
+                assert_eq!(live_blocks(&pool), live);
+                let after: Vec<_> = pool.client_stats();
+                assert_eq!(after[0].failures, clients[0].failures + 1);
+                assert_eq!(after[1..], clients[1..]);
+            }));
+            resumed.wait();
+            if let Err(panic) = checked {
+                std::panic::resume_unwind(panic);
+            }
+            pool.deallocate(own).unwrap();
+        });
+        let s = pool.stats();
+        assert_eq!((s.live, s.in_use, s.free_blocks), (0, 0, 1), "seed {seed}");
+        assert_eq!(s.largest_free, capacity);
+    }
+}
+
 #[test]
 fn a_thread_that_exits_gives_its_heap_back() {
     let pool = Pool::builder(4 << 20)
@@ -1037,15 +1130,18 @@ fn blocks_of_a_heap_freed_on_another_stream_wait_for_their_event() {
     const HOME: StreamId = StreamId(1);
     const OTHER: StreamId = StreamId(2);
     let streams = Arc::new(ManualStreams::new());
-    let pool = Pool::builder(1 << 20)
-        .name("heap-streams")
-        .eager_thread_heaps(true)
-        .streams(streams.clone(), HOME)
-        .log_leaks_on_drop(false)
-        .build_host()
-        .unwrap();
-    std::thread::scope(|s| {
-        s.spawn(|| {
+    let pool = Arc::new(
+        Pool::builder(1 << 20)
+            .name("heap-streams")
+            .eager_thread_heaps(true)
+            .streams(streams.clone(), HOME)
+            .log_leaks_on_drop(false)
+            .build_host()
+            .unwrap(),
+    );
+    {
+        let (pool, streams) = (pool.clone(), streams.clone());
+        on_exiting_thread(move || {
             // On the home stream: served by the heap, reused at once, no event.
             let a = pool.allocate(64 << 10, 0).unwrap();
             pool.deallocate(a).unwrap();
@@ -1064,11 +1160,18 @@ fn blocks_of_a_heap_freed_on_another_stream_wait_for_their_event() {
             streams.complete(OTHER);
             assert_eq!(pool.reclaim().unwrap(), 64 << 10);
             assert_eq!(pool.stats().pending, 0);
-            // The heap's home-stream frees reach the pool's index when it gives its spans
-            // back (here, `stats`): another stream then waits for the home stream first.
+            // Statistics leave the heap as it is.
             let c = pool.allocate(4096, 0).unwrap();
             pool.deallocate(c).unwrap();
-            let _ = pool.stats();
+            let s = pool.stats();
+            assert_eq!((s.in_use, s.free, s.free_blocks), (0, 1 << 20, 1));
+            assert_eq!(pool.thread_heaps(), 1);
+            // The heap's home-stream frees reach the pool's index when it gives its spans
+            // back (here, before a request for the whole pool): another stream then waits for
+            // the home stream first.
+            let all = pool.allocate(1 << 20, 0).unwrap();
+            pool.deallocate(all).unwrap();
+            assert!(streams.waits().is_empty());
             // (Served by the thread's heap for the other stream, from a span of the pool's
             // index.)
             let d = pool.allocate_on(4096, 0, OTHER).unwrap();
@@ -1083,10 +1186,10 @@ fn blocks_of_a_heap_freed_on_another_stream_wait_for_their_event() {
             streams.complete_all();
             pool.reclaim().unwrap();
         });
-    });
-    // The heap for the other stream went back when the thread exited (or, the thread's
-    // thread-local destructors still running, in `stats`): its blocks wait for the other
-    // stream to be done with them.
+    }
+    // The heap for the other stream went back when the thread exited: its blocks wait for
+    // the other stream to be done with them.
+    assert_eq!(pool.thread_heaps(), 0);
     assert!(pool.stats().pending > 0);
     assert_eq!(streams.pending(OTHER), 1);
     streams.complete(OTHER);
@@ -1777,21 +1880,21 @@ fn stream_pool_with(
         .unwrap()
 }
 
-/// Completes every event, takes the blocks back, and returns the statistics (which give the
-/// heaps back, parking their free blocks again: a second call takes those).
+/// Completes every event, takes the blocks back, and returns the statistics.
 fn drained(pool: &Pool, streams: &ManualStreams) -> PoolStats {
     streams.complete_all();
     pool.reclaim().unwrap();
     pool.stats()
 }
 
-/// Asserts that nothing is live or in use once every event completed, and that a second look
-/// finds nothing pending and the whole `capacity` in one free block.
+/// Asserts that nothing is live, in use or pending once every event completed, and that the
+/// whole `capacity` is one free block.
 fn assert_all_free(pool: &Pool, streams: &ManualStreams, capacity: usize) {
     let stats = drained(pool, streams);
-    let after = drained(pool, streams);
-    assert_eq!((stats.live, stats.in_use), (0, 0));
-    assert_eq!((after.pending, after.largest_free), (0, capacity));
+    assert_eq!(
+        (stats.live, stats.in_use, stats.pending, stats.largest_free),
+        (0, 0, 0, capacity)
+    );
 }
 
 /// Runs `body` while another thread holds its heap for `stream` with 1 MiB freed there (the
@@ -1831,11 +1934,17 @@ fn a_thread_on_its_own_stream_reuses_its_blocks_on_it_without_events() {
             assert_eq!(pool.allocate_on(64 << 10, 0, S).unwrap(), a);
             pool.deallocate_on(a, S).unwrap();
             assert_eq!(streams.pending(S), 0, "no event recorded");
+            // Statistics count its span's free bytes as free (a request on the home stream
+            // that needs them has the home stream wait for `S`) and leave the heap as it is.
+            let stats = pool.stats();
             assert_eq!(
-                pool.stats().pending,
-                1 << 20,
-                "its span waits for the stream"
+                (stats.in_use, stats.pending, stats.free, stats.free_blocks),
+                (0, 0, 16 << 20, 1)
             );
+            assert_eq!(pool.thread_heaps(), 1);
+            assert!(streams.waits().is_empty());
+            assert_eq!(pool.allocate_on(64 << 10, 0, S).unwrap(), a);
+            pool.deallocate_on(a, S).unwrap();
         });
     });
 }
@@ -2011,21 +2120,20 @@ fn a_sink_switched_on_and_off_never_gives_a_thread_two_heaps_for_one_stream() {
 }
 
 #[test]
-fn statistics_park_a_stream_heaps_free_blocks_and_a_refusal_takes_them_in_order() {
+fn a_thread_exit_parks_a_stream_heaps_free_blocks_and_a_refusal_takes_them_in_order() {
     const S: StreamId = StreamId(7);
     let capacity = 16 << 20;
     let streams = Arc::new(ManualStreams::new());
-    let pool = stream_pool("stats-park", capacity, streams.clone());
+    let pool = Arc::new(stream_pool("exit-park", capacity, streams.clone()));
     let churn = || {
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let a = pool.allocate_on(1 << 20, 0, S).unwrap();
-                pool.deallocate_on(a, S).unwrap();
-            });
+        let pool = pool.clone();
+        on_exiting_thread(move || {
+            let a = pool.allocate_on(1 << 20, 0, S).unwrap();
+            pool.deallocate_on(a, S).unwrap();
         });
     };
     churn();
-    // Given back (thread exit, or here): the stream may still use those blocks, and no other
+    // Given back at the thread's exit: the stream may still use those blocks, and no other
     // stream was made to wait for it.
     let stats = pool.stats();
     assert_eq!((stats.in_use, stats.pending), (0, 1 << 20));
@@ -2408,13 +2516,18 @@ fn a_capture_that_needs_blocks_a_stream_heap_gave_back_has_the_host_wait_for_the
     const CAPTURE: StreamId = StreamId(9);
     let capacity = 16 << 20;
     let streams = Arc::new(ManualStreams::new());
-    let pool = stream_pool("capture-after-give-back", capacity, streams.clone());
-    std::thread::scope(|s| {
-        s.spawn(|| {
+    let pool = Arc::new(stream_pool(
+        "capture-after-give-back",
+        capacity,
+        streams.clone(),
+    ));
+    {
+        let pool = pool.clone();
+        on_exiting_thread(move || {
             let a = pool.allocate_on(1 << 20, 0, S).unwrap();
             pool.deallocate_on(a, S).unwrap();
         });
-    });
+    }
     assert_eq!(pool.stats().pending, 1 << 20);
     streams.begin_capture(CAPTURE);
     let all = pool
@@ -2428,6 +2541,13 @@ fn a_capture_that_needs_blocks_a_stream_heap_gave_back_has_the_host_wait_for_the
     streams.complete_all();
     pool.reclaim().unwrap();
     assert_eq!(pool.stats().in_use, 0);
+}
+
+/// Runs `f` on a thread of its own and returns once the thread has ended, its thread-local
+/// destructors included (they give the thread's heaps back): `join` waits for them, the end of
+/// a `std::thread::scope` may not.
+fn on_exiting_thread<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+    std::thread::spawn(f).join().unwrap()
 }
 
 /// Live blocks as `(address, reserved bytes)` never overlap.

@@ -211,10 +211,11 @@ impl PoolBuilder {
     /// threads sharing a pool stop waiting for each other. A heap asks the pool for more only
     /// now and then: a span, a lease of bytes under the peak and the quotas, a batch of serial
     /// numbers. When more than its share is free in its spans, it gives back spans nothing
-    /// uses, then the spans with the most free bytes, in pieces. Before a request would fail,
-    /// and before [`Pool::stats`] describes the free blocks, every heap gives all its spans
-    /// back (other threads' included), and a thread that exits gives its heaps back: heaps
-    /// change the cost of a call, not what succeeds, nor any count. With a stream runtime a
+    /// uses, then the spans with the most free bytes, in pieces. Before a request would fail
+    /// every heap gives all its spans back (other threads' included), and a thread that exits
+    /// gives its heaps back; [`Pool::stats`] describes the free blocks as they would be then,
+    /// without taking anything back: heaps change the cost of a call, not what succeeds, nor
+    /// any count. With a stream runtime a
     /// thread has a heap for each stream it allocates on, which reuses its blocks on that
     /// stream at once, without an event (a thread on a stream of its own then never takes
     /// the pool's lock in the common case); the free blocks such a heap gives back wait for

@@ -424,8 +424,17 @@ impl Shared {
 
     /// Client `c`'s counters, its thread heaps' shares added (every heap locked).
     fn client_totals(state: &State, heaps: &[thread_heap::Locked<'_>], c: usize) -> ClientStats {
-        let client = &state.clients[c];
-        let mut counts = client.counts;
+        ClientState {
+            counts: Self::client_counts(state, heaps, c),
+            ..state.clients[c].clone()
+        }
+        .stats()
+    }
+
+    /// Client `c`'s counts, its thread heaps' shares added and their unused leases not
+    /// counted (every heap locked).
+    fn client_counts(state: &State, heaps: &[thread_heap::Locked<'_>], c: usize) -> Counters {
+        let mut counts = state.clients[c].counts;
         counts.in_use -= counts.leased;
         for h in heaps {
             if let Some(share) = h.state.clients.get(c) {
@@ -437,11 +446,7 @@ impl Shared {
                 counts.frees += share.frees;
             }
         }
-        ClientState {
-            counts,
-            ..client.clone()
-        }
-        .stats()
+        counts
     }
 
     /// How many threads have a heap on this pool.
@@ -775,39 +780,66 @@ impl Shared {
 
     pub(super) fn stats(&self) -> PoolStats {
         let mut state = self.lock_wait("statistics");
-        // Every thread heap gives its spans back, and what waits in the reuse cache is merged,
-        // so that the free blocks described are the ones that exist (and every count is the
-        // pool's own).
-        self.dissolve_all(&mut state, false);
-        state.tlsf.flush();
         let mapping = state.mapping.stats();
-        let mut clients = Counters::default();
-        for c in &state.clients {
-            clients.requested += c.counts.requested;
-            clients.allocations += c.counts.allocations;
-            clients.frees += c.counts.frees;
-            clients.failures += c.counts.failures;
-        }
+        // Every heap locked and left as it is: its counts are added, and the blocks no
+        // allocation uses, the pool's and the heaps', are described as they would be with
+        // every heap's spans given back and every reuse cache merged (touching ones are one
+        // block), without giving anything back: a thread that reads the statistics while
+        // others allocate does not take their heaps and caches away. Under the locks, only
+        // the counts and a copy of those blocks; they are sorted and merged after.
+        let (stats, mut unused) = self.with_heaps(&mut state, |state, heaps| {
+            let mut clients = Counters::default();
+            for c in 0..state.clients.len() {
+                let totals = Self::client_counts(state, heaps, c);
+                clients.requested += totals.requested;
+                clients.allocations += totals.allocations;
+                clients.frees += totals.frees;
+                clients.failures += totals.failures;
+            }
+            let mut in_use = state.counts.in_use - state.counts.leased;
+            let mut live = state.live.len();
+            let mut reused = state.tlsf.reused() + state.reused;
+            let mut unused: Vec<(u64, u64)> = state.tlsf.unused_ranges().collect();
+            for h in heaps.iter() {
+                let hs = &*h.state;
+                in_use += hs.lease.used;
+                live += hs.live.len();
+                reused += hs.tlsf.reused();
+                // A heap of another stream too: what it holds free serves a request on the
+                // home stream that needs it, after the home stream waits for the heap's
+                // stream (see `give_back_mode`), a wait the pool makes, not the caller.
+                unused.extend(hs.tlsf.unused_ranges());
+            }
+            let stats = PoolStats {
+                capacity: self.capacity,
+                in_use,
+                requested: clients.requested,
+                peak: state.counts.peak,
+                allocations: clients.allocations,
+                frees: clients.frees,
+                failures: clients.failures,
+                live: live as u64,
+                free: 0,
+                pending: state.pending,
+                quarantined: state.quarantined,
+                largest_free: 0,
+                free_blocks: 0,
+                mapped: mapping.mapped,
+                peak_mapped: mapping.peak_mapped,
+                chunk: mapping.chunk,
+                maps: mapping.maps,
+                unmaps: mapping.unmaps,
+                reused,
+            };
+            (stats, unused)
+        });
+        drop(state);
+        let free = FreeBlocks::merged(&mut unused);
         PoolStats {
-            capacity: self.capacity,
-            in_use: state.counts.in_use,
-            requested: clients.requested,
-            peak: state.counts.peak,
-            allocations: clients.allocations,
-            frees: clients.frees,
-            failures: clients.failures,
-            live: state.live.len() as u64,
-            free: state.tlsf.free_bytes() as usize,
-            pending: state.pending,
-            quarantined: state.quarantined,
-            largest_free: state.tlsf.largest_free() as usize,
-            free_blocks: state.tlsf.free_blocks(),
-            mapped: mapping.mapped,
-            peak_mapped: mapping.peak_mapped,
-            chunk: mapping.chunk,
-            maps: mapping.maps,
-            unmaps: mapping.unmaps,
-            reused: state.tlsf.reused() + state.reused,
+            free: free.bytes as usize,
+            largest_free: free.largest as usize,
+            free_blocks: free.blocks,
+            ..stats
         }
     }
 
@@ -901,5 +933,39 @@ impl Drop for Shared {
             }
         }
         self.drop_heaps();
+    }
+}
+
+/// The blocks no allocation uses, as one description: touching ones count as one block.
+struct FreeBlocks {
+    bytes: u64,
+    largest: u64,
+    blocks: usize,
+}
+
+impl FreeBlocks {
+    /// Describes `ranges`, `(address, bytes)` that do not overlap, in any order (sorts them).
+    fn merged(ranges: &mut [(u64, u64)]) -> FreeBlocks {
+        ranges.sort_unstable();
+        let mut free = FreeBlocks {
+            bytes: 0,
+            largest: 0,
+            blocks: 0,
+        };
+        let mut run: Option<(u64, u64)> = None;
+        for &(addr, size) in ranges.iter() {
+            free.bytes += size;
+            run = match run {
+                Some((start, end)) if end == addr => Some((start, addr + size)),
+                _ => {
+                    free.blocks += 1;
+                    Some((addr, addr + size))
+                }
+            };
+            if let Some((start, end)) = run {
+                free.largest = free.largest.max(end - start);
+            }
+        }
+        free
     }
 }

@@ -232,7 +232,12 @@ impl Pool {
         }
     }
 
-    /// A snapshot of the counters.
+    /// A snapshot of the counters, exact when it is taken: every thread heap is locked for a
+    /// moment and added in. Nothing is given back or merged: blocks that wait in a reuse
+    /// cache or in a heap's spans are described as they would be merged before a request
+    /// needed them (`free`, `largest_free`, `free_blocks` count touching ones as one block),
+    /// so a thread that reads the statistics while others allocate leaves their heaps and
+    /// caches as they are.
     pub fn stats(&self) -> PoolStats {
         self.own.shared.stats()
     }

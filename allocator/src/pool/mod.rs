@@ -34,8 +34,9 @@
 //! * Sizes round up to their size class ([`reserved_bytes`]: less than 1/32 more above 8 KiB),
 //!   so that a freed block can wait whole in a bounded **reuse cache** and serve the next
 //!   request of its class without a search, a split or a merge ([`PoolBuilder::reuse`]).
-//!   Everything waiting merges before a request would fail and before [`Pool::stats`]
-//!   describes the free blocks: the cache changes the cost of a call, not what succeeds.
+//!   Everything waiting merges before a request would fail, and [`Pool::stats`] describes
+//!   the free blocks as merged (without merging them): the cache changes the cost of a call,
+//!   not what succeeds, nor what the statistics say.
 //!
 //! Observability: [`Pool::stats`] (current, peak, counts, requested vs reserved, largest free
 //! block, fragmentation), a tracking mode ([`Tracking`]) that records each live allocation's tag
@@ -122,9 +123,10 @@
 //!   new peak or refuses a quota. Peaks stay exact at a cost: near its peak a pool shared by
 //!   many threads coordinates more often. [`PoolBuilder::exact_peaks`]`(false)` lets heaps
 //!   take headroom in chunks and counts it in the peaks instead (quotas stay exact).
-//! * **Statistics, leaks, events.** [`Pool::stats`] gives every heap back first (so the free
-//!   blocks it describes exist, and every count is the pool's own); client statistics and leak
-//!   reports add up every heap with all of them locked. Tracking and event sinks take the
+//! * **Statistics, leaks, events.** [`Pool::stats`], client statistics and leak reports add
+//!   up every heap with all of them locked for a moment, and take nothing back: the free
+//!   blocks are described as they would be with every heap's spans given back and merged, so
+//!   a thread that reads them while others work does not take the others' heaps away. Tracking and event sinks take the
 //!   general path under the pool's lock, heaps or not; a sink switched on is seen by every
 //!   heap before [`Pool::set_events`] returns. Parked blocks do not stop the heaps: they come
 //!   back whenever a path takes the pool's lock (a heap's slow path included).
@@ -138,8 +140,8 @@
 //!   frees, as any block of the pool's index handed to another stream. Its freed blocks reach
 //!   the pool's index when it gives spans back: before a request would fail for want of them
 //!   and before a trim, the home stream is made to wait for the heap's stream (a wait the
-//!   driver adds, no thread blocks) and they are free at once; otherwise (statistics, a heap
-//!   over its bound, the thread's exit), or where that wait cannot be made (a stream that
+//!   driver adds, no thread blocks) and they are free at once; otherwise (a heap over its
+//!   bound, the thread's exit), or where that wait cannot be made (a stream that
 //!   captures a graph), they are parked until an event on the heap's stream completes, and
 //!   count as `pending` meanwhile; a request that would fail without them makes the home
 //!   stream wait for that stream and takes them. A thread gets a heap for another stream at

@@ -37,9 +37,11 @@ pub struct PoolStats {
     /// event could not be queried (a driver error): set aside for good, since nothing says the
     /// stream is done with them. Normally 0.
     pub quarantined: usize,
-    /// The largest free block.
+    /// The largest free block (blocks that wait in a reuse cache or a thread heap count as
+    /// merged with the free blocks they touch, as they are before a request would fail).
     pub largest_free: usize,
-    /// Number of free blocks (1 for an empty pool; more means fragmentation).
+    /// Number of free blocks, counted as for `largest_free` (1 for an empty pool; more means
+    /// fragmentation).
     pub free_blocks: usize,
     /// Allocations served whole by a block freed earlier and kept for reuse (see
     /// [`PoolBuilder::reuse`](super::PoolBuilder::reuse)), so far.

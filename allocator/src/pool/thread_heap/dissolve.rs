@@ -1,5 +1,5 @@
 //! Giving spans back: a heap shrinking to its bound, and every heap dissolving into the
-//! pool's index (before a refusal, a trim, statistics), live blocks kept at their addresses.
+//! pool's index (before a refusal, a trim, a thread's exit), live blocks kept at their addresses.
 
 use alloc::sync::Arc;
 use alloc::vec::Vec;
@@ -286,7 +286,7 @@ impl Shared {
     }
 
     /// Before a request fails for want of them: the free blocks that heaps of other streams
-    /// gave back parked (for statistics, a heap over its bound, a thread's exit, or because a
+    /// gave back parked (a heap over its bound, a thread's exit, or because a
     /// stream captured then) become free at once wherever the home stream can now be made to
     /// wait for their stream, as a refusal does with the spans heaps still hold. Whether any
     /// did.

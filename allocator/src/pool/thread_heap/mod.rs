@@ -40,15 +40,19 @@
 //!   every lease's unused part and the spare, with every heap that may touch them locked
 //!   (heaps touch a spare only under their own lock), and only then raises the peak (to
 //!   exactly what is in use) or refuses the quota; the headroom left goes to the spare. Every
-//!   path that needs exact counts (statistics, a refusal, the pool's own index where the
-//!   counts leave no headroom) drains the spares the same way, or draws from them. Without
+//!   path that needs exact counts (a refusal, the pool's own index where the counts leave no
+//!   headroom) drains the spares the same way, or draws from them; statistics count what
+//!   the leases and spares hold unused as not in use, and take nothing back. Without
 //!   exact peaks (`exact_peaks(false)`), a heap takes a chunk of headroom beyond its need
 //!   (1/256 of the capacity, or twice the largest request it served, up to 1/32 of the
 //!   capacity, if that is more), raising the peak where there is none, and gives back what it
 //!   holds beyond three chunks to the pool: the peaks count leases, quotas stay exact.
 //! * **Statistics, leak reports, the event log.** Counts that add up (bytes, allocations,
 //!   frees) are kept per heap and summed with every heap locked; the free blocks are described
-//!   after every heap gave its spans back. Leak reports list every heap's live allocations.
+//!   from the pool's index and every heap's spans together, as they would be with every span
+//!   given back and every reuse cache merged (blocks that touch count as one), while nothing
+//!   is given back: a thread that reads statistics while others work does not take their
+//!   heaps and caches away. Leak reports list every heap's live allocations.
 //!   Tracking and event sinks take the general path under the pool's lock, as before; a heap
 //!   serves only while neither is on, and checks that under its own lock, which
 //!   [`set_sink`](Shared::set_sink) takes once after switching a sink on. Parked blocks do

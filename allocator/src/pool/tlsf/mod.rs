@@ -251,6 +251,7 @@ impl Tlsf {
     }
 
     /// Number of free blocks (cached blocks not counted: [`flush`](Self::flush) first).
+    #[cfg(test)]
     pub(crate) fn free_blocks(&self) -> usize {
         self.lists.free_blocks
     }
@@ -261,6 +262,16 @@ impl Tlsf {
         self.blocks
             .iter()
             .filter(|b| b.free)
+            .map(|b| (b.addr, b.size))
+    }
+
+    /// Every block no allocation uses, free or cached, `(address, bytes)`, in no particular
+    /// order: what [`free_ranges`](Self::free_ranges) gives after a [`flush`](Self::flush),
+    /// before the merges (cached blocks may touch each other and free blocks).
+    pub(crate) fn unused_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.blocks
+            .iter()
+            .filter(|b| b.free | b.cached)
             .map(|b| (b.addr, b.size))
     }
 
