@@ -276,7 +276,7 @@ impl Shared {
     /// `order`: see [`give_back_mode`](Self::give_back_mode).
     pub(in crate::pool) fn dissolve_all(&self, state: &mut State, order: bool) {
         let heaps: Vec<Arc<ThreadHeap>> = state.heaps.iter().map(|e| e.heap.clone()).collect();
-        let mut guards: Vec<_> = heaps.iter().map(|h| h.state.lock_wait()).collect();
+        let mut guards = self.lock_heaps(&heaps);
         for (heap, guard) in heaps.iter().zip(guards.iter_mut()) {
             self.dissolve(state, heap, guard, order);
         }

@@ -4,10 +4,11 @@
 
 use alloc::sync::Arc;
 use alloc::vec::Vec;
+use core::sync::atomic::Ordering;
 
 use super::{HeapState, Locked, ThreadHeap, keep};
 use crate::pool::counters::{Counters, Lease, Spare};
-use crate::pool::engine::{Shared, State};
+use crate::pool::engine::{PAUSE, Shared, State};
 use crate::pool::lock::LockGuard;
 
 /// Without exact peaks a lease keeps at most `1 / LEASE_KEEP_SHARE` of the capacity for the
@@ -229,8 +230,29 @@ impl Shared {
             .filter(|e| client.is_none_or(|c| e.clients.contains(&c)))
             .map(|e| e.heap.clone())
             .collect();
-        let mut guards: Vec<_> = others.iter().map(|h| h.state.lock_wait()).collect();
+        let mut guards = self.lock_heaps(&others);
         f(state, &mut guards)
+    }
+
+    /// Locks every heap of `heaps` (the caller holds the pool's lock and none of theirs),
+    /// with [`PAUSE`] set meanwhile: their owners let go of their locks and wait at the pool's.
+    pub(in crate::pool) fn lock_heaps<'h>(
+        &self,
+        heaps: &'h [Arc<ThreadHeap>],
+    ) -> Vec<LockGuard<'h, HeapState>> {
+        /// Clears `PAUSE` when the locks are taken (or if taking them unwinds).
+        struct Paused<'a>(&'a Shared);
+        impl Drop for Paused<'_> {
+            fn drop(&mut self) {
+                self.0.flags.fetch_and(!PAUSE, Ordering::Relaxed);
+            }
+        }
+        if heaps.is_empty() {
+            return Vec::new();
+        }
+        self.flags.fetch_or(PAUSE, Ordering::Relaxed);
+        let _paused = Paused(self);
+        heaps.iter().map(|h| h.state.lock_wait()).collect()
     }
 
     /// Runs `f` with every heap locked (the caller holds none of their locks).
@@ -240,11 +262,10 @@ impl Shared {
         f: impl FnOnce(&mut State, &mut [Locked<'_>]) -> R,
     ) -> R {
         let heaps: Vec<Arc<ThreadHeap>> = state.heaps.iter().map(|e| e.heap.clone()).collect();
-        let mut locked: Vec<Locked<'_>> = heaps
-            .iter()
-            .map(|heap| Locked {
-                state: heap.state.lock_wait(),
-            })
+        let mut locked: Vec<Locked<'_>> = self
+            .lock_heaps(&heaps)
+            .into_iter()
+            .map(|state| Locked { state })
             .collect();
         f(state, &mut locked)
     }

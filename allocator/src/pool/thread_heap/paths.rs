@@ -8,7 +8,7 @@ use core::sync::atomic::Ordering;
 use super::{ClientShare, HeapState, SERIAL_BATCH, Span, ThreadHeap, keep};
 use crate::error::Error;
 use crate::pool::counters::Lease;
-use crate::pool::engine::{Ask, HEAP_SLOW, SINK, Shared, State};
+use crate::pool::engine::{Ask, HEAP_SLOW, PAUSE, SINK, Shared, State};
 use crate::pool::lock::LockGuard;
 use crate::pool::tlsf::{self, GRANULE};
 use crate::pool::{AllocRequest, reserved_bytes};
@@ -58,8 +58,9 @@ impl Shared {
         let reserved = reserved_bytes(ask.size).filter(|&r| r <= self.capacity)?;
         // Held by another thread only while it takes leases back or gives spans back.
         let guard = heap.state.try_guard()?;
-        // Checked again under the heap's lock: a sink switched on since is seen here.
-        if self.flags.load(Ordering::Relaxed) & HEAP_SLOW != 0 {
+        // Checked again under the heap's lock: a sink switched on since is seen here, and a
+        // thread that waits for this lock with the pool's ([`PAUSE`]).
+        if self.flags.load(Ordering::Relaxed) & (HEAP_SLOW | PAUSE) != 0 {
             return None;
         }
         Some((guard, reserved))
@@ -393,8 +394,9 @@ impl Shared {
         addr: u64,
         from_slice: bool,
     ) -> Option<bool> {
-        // A free made after a sink was switched on is logged (see `set_sink`).
-        if self.flags.load(Ordering::Relaxed) & SINK != 0 {
+        // A free made after a sink was switched on is logged (see `set_sink`); with `PAUSE`,
+        // another thread waits for this lock with the pool's.
+        if self.flags.load(Ordering::Relaxed) & (SINK | PAUSE) != 0 {
             return None;
         }
         let slot = h.live.find(addr)?;
