@@ -40,6 +40,8 @@
 //!          --passes N (every column and thread count runs N times in turn, its rounds
 //!          pooled: N × rounds)  --per-round (each pass's rounds on stderr)
 //!          --pin 0,1,… (thread t of every column on the t-th CPU of the list, cyclically)
+//!          --stats-every-us N (a monitoring thread reads each pool's statistics every N µs
+//!          while the threads run; how long each read took is printed after the table)
 //! (columns whose name contains NAME, or one of `A|B|…`; ratios need the baselines,
 //! "std::alloc" and "cuMemAllocAsync")
 //! ```
