@@ -32,8 +32,8 @@
 //!   (in use, requested, live, allocations, frees, failures) must equal the sum of the models,
 //!   exactly, and free, in use and pending bytes add up to the capacity (pending is not the
 //!   model's parked bytes: a heap's blocks freed on its own stream are free to that stream at
-//!   once, and `stats` gives them back pending, or free where the home stream was made to wait
-//!   for the stream);
+//!   once, and count as free; a heap given back, at a thread's exit, parks them until the
+//!   stream is done, or frees them where the home stream was made to wait for the stream);
 //! * at the end, with every event completed and every block freed, the region is whole again.
 //!
 //! The process exits non-zero (a panic naming the check) on the first violation and prints

@@ -519,7 +519,7 @@ mod gpu {
     fn four_threads_on_their_own_streams_fill_and_check_their_slices() {
         // 3,000 operations on each of four threads, each on a stream of its own: slices of up
         // to 256 KiB filled with the thread's byte on its stream, checked now and then, dropped
-        // (freed on their stream); statistics now and then give every heap back. A block
+        // (freed on their stream); statistics now and then lock every heap. A block
         // handed to a stream while another still wrote it would show another thread's byte.
         let Some((_device, home)) = gpu() else { return };
         let pool = Pool::builder(64 << 20)

@@ -718,8 +718,12 @@ fn frees_on_the_wrong_stream() {
         let b = pool.allocate_on(100, 0, stream).unwrap();
         pool.deallocate_on(b, stream).unwrap();
     }
-    // Statistics give the streams' thread heaps back: their free spans wait for the streams.
-    pool.stats();
+    // Statistics count the streams' thread heaps' free spans as free, and leave the heaps.
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.live, stats.pending, stats.free),
+        (0, 0, stats.capacity)
+    );
     streams.complete_all();
     pool.reclaim().unwrap();
     assert_whole(&pool);

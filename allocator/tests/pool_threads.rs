@@ -589,8 +589,9 @@ enum Memory {
 fn million_with(eager: bool, exact_peaks: bool, memory: Memory) {
     // 250,000 allocations and frees on each of four threads: sizes up to 64 KiB, every
     // alignment, each thread's own client and a shared one under a quota, slices, frees of
-    // other threads' blocks, now and then a leak report or statistics (which give every
-    // heap back) while the others run. A shared model sees each block between the pool's
+    // other threads' blocks, now and then a leak report or statistics (every heap locked for
+    // a moment) while the others run, and refusals for capacity (every heap gives its spans
+    // back). A shared model sees each block between the pool's
     // answer and its free: two live blocks never overlap. After joining, every count is exact.
     const THREADS: usize = 4;
     const OPS: usize = 250_000;
@@ -870,12 +871,26 @@ fn statistics_leave_every_heap_as_it_is_and_describe_it_as_given_back() {
                 let heaps = pool.thread_heaps();
                 assert!(!eager || heaps > threads, "seed {seed}: {heaps} heaps");
                 let live = live_blocks(&pool);
-                let seen = pool.stats();
-                let clients = pool.client_stats();
-                // Nothing was given back: the heaps, and what they hold, are where they were.
+                let first = pool.stats();
+                // Nothing was given back or merged: the heaps, and what they hold, are where
+                // they were, and the block cached before the look is taken whole again (a
+                // heap given back, or a cache merged, would have merged it).
                 assert_eq!(pool.thread_heaps(), heaps);
                 assert_eq!(live_blocks(&pool), live);
-                assert_eq!(pool.stats(), seen, "seed {seed}: a second look differs");
+                assert_eq!(pool.allocate(5000, 0).unwrap(), cached);
+                pool.deallocate(cached).unwrap();
+                let seen = pool.stats();
+                assert_eq!(
+                    seen,
+                    PoolStats {
+                        allocations: first.allocations + 1,
+                        frees: first.frees + 1,
+                        reused: first.reused + 1,
+                        ..first
+                    },
+                    "seed {seed}: the block cached before the first look was not reused whole"
+                );
+                let clients = pool.client_stats();
                 let in_use: usize = live.iter().map(|&(_, reserved)| reserved).sum();
                 assert_eq!((seen.in_use, seen.live), (in_use, live.len() as u64));
                 assert_eq!(seen.free, capacity - in_use - seen.pending);
@@ -1461,8 +1476,8 @@ fn a_failed_map_on_a_heap_fails_the_request_and_changes_nothing() {
     // The heap's first span starts at the region's start, and so does its first block.
     let keep = client.allocate(3 * CHUNK, 0).unwrap();
     assert_eq!((keep, pool.thread_heaps()), (pool.base(), 1));
-    // (Statistics would give the heap back: the client's, the leak report and the stand-in
-    // are read with the heap in place.)
+    // (The client's statistics, the leak report and the stand-in are read with the heap in
+    // place.)
     let before = (
         client.stats(),
         vm.mapped_chunks(),
@@ -2278,8 +2293,9 @@ impl StreamSync for Clocked {
 fn four_threads_on_their_own_streams_reuse_blocks_only_in_stream_order() {
     // 60,000 operations on each of four threads, each allocating on a stream of its own and
     // now and then on the home stream, freeing mostly on the block's stream and otherwise on
-    // the home stream or a neighbour's; streams drained now and then; statistics (which give
-    // every heap back) and reclaims while the others run. A shared model sees every block:
+    // the home stream or a neighbour's; streams drained now and then; statistics (every heap
+    // locked for a moment), refusals (every heap gives its spans back) and reclaims while the
+    // others run. A shared model sees every block:
     // two live blocks never overlap, and a block handed out for a stream was freed on that
     // stream, or the stream it was freed on was drained since, or the new stream was made to
     // wait for it (directly or through others) since. After joining and draining, every count

@@ -952,7 +952,7 @@ struct FreeBlocks {
 impl FreeBlocks {
     /// Describes `ranges`, `(address, bytes)` that do not overlap, in any order (sorts them).
     fn merged(ranges: &mut [(u64, u64)]) -> FreeBlocks {
-        ranges.sort_unstable();
+        ranges.sort_unstable_by_key(|&(addr, _)| addr);
         let mut free = FreeBlocks {
             bytes: 0,
             largest: 0,

@@ -27,7 +27,11 @@ pub struct PoolStats {
     pub failures: u64,
     /// Live allocations.
     pub live: u64,
-    /// Bytes in free blocks, ready to be handed out.
+    /// Bytes in free blocks, ready to be handed out: free in the pool's index, waiting whole in
+    /// a reuse cache, or free in a thread heap's spans. (A heap of a stream other than the
+    /// home stream hands its free blocks out on its stream at once; a request on the home
+    /// stream that needs them has the home stream wait for that stream first, where it can:
+    /// not while that stream captures a graph.)
     pub free: usize,
     /// Bytes freed on another stream whose event has not completed yet, and free bytes a
     /// thread heap of another stream gave back that wait for that stream likewise (neither in

@@ -366,7 +366,7 @@ fn another_threads_frees_of_a_heaps_blocks_take_no_pool_lock() {
             let c = client.stats();
             assert_eq!((c.live, c.in_use, c.frees), (0, 0, 32), "{}", c.name);
         }
-        // (And it still is once statistics gave the heap's spans back.)
+        // A second free of the same address is refused, counting nothing.
         assert!(clients[0].deallocate(blocks[1].0).is_err());
         assert_eq!(pool.stats().frees, before.frees + 64);
         finish.send(()).unwrap();
@@ -406,7 +406,6 @@ fn a_span_directory_that_names_the_wrong_heap_frees_nothing_there() {
     let pool = eager_heaps_pool();
     let shared = pool.shared().clone();
     let client = [pool.client("c", usize::MAX)];
-    // (Statistics give every heap back: taken before the heaps are made.)
     let before = pool.stats();
     std::thread::scope(|s| {
         let (a, finish_a) = allocate_and_wait(&client, 2, s);
@@ -580,4 +579,58 @@ fn a_directory_naming_a_heap_given_back_frees_nothing_there() {
     assert_eq!(pool.stats().live, 0);
     assert!(pool.deallocate(blocks[0]).is_err());
     shared.check_heaps();
+}
+
+#[test]
+fn with_pause_set_a_heaps_own_paths_let_go_of_its_lock_and_the_pools_lock_serves() {
+    // `PAUSE` is a hint to a heap's own paths, set while another thread takes every heap's
+    // lock: they let go of the heap's lock, and the call completes under the pool's lock,
+    // counted as any other. Nothing fails, nothing is lost.
+    use crate::pool::engine::PAUSE;
+    let pool = eager_heaps_pool();
+    let shared = pool.shared().clone();
+    let client = pool.client("c", usize::MAX);
+    let a = client.allocate(4096, 0).unwrap();
+    let heap = shared.thread_heap(shared.home).expect("this thread's heap");
+    let before = pool.stats();
+    shared.flags.fetch_or(PAUSE, Ordering::Relaxed);
+    let ask = Ask {
+        client: client.id(),
+        size: 4096,
+        align: 256,
+        stream: shared.home,
+    };
+    assert_eq!(shared.heap_allocate_fast(&heap, &ask, false), None);
+    {
+        let mut guard = heap.state.try_guard().expect("the heap's lock was let go");
+        assert_eq!(
+            shared.heap_free_locked(&mut guard, Some(client.id()), a, false),
+            None
+        );
+        assert_eq!(guard.live.len(), 1, "the free was not made");
+    }
+    // Through the pool's lock: allocations (one in the heap's cache's class, one larger) and
+    // frees, the heap's own block among them.
+    let b = client.allocate(4096, 0).unwrap();
+    let c = client.allocate(100_000, 0).unwrap();
+    client.deallocate(a).unwrap();
+    client.deallocate(b).unwrap();
+    let paused = pool.stats();
+    assert_eq!(
+        (paused.allocations, paused.frees, paused.live),
+        (before.allocations + 2, before.frees + 2, before.live)
+    );
+    assert_eq!(pool.thread_heaps(), 1);
+    shared.flags.fetch_and(!PAUSE, Ordering::Relaxed);
+    client.deallocate(c).unwrap();
+    // The heap's own paths again: a block freed there is taken whole from its cache.
+    let d = client.allocate(8192, 0).unwrap();
+    client.deallocate(d).unwrap();
+    let reused = pool.stats().reused;
+    assert_eq!(client.allocate(8192, 0).unwrap(), d);
+    assert_eq!(pool.stats().reused, reused + 1);
+    client.deallocate(d).unwrap();
+    shared.check_heaps();
+    let s = pool.stats();
+    assert_eq!((s.live, s.in_use), (0, 0));
 }
