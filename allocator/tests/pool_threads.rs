@@ -874,18 +874,25 @@ fn statistics_leave_every_heap_as_it_is_and_describe_it_as_given_back() {
                 let first = pool.stats();
                 // Nothing was given back or merged: the heaps, and what they hold, are where
                 // they were, and the block cached before the look is taken whole again (a
-                // heap given back, or a cache merged, would have merged it).
+                // heap given back, or a cache merged, would have merged it). With eager heaps
+                // that block waits in the main thread's own heap, which no other thread used.
+                // (Without them it lies in the pool's index, whose cache the other threads'
+                // frees may have cycled through, and the main thread may get a heap.)
                 assert_eq!(pool.thread_heaps(), heaps);
                 assert_eq!(live_blocks(&pool), live);
-                assert_eq!(pool.allocate(5000, 0).unwrap(), cached);
-                pool.deallocate(cached).unwrap();
+                let reuse = eager;
+                if reuse {
+                    assert_eq!(pool.allocate(5000, 0).unwrap(), cached, "seed {seed}");
+                    pool.deallocate(cached).unwrap();
+                }
                 let seen = pool.stats();
+                let more = u64::from(reuse);
                 assert_eq!(
                     seen,
                     PoolStats {
-                        allocations: first.allocations + 1,
-                        frees: first.frees + 1,
-                        reused: first.reused + 1,
+                        allocations: first.allocations + more,
+                        frees: first.frees + more,
+                        reused: first.reused + more,
                         ..first
                     },
                     "seed {seed}: the block cached before the first look was not reused whole"

@@ -257,6 +257,7 @@ impl Shared {
             None => h.tlsf.release(block) as usize,
         };
         h.uncount(&live, reserved);
+        self.settle_locked(state, &heap, h, live.client);
         drop(guard);
         self.emit_free(state, &live, addr, reserved, stream, None);
         Ok(None)

@@ -34,7 +34,16 @@ impl Shared {
             return;
         };
         let mut guard = heap.state.lock_wait();
-        let h = &mut *guard;
+        self.shrink_locked(&mut state, heap, &mut guard);
+    }
+
+    /// [`shrink`](Self::shrink), with the pool's lock and `heap`'s held.
+    pub(in crate::pool) fn shrink_locked(
+        &self,
+        state: &mut State,
+        heap: &Arc<ThreadHeap>,
+        h: &mut HeapState,
+    ) {
         if h.retired {
             return;
         }
@@ -62,7 +71,7 @@ impl Shared {
             if h.tlsf.take_span(span.first) {
                 h.spans.swap_remove(i);
                 state.spans.remove(&span.addr);
-                self.give_back_block(&mut state, heap, span.block, span.size, &mode);
+                self.give_back_block(state, heap, span.block, span.size, &mode);
             } else {
                 i += 1;
             }
@@ -71,9 +80,9 @@ impl Shared {
             let i = (0..h.spans.len())
                 .max_by_key(|&i| h.span_free(i))
                 .unwrap_or(0);
-            self.dissolve_span(&mut state, heap, h, i, &mode);
+            self.dissolve_span(state, heap, h, i, &mode);
         }
-        self.publish_spans(&state);
+        self.publish_spans(state);
         if self.streams.is_some() && matches!(mode, GiveBack::Free) {
             // Blocks freed on the home stream (or ordered before it) reach the pool's index.
             state.home_epoch += 1;

@@ -425,6 +425,38 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// After a free on `heap` under the pool's lock, what the heap's own free does after its
+    /// (see [`heap_free_locked`](Self::heap_free_locked) and [`shrink`](Self::shrink)): with
+    /// exact peaks, leases it does not use go to the spare; free bytes past its bound, and
+    /// without exact peaks leases past what they keep, go back to the pool. (A free that
+    /// found the heap's own path closed, by a sink or by [`PAUSE`], would otherwise leave them
+    /// until the heap's next free of its own.) Not for a heap of another stream: giving its
+    /// blocks back records an event, a call into the stream runtime that this path makes
+    /// with no heap locked.
+    pub(in crate::pool) fn settle_locked(
+        &self,
+        state: &mut State,
+        heap: &Arc<ThreadHeap>,
+        h: &mut HeapState,
+        client: u32,
+    ) {
+        let Some(share) = h.clients.get_mut(client as usize) else {
+            return;
+        };
+        let hoarding = h.lease.hoards() || share.lease.hoards();
+        if self.exact_peaks && hoarding {
+            self.give_back(&mut h.lease, share, h.shard);
+        }
+        let other_stream = self.streams.is_some() && heap.stream != self.home;
+        if !other_stream
+            && (h.tlsf.free_bytes() > self.heap_bound() as u64 || !self.exact_peaks && hoarding)
+        {
+            self.shrink_locked(state, heap, h);
+        }
+    }
+}
+
 /// Merges what waits in a heap's reuse cache, the oldest half at a time, until a block of
 /// `size` bytes at `align` is found (taken) or the cache is empty.
 fn merge_cache_for(h: &mut HeapState, size: u64, align: u64) -> Option<(u32, u64)> {

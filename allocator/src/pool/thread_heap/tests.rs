@@ -613,12 +613,21 @@ fn with_pause_set_a_heaps_own_paths_let_go_of_its_lock_and_the_pools_lock_serves
     // frees, the heap's own block among them.
     let b = client.allocate(4096, 0).unwrap();
     let c = client.allocate(100_000, 0).unwrap();
+    let large = client.allocate(8 << 20, 0).unwrap();
     client.deallocate(a).unwrap();
     client.deallocate(b).unwrap();
+    // The large block's lease is headroom the heap no longer uses: given back as the heap's
+    // own free would, though the free took the pool's lock.
+    client.deallocate(large).unwrap();
+    {
+        let h = heap.state.lock_wait();
+        assert!(!h.lease.hoards(), "{:?}", h.lease);
+        assert!(!h.clients[client.id() as usize].lease.hoards());
+    }
     let paused = pool.stats();
     assert_eq!(
         (paused.allocations, paused.frees, paused.live),
-        (before.allocations + 2, before.frees + 2, before.live)
+        (before.allocations + 3, before.frees + 3, before.live)
     );
     assert_eq!(pool.thread_heaps(), 1);
     shared.flags.fetch_and(!PAUSE, Ordering::Relaxed);
