@@ -792,7 +792,9 @@ impl Shared {
         // every heap's spans given back and every reuse cache merged (touching ones are one
         // block), without giving anything back: a thread that reads the statistics while
         // others allocate does not take their heaps and caches away. Under the locks, only
-        // the counts and a copy of those blocks; they are sorted and merged after.
+        // the counts and a copy of those blocks; they are sorted and merged after. Without
+        // heaps, the pool's index describes itself without a copy (its cached blocks and
+        // their runs only).
         let (stats, mut unused) = self.with_heaps(&mut state, |state, heaps| {
             let mut clients = Counters::default();
             for c in 0..state.clients.len() {
@@ -805,7 +807,10 @@ impl Shared {
             let mut in_use = state.counts.in_use - state.counts.leased;
             let mut live = state.live.len();
             let mut reused = state.tlsf.reused() + state.reused;
-            let mut unused: Vec<(u64, u64)> = state.tlsf.unused_ranges().collect();
+            let mut unused = Vec::new();
+            if !heaps.is_empty() {
+                unused.extend(state.tlsf.unused_ranges());
+            }
             for h in heaps.iter() {
                 let hs = &*h.state;
                 in_use += hs.lease.used;
@@ -816,6 +821,20 @@ impl Shared {
                 // stream (see `give_back_mode`), a wait the pool makes, not the caller.
                 unused.extend(hs.tlsf.unused_ranges());
             }
+            let free = if heaps.is_empty() {
+                let (bytes, largest, blocks) = state.tlsf.merged_unused();
+                FreeBlocks {
+                    bytes,
+                    largest,
+                    blocks,
+                }
+            } else {
+                FreeBlocks {
+                    bytes: 0,
+                    largest: 0,
+                    blocks: 0,
+                }
+            };
             let stats = PoolStats {
                 capacity: self.capacity,
                 in_use,
@@ -825,11 +844,11 @@ impl Shared {
                 frees: clients.frees,
                 failures: clients.failures,
                 live: live as u64,
-                free: 0,
+                free: free.bytes as usize,
                 pending: state.pending,
                 quarantined: state.quarantined,
-                largest_free: 0,
-                free_blocks: 0,
+                largest_free: free.largest as usize,
+                free_blocks: free.blocks,
                 mapped: mapping.mapped,
                 peak_mapped: mapping.peak_mapped,
                 chunk: mapping.chunk,
@@ -840,6 +859,9 @@ impl Shared {
             (stats, unused)
         });
         drop(state);
+        if unused.is_empty() {
+            return stats;
+        }
         let free = FreeBlocks::merged(&mut unused);
         PoolStats {
             free: free.bytes as usize,

@@ -15,6 +15,7 @@ use super::{FL_ROWS, GRANULE_SHIFT, NIL, SL_COUNT, Slots, Tlsf, class, mapping_i
 /// its entry in the ring, written when it was cached, which only a later push can overwrite. A
 /// byte limit bounds how much memory waits: a block that would pass it is merged at once.
 #[derive(Debug)]
+#[cfg_attr(test, derive(Clone))]
 pub(super) struct Cache {
     /// Head of each class's list of cached blocks (linked through `prev_free`/`next_free`).
     pub(super) heads: [u32; FL_ROWS * SL_COUNT],
@@ -131,6 +132,60 @@ impl Tlsf {
         self.cache.bytes -= size;
         self.cache.blocks -= 1;
         self.lists.free(blocks, block);
+    }
+
+    /// The free blocks as [`flush`](Self::flush) would leave them, without merging anything:
+    /// `(bytes, largest, blocks)`, where touching free and cached blocks count as one. Free
+    /// blocks never touch each other, so only runs with a cached block in them differ from
+    /// the free lists: they are walked, each once, from their first block. O(cached blocks
+    /// and the blocks of their runs), plus one pass over the class heads.
+    pub(crate) fn merged_unused(&self) -> (u64, u64, usize) {
+        let blocks = &self.blocks;
+        let unused = |slot: u32| {
+            let b = &blocks[slot as usize];
+            b.free | b.cached
+        };
+        // Every pair of touching unused blocks joins two into one: counted once, at its
+        // right-hand block when that is cached, else at the cached block on its left. The
+        // first block of every run with a cached block in it: that block, or a free block
+        // just before it (free blocks do not touch each other).
+        let mut joints = 0;
+        let mut starts = Vec::new();
+        for &head in self.cache.heads.iter() {
+            let mut at = head;
+            while at != NIL {
+                let b = &blocks[at as usize];
+                let prev = &blocks[b.prev_phys as usize];
+                if !(prev.free | prev.cached) {
+                    starts.push(at);
+                } else {
+                    joints += 1;
+                    if prev.free && !unused(prev.prev_phys) {
+                        starts.push(b.prev_phys);
+                    }
+                }
+                if blocks[b.next_phys as usize].free {
+                    joints += 1;
+                }
+                at = b.next_free;
+            }
+        }
+        starts.sort_unstable();
+        starts.dedup();
+        // A run without a cached block is one free block: the largest of those is the free
+        // lists' largest (or smaller than some run's).
+        let mut largest = self.largest_free();
+        for start in starts {
+            let mut run = 0;
+            let mut at = start;
+            while at != NIL && unused(at) {
+                run += blocks[at as usize].size;
+                at = blocks[at as usize].next_phys;
+            }
+            largest = largest.max(run);
+        }
+        let count = self.lists.free_blocks + self.cache.blocks - joints;
+        (self.free_bytes(), largest, count)
     }
 
     /// Merges cached blocks, oldest first, until `bytes` have been merged or none waits;

@@ -79,6 +79,7 @@ impl Block {
 
 /// The free-block index of one region.
 #[derive(Debug)]
+#[cfg_attr(test, derive(Clone))]
 pub(crate) struct Tlsf {
     base: u64,
     size: u64,
@@ -91,6 +92,7 @@ pub(crate) struct Tlsf {
 /// counters. Its methods take the blocks as a slice, whose pointer and length the compiler
 /// keeps in registers (through `&mut self.blocks` it reloads both after every store).
 #[derive(Debug)]
+#[cfg_attr(test, derive(Clone))]
 struct Lists {
     /// First slot of the block array that no block uses; the rest follow through
     /// `next_free`.

@@ -149,6 +149,7 @@ fn random_sequences(cache_blocks: usize, cache_bytes: u64, seed: u64) {
         x
     };
     let (mut fast, mut aligned, mut edge, mut reused, mut flushes) = (0, 0, 0, 0, 0);
+    let (mut described, mut with_runs) = (0, 0);
     for _ in 0..20_000 {
         let r = next();
         if r % 5 < 3 || live.is_empty() {
@@ -215,6 +216,19 @@ fn random_sequences(cache_blocks: usize, cache_bytes: u64, seed: u64) {
         t.check();
         let used: u64 = live.values().map(|&(_, s)| s).sum();
         assert_eq!(t.free_bytes(), region - used);
+        if r % 31 == 0 {
+            // The free blocks as a flush would leave them, described without one.
+            let mut flushed = t.clone();
+            flushed.flush();
+            let truth = (
+                flushed.free_bytes(),
+                flushed.largest_free(),
+                flushed.free_blocks(),
+            );
+            assert_eq!(t.merged_unused(), truth, "cached {:?}", t.cached());
+            described += 1;
+            with_runs += usize::from(t.cached().1 > 0 && truth.2 < t.free_blocks() + t.cached().1);
+        }
     }
     assert!(
         fast > 1000 && aligned > 1000 && edge > 50,
@@ -222,6 +236,11 @@ fn random_sequences(cache_blocks: usize, cache_bytes: u64, seed: u64) {
     );
     if cached {
         assert!(reused > 300 && flushes > 0, "{reused} {flushes}");
+        // Descriptions where cached blocks touched others, so that runs were merged.
+        assert!(
+            described > 300 && with_runs > 100,
+            "{described} {with_runs}"
+        );
     }
     for (_, (block, _)) in core::mem::take(&mut live) {
         t.release(block);
