@@ -426,7 +426,7 @@ impl Shared {
 }
 
 impl Shared {
-    /// After a free on `heap` under the pool's lock, what the heap's own free does after its
+    /// After a free on `heap` under the pool's lock, what the heap's own free does afterwards
     /// (see [`heap_free_locked`](Self::heap_free_locked) and [`shrink`](Self::shrink)): with
     /// exact peaks, leases it does not use go to the spare; free bytes past its bound, and
     /// without exact peaks leases past what they keep, go back to the pool. (A free that
