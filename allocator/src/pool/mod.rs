@@ -128,8 +128,9 @@
 //!   blocks are described as they would be with every heap's spans given back and merged, so
 //!   a thread that reads them while others work does not take the others' heaps away.
 //!   Tracking and event sinks take the general path under the pool's lock, heaps or not; a
-//!   sink switched on is seen by every heap before [`Pool::set_events`] returns. Parked blocks do not stop the heaps: they come
-//!   back whenever a path takes the pool's lock (a heap's slow path included).
+//!   sink switched on is seen by every heap before [`Pool::set_events`] returns. Parked
+//!   blocks do not stop the heaps: they come back whenever a path takes the pool's lock (a
+//!   heap's slow path included).
 //! * **Streams.** A thread has a heap for each stream it allocates on (with a stream runtime;
 //!   without one all streams are one), and a heap hands its blocks out again on its own stream
 //!   only, at once, as the pool's own index does for the home stream: a thread working on a
