@@ -795,7 +795,7 @@ impl Shared {
         // the counts and a copy of those blocks; they are sorted and merged after. Without
         // heaps, the pool's index describes itself without a copy (its cached blocks and
         // their runs only).
-        let (stats, mut unused) = self.with_heaps(&mut state, |state, heaps| {
+        let (stats, free) = self.with_heaps(&mut state, |state, heaps| {
             let mut clients = Counters::default();
             for c in 0..state.clients.len() {
                 let totals = Self::client_counts(state, heaps, c);
@@ -807,10 +807,17 @@ impl Shared {
             let mut in_use = state.counts.in_use - state.counts.leased;
             let mut live = state.live.len();
             let mut reused = state.tlsf.reused() + state.reused;
-            let mut unused = Vec::new();
-            if !heaps.is_empty() {
-                unused.extend(state.tlsf.unused_ranges());
-            }
+            // `Ok`: described; `Err`: the copy to describe once the locks are released.
+            let mut free = if heaps.is_empty() {
+                let (bytes, largest, blocks) = state.tlsf.merged_unused();
+                Ok(FreeBlocks {
+                    bytes,
+                    largest,
+                    blocks,
+                })
+            } else {
+                Err(state.tlsf.unused_ranges().collect::<Vec<_>>())
+            };
             for h in heaps.iter() {
                 let hs = &*h.state;
                 in_use += hs.lease.used;
@@ -819,22 +826,10 @@ impl Shared {
                 // A heap of another stream too: what it holds free serves a request on the
                 // home stream that needs it, after the home stream waits for the heap's
                 // stream (see `give_back_mode`), a wait the pool makes, not the caller.
-                unused.extend(hs.tlsf.unused_ranges());
+                if let Err(unused) = &mut free {
+                    unused.extend(hs.tlsf.unused_ranges());
+                }
             }
-            let free = if heaps.is_empty() {
-                let (bytes, largest, blocks) = state.tlsf.merged_unused();
-                FreeBlocks {
-                    bytes,
-                    largest,
-                    blocks,
-                }
-            } else {
-                FreeBlocks {
-                    bytes: 0,
-                    largest: 0,
-                    blocks: 0,
-                }
-            };
             let stats = PoolStats {
                 capacity: self.capacity,
                 in_use,
@@ -844,11 +839,12 @@ impl Shared {
                 frees: clients.frees,
                 failures: clients.failures,
                 live: live as u64,
-                free: free.bytes as usize,
+                // (Set below, from `free`.)
+                free: 0,
                 pending: state.pending,
                 quarantined: state.quarantined,
-                largest_free: free.largest as usize,
-                free_blocks: free.blocks,
+                largest_free: 0,
+                free_blocks: 0,
                 mapped: mapping.mapped,
                 peak_mapped: mapping.peak_mapped,
                 chunk: mapping.chunk,
@@ -856,13 +852,10 @@ impl Shared {
                 unmaps: mapping.unmaps,
                 reused,
             };
-            (stats, unused)
+            (stats, free)
         });
         drop(state);
-        if unused.is_empty() {
-            return stats;
-        }
-        let free = FreeBlocks::merged(&mut unused);
+        let free = free.unwrap_or_else(|mut unused| FreeBlocks::merged(&mut unused));
         PoolStats {
             free: free.bytes as usize,
             largest_free: free.largest as usize,

@@ -408,10 +408,17 @@ impl Shared {
         h.live.remove_at(slot);
         let reserved = h.tlsf.release(block) as usize;
         h.uncount(&live, reserved);
+        Some(self.after_free(h, live.client))
+    }
+
+    /// What follows every free on a heap, of a block of `client`'s: a heap gives back leases
+    /// it does not use, now and then, with exact peaks to the spare headroom (here, without
+    /// the pool's lock). Whether it should [`shrink`](Self::shrink): it keeps more free bytes
+    /// than its bound, or without exact peaks more lease than it keeps.
+    #[inline(always)]
+    fn after_free(&self, h: &mut HeapState, client: u32) -> bool {
         let over = h.tlsf.free_bytes() > self.heap_bound() as u64;
-        let share = &mut h.clients[live.client as usize];
-        // A heap gives back leases it does not use, now and then: with exact peaks to the
-        // spare headroom (here, without the pool's lock), else to the pool.
+        let share = &mut h.clients[client as usize];
         let hoarding = if self.exact_peaks {
             if h.lease.hoards() || share.lease.hoards() {
                 self.give_back(&mut h.lease, share, h.shard);
@@ -421,19 +428,15 @@ impl Shared {
             // (`keep` is set by every grant without exact peaks, see `lease_keep`.)
             h.lease.hoards() || share.lease.hoards()
         };
-        Some(over || hoarding)
+        over || hoarding
     }
-}
 
-impl Shared {
     /// After a free on `heap` under the pool's lock, what the heap's own free does afterwards
-    /// (see [`heap_free_locked`](Self::heap_free_locked) and [`shrink`](Self::shrink)): with
-    /// exact peaks, leases it does not use go to the spare; free bytes past its bound, and
-    /// without exact peaks leases past what they keep, go back to the pool. (A free that
-    /// found the heap's own path closed, by a sink or by [`PAUSE`], would otherwise leave them
-    /// until the heap's next free of its own.) Not for a heap of another stream: giving its
-    /// blocks back records an event, a call into the stream runtime that this path makes
-    /// with no heap locked.
+    /// ([`after_free`](Self::after_free), then [`shrink`](Self::shrink) where it says so). (A
+    /// free that found the heap's own path closed, by a sink or by [`PAUSE`], would otherwise
+    /// leave them until the heap's next free of its own.) No shrink for a heap of another
+    /// stream: giving its blocks back records an event, a call into the stream runtime that
+    /// this path makes with no heap locked.
     pub(in crate::pool) fn settle_locked(
         &self,
         state: &mut State,
@@ -441,17 +444,8 @@ impl Shared {
         h: &mut HeapState,
         client: u32,
     ) {
-        let Some(share) = h.clients.get_mut(client as usize) else {
-            return;
-        };
-        let hoarding = h.lease.hoards() || share.lease.hoards();
-        if self.exact_peaks && hoarding {
-            self.give_back(&mut h.lease, share, h.shard);
-        }
         let other_stream = self.streams.is_some() && heap.stream != self.home;
-        if !other_stream
-            && (h.tlsf.free_bytes() > self.heap_bound() as u64 || !self.exact_peaks && hoarding)
-        {
+        if self.after_free(h, client) && !other_stream {
             self.shrink_locked(state, heap, h);
         }
     }
