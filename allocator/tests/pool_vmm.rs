@@ -680,3 +680,57 @@ fn heaps_on_a_growable_region_map_memory_in_proportion_to_their_use() {
         s.peak >> 10
     );
 }
+
+/// A thread heap takes its block, and maps its memory, before it asks for the client's lease:
+/// a request the quota refuses there unmaps what it mapped (the heap's span is its own, so
+/// nothing else can have reached those chunks). Before, the chunks stayed mapped.
+#[test]
+fn a_request_over_quota_on_a_thread_heap_maps_nothing() {
+    let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+    let pool = Pool::builder(64 * MIB)
+        .name("quota-heap")
+        .eager_thread_heaps(true)
+        .build_mapped(vm.clone())
+        .unwrap();
+    let client = pool.client("small", 8 * CHUNK);
+    let keep = client.allocate(6 * CHUNK, 0).unwrap();
+    let before = (pool.stats(), pool.client_stats(), vm.mapped_chunks());
+    let calls = vm.calls().len();
+    let err = client.allocate(4 * CHUNK, 0).unwrap_err();
+    match &err {
+        Error::PoolExhausted {
+            limit, requested, ..
+        } => assert_eq!((*limit, *requested), ("quota", 4 * CHUNK)),
+        other => panic!("expected the quota to refuse, got {other:?}"),
+    }
+    // The request mapped the block's chunks, then unmapped them again.
+    let unmaps = vm.calls()[calls..]
+        .iter()
+        .filter(|c| matches!(c, VmCall::Unmap { .. }))
+        .count();
+    assert_eq!(unmaps, 4);
+    // Only the failure and the calls made were counted: the chunks mapped, the most ever
+    // mapped and every other figure are as they were.
+    let after = (pool.stats(), pool.client_stats(), vm.mapped_chunks());
+    assert_eq!(after.2, before.2);
+    assert_eq!(after.0.failures, before.0.failures + 1);
+    assert_eq!(
+        (after.0.maps, after.0.unmaps),
+        (before.0.maps + 4, before.0.unmaps + 4)
+    );
+    assert_eq!(
+        PoolStats {
+            failures: before.0.failures,
+            maps: before.0.maps,
+            unmaps: before.0.unmaps,
+            ..after.0
+        },
+        before.0
+    );
+    assert_eq!(after.1[1].failures, before.1[1].failures + 1);
+    // The pool goes on serving: within the quota the same request maps its memory.
+    client.deallocate(keep).unwrap();
+    let big = client.allocate(4 * CHUNK, 0).unwrap();
+    assert!(vm.is_mapped(big, 4 * CHUNK));
+    client.deallocate(big).unwrap();
+}

@@ -133,6 +133,18 @@ pub(super) struct Mapping {
     unmaps: u64,
     /// Bytes [`Shared::synchronize`](super::engine::Shared::synchronize) leaves mapped.
     pub(super) release_threshold: usize,
+    /// What the last [`ensure`](Self::ensure) did: the block's chunks `first..=last`, those
+    /// of them it mapped, and the peak before it; what [`undo_last`](Self::undo_last) may take
+    /// back.
+    last: Option<LastMap>,
+}
+
+/// See [`Mapping::last`].
+struct LastMap {
+    first: usize,
+    last: usize,
+    fresh: Vec<usize>,
+    peak: usize,
 }
 
 impl Mapping {
@@ -152,6 +164,7 @@ impl Mapping {
             maps: 0,
             unmaps: 0,
             release_threshold: usize::MAX,
+            last: None,
         }
     }
 
@@ -199,6 +212,7 @@ impl Mapping {
             maps: 0,
             unmaps: 0,
             release_threshold: usize::MAX,
+            last: None,
         })
     }
 
@@ -262,6 +276,7 @@ impl Mapping {
     #[cold]
     #[inline(never)]
     pub(super) fn ensure(&mut self, addr: u64, bytes: u64) -> Result<(), Error> {
+        self.last = None;
         if self.vm.is_none() {
             return Ok(());
         }
@@ -298,14 +313,77 @@ impl Mapping {
                 )
             });
         }
+        let (mut fresh, peak) = (Vec::new(), self.peak);
         for c in first..=last {
             if !self.bit(c) {
                 self.map.set_bit(c, true);
                 self.mapped += 1;
+                fresh.push(c);
             }
         }
         self.peak = self.peak.max(self.mapped);
+        self.last = Some(LastMap {
+            first,
+            last,
+            fresh,
+            peak,
+        });
         Ok(())
+    }
+
+    /// Unmaps again the chunks that the last [`ensure`](Self::ensure) mapped for the block at
+    /// `addr` (`bytes` long) and that lie wholly inside `within` (`(address, bytes)`), for a
+    /// request refused after its memory was mapped. The caller guarantees that no block in
+    /// `within` but this one, now given back, can be live or handed out while it holds the
+    /// pool's lock (a thread heap's span, under the heap's lock): the chunks were unmapped
+    /// before that `ensure`, so no live byte was in them, and only the caller could have
+    /// allocated there since. A chunk that will not unmap stays mapped. Returns the chunks
+    /// unmapped.
+    #[cold]
+    pub(super) fn undo_last(&mut self, addr: u64, bytes: u64, within: (u64, u64)) -> usize {
+        let Some(LastMap {
+            first,
+            last,
+            fresh,
+            peak,
+        }) = self.last.take()
+        else {
+            return 0;
+        };
+        let (f, l) = self.map.chunks_of(addr, bytes);
+        if (f as usize, l as usize) != (first, last) {
+            return 0;
+        }
+        let chunk = self.chunk() as u64;
+        let mut undone = 0;
+        for c in fresh {
+            let at = self.addr_of(c);
+            if at < within.0 || at + chunk > within.0 + within.1 || !self.bit(c) {
+                continue;
+            }
+            let Some(vm) = &self.vm else { break };
+            // SAFETY: mapped by the last `ensure`, for the block at `addr`, which is given back;
+            // the chunk lies inside `within`, where the caller guarantees that no other block
+            // is live or can be handed out meanwhile.
+            match unsafe { vm.unmap(at, chunk as usize) } {
+                Ok(()) => {
+                    self.map.set_bit(c, false);
+                    self.mapped -= 1;
+                    self.unmaps += 1;
+                    undone += 1;
+                }
+                Err(error) => logged(|| {
+                    log::warn!(
+                        target: "devarena::pool",
+                        "taking back a chunk mapped for a refused request at {at:#x} failed: \
+                         {error}; it stays mapped"
+                    )
+                }),
+            }
+        }
+        // The most ever mapped, as it was where every chunk the call mapped is unmapped.
+        self.peak = peak.max(self.mapped);
+        undone
     }
 
     /// Unmaps the chunks of `first..upto` that [`ensure`](Self::ensure) mapped before a later run

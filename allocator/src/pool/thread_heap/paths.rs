@@ -252,7 +252,8 @@ impl Shared {
         };
         // A growable region: memory behind the block before anything is counted (a request
         // that fails raises no peak).
-        let (block, addr) = if self.growable && !self.chunks.covers(addr, size) {
+        let mapped = self.growable && !self.chunks.covers(addr, size);
+        let (block, addr) = if mapped {
             match self.heap_map_block(state, h, block, addr, size, align) {
                 Ok(taken) => taken,
                 Err(error) => {
@@ -269,6 +270,18 @@ impl Shared {
         {
             // Over the quota: the general path takes every lease back and says so exactly.
             h.tlsf.release(block);
+            if mapped {
+                // What was mapped for the block is unmapped again: a refused request maps
+                // nothing. (Only chunks inside the block's span: no other heap and not the
+                // pool's index allocate there, and this heap is locked.)
+                if let Some(span) = h
+                    .spans
+                    .iter()
+                    .find(|s| s.addr <= addr && addr < s.addr + s.size)
+                {
+                    state.mapping.undo_last(addr, size, (span.addr, span.size));
+                }
+            }
             h.tlsf.forget_reused(hits);
             drop(guard);
             return general(state);
