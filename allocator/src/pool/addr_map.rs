@@ -165,10 +165,11 @@ impl AddrMap {
             .map(|e| (e.key, e.value))
     }
 
+    /// Twice the slots: room for twice the keys it held at most.
     #[cold]
     fn grow(&mut self) {
         let old = core::mem::take(&mut self.entries);
-        *self = AddrMap::with_capacity(old.len());
+        *self = AddrMap::with_capacity(old.len() / SLOTS_PER_KEY * 2);
         for e in old.into_iter().filter(|e| e.key != EMPTY) {
             self.insert_new(e.key, e.value);
         }
@@ -179,6 +180,30 @@ impl AddrMap {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    /// Each growth doubles the slots (it once made sixteen times as many: 4 KiB of slots per
+    /// key instead of 256 bytes).
+    #[test]
+    fn grows_twofold_and_stays_a_sixteenth_full_at_most() {
+        let mut map = AddrMap::with_capacity(8);
+        assert_eq!(map.entries.len(), 8 * SLOTS_PER_KEY);
+        let mut sizes = vec![map.entries.len()];
+        for i in 0..100_000u64 {
+            map.insert_new(0x7f00_0000_0000 + i * 256, i as u32);
+            if map.entries.len() != *sizes.last().unwrap() {
+                sizes.push(map.entries.len());
+            }
+            assert!(map.len() * SLOTS_PER_KEY <= map.entries.len());
+        }
+        for pair in sizes.windows(2) {
+            assert_eq!(pair[1], 2 * pair[0], "{sizes:?}");
+        }
+        // 100,000 keys: 2^21 slots, the smallest power of two at least 16 per key.
+        assert_eq!(map.entries.len(), 1 << 21);
+        for i in 0..100_000u64 {
+            assert_eq!(map.get(0x7f00_0000_0000 + i * 256), Some(i as u32));
+        }
+    }
 
     #[test]
     fn agrees_with_a_hash_map() {
