@@ -586,7 +586,7 @@ fn a_runtime_that_asks_for_statistics_fails_its_pool_call_instead_of_hanging() {
         assert!(
             err.to_string().contains(&format!(
                 "pool `stats-from-runtime` was asked for {what} from inside its own stream \
-                 runtime's callback"
+                 runtime's callback or virtual-memory backend"
             )),
             "{err}"
         );

@@ -734,3 +734,208 @@ fn a_request_over_quota_on_a_thread_heap_maps_nothing() {
     assert!(vm.is_mapped(big, 4 * CHUNK));
     client.deallocate(big).unwrap();
 }
+
+/// A virtual-memory backend whose calls panic or call back into their pool on demand (the
+/// backend is user code, as a stream runtime is).
+mod misbehaving_backend {
+    use super::*;
+    use devarena::backend::MemoryKind;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{OnceLock, Weak};
+    use std::time::Duration;
+
+    #[derive(Default)]
+    struct Hooks {
+        panic_reserve: AtomicBool,
+        panic_map: AtomicBool,
+        panic_unmap: AtomicBool,
+        /// `map` asks this pool for its statistics, or allocates from it, first.
+        stats_from_map: OnceLock<Weak<Pool>>,
+        allocate_from_map: OnceLock<Weak<Pool>>,
+        /// What the allocation made from `map` returned.
+        inner: Mutex<Option<Result<u64, Error>>>,
+    }
+
+    struct Vm {
+        inner: HostVirtualMemory,
+        hooks: Arc<Hooks>,
+    }
+
+    // SAFETY: every call that maps, unmaps or reserves is the host stand-in's, which keeps the
+    // contract; the hooks panic or call the pool before anything changes.
+    unsafe impl VirtualMemory for Vm {
+        fn name(&self) -> &'static str {
+            "flaky-vm"
+        }
+        fn memory(&self) -> MemoryKind {
+            self.inner.memory()
+        }
+        fn granularity(&self) -> usize {
+            self.inner.granularity()
+        }
+        fn reserve(&self, bytes: usize) -> Result<u64, Error> {
+            if self.hooks.panic_reserve.load(Ordering::SeqCst) {
+                panic!("reserve panics");
+            }
+            self.inner.reserve(bytes)
+        }
+        unsafe fn free_reservation(&self, base: u64, bytes: usize) -> Result<(), Error> {
+            // SAFETY: the caller's guarantee, passed on.
+            unsafe { self.inner.free_reservation(base, bytes) }
+        }
+        unsafe fn map(&self, addr: u64, chunk: usize, count: usize) -> Result<(), Error> {
+            if let Some(pool) = self.hooks.stats_from_map.get().and_then(Weak::upgrade) {
+                let _ = pool.stats();
+            }
+            if let Some(pool) = self.hooks.allocate_from_map.get().and_then(Weak::upgrade) {
+                *self.hooks.inner.lock().unwrap() = Some(pool.allocate(256, 0));
+            }
+            if self.hooks.panic_map.load(Ordering::SeqCst) {
+                panic!("map panics");
+            }
+            // SAFETY: the caller's guarantee, passed on.
+            unsafe { self.inner.map(addr, chunk, count) }
+        }
+        unsafe fn unmap(&self, addr: u64, chunk: usize) -> Result<(), Error> {
+            if self.hooks.panic_unmap.load(Ordering::SeqCst) {
+                panic!("unmap panics");
+            }
+            // SAFETY: the caller's guarantee, passed on.
+            unsafe { self.inner.unmap(addr, chunk) }
+        }
+    }
+
+    fn pool(eager_heaps: bool) -> (Arc<Pool>, Arc<Hooks>) {
+        let hooks = Arc::new(Hooks::default());
+        let vm = Vm {
+            inner: HostVirtualMemory::new(4096).unwrap(),
+            hooks: hooks.clone(),
+        };
+        let pool = Pool::builder(MIB)
+            .name("flaky")
+            .eager_thread_heaps(eager_heaps)
+            .build_mapped(vm)
+            .unwrap();
+        (Arc::new(pool), hooks)
+    }
+
+    /// Runs `f` on a thread of its own and waits up to 10 s for it: a hang fails the test
+    /// instead of stopping it.
+    fn within_10s<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the call hung: the backend's call back into the pool waits for ever")
+    }
+
+    /// A panic in `map` is the allocation's error, and the pool loses nothing: the block goes
+    /// back, and the whole capacity can be allocated afterwards. (Before, the panic unwound
+    /// out of `allocate` with the block taken out of the free lists for good.)
+    #[test]
+    fn a_panic_in_map_fails_the_request_and_loses_nothing() {
+        for eager_heaps in [false, true] {
+            let (pool, hooks) = pool(eager_heaps);
+            let small = pool.allocate(1000, 0).unwrap();
+            let before = pool.stats();
+            hooks.panic_map.store(true, Ordering::SeqCst);
+            let err = pool.allocate(20_000, 0).unwrap_err();
+            hooks.panic_map.store(false, Ordering::SeqCst);
+            assert_eq!(
+                err.to_string(),
+                "pool `flaky`: the virtual-memory backend `flaky-vm` panicked \
+                 in `map`: map panics",
+                "heaps: {eager_heaps}"
+            );
+            let after = pool.stats();
+            assert_eq!((after.in_use, after.live), (before.in_use, before.live));
+            assert_eq!(after.mapped, before.mapped, "heaps: {eager_heaps}");
+            pool.deallocate(small).unwrap();
+            // Every byte is back: the whole capacity in one block.
+            let whole = pool.allocate(MIB, 0).unwrap();
+            pool.deallocate(whole).unwrap();
+            let s = pool.stats();
+            assert_eq!((s.free, s.in_use, s.live), (MIB, 0, 0), "{s}");
+        }
+    }
+
+    /// A `map` that asks its pool for statistics: the call is abandoned and the allocation
+    /// fails with why, instead of waiting for ever for the lock its own thread holds. A `map`
+    /// that allocates gets an error and the allocation that called it goes on.
+    #[test]
+    fn a_map_that_calls_back_into_its_pool_gets_an_error_not_a_hang() {
+        for eager_heaps in [false, true] {
+            let (pool, hooks) = pool(eager_heaps);
+            let _ = hooks.stats_from_map.set(Arc::downgrade(&pool));
+            let p = pool.clone();
+            let err = within_10s(move || p.allocate(20_000, 0)).unwrap_err();
+            assert!(
+                err.to_string().contains(
+                    "pool `flaky` was asked for statistics from inside its own stream runtime's \
+                     callback or virtual-memory backend"
+                ),
+                "{err}"
+            );
+            let s = pool.stats();
+            assert_eq!((s.in_use, s.live, s.free), (0, 0, MIB), "{s}");
+        }
+        let (pool, hooks) = pool(false);
+        let _ = hooks.allocate_from_map.set(Arc::downgrade(&pool));
+        let p = pool.clone();
+        let outer = within_10s(move || p.allocate(20_000, 0)).unwrap();
+        let inner = hooks.inner.lock().unwrap().take().unwrap().unwrap_err();
+        assert!(
+            inner.to_string().contains(
+                "pool `flaky` was called from its own stream runtime's callback or \
+                           virtual-memory backend"
+            ),
+            "{inner}"
+        );
+        assert_eq!(pool.stats().live, 1);
+        pool.deallocate(outer).unwrap();
+    }
+
+    /// A panic in `unmap` stops a trim with an error; the chunk stays mapped and counted, and
+    /// the next trim gives it back.
+    #[test]
+    fn a_panic_in_unmap_stops_a_trim_with_an_error() {
+        let (pool, hooks) = pool(false);
+        let a = pool.allocate(100_000, 0).unwrap();
+        pool.deallocate(a).unwrap();
+        let mapped = pool.stats().mapped;
+        assert!(mapped >= 100_000);
+        hooks.panic_unmap.store(true, Ordering::SeqCst);
+        let err = pool.trim().unwrap_err();
+        hooks.panic_unmap.store(false, Ordering::SeqCst);
+        assert!(
+            err.to_string()
+                .contains("panicked in `unmap`: unmap panics"),
+            "{err}"
+        );
+        assert_eq!(pool.stats().mapped, mapped);
+        assert_eq!(pool.trim().unwrap(), mapped);
+        assert_eq!(pool.stats().mapped, 0);
+    }
+
+    /// A panic in `reserve` fails the build with an error.
+    #[test]
+    fn a_panic_in_reserve_fails_the_build() {
+        let hooks = Arc::new(Hooks::default());
+        hooks.panic_reserve.store(true, Ordering::SeqCst);
+        let vm = Vm {
+            inner: HostVirtualMemory::new(4096).unwrap(),
+            hooks,
+        };
+        let err = Pool::builder(MIB)
+            .name("flaky")
+            .build_mapped(vm)
+            .map(drop)
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("panicked in `reserve`: reserve panics"),
+            "{err}"
+        );
+    }
+}

@@ -15,6 +15,12 @@ use crate::error::Error;
 /// frees the reservation last. It keeps the bookkeeping (which chunk is mapped); the
 /// implementation only does what it is asked and says when it cannot.
 ///
+/// A pool calls it while it holds its lock (and may hold a thread heap's): a call back into
+/// that pool from an implementation fails instead of waiting for ever (an allocation or free
+/// returns an error; statistics, reports and settings abandon the call, and the pool call that
+/// made it returns the error), and a panic of the implementation becomes the pool call's
+/// error (`reserve`: the build's), with the pool as it was before the call.
+///
 /// # Safety
 ///
 /// Code above a `VirtualMemory` hands out memory inside the reservation as `&mut [T]` when it
@@ -26,8 +32,10 @@ use crate::error::Error;
 ///   passed to [`free_reservation`](Self::free_reservation).
 /// * After [`map`](Self::map) returns `Ok`, every chunk of the run is memory of kind
 ///   [`memory`](Self::memory), readable and writable (by the device, for device memory), and
-///   stays so until that chunk is passed to [`unmap`](Self::unmap). On `Err` nothing of the run
-///   is mapped.
+///   stays so until that chunk is passed to [`unmap`](Self::unmap). On `Err`, or when it
+///   panics, nothing of the run is mapped.
+/// * When [`unmap`](Self::unmap) returns `Err` or panics, the chunk stays mapped as it was
+///   (the pool goes on counting it mapped and may hand out addresses in it).
 /// * Memory of kind [`MemoryKind::Host`] is initialized when it is mapped (zeroed, or filled
 ///   as [`HostVirtualMemory`] does): it is read as `&[T]` before anything is written there.
 pub unsafe trait VirtualMemory: Send + Sync {

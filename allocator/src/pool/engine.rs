@@ -562,8 +562,9 @@ impl Shared {
     #[inline(never)]
     fn reentrant(&self) -> Error {
         Error::invalid(format!(
-            "pool `{}` was called from its own stream runtime's callback, which runs while \
-             the pool is locked (a `StreamSync` must not call back into its pool)",
+            "pool `{}` was called from its own stream runtime's callback or virtual-memory \
+             backend, which run while the pool is locked (a `StreamSync` or `VirtualMemory` \
+             must not call back into its pool)",
             self.name
         ))
     }
@@ -588,9 +589,10 @@ impl Shared {
     #[inline(never)]
     fn called_back(&self, what: &str) -> ! {
         let message = format!(
-            "pool `{}` was asked for {what} from inside its own stream runtime's callback, \
-             which runs while the pool is locked (a `StreamSync` or `StreamEvent` must not \
-             call back into its pool); that call was abandoned",
+            "pool `{}` was asked for {what} from inside its own stream runtime's callback or \
+             virtual-memory backend, which run while the pool is locked (a `StreamSync`, \
+             `StreamEvent` or `VirtualMemory` must not call back into its pool); that call \
+             was abandoned",
             self.name
         );
         // With `panic = "abort"` nothing can be caught and `resume_unwind` would abort without

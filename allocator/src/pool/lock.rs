@@ -49,7 +49,7 @@ pub(crate) struct LockId(usize);
 impl LockId {
     /// Every lock at once: a frame of it (see [`logged`]) makes this thread's wait for any lock
     /// fail, as inside a callback of that lock. (No lock has this address.)
-    const ANY: LockId = LockId(usize::MAX);
+    pub(crate) const ANY: LockId = LockId(usize::MAX);
 
     /// Whether this thread is running a user callback under the lock, at any depth.
     fn in_callback(self) -> bool {

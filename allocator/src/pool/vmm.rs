@@ -34,7 +34,8 @@ use super::BLOCK_GRANULE;
 use crate::backend::VirtualMemory;
 use crate::error::Error;
 use crate::plan::align_up;
-use crate::pool::lock::logged;
+use crate::pool::engine::CalledBack;
+use crate::pool::lock::{LockId, logged};
 
 /// What a pool's statistics say about its mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,6 +138,8 @@ pub(super) struct Mapping {
     /// of them it mapped, and the peak before it; what [`undo_last`](Self::undo_last) may take
     /// back.
     last: Option<LastMap>,
+    /// The pool's name, for errors.
+    pool: Box<str>,
 }
 
 /// See [`Mapping::last`].
@@ -165,6 +168,7 @@ impl Mapping {
             unmaps: 0,
             release_threshold: usize::MAX,
             last: None,
+            pool: Box::from(""),
         }
     }
 
@@ -198,8 +202,7 @@ impl Mapping {
                  chunks overflows usize"
             ))
         })?;
-        let base = vm
-            .reserve(reserved)
+        let base = vm_call(&*vm, pool, "reserve", |vm| vm.reserve(reserved))
             .map_err(|error| super::region::reserving(pool, capacity, error))?;
         let chunks = reserved / chunk;
         Ok(Mapping {
@@ -213,6 +216,7 @@ impl Mapping {
             unmaps: 0,
             release_threshold: usize::MAX,
             last: None,
+            pool: Box::from(pool),
         })
     }
 
@@ -300,7 +304,9 @@ impl Mapping {
             // which the reservation covers), starts at a chunk boundary (a multiple of the
             // granularity from the granularity-aligned base), and no chunk of it is mapped
             // (their bits are clear: a chunk's bit is set exactly while it is mapped).
-            let mapped = unsafe { vm.map(at, chunk, count) };
+            let mapped = vm_call(&**vm, &self.pool, "map", |vm| unsafe {
+                vm.map(at, chunk, count)
+            });
             if let Err(error) = mapped {
                 self.undo(first, start);
                 return Err(error);
@@ -365,7 +371,9 @@ impl Mapping {
             // SAFETY: mapped by the last `ensure`, for the block at `addr`, which is given back;
             // the chunk lies inside `within`, where the caller guarantees that no other block
             // is live or can be handed out meanwhile.
-            match unsafe { vm.unmap(at, chunk as usize) } {
+            match vm_call(&**vm, &self.pool, "unmap", |vm| unsafe {
+                vm.unmap(at, chunk as usize)
+            }) {
                 Ok(()) => {
                     self.map.set_bit(c, false);
                     self.mapped -= 1;
@@ -400,7 +408,9 @@ impl Mapping {
             let Some(vm) = &self.vm else { return };
             // SAFETY: mapped by this `ensure` call a moment ago; no block that anyone uses
             // lies in it (the block being allocated is given back).
-            match unsafe { vm.unmap(at, chunk) } {
+            match vm_call(&**vm, &self.pool, "unmap", |vm| unsafe {
+                vm.unmap(at, chunk)
+            }) {
                 Ok(()) => self.unmaps += 1,
                 Err(error) => {
                     logged(|| {
@@ -456,7 +466,9 @@ impl Mapping {
             let Some(vm) = &self.vm else { break };
             // SAFETY: a mapped chunk (its bit is set) inside a free block, which nothing uses
             // any more (the caller's guarantee).
-            unsafe { vm.unmap(at, chunk as usize) }?;
+            vm_call(&**vm, &self.pool, "unmap", |vm| unsafe {
+                vm.unmap(at, chunk as usize)
+            })?;
             self.map.set_bit(c, false);
             self.mapped -= 1;
             self.unmaps += 1;
@@ -475,6 +487,50 @@ impl Mapping {
     }
 }
 
+/// Runs `f`, a call into the virtual-memory backend `vm` (user code, made while this thread
+/// may hold the pool's lock and a heap's), named `what` in errors: a call back into a pool
+/// from it that would wait for a lock fails instead of waiting for ever (allocations and
+/// frees return an error; statistics, reports and settings unwind, see `Shared::lock_wait`),
+/// and that unwind or a panic of the backend becomes the call's error, before it could leave
+/// the pool's state half-changed.
+fn vm_call<R>(
+    vm: &dyn VirtualMemory,
+    pool: &str,
+    what: &str,
+    f: impl FnOnce(&dyn VirtualMemory) -> Result<R, Error>,
+) -> Result<R, Error> {
+    LockId::ANY
+        .callback(|| std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| f(vm))))
+        .unwrap_or_else(|payload| Err(vm_unwound(vm, pool, what, &*payload)))
+}
+
+/// The error of a virtual-memory call that unwound: a call back into the pool that it must
+/// not make ([`CalledBack`]), or its own panic, with the panic's message.
+#[cold]
+#[inline(never)]
+fn vm_unwound(
+    vm: &dyn VirtualMemory,
+    pool: &str,
+    what: &str,
+    payload: &(dyn core::any::Any + Send),
+) -> Error {
+    if let Some(CalledBack(message)) = payload.downcast_ref::<CalledBack>() {
+        return Error::invalid(message.clone());
+    }
+    let message = payload.downcast_ref::<&str>().copied().or_else(|| {
+        payload
+            .downcast_ref::<alloc::string::String>()
+            .map(|m| m.as_str())
+    });
+    let name = vm.name();
+    Error::invalid(match message {
+        Some(message) => format!(
+            "pool `{pool}`: the virtual-memory backend `{name}` panicked in `{what}`: {message}"
+        ),
+        None => format!("pool `{pool}`: the virtual-memory backend `{name}` panicked in `{what}`"),
+    })
+}
+
 impl Drop for Mapping {
     fn drop(&mut self) {
         let chunk = self.chunk();
@@ -482,7 +538,7 @@ impl Drop for Mapping {
         // The last handle to the pool is gone, but work queued on the device may still use
         // the memory: wait for it, as freeing a classic region does.
         if self.mapped > 0 {
-            if let Err(error) = vm.synchronize() {
+            if let Err(error) = vm_call(&*vm, &self.pool, "synchronize", |vm| vm.synchronize()) {
                 log::error!(
                     target: "devarena::pool",
                     "tearing down a region of `{}` at {:#x}: waiting for the device failed \
@@ -503,7 +559,9 @@ impl Drop for Mapping {
             // for above; where that wait failed, such work may still reach the chunk, which
             // the contract of `unmap` forbids: a fault on the device, never a host access (a
             // host region's `synchronize` has nothing to wait for and cannot fail).
-            if let Err(error) = unsafe { vm.unmap(at, chunk) } {
+            if let Err(error) = vm_call(&*vm, &self.pool, "unmap", |vm| unsafe {
+                vm.unmap(at, chunk)
+            }) {
                 stuck += 1;
                 log::error!(
                     target: "devarena::pool",
@@ -517,9 +575,13 @@ impl Drop for Mapping {
             // The reservation cannot be freed under a mapping: it stays, with those chunks.
             return;
         }
+        let (base, reserved) = (self.map.base, self.reserved);
         // SAFETY: the reservation came from `reserve` with this size, and nothing in it is
         // mapped any more.
-        if let Err(error) = unsafe { vm.free_reservation(self.map.base, self.reserved) } {
+        let freed = vm_call(&*vm, &self.pool, "free_reservation", |vm| unsafe {
+            vm.free_reservation(base, reserved)
+        });
+        if let Err(error) = freed {
             log::error!(
                 target: "devarena::pool",
                 "tearing down a region of `{}`: freeing the reservation of {} bytes at {:#x} \
