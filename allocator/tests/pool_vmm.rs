@@ -415,6 +415,22 @@ fn region_settings_that_cannot_hold_are_errors_at_build() {
         .build_mapped(vm)
         .unwrap_err();
     assert!(err.to_string().contains("196608"), "{err}");
+    // A region whose map of chunks (a bit each) the host cannot hold: an error before
+    // anything is reserved.
+    let vm = Arc::new(HostVirtualMemory::new(4 * KIB).unwrap());
+    let err = Pool::builder(1 << 62)
+        .name("huge")
+        .chunk(4 * KIB)
+        .build_mapped(vm.clone())
+        .unwrap_err();
+    assert!(
+        err.to_string().contains(
+            "pool `huge`: a region of 4611686018427387904 bytes in chunks of 4096 bytes needs \
+             140737488355328 bytes of host memory to note which chunks are mapped"
+        ),
+        "{err}"
+    );
+    assert_eq!(vm.calls(), []);
     // A larger chunk than the granularity is fine.
     let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
     let pool = Pool::builder(MIB)

@@ -202,12 +202,29 @@ impl Mapping {
                  chunks overflows usize"
             ))
         })?;
+        // The map of chunks first (one bit a chunk, on the host): a region too large for it is
+        // an error before anything is reserved.
+        let chunks = reserved / chunk;
+        let words = chunks.div_ceil(64);
+        let mut bits = Vec::new();
+        if bits.try_reserve_exact(words).is_err() {
+            return Err(Error::invalid(format!(
+                "pool `{pool}`: a region of {reserved} bytes in chunks of {chunk} bytes needs \
+                 {} bytes of host memory to note which chunks are mapped, which could not be \
+                 allocated; use larger chunks",
+                words.saturating_mul(8)
+            )));
+        }
+        bits.extend((0..words).map(|_| AtomicU64::new(0)));
         let base = vm_call(&*vm, pool, "reserve", |vm| vm.reserve(reserved))
             .map_err(|error| super::region::reserving(pool, capacity, error))?;
-        let chunks = reserved / chunk;
         Ok(Mapping {
             vm: Some(vm),
-            map: ChunkMap::new(base, chunk.trailing_zeros(), chunks),
+            map: ChunkMap {
+                base,
+                shift: chunk.trailing_zeros(),
+                words: bits.into(),
+            },
             capacity,
             reserved,
             mapped: 0,
