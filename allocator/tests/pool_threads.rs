@@ -1871,6 +1871,50 @@ fn leased_peaks_fill_to_the_capacity_while_other_heaps_hold_leases() {
     assert_eq!((s.in_use, s.peak), (0, CAPACITY));
 }
 
+/// The same with this thread's allocations on the pool's own index (tracking on sends them
+/// there) while another heap holds a lease larger than its use: the lease's headroom counts
+/// in the peak, which must still never be reported above the capacity. (Before, the pool's
+/// peak and its own client's read 65 MiB of a 64 MiB pool.)
+#[test]
+fn leased_peaks_on_the_pools_own_index_stay_within_the_capacity() {
+    const CAPACITY: usize = 64 << 20;
+    let pool = Pool::builder(CAPACITY)
+        .name("leased-index")
+        .eager_thread_heaps(true)
+        .exact_peaks(false)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let pool = &pool;
+        let other = s.spawn(move || {
+            // Its heap keeps its span and a lease of the block and headroom beyond it.
+            let a = pool.allocate(3 << 20, 0).unwrap();
+            pool.deallocate(a).unwrap();
+            ready_tx.send(()).unwrap();
+            let _ = release_rx.recv();
+        });
+        ready_rx.recv().unwrap();
+        pool.set_tracking(Tracking::Tags);
+        let mut live = Vec::new();
+        while let Ok(addr) = pool.allocate(1 << 20, 0) {
+            live.push(addr);
+        }
+        assert_eq!(live.len(), CAPACITY >> 20);
+        let s = pool.stats();
+        assert_eq!((s.in_use, s.peak), (CAPACITY, CAPACITY));
+        let own = &pool.client_stats()[0];
+        assert_eq!((own.in_use, own.peak), (CAPACITY, CAPACITY));
+        for addr in live {
+            pool.deallocate(addr).unwrap();
+        }
+        drop(release_tx);
+        other.join().unwrap();
+    });
+}
+
 // ---------------------------------------------------------------------------------------------
 // Heaps for streams other than the home stream.
 

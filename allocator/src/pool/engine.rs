@@ -414,7 +414,7 @@ impl Shared {
     pub(super) fn client_stats(&self, client: u32) -> ClientStats {
         let mut state = self.lock_wait("a client's statistics");
         self.with_heaps(&mut state, |state, heaps| {
-            Self::client_totals(state, heaps, client as usize)
+            self.client_totals(state, heaps, client as usize)
         })
     }
 
@@ -423,18 +423,27 @@ impl Shared {
         let mut state = self.lock_wait("every client's statistics");
         self.with_heaps(&mut state, |state, heaps| {
             (0..state.clients.len())
-                .map(|c| Self::client_totals(state, heaps, c))
+                .map(|c| self.client_totals(state, heaps, c))
                 .collect()
         })
     }
 
     /// Client `c`'s counters, its thread heaps' shares added (every heap locked).
-    fn client_totals(state: &State, heaps: &[thread_heap::Locked<'_>], c: usize) -> ClientStats {
-        ClientState {
+    fn client_totals(
+        &self,
+        state: &State,
+        heaps: &[thread_heap::Locked<'_>],
+        c: usize,
+    ) -> ClientStats {
+        let mut stats = ClientState {
             counts: Self::client_counts(state, heaps, c),
             ..state.clients[c].clone()
         }
-        .stats()
+        .stats();
+        // Without exact peaks a peak counts the headroom heaps' leases hold, which sets no
+        // memory aside: with it the count can pass the capacity. Never reported above it.
+        stats.peak = stats.peak.min(self.capacity);
+        stats
     }
 
     /// Client `c`'s counts, its thread heaps' shares added and their unused leases not
@@ -836,7 +845,8 @@ impl Shared {
                 capacity: self.capacity,
                 in_use,
                 requested: clients.requested,
-                peak: state.counts.peak,
+                // (As for a client's, see `client_totals`.)
+                peak: state.counts.peak.min(self.capacity),
                 allocations: clients.allocations,
                 frees: clients.frees,
                 failures: clients.failures,
