@@ -269,18 +269,21 @@ impl Shared {
             && !self.grant_client(state, heap, h, ask.client, reserved)
         {
             // Over the quota: the general path takes every lease back and says so exactly.
-            h.tlsf.release(block);
             if mapped {
-                // What was mapped for the block is unmapped again: a refused request maps
+                // A block split from a free one (a cached block is mapped): merged back, and
+                // what was mapped for it is unmapped again, so that a refused request maps
                 // nothing. (Only chunks inside the block's span: no other heap and not the
                 // pool's index allocate there, and this heap is locked.)
-                if let Some(span) = h
+                h.tlsf.free(block);
+                let within = h
                     .spans
                     .iter()
-                    .find(|s| s.addr <= addr && addr < s.addr + s.size)
-                {
+                    .find(|s| s.addr <= addr && addr - s.addr < s.size);
+                if let Some(span) = within {
                     state.mapping.undo_last(addr, size, (span.addr, span.size));
                 }
+            } else {
+                h.tlsf.release(block);
             }
             h.tlsf.forget_reused(hits);
             drop(guard);
