@@ -209,7 +209,7 @@ impl Mapping {
         let mut bits = Vec::new();
         if bits.try_reserve_exact(words).is_err() {
             return Err(Error::invalid(format!(
-                "pool `{pool}`: a region of {reserved} bytes in chunks of {chunk} bytes needs \
+                "pool `{pool}`: a region of {capacity} bytes in chunks of {chunk} bytes needs \
                  {} bytes of host memory to note which chunks are mapped, which could not be \
                  allocated; use larger chunks",
                 words.saturating_mul(8)
