@@ -1490,8 +1490,11 @@ fn a_failed_map_on_a_heap_fails_the_request_and_changes_nothing() {
         vm.mapped_chunks(),
         pool.leak_report().to_string(),
     );
-    vm.fail_maps(0, 1);
+    // Every map fails: the heap's, and the pool's index's after every heap gave its spans
+    // back (mapped free memory there could have served).
+    vm.fail_maps(0, usize::MAX);
     let err = client.allocate(10 * CHUNK, 0).unwrap_err();
+    vm.fail_maps(0, 0);
     match &err {
         Error::OutOfMemory {
             backend, detail, ..
@@ -1507,7 +1510,7 @@ fn a_failed_map_on_a_heap_fails_the_request_and_changes_nothing() {
         count: 10
     }));
     // Only the failure was counted; the client, the live blocks and the mapping are as they
-    // were, and the heap is still there.
+    // were, and the heap is still there (its spans given back, as before any refusal).
     let after = (
         client.stats(),
         vm.mapped_chunks(),
@@ -1538,11 +1541,12 @@ fn a_failed_map_on_a_heap_fails_the_request_and_changes_nothing() {
     assert!(matches!(vm.calls().last(), Some(VmCall::MapFailed { .. })));
     assert_eq!(client.stats().failures, before.0.failures + 1);
     // Without cached blocks to merge, the failure is the request's.
-    vm.fail_maps(0, 1);
+    vm.fail_maps(0, usize::MAX);
     assert!(matches!(
         client.allocate(20 * CHUNK, 0),
         Err(Error::OutOfMemory { .. })
     ));
+    vm.fail_maps(0, 0);
     assert_eq!(client.stats().failures, before.0.failures + 2);
     assert_eq!(vm.mapped_bytes(), mapped);
     client.deallocate(c).unwrap();

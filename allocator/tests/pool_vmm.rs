@@ -955,3 +955,50 @@ mod misbehaving_backend {
         );
     }
 }
+
+/// When the device has no memory left for new chunks, a request is served from mapped memory
+/// that another thread's heap holds free before it fails: the heaps give their spans back once,
+/// as before a refusal for capacity, and the request looks again. (Before, it failed with
+/// `OutOfMemory` while a heap of a waiting thread held 8 MiB mapped and free.)
+#[test]
+fn out_of_device_memory_takes_mapped_memory_back_from_heaps_first() {
+    for on_heap in [false, true] {
+        let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+        let pool = Pool::builder(64 * MIB)
+            .name("oom-heaps")
+            .eager_thread_heaps(true)
+            .build_mapped(vm.clone())
+            .unwrap();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            let pool = &pool;
+            let other = s.spawn(move || {
+                // Its heap maps 8 MiB for a block, which it frees and keeps.
+                let a = pool.allocate(8 * MIB, 0).unwrap();
+                pool.deallocate(a).unwrap();
+                ready_tx.send(()).unwrap();
+                let _ = release_rx.recv();
+            });
+            ready_rx.recv().unwrap();
+            let mapped = pool.stats().mapped;
+            assert!(mapped >= 8 * MIB);
+            // No map succeeds from now on: only mapped memory can serve.
+            vm.fail_maps(0, usize::MAX);
+            let request = if on_heap {
+                pool.allocate(4 * MIB, 0)
+            } else {
+                // This thread on the pool's own index (tracking sends it there).
+                pool.set_tracking(Tracking::Tags);
+                pool.allocate(4 * MIB, 0)
+            };
+            let addr = request.unwrap_or_else(|e| panic!("heaps: {on_heap}: {e}"));
+            assert!(vm.is_mapped(addr, 4 * MIB));
+            assert_eq!(pool.stats().mapped, mapped);
+            pool.deallocate(addr).unwrap();
+            vm.fail_maps(0, 0);
+            drop(release_tx);
+            other.join().unwrap();
+        });
+    }
+}

@@ -393,8 +393,9 @@ impl Shared {
             _ => return Err(self.exhausted(state, ask, "capacity")),
         };
         let mut info = info;
-        // Thread heaps give their spans back once before a request fails for capacity (and
-        // what heaps of other streams gave back parked is ordered, see `order_given_back`).
+        // Thread heaps give their spans back once before a request fails for capacity or for
+        // want of device memory to map (and what heaps of other streams gave back parked is
+        // ordered, see `order_given_back`).
         let mut given_back = state.heaps.is_empty()
             && !state
                 .parked
@@ -422,7 +423,12 @@ impl Shared {
             };
             match result {
                 Ok(addr) => return Ok(addr),
-                Err(Refusal::Capacity) if !given_back => {
+                // Out of memory for new chunks of a growable region: the heaps' mapped free
+                // memory may serve (as for capacity, a request fails only after they gave it
+                // back once).
+                Err(Refusal::Capacity | Refusal::Error(Error::OutOfMemory { .. }))
+                    if !given_back =>
+                {
                     let epoch = state.home_epoch;
                     self.dissolve_all(state, true);
                     self.order_given_back(state);

@@ -259,6 +259,11 @@ impl Shared {
                 Err(error) => {
                     h.tlsf.forget_reused(hits);
                     drop(guard);
+                    // Out of memory for new chunks: the general path looks again with every
+                    // heap's mapped free memory given back, and decides.
+                    if let Error::OutOfMemory { .. } = error {
+                        return general(state);
+                    }
                     return Err(self.allocation_failed(state, ask, None, error));
                 }
             }
