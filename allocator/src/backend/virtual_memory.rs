@@ -15,8 +15,9 @@ use crate::error::Error;
 /// frees the reservation last. It keeps the bookkeeping (which chunk is mapped); the
 /// implementation only does what it is asked and says when it cannot.
 ///
-/// A pool calls it while it holds its lock (and may hold a thread heap's): a call back into
-/// that pool from an implementation fails instead of waiting for ever (an allocation or free
+/// A pool calls it while it holds its lock (and may hold a thread heap's): a call from an
+/// implementation into a pool that would wait for a lock, that pool's or any other's (another
+/// pool's could be waiting for this one), fails instead of waiting (an allocation or free
 /// returns an error; statistics, reports and settings abandon the call, and the pool call that
 /// made it returns the error), and a panic of the implementation becomes the pool call's
 /// error (`reserve`: the build's), with the pool as it was before the call.

@@ -206,8 +206,9 @@ impl Mapping {
         // an error before anything is reserved.
         let chunks = reserved / chunk;
         let words = chunks.div_ceil(64);
-        let mut bits = Vec::new();
-        if bits.try_reserve_exact(words).is_err() {
+        // (A probe: the map is then collected straight into its `Arc`, one allocation.)
+        let mut probe: Vec<AtomicU64> = Vec::new();
+        if probe.try_reserve_exact(words).is_err() {
             return Err(Error::invalid(format!(
                 "pool `{pool}`: a region of {capacity} bytes in chunks of {chunk} bytes needs \
                  {} bytes of host memory to note which chunks are mapped, which could not be \
@@ -215,7 +216,8 @@ impl Mapping {
                 words.saturating_mul(8)
             )));
         }
-        bits.extend((0..words).map(|_| AtomicU64::new(0)));
+        drop(probe);
+        let bits: Arc<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();
         let base = vm_call(&*vm, pool, "reserve", |vm| vm.reserve(reserved))
             .map_err(|error| super::region::reserving(pool, capacity, error))?;
         Ok(Mapping {
@@ -223,7 +225,7 @@ impl Mapping {
             map: ChunkMap {
                 base,
                 shift: chunk.trailing_zeros(),
-                words: bits.into(),
+                words: bits,
             },
             capacity,
             reserved,
