@@ -364,8 +364,13 @@ impl Mapping {
     /// before that `ensure`, so no live byte was in them, and only the caller could have
     /// allocated there since. A chunk that will not unmap stays mapped. Returns the chunks
     /// unmapped.
+    ///
+    /// # Safety
+    ///
+    /// The block at `addr` is given back, and no other block in `within` is live or can be
+    /// handed out until the caller releases the pool's lock.
     #[cold]
-    pub(super) fn undo_last(&mut self, addr: u64, bytes: u64, within: (u64, u64)) -> usize {
+    pub(super) unsafe fn undo_last(&mut self, addr: u64, bytes: u64, within: (u64, u64)) -> usize {
         let Some(LastMap {
             first,
             last,
@@ -386,19 +391,11 @@ impl Mapping {
             if at < within.0 || at + chunk > within.0 + within.1 || !self.bit(c) {
                 continue;
             }
-            let Some(vm) = &self.vm else { break };
-            // SAFETY: mapped by the last `ensure`, for the block at `addr`, which is given back;
-            // the chunk lies inside `within`, where the caller guarantees that no other block
-            // is live or can be handed out meanwhile.
-            match vm_call(&**vm, &self.pool, "unmap", |vm| unsafe {
-                vm.unmap(at, chunk as usize)
-            }) {
-                Ok(()) => {
-                    self.map.set_bit(c, false);
-                    self.mapped -= 1;
-                    self.unmaps += 1;
-                    undone += 1;
-                }
+            // SAFETY: mapped (its bit is set) by the last `ensure`, for the block at `addr`,
+            // which is given back; the chunk lies inside `within`, where the caller guarantees
+            // that no other block is live or can be handed out meanwhile.
+            match unsafe { self.unmap_chunk(c) } {
+                Ok(()) => undone += 1,
                 Err(error) => logged(|| {
                     log::warn!(
                         target: "devarena::pool",
@@ -411,6 +408,26 @@ impl Mapping {
         // The most ever mapped, as it was where every chunk the call mapped is unmapped.
         self.peak = peak.max(self.mapped);
         undone
+    }
+
+    /// Unmaps chunk `c` (of a growable region) and counts it unmapped; an error (or a panic of
+    /// the backend) leaves it mapped and counted so.
+    ///
+    /// # Safety
+    ///
+    /// The chunk is mapped (its bit is set), and nothing uses its memory any more, on the
+    /// host or queued on a device.
+    unsafe fn unmap_chunk(&mut self, c: usize) -> Result<(), Error> {
+        let (at, chunk) = (self.addr_of(c), self.chunk());
+        let Some(vm) = &self.vm else { return Ok(()) };
+        // SAFETY: the caller's guarantee: one mapped chunk that nothing uses.
+        vm_call(&**vm, &self.pool, "unmap", |vm| unsafe {
+            vm.unmap(at, chunk)
+        })?;
+        self.map.set_bit(c, false);
+        self.mapped -= 1;
+        self.unmaps += 1;
+        Ok(())
     }
 
     /// Unmaps the chunks of `first..upto` that [`ensure`](Self::ensure) mapped before a later run
@@ -481,16 +498,9 @@ impl Mapping {
             if self.mapped_bytes() <= keep {
                 break;
             }
-            let at = self.addr_of(c);
-            let Some(vm) = &self.vm else { break };
             // SAFETY: a mapped chunk (its bit is set) inside a free block, which nothing uses
             // any more (the caller's guarantee).
-            vm_call(&**vm, &self.pool, "unmap", |vm| unsafe {
-                vm.unmap(at, chunk as usize)
-            })?;
-            self.map.set_bit(c, false);
-            self.mapped -= 1;
-            self.unmaps += 1;
+            unsafe { self.unmap_chunk(c) }?;
             released += chunk as usize;
         }
         if released > 0 {

@@ -285,7 +285,11 @@ impl Shared {
                     .iter()
                     .find(|s| s.addr <= addr && addr - s.addr < s.size);
                 if let Some(span) = within {
-                    state.mapping.undo_last(addr, size, (span.addr, span.size));
+                    // SAFETY: the block is merged back; the span is this heap's (the pool's
+                    // index and other heaps allocate elsewhere), and the heap is locked, so no
+                    // other block in it is live (its chunks were unmapped before this request)
+                    // or handed out before the pool's lock is released.
+                    unsafe { state.mapping.undo_last(addr, size, (span.addr, span.size)) };
                 }
             } else {
                 h.tlsf.release(block);
