@@ -1002,3 +1002,55 @@ fn out_of_device_memory_takes_mapped_memory_back_from_heaps_first() {
         });
     }
 }
+
+/// When the device has no memory left for new chunks, a request is served by mapped free
+/// memory wherever it lies: the index's search, which looks at sizes only, may pick a free
+/// block whose chunks are not mapped while a mapped one elsewhere fits. (Before, the request
+/// failed with `OutOfMemory` beside 8 MiB mapped and free.)
+#[test]
+fn out_of_device_memory_finds_mapped_free_memory_the_size_search_passed_by() {
+    for (reuse, eager) in [(false, false), (true, false), (false, true), (true, true)] {
+        let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+        let mut builder = Pool::builder(12 * MIB)
+            .name("oom-mapped")
+            .eager_thread_heaps(eager);
+        if !reuse {
+            builder = builder.reuse(0, 0);
+        }
+        let pool = builder.build_mapped(vm.clone()).unwrap();
+        // 8 MiB mapped and freed, then a small block after it: what is left at the end of the
+        // region (about 4 MiB, its first chunk mapped) is the free block that the search for
+        // 3 MiB picks, its size class being the smaller one.
+        let a = pool.allocate(8 * MIB, 0).unwrap();
+        let b = pool.allocate(256, 0).unwrap();
+        pool.deallocate(a).unwrap();
+        let mapped = pool.stats().mapped;
+        vm.fail_maps(0, usize::MAX);
+        let c = pool
+            .allocate(3 * MIB, 0)
+            .unwrap_or_else(|e| panic!("reuse {reuse} eager {eager}: {e}"));
+        assert!(vm.is_mapped(c, 3 * MIB));
+        assert!(
+            c >= a && c + 3 * MIB as u64 <= a + 8 * MIB as u64,
+            "{c:#x} {a:#x}"
+        );
+        assert_eq!(pool.stats().mapped, mapped);
+        // The rest of the mapped block serves too, and then its last MiB.
+        let d = pool.allocate(4 * MIB, 0).unwrap();
+        assert!(vm.is_mapped(d, 4 * MIB));
+        let e = pool.allocate(MIB, 0).unwrap();
+        assert!(vm.is_mapped(e, MIB));
+        // Nothing mapped holds another MiB: the error, and the pool as it was.
+        let err = pool.allocate(MIB, 0).unwrap_err();
+        assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
+        assert_eq!(pool.stats().mapped, mapped);
+        for x in [b, c, d, e] {
+            pool.deallocate(x).unwrap();
+        }
+        vm.fail_maps(0, 0);
+        let s = pool.stats();
+        assert_eq!((s.in_use, s.live), (0, 0));
+        let all = pool.allocate(12 * MIB, 0).unwrap();
+        pool.deallocate(all).unwrap();
+    }
+}

@@ -286,6 +286,41 @@ impl Mapping {
         self.map.base + ((chunk as u64) << self.map.shift)
     }
 
+    /// The lowest start in the free block `addr..addr + bytes` (inside the region), a multiple
+    /// of `align` (a power of two), from which `size` bytes lie in the block and in mapped
+    /// chunks; `None` when there is none. It looks at each chunk the block touches: for a
+    /// region out of device memory, which looks for mapped free memory before it fails.
+    #[cold]
+    pub(super) fn mapped_start(&self, addr: u64, bytes: u64, size: u64, align: u64) -> Option<u64> {
+        debug_assert!(align.is_power_of_two() && size > 0);
+        let end = addr.checked_add(bytes)?;
+        let fit = |lo: u64, hi: u64| {
+            let start = lo.checked_add(align - 1)? & !(align - 1);
+            (start <= hi && hi - start >= size).then_some(start)
+        };
+        if self.vm.is_none() || bytes < size {
+            return fit(addr, end).filter(|_| self.vm.is_none());
+        }
+        let (first, last) = self.map.chunks_of(addr, bytes);
+        let (mut c, last) = (first as usize, last as usize);
+        while c <= last {
+            if !self.bit(c) {
+                c += 1;
+                continue;
+            }
+            let run = c;
+            while c <= last && self.bit(c) {
+                c += 1;
+            }
+            // The run of mapped chunks `run..c`, within the block.
+            let found = fit(self.addr_of(run).max(addr), self.addr_of(c).min(end));
+            if found.is_some() {
+                return found;
+            }
+        }
+        None
+    }
+
     /// Whether every chunk that `addr..addr + bytes` touches is mapped (see
     /// [`ChunkMap::covers`]).
     #[inline(always)]

@@ -386,6 +386,46 @@ impl Tlsf {
         None
     }
 
+    /// Takes a block of `size` bytes (a non-zero multiple of [`GRANULE`]) at the lowest
+    /// address that `place` offers inside some free block, looking at every free block (cached
+    /// blocks not: [`flush`](Self::flush) first). `place(addr, bytes)` answers for the free
+    /// block `addr..addr + bytes` with a start inside it, a multiple of [`GRANULE`], that has
+    /// `size` bytes of the block from there, or `None`. A slow search, O(blocks), for a
+    /// caller that needs more than a size: a growable region out of device memory looks for
+    /// free memory that is mapped.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn allocate_where(
+        &mut self,
+        size: u64,
+        mut place: impl FnMut(u64, u64) -> Option<u64>,
+    ) -> Option<(u32, u64)> {
+        debug_assert!(size % GRANULE == 0 && size > 0);
+        let (block, start) = self
+            .blocks
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.free && b.size >= size)
+            .filter_map(|(slot, b)| {
+                let start = place(b.addr, b.size)?;
+                // What `take_at` relies on, checked here rather than trusted.
+                let inside = start >= b.addr
+                    && start % GRANULE == 0
+                    && (start - b.addr)
+                        .checked_add(size)
+                        .is_some_and(|end| end <= b.size);
+                inside.then_some((slot as u32, start))
+            })
+            .min_by_key(|&(_, start)| start)?;
+        if self.lists.spares < SLOTS_PER_ALLOCATION {
+            self.add_spares();
+        }
+        let (blocks, lists) = (&mut Slots(&mut self.blocks), &mut self.lists);
+        let taken = lists.take_at(blocks, block, size, start);
+        self.blocks[taken.0 as usize].class = size_class(size) as u16;
+        Some(taken)
+    }
+
     /// Returns a block taken by [`allocate`](Self::allocate) and merges it with free
     /// neighbours; returns the block's size.
     ///
@@ -534,13 +574,22 @@ impl Lists {
     /// Takes a free block for `size` bytes at `align`: free space in front (alignment) and
     /// behind goes back to the free lists as blocks of their own.
     fn take(&mut self, blocks: &mut Slots<'_>, block: u32, size: u64, align: u64) -> (u32, u64) {
+        let addr = blocks.at(block).addr;
+        // `fits` checked that the aligned start lies inside the block.
+        let start = align_up_u64(addr, align).unwrap_or(addr);
+        self.take_at(blocks, block, size, start)
+    }
+
+    /// [`take`](Self::take) at `start`: a granule inside the free `block` with `size` bytes of
+    /// it from there.
+    #[inline(always)]
+    fn take_at(&mut self, blocks: &mut Slots<'_>, block: u32, size: u64, start: u64) -> (u32, u64) {
         self.remove_free(blocks, block);
         self.free_bytes -= size;
         let mut block = block;
         let b = blocks.at(block);
         let (addr, total, next) = (b.addr, b.size, b.next_phys);
-        // `fits` checked that the aligned start lies inside the block.
-        let start = align_up_u64(addr, align).unwrap_or(addr);
+        debug_assert!(start >= addr && start - addr + size <= total && start % GRANULE == 0);
         let pad = start - addr;
         if pad > 0 {
             // The front goes back to the free lists; its physical predecessor is used (free

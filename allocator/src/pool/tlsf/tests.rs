@@ -488,3 +488,54 @@ fn a_lower_cache_limit_merges_the_oldest_and_evicting_stops_at_its_bytes() {
     t.flush();
     assert_eq!((t.free_blocks(), t.largest_free()), (1, 1 << 20));
 }
+
+#[test]
+fn allocate_where_takes_the_lowest_start_offered_and_checks_it() {
+    let base = 1u64 << 20;
+    let mut t = Tlsf::new(base, 64 * GRANULE, 0, 0);
+    // Free blocks: 0..8, 12..40, 44..64 (in granules), with used blocks between.
+    let (a, _) = t.allocate(8 * GRANULE, GRANULE).unwrap();
+    let (b, _) = t.allocate(4 * GRANULE, GRANULE).unwrap();
+    let (c, _) = t.allocate(28 * GRANULE, GRANULE).unwrap();
+    let (d, _) = t.allocate(4 * GRANULE, GRANULE).unwrap();
+    t.free(a);
+    t.free(c);
+    t.check();
+    let g = |n: u64| base + n * GRANULE;
+    // Starts offered in the middle of each free block: the lowest wins, the block is cut in
+    // three, and the pieces around it stay free.
+    let (x, addr) = t
+        .allocate_where(3 * GRANULE, |at, bytes| {
+            (bytes >= 8 * GRANULE).then_some(at + 2 * GRANULE)
+        })
+        .unwrap();
+    assert_eq!(addr, g(2));
+    assert_eq!(t.block_size(x), 3 * GRANULE);
+    t.check();
+    assert_eq!(t.free_bytes(), (64 - 8 - 3) * GRANULE);
+    // Starts that are not inside the block, not on a granule, or leave too little are
+    // ignored, whatever `place` says; blocks too small are not asked about.
+    let mut asked = Vec::new();
+    let none = t.allocate_where(16 * GRANULE, |at, bytes| {
+        asked.push((at, bytes));
+        Some(match at {
+            a if a == g(12) => a + 13 * GRANULE,
+            a if a == g(44) => a + 1,
+            a => a - GRANULE,
+        })
+    });
+    assert!(none.is_none());
+    asked.sort();
+    assert_eq!(asked, [(g(12), 28 * GRANULE), (g(44), 20 * GRANULE)]);
+    t.check();
+    let (y, addr) = t
+        .allocate_where(16 * GRANULE, |at, _| Some(at + 4 * GRANULE))
+        .unwrap();
+    assert_eq!(addr, g(16));
+    t.check();
+    for block in [x, y, b, d] {
+        t.free(block);
+    }
+    t.check();
+    assert_eq!(t.largest_free(), 64 * GRANULE);
+}

@@ -295,3 +295,69 @@ fn chunk_sizes_are_checked_when_the_region_is_reserved() {
         .unwrap();
     assert!(err.to_string().contains("overflows"), "{err}");
 }
+
+#[test]
+fn a_mapped_start_lies_in_one_run_of_mapped_chunks_inside_the_block() {
+    let (mut m, _vm) = mapping(256 * CHUNK);
+    let base = m.base();
+    let at = |chunk: u64| base + chunk * CHUNK as u64;
+    // Mapped: chunks 2, 4..=5, 10..=13, and 70..=72 (across a word of bits).
+    for (first, count) in [(2, 1), (4, 2), (10, 4), (70, 3)] {
+        m.ensure(at(first), count * CHUNK as u64).unwrap();
+    }
+    let c = CHUNK as u64;
+    // A block over all of them: the lowest run that holds the size.
+    assert_eq!(m.mapped_start(base, 256 * c, 256, 256), Some(at(2)));
+    assert_eq!(m.mapped_start(base, 256 * c, c + 256, 256), Some(at(4)));
+    assert_eq!(m.mapped_start(base, 256 * c, 3 * c, 256), Some(at(10)));
+    assert_eq!(m.mapped_start(base, 256 * c, 4 * c, 256), Some(at(10)));
+    assert_eq!(m.mapped_start(base, 256 * c, 4 * c + 256, 256), None);
+    // Against every candidate start, granule by granule, for blocks, sizes and alignments
+    // across the runs and their edges.
+    let mapped = |chunk: u64| [2, 4, 5, 10, 11, 12, 13, 70, 71, 72].contains(&chunk);
+    for (first, len) in [
+        (0, 256),
+        (1, 12),
+        (4, 1),
+        (9, 70),
+        (11, 3),
+        (69, 5),
+        (71, 2),
+    ] {
+        for offset in [0, 256, c - 256] {
+            let (addr, bytes) = (at(first) + offset, len * c - offset);
+            for size in [256, c - 256, c, c + 256, 2 * c, 3 * c, 4 * c] {
+                for align in [256, c, 2 * c, 8 * c] {
+                    let expected = (addr..addr + bytes).step_by(256).find(|&s| {
+                        s % align == 0
+                            && s + size <= addr + bytes
+                            && (s..s + size).step_by(256).all(|g| mapped((g - base) / c))
+                    });
+                    let got = m.mapped_start(addr, bytes, size, align);
+                    assert_eq!(
+                        got, expected,
+                        "block {addr:#x}+{bytes} size {size} align {align}"
+                    );
+                }
+            }
+        }
+    }
+    // A block that starts inside a run or ends inside one: only its own part counts.
+    assert_eq!(
+        m.mapped_start(at(11) + 512, 40 * c, 2 * c, 256),
+        Some(at(11) + 512)
+    );
+    assert_eq!(m.mapped_start(at(11) + 512, 40 * c, 3 * c, 256), None);
+    assert_eq!(m.mapped_start(at(60), 11 * c, c, 256), Some(at(70)));
+    assert_eq!(m.mapped_start(at(60), 11 * c, c + 256, 256), None);
+    // A block smaller than the size, and one with nothing mapped.
+    assert_eq!(m.mapped_start(at(10), c, 2 * c, 256), None);
+    assert_eq!(m.mapped_start(at(20), 40 * c, 256, 256), None);
+    // A classic region: the block's own aligned start.
+    let whole = Mapping::whole(1 << 20, 64 << 20);
+    assert_eq!(
+        whole.mapped_start((1 << 20) + 256, 8192, 4096, 4096),
+        Some((1 << 20) + 4096)
+    );
+    assert_eq!(whole.mapped_start((1 << 20) + 256, 4096, 4096, 4096), None);
+}
