@@ -1054,3 +1054,50 @@ fn out_of_device_memory_finds_mapped_free_memory_the_size_search_passed_by() {
         pool.deallocate(all).unwrap();
     }
 }
+
+/// The same where the capacity is not a multiple of the chunk: the refused block's last chunk
+/// reaches past the capacity, into the reservation that holds no block, and is unmapped too.
+/// (Before, it stayed mapped.)
+#[test]
+fn a_request_over_quota_on_a_thread_heap_maps_nothing_at_the_end_of_the_region() {
+    // 11.75 chunks: a block of 4 chunks, then one of 7.75 (a size of its own class) to the end.
+    let capacity = 47 * CHUNK / 4;
+    let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+    let pool = Pool::builder(capacity)
+        .name("quota-heap-end")
+        .eager_thread_heaps(true)
+        .reuse(0, 0)
+        .build_mapped(vm.clone())
+        .unwrap();
+    let client = pool.client("small", 8 * CHUNK);
+    let keep = client.allocate(4 * CHUNK, 0).unwrap();
+    let before = (vm.mapped_chunks(), pool.stats().mapped);
+    let calls = vm.calls().len();
+    let tail = capacity - 4 * CHUNK;
+    assert_eq!(reserved_bytes(tail), Some(tail));
+    let err = client.allocate(tail, 0).unwrap_err();
+    assert!(
+        matches!(&err, Error::PoolExhausted { limit, .. } if *limit == "quota"),
+        "{err:?}"
+    );
+    let (maps, unmaps) = vm.calls()[calls..]
+        .iter()
+        .fold((0, 0), |(m, u), c| match c {
+            VmCall::Map { .. } => (m + 1, u),
+            VmCall::Unmap { .. } => (m, u + 1),
+            _ => (m, u),
+        });
+    assert!(
+        maps > 0,
+        "the request mapped its block before the quota refused it"
+    );
+    assert_eq!(
+        unmaps, 8,
+        "chunks 4 to 11, the last one reaching past the capacity"
+    );
+    assert_eq!((vm.mapped_chunks(), pool.stats().mapped), before);
+    client.deallocate(keep).unwrap();
+    let all = pool.allocate(capacity, 0).unwrap();
+    assert!(vm.is_mapped(all, capacity));
+    pool.deallocate(all).unwrap();
+}

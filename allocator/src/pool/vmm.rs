@@ -392,7 +392,8 @@ impl Mapping {
     }
 
     /// Unmaps again the chunks that the last [`ensure`](Self::ensure) mapped for the block at
-    /// `addr` (`bytes` long) and that lie wholly inside `within` (`(address, bytes)`), for a
+    /// `addr` (`bytes` long) and that lie wholly inside `within` (`(address, bytes)`; a range
+    /// that ends at the capacity's end reaches to the reservation's), for a
     /// request refused after its memory was mapped. The caller guarantees that no block in
     /// `within` but this one, now given back, can be live or handed out while it holds the
     /// pool's lock (a thread heap's span, under the heap's lock): the chunks were unmapped
@@ -420,15 +421,22 @@ impl Mapping {
             return 0;
         }
         let chunk = self.chunk() as u64;
+        // The reservation past the capacity holds no block: a span that reaches the end of
+        // the capacity holds the last chunk whole.
+        let mut end = within.0 + within.1;
+        if end == self.map.base + self.capacity as u64 {
+            end = self.map.base + self.reserved as u64;
+        }
         let mut undone = 0;
         for c in fresh {
             let at = self.addr_of(c);
-            if at < within.0 || at + chunk > within.0 + within.1 || !self.bit(c) {
+            if at < within.0 || at + chunk > end || !self.bit(c) {
                 continue;
             }
             // SAFETY: mapped (its bit is set) by the last `ensure`, for the block at `addr`,
             // which is given back; the chunk lies inside `within`, where the caller guarantees
-            // that no other block is live or can be handed out meanwhile.
+            // that no other block is live or can be handed out meanwhile, or past the capacity,
+            // where no block lies at all.
             match unsafe { self.unmap_chunk(c) } {
                 Ok(()) => undone += 1,
                 Err(error) => logged(|| {
