@@ -1144,6 +1144,165 @@ fn the_csv_log_uses_rmm_replay_columns() {
     }
 }
 
+/// Runs `f` on a thread of its own; fails the test when it has not returned within 20 s
+/// (a deadlock), rather than hanging the run.
+fn returns_in_time<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(20)) {
+        Ok(Ok(value)) => value,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => panic!("{what}: no return within 20 s (a deadlock)"),
+    }
+}
+
+/// The rows of a CSV log: action, address, size.
+fn csv_rows(text: &str) -> Vec<(String, u64, usize)> {
+    text.lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            let addr = u64::from_str_radix(f[3].trim_start_matches("0x"), 16).unwrap();
+            (f[2].to_string(), addr, f[4].parse().unwrap())
+        })
+        .collect()
+}
+
+/// The closure that `with_writer` lends the CSV log's writer to may use the pool that logs
+/// there: the rows of what it did are written once it returns, in order. (Before, the pool's
+/// delivery of the event waited for the log's lock, which the same thread held: the call never
+/// returned.)
+#[test]
+fn the_csv_logs_writer_closure_may_use_the_pool_it_logs() {
+    let text = returns_in_time("a pool call inside with_writer", || {
+        let csv = Arc::new(CsvEventLog::new(Vec::new()).unwrap());
+        let pool = Pool::builder(1 << 20)
+            .events(csv.clone())
+            .build_host()
+            .unwrap();
+        let a = pool.allocate(1000, 0).unwrap();
+        let (b, written) = csv
+            .with_writer(|w| {
+                let b = pool.allocate(2000, 0).unwrap();
+                pool.deallocate(b).unwrap();
+                // Nested calls that need the writer: refused, not a deadlock.
+                let nested = csv.with_writer(|_| ()).unwrap_err();
+                assert_eq!(nested.kind(), std::io::ErrorKind::Deadlock);
+                assert_eq!(
+                    csv.flush().unwrap_err().kind(),
+                    std::io::ErrorKind::Deadlock
+                );
+                (b, w.len())
+            })
+            .unwrap();
+        // Inside the closure the writer held the header and the first row only.
+        assert_eq!(
+            csv_rows(
+                &String::from_utf8(csv.with_writer(|w| w[..written].to_vec()).unwrap()).unwrap()
+            )
+            .len(),
+            1
+        );
+        pool.deallocate(a).unwrap();
+        csv.flush().unwrap();
+        let text = csv
+            .with_writer(|w| String::from_utf8(w.clone()).unwrap())
+            .unwrap();
+        (text, a, b)
+    });
+    let (text, a, b) = text;
+    let rows = csv_rows(&text);
+    let expect = [
+        ("allocate", a, 1000),
+        ("allocate", b, 2000),
+        ("free", b, 2000),
+        ("free", a, 1000),
+    ];
+    assert_eq!(rows.len(), expect.len(), "{text}");
+    for (row, (action, addr, size)) in rows.iter().zip(expect) {
+        assert_eq!(
+            (row.0.as_str(), row.1, row.2),
+            (action, addr, size),
+            "{text}"
+        );
+    }
+}
+
+/// A writer that uses a pool logging to the same CSV log (two pools share the log; the first
+/// one's event is being written when the writer allocates from the second): the second pool's
+/// rows follow. (Before, the second pool's delivery waited for the log's lock, which the same
+/// thread held.)
+#[test]
+fn the_csv_logs_writer_may_use_a_pool_that_logs_there_too() {
+    struct Writer {
+        out: Vec<u8>,
+        other: Arc<std::sync::OnceLock<Pool>>,
+        armed: bool,
+    }
+    impl std::io::Write for Writer {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if std::mem::take(&mut self.armed) {
+                let pool = self.other.get().unwrap();
+                let x = pool.allocate(3000, 0).unwrap();
+                pool.deallocate(x).unwrap();
+            }
+            self.out.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let text = returns_in_time("a pool call inside the CSV log's writer", || {
+        let other = Arc::new(std::sync::OnceLock::new());
+        let csv = Arc::new(
+            CsvEventLog::new(Writer {
+                out: Vec::new(),
+                other: other.clone(),
+                armed: false,
+            })
+            .unwrap(),
+        );
+        let first = Pool::builder(1 << 20)
+            .name("first")
+            .events(csv.clone())
+            .build_host()
+            .unwrap();
+        let _ = other.set(
+            Pool::builder(1 << 20)
+                .name("second")
+                .events(csv.clone())
+                .build_host()
+                .unwrap(),
+        );
+        csv.with_writer(|w| w.armed = true).unwrap();
+        let a = first.allocate(1000, 0).unwrap();
+        first.deallocate(a).unwrap();
+        csv.flush().unwrap();
+        (
+            csv.with_writer(|w| String::from_utf8(w.out.clone()).unwrap())
+                .unwrap(),
+            a,
+        )
+    });
+    let (text, a) = text;
+    let rows = csv_rows(&text);
+    let actions: Vec<(&str, usize)> = rows.iter().map(|r| (r.0.as_str(), r.2)).collect();
+    assert_eq!(
+        actions,
+        [
+            ("allocate", 1000),
+            ("allocate", 3000),
+            ("free", 3000),
+            ("free", 1000)
+        ],
+        "{text}"
+    );
+    assert_eq!((rows[0].1, rows[3].1), (a, a));
+}
+
 #[test]
 fn the_csv_log_writes_a_file() {
     let path = std::env::temp_dir().join(format!("devarena-pool-{}.csv", std::process::id()));

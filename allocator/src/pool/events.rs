@@ -191,7 +191,7 @@ impl EventSink for LogEvents {
 /// let pool = Pool::builder(1 << 20).events(csv.clone()).build_host()?;
 /// let a = pool.allocate(1000, 0)?;
 /// pool.deallocate(a)?;
-/// let text = csv.with_writer(|w| String::from_utf8(w.clone()).unwrap());
+/// let text = csv.with_writer(|w| String::from_utf8(w.clone()).unwrap())?;
 /// let lines: Vec<&str> = text.lines().collect();
 /// assert_eq!(lines[0], "Thread,Time,Action,Pointer,Size,Stream");
 /// assert!(lines[1].ends_with(&format!(",allocate,{a:#x},1000,0x0")));
@@ -201,6 +201,14 @@ impl EventSink for LogEvents {
 #[derive(Debug)]
 pub struct CsvEventLog<W: Write + Send> {
     inner: Mutex<CsvInner<W>>,
+    /// The [`thread_number`] of the thread that holds `inner` (0: none), set and cleared by
+    /// that thread alone: a thread that reads its own number here holds the lock, and its
+    /// event (from a pool that the writer, or `with_writer`'s closure, uses) waits in
+    /// `deferred` instead of waiting for the lock for ever.
+    holder: AtomicU64,
+    /// Rows of such events, written by the next holder of `inner` before anything else. Never
+    /// held while the writer or a closure runs.
+    deferred: Mutex<String>,
 }
 
 #[derive(Debug)]
@@ -221,36 +229,115 @@ impl<W: Write + Send> CsvEventLog<W> {
                 writer,
                 error: None,
             }),
+            holder: AtomicU64::new(0),
+            deferred: Mutex::new(String::new()),
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, CsvInner<W>> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    /// The writer, locked, with the rows deferred so far written first; `None` where the
+    /// calling thread holds it already (its writer or closure is using a pool that logs here).
+    fn lock(&self) -> Option<Held<'_, W>> {
+        let me = thread_number();
+        if self.holder.load(Ordering::Relaxed) == me {
+            return None;
+        }
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        self.holder.store(me, Ordering::Relaxed);
+        let mut held = Held { log: self, inner };
+        held.write_deferred();
+        Some(held)
     }
 
     /// Runs `f` on the writer (to read a `Vec<u8>` back, for example).
-    pub fn with_writer<R>(&self, f: impl FnOnce(&mut W) -> R) -> R {
-        f(&mut self.lock().writer)
+    ///
+    /// `f` may use a pool that logs here: the rows of what it does are written after it
+    /// returns, before any later row. Called on a thread that holds the writer already (from
+    /// an `f` of an outer call, or from the writer's own methods), it does not run `f` and
+    /// returns an error of kind [`io::ErrorKind::Deadlock`]: the writer is in use there.
+    pub fn with_writer<R>(&self, f: impl FnOnce(&mut W) -> R) -> io::Result<R> {
+        let Some(mut held) = self.lock() else {
+            return Err(in_use());
+        };
+        let result = f(&mut held.inner.writer);
+        held.write_deferred();
+        Ok(result)
     }
 
     /// Flushes the writer and reports the first write error since the last call, if any.
+    /// Called on a thread that holds the writer already, an error of kind
+    /// [`io::ErrorKind::Deadlock`], as for [`with_writer`](Self::with_writer).
     pub fn flush(&self) -> io::Result<()> {
-        let mut inner = self.lock();
-        if let Some(error) = inner.error.take() {
+        let Some(mut held) = self.lock() else {
+            return Err(in_use());
+        };
+        if let Some(error) = held.inner.error.take() {
             return Err(error);
         }
-        inner.writer.flush()
+        let result = held.inner.writer.flush();
+        held.write_deferred();
+        result
     }
 
-    /// The writer back, flushed; the first write error, if any.
+    /// The writer back, flushed, with every deferred row written; the first write error, if
+    /// any.
     pub fn into_inner(self) -> io::Result<W> {
         let mut inner = self.inner.into_inner().unwrap_or_else(|e| e.into_inner());
+        let deferred = self
+            .deferred
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner());
+        if !deferred.is_empty() {
+            if let Err(error) = inner.writer.write_all(deferred.as_bytes()) {
+                inner.error.get_or_insert(error);
+            }
+        }
         if let Some(error) = inner.error.take() {
             return Err(error);
         }
         inner.writer.flush()?;
         Ok(inner.writer)
     }
+}
+
+/// A [`CsvEventLog`]'s writer, locked by the calling thread (marked its holder until dropped).
+struct Held<'a, W: Write + Send> {
+    log: &'a CsvEventLog<W>,
+    inner: std::sync::MutexGuard<'a, CsvInner<W>>,
+}
+
+impl<W: Write + Send> Held<'_, W> {
+    /// Writes the rows deferred so far. Rows that writing them causes (a writer that uses a
+    /// pool logging here) wait for the next holder: one pass, not a loop that such a writer
+    /// would never end.
+    fn write_deferred(&mut self) {
+        let rows = core::mem::take(&mut *lock_deferred(&self.log.deferred));
+        if rows.is_empty() {
+            return;
+        }
+        if let Err(error) = self.inner.writer.write_all(rows.as_bytes()) {
+            self.inner.error.get_or_insert(error);
+        }
+    }
+}
+
+impl<W: Write + Send> Drop for Held<'_, W> {
+    fn drop(&mut self) {
+        // Cleared before the lock is released (the guard drops after this).
+        self.log.holder.store(0, Ordering::Relaxed);
+    }
+}
+
+/// The error of a call that needs the writer on a thread that holds it already.
+fn in_use() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Deadlock,
+        "the CSV event log's writer is in use on this thread (called from inside with_writer's \
+         closure or from the writer's methods)",
+    )
+}
+
+fn lock_deferred(deferred: &Mutex<String>) -> std::sync::MutexGuard<'_, String> {
+    deferred.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl CsvEventLog<io::BufWriter<std::fs::File>> {
@@ -275,9 +362,31 @@ pub fn format_time(time: SystemTime) -> String {
 
 impl<W: Write + Send> EventSink for CsvEventLog<W> {
     fn event(&self, e: &PoolEvent<'_>) {
-        let mut inner = self.lock();
-        let result = writeln!(
-            inner.writer,
+        match self.lock() {
+            Some(mut held) => {
+                if let Err(error) = write!(held.inner.writer, "{}", CsvRow(e)) {
+                    held.inner.error.get_or_insert(error);
+                }
+                held.write_deferred();
+            }
+            // This thread holds the writer: the event comes from a pool that the writer, or
+            // a `with_writer` closure, is using. Written after that call, in order.
+            None => {
+                let mut deferred = lock_deferred(&self.deferred);
+                let _ = fmt::Write::write_fmt(&mut *deferred, format_args!("{}", CsvRow(e)));
+            }
+        }
+    }
+}
+
+/// An event's row of the CSV log, its line end included.
+struct CsvRow<'a, 'e>(&'a PoolEvent<'e>);
+
+impl fmt::Display for CsvRow<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let e = self.0;
+        writeln!(
+            f,
             "{},{},{},{:#x},{},{:#x}",
             e.thread,
             format_time(e.time),
@@ -285,9 +394,6 @@ impl<W: Write + Send> EventSink for CsvEventLog<W> {
             e.addr,
             e.size,
             e.stream.0
-        );
-        if let Err(error) = result {
-            inner.error.get_or_insert(error);
-        }
+        )
     }
 }

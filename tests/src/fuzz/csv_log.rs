@@ -166,7 +166,7 @@ pub fn run(data: &[u8]) {
     // The pool kept working whatever the writer did.
     let stats = pool.stats();
     assert_eq!(stats.live as usize, live.len());
-    let failed = log.with_writer(|w| w.failed);
+    let failed = log.with_writer(|w| w.failed).unwrap();
     match log.flush() {
         Err(e) => {
             assert!(failed, "flush reported {e} but no write failed");
@@ -175,7 +175,7 @@ pub fn run(data: &[u8]) {
         }
         Ok(()) => assert!(!failed, "a write failed and flush did not say so"),
     }
-    let text = log.with_writer(|w| w.bytes.clone());
+    let text = log.with_writer(|w| w.bytes.clone()).unwrap();
     let text = String::from_utf8(text).expect("the log is ASCII");
     check_log(&text, &expected, failed);
     if !failed {
