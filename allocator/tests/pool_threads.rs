@@ -1540,7 +1540,8 @@ fn a_failed_map_on_a_heap_fails_the_request_and_changes_nothing() {
     assert_eq!(vm.mapped_bytes(), mapped);
     assert!(matches!(vm.calls().last(), Some(VmCall::MapFailed { .. })));
     assert_eq!(client.stats().failures, before.0.failures + 1);
-    // Without cached blocks to merge, the failure is the request's.
+    // Without cached blocks to merge, the failure is the request's, after the pool gave the
+    // chunks no live block touches (the 5 that `c` left of `big`) back to the device.
     vm.fail_maps(0, usize::MAX);
     assert!(matches!(
         client.allocate(20 * CHUNK, 0),
@@ -1548,7 +1549,9 @@ fn a_failed_map_on_a_heap_fails_the_request_and_changes_nothing() {
     ));
     vm.fail_maps(0, 0);
     assert_eq!(client.stats().failures, before.0.failures + 2);
+    let mapped = mapped - 5 * CHUNK;
     assert_eq!(vm.mapped_bytes(), mapped);
+    assert!(vm.is_mapped(c, 5 * CHUNK) && vm.is_mapped(keep, 3 * CHUNK));
     client.deallocate(c).unwrap();
     client.deallocate(keep).unwrap();
     let s = pool.stats();

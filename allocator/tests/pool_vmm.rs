@@ -114,13 +114,22 @@ fn a_failed_map_merges_the_reuse_cache_and_looks_again() {
     );
     let s = pool.stats();
     assert_eq!((s.mapped, s.failures, s.live), (4 * MIB, 0, 1));
-    // Without cached blocks to merge, the failure is the request's.
+    // Without cached blocks to merge, the pool gives its free chunk (the fourth MiB) back to
+    // the device and maps the request's chunks: with one map failing, that succeeds.
     vm.fail_maps(0, 1);
+    let d = pool.allocate(3 * MIB, 0).unwrap();
+    assert!(vm.is_mapped(d, 3 * MIB));
+    let s = pool.stats();
+    assert_eq!((s.mapped, s.unmaps), (6 * MIB, (MIB / CHUNK) as u64));
+    // With every map failing, the failure is the request's.
+    vm.fail_maps(0, usize::MAX);
     assert!(matches!(
         pool.allocate(3 * MIB, 0),
         Err(Error::OutOfMemory { .. })
     ));
+    vm.fail_maps(0, 0);
     pool.deallocate(c).unwrap();
+    pool.deallocate(d).unwrap();
 }
 
 /// What the event sink saw: each event's action and error.
@@ -139,8 +148,10 @@ fn without_ages(report: &str) -> String {
         .join(" ")
 }
 
+/// A request that the device has no memory for fails and changes nothing but the mapping:
+/// the free chunks the pool held mapped went back to the device before the last try.
 #[test]
-fn a_failed_map_fails_the_request_and_changes_nothing() {
+fn a_failed_map_fails_the_request_and_changes_nothing_but_the_free_chunks() {
     let seen: Seen = Arc::default();
     let sink = {
         let seen = seen.clone();
@@ -180,16 +191,31 @@ fn a_failed_map_fails_the_request_and_changes_nothing() {
         }
         other => panic!("expected OutOfMemory, got {other:?}"),
     }
-    // Only the failure was counted; every block, counter and mapping is as it was.
+    // Only the failure was counted, and the freed chunk (the fourth) was unmapped; every
+    // block, every other counter and every other chunk are as they were.
     let after = (pool.stats(), pool.client_stats(), vm.mapped_chunks());
     assert_eq!(after.0.failures, before.0.failures + 1);
     assert_eq!(after.1[1].failures, before.1[1].failures + 1);
-    let failures_as_before = PoolStats {
+    assert_eq!(
+        (after.0.mapped, after.0.unmaps),
+        (before.0.mapped - CHUNK, before.0.unmaps + 1)
+    );
+    let as_before = PoolStats {
         failures: before.0.failures,
+        mapped: before.0.mapped,
+        unmaps: before.0.unmaps,
         ..after.0
     };
-    assert_eq!(failures_as_before, before.0);
-    assert_eq!(after.2, before.2);
+    assert_eq!(as_before, before.0);
+    let freed_chunk = (pool.base() + 3 * CHUNK as u64, CHUNK);
+    assert!(before.2.contains(&freed_chunk));
+    let others: Vec<_> = before
+        .2
+        .iter()
+        .copied()
+        .filter(|&c| c != freed_chunk)
+        .collect();
+    assert_eq!(after.2, others);
     // (The report's ages move with the clock: compared without them.)
     assert_eq!(
         without_ages(&pool.leak_report().to_string()),
@@ -1100,4 +1126,84 @@ fn a_request_over_quota_on_a_thread_heap_maps_nothing_at_the_end_of_the_region()
     let all = pool.allocate(capacity, 0).unwrap();
     assert!(vm.is_mapped(all, capacity));
     pool.deallocate(all).unwrap();
+}
+
+/// A growable pool whose device has no memory left for a request gives the free chunks it
+/// holds mapped back to the device and maps the request's: memory stranded in free blocks
+/// that no single request can use serves, as a caching allocator empties its cache before it
+/// fails. (Before, a 4 MiB request failed with `OutOfMemory` while the pool held 6 MiB mapped
+/// and free, in pieces of 1 MiB.) The home stream is waited for first (queued work may still
+/// use freed blocks); while it captures a graph, nothing is given back and the request fails.
+#[test]
+fn out_of_device_memory_gives_free_chunks_back_and_maps_the_request() {
+    for (eager, reuse, with_streams) in [
+        (false, false, false),
+        (false, true, false),
+        (true, true, false),
+        (false, true, true),
+        (true, false, true),
+    ] {
+        let case = format!("eager {eager} reuse {reuse} streams {with_streams}");
+        let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+        let streams = Arc::new(ManualStreams::new());
+        let home = StreamId(7);
+        let mut builder = Pool::builder(64 * MIB)
+            .name("oom-trim")
+            .eager_thread_heaps(eager);
+        if !reuse {
+            builder = builder.reuse(0, 0);
+        }
+        if with_streams {
+            builder = builder.streams(streams.clone(), home);
+        }
+        let pool = builder.build_mapped(vm.clone()).unwrap();
+        // 12 blocks of 1 MiB, every other one freed: 6 MiB mapped and free, no 2 MiB of it
+        // in one piece. Then the device is full.
+        let blocks: Vec<u64> = (0..12).map(|_| pool.allocate(MIB, 0).unwrap()).collect();
+        let kept: Vec<u64> = blocks.iter().copied().step_by(2).collect();
+        let freed: Vec<u64> = blocks.iter().copied().skip(1).step_by(2).collect();
+        for &b in &freed {
+            pool.deallocate(b).unwrap();
+        }
+        assert_eq!(pool.stats().mapped, 12 * MIB, "{case}");
+        vm.set_memory_limit(Some(12 * MIB));
+        let synced = streams.synchronized().len();
+        if with_streams {
+            // While the home stream captures, nothing is unmapped: the request fails.
+            streams.begin_capture(home);
+            let err = pool.allocate(4 * MIB, 0).unwrap_err();
+            assert!(matches!(err, Error::OutOfMemory { .. }), "{case}: {err}");
+            assert_eq!(pool.stats().mapped, 12 * MIB, "{case}");
+            assert_eq!(streams.synchronized().len(), synced, "{case}");
+            streams.end_capture(home);
+        }
+        let big = pool
+            .allocate(4 * MIB, 0)
+            .unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert!(vm.is_mapped(big, 4 * MIB), "{case}");
+        // The free chunks went back: 6 MiB live and the new 4 MiB mapped.
+        let s = pool.stats();
+        assert_eq!((s.mapped, s.in_use), (10 * MIB, 10 * MIB), "{case}");
+        assert!(s.unmaps >= 6 * MIB as u64 / CHUNK as u64, "{case}: {s:?}");
+        if with_streams {
+            assert_eq!(streams.synchronized()[synced..], [home], "{case}");
+        }
+        // The live blocks kept their memory.
+        for &b in &kept {
+            assert!(vm.is_mapped(b, MIB), "{case}");
+        }
+        // What the device cannot hold even so still fails, and the pool goes on.
+        let err = pool.allocate(4 * MIB, 0).unwrap_err();
+        assert!(matches!(err, Error::OutOfMemory { .. }), "{case}: {err}");
+        let small = pool.allocate(MIB, 0).unwrap();
+        assert!(vm.is_mapped(small, MIB), "{case}");
+        for b in kept.into_iter().chain([big, small]) {
+            pool.deallocate(b).unwrap();
+        }
+        vm.set_memory_limit(None);
+        let s = pool.stats();
+        assert_eq!((s.in_use, s.live), (0, 0), "{case}");
+        let all = pool.allocate(64 * MIB, 0).unwrap();
+        pool.deallocate(all).unwrap();
+    }
 }

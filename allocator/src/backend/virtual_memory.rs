@@ -207,6 +207,8 @@ mod host_stand_in {
         calls: Vec<VmCall>,
         /// Map calls to let through before failing, and how many to fail then.
         fail: (usize, usize),
+        /// The most bytes mapped at once (all reservations together), as a device's memory.
+        limit: Option<usize>,
     }
 
     /// A host stand-in for a device's virtual memory API: it reserves real host memory up
@@ -290,6 +292,13 @@ mod host_stand_in {
         /// [`Error::OutOfMemory`], nothing mapped), then lets every call through again.
         pub fn fail_maps(&self, skip: usize, count: usize) {
             self.lock().fail = (skip, count);
+        }
+
+        /// Makes a map that would take the bytes mapped (in every reservation together) past
+        /// `bytes` fail with [`Error::OutOfMemory`], nothing mapped, as a device whose memory is
+        /// full does; `None` (the default): no limit. Chunks mapped already stay mapped.
+        pub fn set_memory_limit(&self, bytes: Option<usize>) {
+            self.lock().limit = bytes;
         }
 
         /// Every call so far, in order.
@@ -464,10 +473,16 @@ mod host_stand_in {
                 )));
             }
             let (skip, failing) = inner.fail;
-            if skip > 0 {
+            let mapped: usize = inner.mapped.values().sum();
+            let over = inner
+                .limit
+                .is_some_and(|limit| mapped.saturating_add(bytes) > limit);
+            if skip > 0 && !over {
                 inner.fail.0 -= 1;
-            } else if failing > 0 {
-                inner.fail.1 -= 1;
+            } else if failing > 0 || over {
+                if !over {
+                    inner.fail.1 -= 1;
+                }
                 inner.calls.push(VmCall::MapFailed { addr, chunk, count });
                 return Err(Error::OutOfMemory {
                     backend: "host-vm",

@@ -82,10 +82,15 @@
 //!   past the frees (blocks freed on other streams count only once their events have
 //!   completed); [`Pool::synchronize`] does so down to a release threshold
 //!   ([`PoolBuilder::release_threshold`]), as `cudaMemPoolAttrReleaseThreshold` does. When the
-//!   device has no memory left for a chunk, the request fails with
-//!   [`Error::OutOfMemory`](crate::Error::OutOfMemory) naming the driver's error, and the pool
-//!   is as it was. [`PoolStats`] count the bytes mapped, their peak, and the chunks mapped and
-//!   unmapped; `cuMemGetInfo` sees exactly the mapped bytes.
+//!   device has no memory left for a chunk, the request looks for free memory that is mapped
+//!   already, wherever it lies (the thread heaps give their spans back first, the reuse cache
+//!   merges); then the pool gives every chunk inside a free block back to the device, after
+//!   waiting for the home stream (as `trim` does; not while the home stream captures a
+//!   graph), and maps the request's chunks again, as a caching allocator empties its cache
+//!   before it fails. Only then does the request fail, with
+//!   [`Error::OutOfMemory`](crate::Error::OutOfMemory) naming the driver's error; the pool is
+//!   as it was but for the chunks it gave back. [`PoolStats`] count the bytes mapped, their
+//!   peak, and the chunks mapped and unmapped; `cuMemGetInfo` sees exactly the mapped bytes.
 //!
 //! Freed blocks that wait in the reuse cache stay mapped, and while they wait, requests of
 //! other sizes are placed around them: a growable region maps the addresses a classic one
@@ -164,8 +169,9 @@
 //! * **Growable regions.** A heap's spans are addresses; memory is mapped under them as its
 //!   blocks reach new chunks. A heap reads which chunks are mapped without the pool's lock (a
 //!   bitmap the pool writes under it) and takes the pool's lock only to map the chunks a block
-//!   reaches first. When mapping fails, the block goes back to the heap and the request fails
-//!   with [`Error::OutOfMemory`](crate::Error::OutOfMemory), as on the pool's own index.
+//!   reaches first. When mapping fails, the block goes back to the heap and the request goes
+//!   on as on the pool's own index (every heap gives its spans back, then free chunks go back
+//!   to the device) before it fails with [`Error::OutOfMemory`](crate::Error::OutOfMemory).
 //!   [`Pool::trim`] gives every heap back before it unmaps anything, so no heap holds a span
 //!   over a chunk being unmapped. Each heap reuses only its own freed blocks, which costs
 //!   memory (see "Performance" below).

@@ -401,6 +401,7 @@ impl Shared {
                 .parked
                 .iter()
                 .any(|(_, queue)| queue.iter().any(|p| p.given_back));
+        let mut trimmed = false;
         loop {
             if self.exact_peaks && !state.heaps.is_empty() {
                 // Headroom that waits for heaps serves the pool's own index too.
@@ -441,6 +442,14 @@ impl Shared {
                         // the home stream, has the host wait for it instead.
                         self.drain_home_for_capture(state, ask.stream)?;
                     }
+                }
+                // Still no device memory: the free chunks this pool holds mapped go back to
+                // the device, once, and the request maps its own (a growable region).
+                Err(Refusal::Error(error @ Error::OutOfMemory { .. })) => {
+                    if trimmed || !self.unmap_free_for_request(state)? {
+                        return Err(error);
+                    }
+                    trimmed = true;
                 }
                 Err(Refusal::Capacity) => return Err(self.exhausted(state, ask, "capacity")),
                 Err(Refusal::Quota) => return Err(self.exhausted(state, ask, "quota")),

@@ -62,6 +62,27 @@ impl Shared {
         state.mapping.mapped_bytes() > keep
     }
 
+    /// For a request that found no device memory to map, with the lock held: unmaps every
+    /// chunk inside a free block, after the home stream's queued work is done (waited for
+    /// under the lock, as a trim does after [`TRIM_TRIES`] tries), so that the request can map
+    /// its own. Whether anything was unmapped. Nothing happens while the home stream captures
+    /// a graph (or cannot say), which cannot be waited for: the request fails instead.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn unmap_free_for_request(&self, state: &mut State) -> Result<bool, Error> {
+        if !self.growable || !self.prepare_trim(state, 0) {
+            return Ok(false);
+        }
+        if let Some(streams) = &self.streams {
+            let capturing = self.stream_call("is_capturing", || streams.is_capturing(self.home));
+            if capturing.unwrap_or(true) {
+                return Ok(false);
+            }
+            self.stream_call("synchronize", || streams.synchronize(self.home))?;
+        }
+        Ok(Self::unmap_free(state, 0)? > 0)
+    }
+
     /// Unmaps the chunks inside free blocks (none of which queued work can still touch).
     pub(super) fn unmap_free(state: &mut State, keep: usize) -> Result<usize, Error> {
         state.tlsf.flush();
