@@ -453,6 +453,38 @@ mod gpu {
         assert_eq!(after.maps - before.maps, after.unmaps - before.unmaps);
         assert!(blocks.len() * GIB + GIB > free0.saturating_sub(4 * GIB));
 
+        // Memory stranded in free blocks serves a larger request: every other block freed
+        // (pieces of 1 GiB, none next to another), a request of 2 GiB finds no mapped run that
+        // holds it and the device is full, so the pool gives the chunks of its free blocks back
+        // to the device and maps the request's.
+        let kept: Vec<u64> = blocks.iter().copied().step_by(2).collect();
+        for &addr in blocks.iter().skip(1).step_by(2) {
+            pool.deallocate(addr).unwrap();
+        }
+        let stranded = pool.stats();
+        let t = Instant::now();
+        let big = pool
+            .allocate(2 * GIB, 0)
+            .unwrap_or_else(|e| panic!("2 GiB with {} GiB free in pieces: {e}", blocks.len() / 2));
+        let given = pool.stats();
+        println!(
+            "2 GiB with the device full and {:.0} MiB free in pieces: {:?}, {:.0} MiB given \
+             back",
+            mib(stranded.mapped - stranded.in_use),
+            t.elapsed(),
+            mib((given.unmaps - stranded.unmaps) as usize * chunk)
+        );
+        assert!(given.unmaps > stranded.unmaps);
+        assert!(given.mapped <= stranded.mapped + 2 * GIB);
+        assert_eq!(given.in_use, stranded.in_use + 2 * GIB);
+        // Its memory is there, to its far end.
+        for at in [big, big + 2 * GIB as u64 - 4] {
+            let info = pointer_info(&stream, at).unwrap();
+            assert_eq!(info.memory_type, PointerMemory::Device, "{at:#x}");
+        }
+        let mut blocks = kept;
+        blocks.push(big);
+
         // The pool keeps serving: a freed block's memory (or what is left on the device) serves
         // a new request.
         pool.deallocate(blocks.pop().unwrap()).unwrap();
