@@ -1303,6 +1303,253 @@ fn the_csv_logs_writer_may_use_a_pool_that_logs_there_too() {
     assert_eq!((rows[0].1, rows[3].1), (a, a));
 }
 
+/// A `with_writer` closure that waits for another thread using the pool: that thread's rows
+/// wait for the closure rather than the thread for the writer. (Before, the other thread waited
+/// for the log's lock and the closure for the thread, for ever.)
+#[test]
+fn the_csv_logs_writer_closure_may_wait_for_a_thread_that_uses_the_pool() {
+    let (text, addr) = returns_in_time("a with_writer closure waiting for a thread", || {
+        let csv = Arc::new(CsvEventLog::new(Vec::new()).unwrap());
+        let pool = Pool::builder(1 << 20)
+            .events(csv.clone())
+            .build_host()
+            .unwrap();
+        let addr = csv
+            .with_writer(|_| {
+                std::thread::scope(|s| {
+                    s.spawn(|| {
+                        let a = pool.allocate(100, 0).unwrap();
+                        pool.deallocate(a).unwrap();
+                        a
+                    })
+                    .join()
+                    .unwrap()
+                })
+            })
+            .unwrap();
+        let text = csv
+            .with_writer(|w| String::from_utf8(w.clone()).unwrap())
+            .unwrap();
+        (text, addr)
+    });
+    let rows = csv_rows(&text);
+    assert_eq!(
+        rows,
+        [
+            ("allocate".to_string(), addr, 100),
+            ("free".to_string(), addr, 100)
+        ],
+        "{text}"
+    );
+}
+
+/// A writer that uses a pool logging to the same log for the rows it writes, twice in a row:
+/// the rows that writing deferred rows defers are written too, before the call returns, so a
+/// log dropped without `into_inner` has them all.
+#[test]
+fn rows_a_writer_causes_while_writing_deferred_rows_are_written() {
+    struct Writer {
+        out: Arc<Mutex<Vec<u8>>>,
+        other: Arc<std::sync::OnceLock<Pool>>,
+        arm: usize,
+    }
+    impl std::io::Write for Writer {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.arm > 0 && buf.contains(&b'\n') {
+                self.arm -= 1;
+                let pool = self.other.get().unwrap();
+                pool.deallocate(pool.allocate(300, 0).unwrap()).unwrap();
+            }
+            self.out.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let (text, events) = returns_in_time("a writer using a pool that logs there", || {
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let other = Arc::new(std::sync::OnceLock::new());
+        let csv = Arc::new(
+            CsvEventLog::new(Writer {
+                out: out.clone(),
+                other: other.clone(),
+                arm: 0,
+            })
+            .unwrap(),
+        );
+        let first = Pool::builder(1 << 20)
+            .events(csv.clone())
+            .build_host()
+            .unwrap();
+        let _ = other.set(
+            Pool::builder(1 << 20)
+                .events(csv.clone())
+                .build_host()
+                .unwrap(),
+        );
+        csv.with_writer(|w| w.arm = 2).unwrap();
+        first.allocate(1000, 0).unwrap();
+        let s = other.get().unwrap().stats();
+        let events = 1 + s.allocations + s.frees;
+        drop(first);
+        drop(csv);
+        drop(other);
+        let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
+        (text, events)
+    });
+    assert_eq!(events, 5);
+    let rows = csv_rows(&text);
+    let sizes: Vec<usize> = rows.iter().map(|r| r.2).collect();
+    assert_eq!(sizes, [1000, 300, 300, 300, 300], "{text}");
+}
+
+/// Two pools logging to one CSV log from three threads, a fourth thread that uses both pools
+/// inside `with_writer` closures and flushes, and a writer that now and then uses one of the
+/// pools itself: no call waits for ever, and replayed pool by pool the log has every row, each
+/// allocation at an address that is free, each free of a live one.
+#[test]
+fn the_csv_log_under_threads_keeps_every_row_in_order() {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+    struct Writer {
+        out: Vec<u8>,
+        other: Arc<OnceLock<Pool>>,
+        armed: bool,
+        writes: usize,
+    }
+    impl std::io::Write for Writer {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.writes += 1;
+            if self.armed && self.writes % 97 == 0 {
+                if let Some(pool) = self.other.get() {
+                    if let Ok(x) = pool.allocate(300, 0) {
+                        pool.deallocate(x).unwrap();
+                    }
+                }
+            }
+            self.out.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let (text, pools) = returns_in_time("threads sharing a CSV log", || {
+        let other = Arc::new(OnceLock::new());
+        let csv = Arc::new(
+            CsvEventLog::new(Writer {
+                out: Vec::new(),
+                other: other.clone(),
+                armed: true,
+                writes: 0,
+            })
+            .unwrap(),
+        );
+        let first = Pool::builder(4 << 20)
+            .name("first")
+            .events(csv.clone())
+            .build_host()
+            .unwrap();
+        let _ = other.set(
+            Pool::builder(4 << 20)
+                .name("second")
+                .events(csv.clone())
+                .build_host()
+                .unwrap(),
+        );
+        let pools = [&first, other.get().unwrap()];
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let workers: Vec<_> = (0..3u64)
+                .map(|t| {
+                    s.spawn(move || {
+                        let mut x = t + 1;
+                        let mut mine: Vec<(u64, usize)> = Vec::new();
+                        for _ in 0..20_000 {
+                            x = x
+                                .wrapping_mul(6364136223846793005)
+                                .wrapping_add(1442695040888963407);
+                            let which = (x >> 63) as usize;
+                            if mine.len() < 20 && (x >> 40) & 1 == 0 {
+                                let size = 256 + (x >> 20) as usize % 4000;
+                                if let Ok(a) = pools[which].allocate(size, 0) {
+                                    mine.push((a, which));
+                                }
+                            } else if let Some((a, which)) = mine.pop() {
+                                pools[which].deallocate(a).unwrap();
+                            }
+                        }
+                        for (a, which) in mine {
+                            pools[which].deallocate(a).unwrap();
+                        }
+                    })
+                })
+                .collect();
+            s.spawn(|| {
+                while !stop.load(Relaxed) {
+                    csv.with_writer(|w| {
+                        let a = pools[0].allocate(1000, 0).unwrap();
+                        let b = pools[1].allocate(700, 0).unwrap();
+                        pools[0].deallocate(a).unwrap();
+                        pools[1].deallocate(b).unwrap();
+                        w.out.len()
+                    })
+                    .unwrap();
+                    csv.flush().unwrap();
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+            });
+            for w in workers {
+                w.join().unwrap();
+            }
+            stop.store(true, Relaxed);
+        });
+        csv.with_writer(|w| w.armed = false).unwrap();
+        csv.flush().unwrap();
+        let text = csv
+            .with_writer(|w| String::from_utf8(w.out.clone()).unwrap())
+            .unwrap();
+        let pools = pools.map(|p| (p.base(), p.capacity(), p.stats()));
+        (text, pools)
+    });
+    let mut live: [BTreeMap<u64, usize>; 2] = [BTreeMap::new(), BTreeMap::new()];
+    let mut counts = [(0u64, 0u64); 2];
+    for (row, (action, addr, size)) in csv_rows(&text).into_iter().enumerate() {
+        let k = pools
+            .iter()
+            .position(|(base, cap, _)| addr >= *base && addr < base + *cap as u64)
+            .unwrap();
+        match action.as_str() {
+            "allocate" => {
+                assert!(
+                    live[k].insert(addr, size).is_none(),
+                    "row {row}: {addr:#x} allocated twice"
+                );
+                counts[k].0 += 1;
+            }
+            "free" => {
+                assert_eq!(
+                    live[k].remove(&addr),
+                    Some(size),
+                    "row {row}: {addr:#x} not live"
+                );
+                counts[k].1 += 1;
+            }
+            other => panic!("row {row}: {other}"),
+        }
+    }
+    for k in 0..2 {
+        assert!(live[k].is_empty(), "pool {k}: {:?}", live[k]);
+        assert_eq!(
+            counts[k],
+            (pools[k].2.allocations, pools[k].2.frees),
+            "pool {k}: rows lost"
+        );
+    }
+}
+
 #[test]
 fn the_csv_log_writes_a_file() {
     let path = std::env::temp_dir().join(format!("devarena-pool-{}.csv", std::process::id()));

@@ -202,12 +202,13 @@ impl EventSink for LogEvents {
 pub struct CsvEventLog<W: Write + Send> {
     inner: Mutex<CsvInner<W>>,
     /// The [`thread_number`] of the thread that holds `inner` (0: none), set and cleared by
-    /// that thread alone: a thread that reads its own number here holds the lock, and its
-    /// event (from a pool that the writer, or `with_writer`'s closure, uses) waits in
-    /// `deferred` instead of waiting for the lock for ever.
+    /// that thread alone: a thread that reads its own number here holds the lock (a nested
+    /// `with_writer` or `flush` is an error there, not a wait for ever).
     holder: AtomicU64,
-    /// Rows of such events, written by the next holder of `inner` before anything else. Never
-    /// held while the writer or a closure runs.
+    /// Rows of events that found `inner` held (by a `with_writer` closure or a writer that
+    /// uses a pool logging here, on any thread): written in order by the holder when it
+    /// releases it, or by the next holder before anything else. Never held while the writer
+    /// or a closure runs.
     deferred: Mutex<String>,
 }
 
@@ -234,24 +235,56 @@ impl<W: Write + Send> CsvEventLog<W> {
         })
     }
 
-    /// The writer, locked, with the rows deferred so far written first; `None` where the
-    /// calling thread holds it already (its writer or closure is using a pool that logs here).
+    /// The writer, locked (waiting for another thread that holds it), with the rows deferred
+    /// so far written first; `None` where the calling thread holds it already.
     fn lock(&self) -> Option<Held<'_, W>> {
         let me = thread_number();
         if self.holder.load(Ordering::Relaxed) == me {
             return None;
         }
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        Some(self.held(inner, me))
+    }
+
+    /// The writer, locked, where no thread holds it; as [`lock`](Self::lock).
+    fn try_lock(&self) -> Option<Held<'_, W>> {
+        let me = thread_number();
+        if self.holder.load(Ordering::Relaxed) == me {
+            return None;
+        }
+        let inner = match self.inner.try_lock() {
+            Ok(inner) => inner,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(self.held(inner, me))
+    }
+
+    fn held<'a>(&'a self, inner: std::sync::MutexGuard<'a, CsvInner<W>>, me: u64) -> Held<'a, W> {
         self.holder.store(me, Ordering::Relaxed);
         let mut held = Held { log: self, inner };
         held.write_deferred();
-        Some(held)
+        held
+    }
+
+    /// Releases the writer, then writes the rows deferred meanwhile if no other thread holds
+    /// it: a row deferred because this thread held it is written here or by the next holder
+    /// (each deferring thread looks again after it deferred, each holder after it released).
+    fn release(&self, held: Held<'_, W>) {
+        drop(held);
+        while !lock_deferred(&self.deferred).is_empty() {
+            match self.try_lock() {
+                Some(held) => drop(held),
+                None => break,
+            }
+        }
     }
 
     /// Runs `f` on the writer (to read a `Vec<u8>` back, for example).
     ///
-    /// `f` may use a pool that logs here: the rows of what it does are written after it
-    /// returns, before any later row. Called on a thread that holds the writer already (from
+    /// `f` may use a pool that logs here, on this thread or on others it waits for: the rows
+    /// of what it does are written after it returns, before any later row (an event never
+    /// waits for the writer). Called on a thread that holds the writer already (from
     /// an `f` of an outer call, or from the writer's own methods), it does not run `f` and
     /// returns an error of kind [`io::ErrorKind::Deadlock`]: the writer is in use there.
     pub fn with_writer<R>(&self, f: impl FnOnce(&mut W) -> R) -> io::Result<R> {
@@ -260,6 +293,7 @@ impl<W: Write + Send> CsvEventLog<W> {
         };
         let result = f(&mut held.inner.writer);
         held.write_deferred();
+        self.release(held);
         Ok(result)
     }
 
@@ -270,12 +304,17 @@ impl<W: Write + Send> CsvEventLog<W> {
         let Some(mut held) = self.lock() else {
             return Err(in_use());
         };
-        if let Some(error) = held.inner.error.take() {
-            return Err(error);
+        let mut result = held.inner.writer.flush();
+        // Rows the writer's flush caused (a writer that uses a pool logging here), flushed too.
+        if held.write_deferred() && result.is_ok() {
+            result = held.inner.writer.flush();
         }
-        let result = held.inner.writer.flush();
-        held.write_deferred();
-        result
+        let error = held.inner.error.take();
+        self.release(held);
+        match error {
+            Some(error) => Err(error),
+            None => result,
+        }
     }
 
     /// The writer back, flushed, with every deferred row written; the first write error, if
@@ -306,19 +345,27 @@ struct Held<'a, W: Write + Send> {
 }
 
 impl<W: Write + Send> Held<'_, W> {
-    /// Writes the rows deferred so far. Rows that writing them causes (a writer that uses a
-    /// pool logging here) wait for the next holder: one pass, not a loop that such a writer
-    /// would never end.
-    fn write_deferred(&mut self) {
-        let rows = core::mem::take(&mut *lock_deferred(&self.log.deferred));
-        if rows.is_empty() {
-            return;
+    /// Writes the rows deferred so far, and those that writing them deferred (a writer that
+    /// uses a pool logging here), up to [`DEFERRED_PASSES`] times: a writer that logs a row
+    /// for every row it writes would never end. Whether anything was written.
+    fn write_deferred(&mut self) -> bool {
+        let mut wrote = false;
+        for _ in 0..DEFERRED_PASSES {
+            let rows = core::mem::take(&mut *lock_deferred(&self.log.deferred));
+            if rows.is_empty() {
+                break;
+            }
+            wrote = true;
+            if let Err(error) = self.inner.writer.write_all(rows.as_bytes()) {
+                self.inner.error.get_or_insert(error);
+            }
         }
-        if let Err(error) = self.inner.writer.write_all(rows.as_bytes()) {
-            self.inner.error.get_or_insert(error);
-        }
+        wrote
     }
 }
+
+/// How many times [`Held::write_deferred`] looks again for rows that writing rows deferred.
+const DEFERRED_PASSES: usize = 16;
 
 impl<W: Write + Send> Drop for Held<'_, W> {
     fn drop(&mut self) {
@@ -362,19 +409,24 @@ pub fn format_time(time: SystemTime) -> String {
 
 impl<W: Write + Send> EventSink for CsvEventLog<W> {
     fn event(&self, e: &PoolEvent<'_>) {
-        match self.lock() {
-            Some(mut held) => {
-                if let Err(error) = write!(held.inner.writer, "{}", CsvRow(e)) {
-                    held.inner.error.get_or_insert(error);
-                }
-                held.write_deferred();
+        if let Some(mut held) = self.try_lock() {
+            if let Err(error) = write!(held.inner.writer, "{}", CsvRow(e)) {
+                held.inner.error.get_or_insert(error);
             }
-            // This thread holds the writer: the event comes from a pool that the writer, or
-            // a `with_writer` closure, is using. Written after that call, in order.
-            None => {
-                let mut deferred = lock_deferred(&self.deferred);
-                let _ = fmt::Write::write_fmt(&mut *deferred, format_args!("{}", CsvRow(e)));
-            }
+            held.write_deferred();
+            self.release(held);
+            return;
+        }
+        // Another thread holds the writer (or this one: the event comes from a pool that the
+        // writer, or a `with_writer` closure, is using). Waiting for it could wait for ever
+        // (its closure may wait for this thread): the row is deferred, and written by the
+        // holder when it releases the writer, or here if it released it meanwhile.
+        {
+            let mut deferred = lock_deferred(&self.deferred);
+            let _ = fmt::Write::write_fmt(&mut *deferred, format_args!("{}", CsvRow(e)));
+        }
+        if let Some(held) = self.try_lock() {
+            self.release(held);
         }
     }
 }
