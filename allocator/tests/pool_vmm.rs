@@ -1167,7 +1167,7 @@ fn out_of_device_memory_gives_free_chunks_back_and_maps_the_request() {
         }
         assert_eq!(pool.stats().mapped, 12 * MIB, "{case}");
         vm.set_memory_limit(Some(12 * MIB));
-        let synced = streams.synchronized().len();
+        let mut synced = streams.synchronized().len();
         if with_streams {
             // While the home stream captures, nothing is unmapped: the request fails.
             streams.begin_capture(home);
@@ -1176,6 +1176,19 @@ fn out_of_device_memory_gives_free_chunks_back_and_maps_the_request() {
             assert_eq!(pool.stats().mapped, 12 * MIB, "{case}");
             assert_eq!(streams.synchronized().len(), synced, "{case}");
             streams.end_capture(home);
+            // Nor while the request's own stream captures (the capture's request waits for
+            // the home stream's frees, as it does anyway, but nothing is unmapped).
+            let side = StreamId(9);
+            let unmaps = pool.stats().unmaps;
+            streams.begin_capture(side);
+            let err = pool
+                .allocate_for_capture(AllocRequest::new(4 * MIB, 0).on(side))
+                .unwrap_err();
+            assert!(matches!(err, Error::OutOfMemory { .. }), "{case}: {err}");
+            let s = pool.stats();
+            assert_eq!((s.mapped, s.unmaps), (12 * MIB, unmaps), "{case}");
+            streams.end_capture(side);
+            synced = streams.synchronized().len();
         }
         let big = pool
             .allocate(4 * MIB, 0)

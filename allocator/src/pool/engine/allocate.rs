@@ -446,7 +446,7 @@ impl Shared {
                 // Still no device memory: the free chunks this pool holds mapped go back to
                 // the device, once, and the request maps its own (a growable region).
                 Err(Refusal::Error(error @ Error::OutOfMemory { .. })) => {
-                    if trimmed || !self.unmap_free_for_request(state)? {
+                    if trimmed || !self.unmap_free_for_request(state, ask.stream)? {
                         return Err(error);
                     }
                     trimmed = true;

@@ -3,6 +3,7 @@
 
 use super::{Shared, State, TRIM_TRIES};
 use crate::error::Error;
+use crate::pool::StreamId;
 
 impl Shared {
     /// Unmaps chunks of a growable region that hold no live byte until at most `keep` bytes
@@ -65,17 +66,25 @@ impl Shared {
     /// For a request that found no device memory to map, with the lock held: unmaps every
     /// chunk inside a free block, after the home stream's queued work is done (waited for
     /// under the lock, as a trim does after [`TRIM_TRIES`] tries), so that the request can map
-    /// its own. Whether anything was unmapped. Nothing happens while the home stream captures
-    /// a graph (or cannot say), which cannot be waited for: the request fails instead.
+    /// its own. Whether anything was unmapped. Nothing happens while the home stream, which
+    /// cannot be waited for then, or the request's `stream` captures a graph (or cannot say):
+    /// the request fails instead, and the capture is left as it is.
     #[cold]
     #[inline(never)]
-    pub(super) fn unmap_free_for_request(&self, state: &mut State) -> Result<bool, Error> {
+    pub(super) fn unmap_free_for_request(
+        &self,
+        state: &mut State,
+        stream: StreamId,
+    ) -> Result<bool, Error> {
         if !self.growable || !self.prepare_trim(state, 0) {
             return Ok(false);
         }
         if let Some(streams) = &self.streams {
-            let capturing = self.stream_call("is_capturing", || streams.is_capturing(self.home));
-            if capturing.unwrap_or(true) {
+            let capturing = |s: StreamId| {
+                self.stream_call("is_capturing", || streams.is_capturing(s))
+                    .unwrap_or(true)
+            };
+            if capturing(self.home) || stream != self.home && capturing(stream) {
                 return Ok(false);
             }
             self.stream_call("synchronize", || streams.synchronize(self.home))?;
