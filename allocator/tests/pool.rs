@@ -1230,72 +1230,95 @@ fn the_csv_logs_writer_closure_may_use_the_pool_it_logs() {
     }
 }
 
+/// A CSV log's writer that uses a second pool logging to the same log while it writes: a
+/// block of 300 bytes allocated and freed at every `every`-th row it writes, `uses` times.
+struct PoolUsingWriter {
+    out: Arc<Mutex<Vec<u8>>>,
+    other: Arc<std::sync::OnceLock<Pool>>,
+    uses: usize,
+    every: usize,
+    rows: usize,
+}
+
+impl std::io::Write for PoolUsingWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if buf.contains(&b'\n') {
+            self.rows += 1;
+            if self.uses > 0 && self.rows % self.every == 0 {
+                self.uses -= 1;
+                let pool = self.other.get().unwrap();
+                pool.deallocate(pool.allocate(300, 0).unwrap()).unwrap();
+            }
+        }
+        self.out.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Two pools of `capacity` bytes logging to one CSV log whose writer uses the second; the
+/// writer's output.
+#[allow(clippy::type_complexity)]
+fn two_pools_on_one_log(
+    capacity: usize,
+) -> (
+    Arc<CsvEventLog<PoolUsingWriter>>,
+    Pool,
+    Arc<std::sync::OnceLock<Pool>>,
+    Arc<Mutex<Vec<u8>>>,
+) {
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let other = Arc::new(std::sync::OnceLock::new());
+    let csv = Arc::new(
+        CsvEventLog::new(PoolUsingWriter {
+            out: out.clone(),
+            other: other.clone(),
+            uses: 0,
+            every: 1,
+            rows: 0,
+        })
+        .unwrap(),
+    );
+    let first = Pool::builder(capacity)
+        .name("first")
+        .events(csv.clone())
+        .build_host()
+        .unwrap();
+    let _ = other.set(
+        Pool::builder(capacity)
+            .name("second")
+            .events(csv.clone())
+            .build_host()
+            .unwrap(),
+    );
+    (csv, first, other, out)
+}
+
 /// A writer that uses a pool logging to the same CSV log (two pools share the log; the first
 /// one's event is being written when the writer allocates from the second): the second pool's
 /// rows follow. (Before, the second pool's delivery waited for the log's lock, which the same
 /// thread held.)
 #[test]
 fn the_csv_logs_writer_may_use_a_pool_that_logs_there_too() {
-    struct Writer {
-        out: Vec<u8>,
-        other: Arc<std::sync::OnceLock<Pool>>,
-        armed: bool,
-    }
-    impl std::io::Write for Writer {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            if std::mem::take(&mut self.armed) {
-                let pool = self.other.get().unwrap();
-                let x = pool.allocate(3000, 0).unwrap();
-                pool.deallocate(x).unwrap();
-            }
-            self.out.extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let text = returns_in_time("a pool call inside the CSV log's writer", || {
-        let other = Arc::new(std::sync::OnceLock::new());
-        let csv = Arc::new(
-            CsvEventLog::new(Writer {
-                out: Vec::new(),
-                other: other.clone(),
-                armed: false,
-            })
-            .unwrap(),
-        );
-        let first = Pool::builder(1 << 20)
-            .name("first")
-            .events(csv.clone())
-            .build_host()
-            .unwrap();
-        let _ = other.set(
-            Pool::builder(1 << 20)
-                .name("second")
-                .events(csv.clone())
-                .build_host()
-                .unwrap(),
-        );
-        csv.with_writer(|w| w.armed = true).unwrap();
+    let (text, a) = returns_in_time("a pool call inside the CSV log's writer", || {
+        let (csv, first, _other, out) = two_pools_on_one_log(1 << 20);
+        csv.with_writer(|w| w.uses = 1).unwrap();
         let a = first.allocate(1000, 0).unwrap();
         first.deallocate(a).unwrap();
         csv.flush().unwrap();
-        (
-            csv.with_writer(|w| String::from_utf8(w.out.clone()).unwrap())
-                .unwrap(),
-            a,
-        )
+        let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
+        (text, a)
     });
-    let (text, a) = text;
     let rows = csv_rows(&text);
     let actions: Vec<(&str, usize)> = rows.iter().map(|r| (r.0.as_str(), r.2)).collect();
     assert_eq!(
         actions,
         [
             ("allocate", 1000),
-            ("allocate", 3000),
-            ("free", 3000),
+            ("allocate", 300),
+            ("free", 300),
             ("free", 1000)
         ],
         "{text}"
@@ -1348,47 +1371,9 @@ fn the_csv_logs_writer_closure_may_wait_for_a_thread_that_uses_the_pool() {
 /// log dropped without `into_inner` has them all.
 #[test]
 fn rows_a_writer_causes_while_writing_deferred_rows_are_written() {
-    struct Writer {
-        out: Arc<Mutex<Vec<u8>>>,
-        other: Arc<std::sync::OnceLock<Pool>>,
-        arm: usize,
-    }
-    impl std::io::Write for Writer {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            if self.arm > 0 && buf.contains(&b'\n') {
-                self.arm -= 1;
-                let pool = self.other.get().unwrap();
-                pool.deallocate(pool.allocate(300, 0).unwrap()).unwrap();
-            }
-            self.out.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
     let (text, events) = returns_in_time("a writer using a pool that logs there", || {
-        let out = Arc::new(Mutex::new(Vec::new()));
-        let other = Arc::new(std::sync::OnceLock::new());
-        let csv = Arc::new(
-            CsvEventLog::new(Writer {
-                out: out.clone(),
-                other: other.clone(),
-                arm: 0,
-            })
-            .unwrap(),
-        );
-        let first = Pool::builder(1 << 20)
-            .events(csv.clone())
-            .build_host()
-            .unwrap();
-        let _ = other.set(
-            Pool::builder(1 << 20)
-                .events(csv.clone())
-                .build_host()
-                .unwrap(),
-        );
-        csv.with_writer(|w| w.arm = 2).unwrap();
+        let (csv, first, other, out) = two_pools_on_one_log(1 << 20);
+        csv.with_writer(|w| w.uses = 2).unwrap();
         first.allocate(1000, 0).unwrap();
         let s = other.get().unwrap().stats();
         let events = 1 + s.allocations + s.frees;
@@ -1410,55 +1395,12 @@ fn rows_a_writer_causes_while_writing_deferred_rows_are_written() {
 /// allocation at an address that is free, each free of a live one.
 #[test]
 fn the_csv_log_under_threads_keeps_every_row_in_order() {
-    use std::sync::OnceLock;
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-    struct Writer {
-        out: Vec<u8>,
-        other: Arc<OnceLock<Pool>>,
-        armed: bool,
-        writes: usize,
-    }
-    impl std::io::Write for Writer {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.writes += 1;
-            if self.armed && self.writes % 97 == 0 {
-                if let Some(pool) = self.other.get() {
-                    if let Ok(x) = pool.allocate(300, 0) {
-                        pool.deallocate(x).unwrap();
-                    }
-                }
-            }
-            self.out.extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
     let (text, pools) = returns_in_time("threads sharing a CSV log", || {
-        let other = Arc::new(OnceLock::new());
-        let csv = Arc::new(
-            CsvEventLog::new(Writer {
-                out: Vec::new(),
-                other: other.clone(),
-                armed: true,
-                writes: 0,
-            })
-            .unwrap(),
-        );
-        let first = Pool::builder(4 << 20)
-            .name("first")
-            .events(csv.clone())
-            .build_host()
+        let (csv, first, other, out) = two_pools_on_one_log(4 << 20);
+        csv.with_writer(|w| (w.uses, w.every) = (usize::MAX, 97))
             .unwrap();
-        let _ = other.set(
-            Pool::builder(4 << 20)
-                .name("second")
-                .events(csv.clone())
-                .build_host()
-                .unwrap(),
-        );
         let pools = [&first, other.get().unwrap()];
         let stop = AtomicBool::new(false);
         std::thread::scope(|s| {
@@ -1494,7 +1436,7 @@ fn the_csv_log_under_threads_keeps_every_row_in_order() {
                         let b = pools[1].allocate(700, 0).unwrap();
                         pools[0].deallocate(a).unwrap();
                         pools[1].deallocate(b).unwrap();
-                        w.out.len()
+                        w.rows
                     })
                     .unwrap();
                     csv.flush().unwrap();
@@ -1506,11 +1448,9 @@ fn the_csv_log_under_threads_keeps_every_row_in_order() {
             }
             stop.store(true, Relaxed);
         });
-        csv.with_writer(|w| w.armed = false).unwrap();
+        csv.with_writer(|w| w.uses = 0).unwrap();
         csv.flush().unwrap();
-        let text = csv
-            .with_writer(|w| String::from_utf8(w.out.clone()).unwrap())
-            .unwrap();
+        let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
         let pools = pools.map(|p| (p.base(), p.capacity(), p.stats()));
         (text, pools)
     });
