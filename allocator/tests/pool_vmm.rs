@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use devarena::backend::{HostVirtualMemory, VirtualMemory, VmCall};
 use devarena::pool::{
-    AllocRequest, ManualStreams, PoolAction, PoolEvent, PoolStats, RegionKind, StreamId, Tracking,
-    reserved_bytes,
+    AllocRequest, ManualStreams, PoolAction, PoolEvent, PoolStats, RegionKind, StreamEvent,
+    StreamId, StreamSync, Tracking, reserved_bytes,
 };
 use devarena::{Error, Pool};
 use proptest::prelude::*;
@@ -1218,5 +1218,332 @@ fn out_of_device_memory_gives_free_chunks_back_and_maps_the_request() {
         assert_eq!((s.in_use, s.live), (0, 0), "{case}");
         let all = pool.allocate(64 * MIB, 0).unwrap();
         pool.deallocate(all).unwrap();
+    }
+}
+
+/// What the trim for a request may not touch: a graph reservation's blocks (one freed during
+/// the capture and held, one live, then the held one parked until the graph's event) and a
+/// block freed on another stream whose event is pending all stay mapped while the request's
+/// trim gives the free chunks around them back.
+#[test]
+fn out_of_device_memory_gives_back_no_chunk_of_a_graph_or_a_parked_block() {
+    for eager in [false, true] {
+        let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+        let streams = Arc::new(ManualStreams::new());
+        let (home, g, other) = (StreamId(1), StreamId(2), StreamId(3));
+        let pool = Pool::builder(64 * MIB)
+            .eager_thread_heaps(eager)
+            .streams(streams.clone(), home)
+            .log_leaks_on_drop(false)
+            .build_mapped(vm.clone())
+            .unwrap();
+        let graph = pool.graph_reservation(g).unwrap();
+        streams.begin_capture(g);
+        let held = graph.allocate(MIB, 0).unwrap();
+        let live = graph.allocate(MIB, 0).unwrap();
+        pool.deallocate_on(held, g).unwrap();
+        streams.end_capture(g);
+        let blocks: Vec<u64> = (0..10).map(|_| pool.allocate(MIB, 0).unwrap()).collect();
+        let parked = blocks[1];
+        pool.deallocate_on(parked, other).unwrap();
+        for &b in blocks.iter().skip(3).step_by(2) {
+            pool.deallocate(b).unwrap();
+        }
+        vm.set_memory_limit(Some(pool.stats().mapped));
+        let big = pool.allocate(4 * MIB, 0).unwrap();
+        assert!(pool.stats().unmaps > 0, "eager {eager}");
+        for b in [held, live, parked] {
+            assert!(vm.is_mapped(b, MIB), "eager {eager}: {b:#x} unmapped");
+        }
+        // Released, the held block parks until the graph's event: still mapped after a trim
+        // for another request and a failure.
+        graph.release().unwrap();
+        pool.deallocate(big).unwrap();
+        let big = pool.allocate(4 * MIB, 0).unwrap();
+        assert!(pool.allocate(5 * MIB, 0).is_err());
+        for b in [held, live, parked] {
+            assert!(vm.is_mapped(b, MIB), "eager {eager}: {b:#x} unmapped");
+        }
+        let s = pool.stats();
+        assert_eq!(
+            (s.mapped, s.failures),
+            (vm.mapped_bytes(), 1),
+            "eager {eager}"
+        );
+        pool.deallocate(big).unwrap();
+        pool.deallocate_on(live, g).unwrap();
+        for &b in blocks.iter().step_by(2) {
+            pool.deallocate(b).unwrap();
+        }
+        streams.complete_all();
+        pool.reclaim().unwrap();
+        vm.set_memory_limit(None);
+        let s = pool.stats();
+        assert_eq!((s.in_use, s.live, s.pending), (0, 0, 0), "{s:?}");
+    }
+}
+
+/// A stream runtime whose home stream runs host functions (as `cuLaunchHostFunc` does):
+/// `synchronize` waits for another thread to run what was queued.
+struct HostFunctions {
+    inner: ManualStreams,
+    queue: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
+}
+
+impl std::fmt::Debug for HostFunctions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HostFunctions")
+    }
+}
+
+impl StreamSync for HostFunctions {
+    fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
+        self.inner.record(stream)
+    }
+    fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
+        self.inner.order_after(waiter, producer)
+    }
+    fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
+        let work: Vec<_> = std::mem::take(&mut *self.queue.lock().unwrap());
+        if !work.is_empty() {
+            std::thread::spawn(move || work.into_iter().for_each(|f| f()))
+                .join()
+                .unwrap();
+        }
+        self.inner.synchronize(stream)
+    }
+}
+
+/// `f` on a thread of its own; `None` when it has not returned within 10 s.
+fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(10)).ok()
+}
+
+/// The trim for a request that found the device full waits for the home stream without the
+/// pool's lock, as `trim` does: a host function queued there that frees a block runs. (Before,
+/// the wait was made with the lock held and the host function waited for it for ever.)
+#[test]
+fn out_of_device_memory_waits_for_the_home_stream_without_the_lock() {
+    let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+    let rt = Arc::new(HostFunctions {
+        inner: ManualStreams::new(),
+        queue: Mutex::new(Vec::new()),
+    });
+    let pool = Arc::new(
+        Pool::builder(64 * MIB)
+            .streams(rt.clone(), StreamId(1))
+            .log_leaks_on_drop(false)
+            .build_mapped(vm.clone())
+            .unwrap(),
+    );
+    let blocks: Vec<u64> = (0..12).map(|_| pool.allocate(MIB, 0).unwrap()).collect();
+    for &b in blocks.iter().skip(1).step_by(2) {
+        pool.deallocate(b).unwrap();
+    }
+    vm.set_memory_limit(Some(pool.stats().mapped));
+    let (p, x) = (pool.clone(), blocks[2]);
+    rt.queue
+        .lock()
+        .unwrap()
+        .push(Box::new(move || p.deallocate(x).unwrap()));
+    let p = pool.clone();
+    let r = within(move || p.allocate(6 * MIB, 0).map_err(|e| e.to_string()));
+    let addr = r
+        .expect("the request's trim never returned: its host function waits for the pool's lock")
+        .unwrap();
+    assert!(vm.is_mapped(addr, 6 * MIB));
+    let s = pool.stats();
+    assert_eq!((s.live, s.failures), (6 - 1 + 1, 0));
+}
+
+/// How [`Flaky`]'s `synchronize` or `is_capturing` misbehaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Misbehaviour {
+    None,
+    SyncFails,
+    SyncPanics,
+    SyncReadsStats,
+    SyncAllocates,
+    CaptureQueryFails,
+    CaptureQueryPanics,
+}
+
+/// A stream runtime that misbehaves on demand; what it allocated from its pool.
+#[derive(Debug)]
+struct Flaky {
+    inner: ManualStreams,
+    how: Mutex<Misbehaviour>,
+    pool: Mutex<Option<devarena::PoolClient>>,
+    allocated: Mutex<Vec<u64>>,
+}
+
+impl StreamSync for Flaky {
+    fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
+        self.inner.record(stream)
+    }
+    fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
+        self.inner.order_after(waiter, producer)
+    }
+    fn is_capturing(&self, stream: StreamId) -> Result<bool, Error> {
+        let how = *self.how.lock().unwrap();
+        match how {
+            Misbehaviour::CaptureQueryFails => Err(Error::InvalidArgument {
+                what: "is_capturing failed (test)".into(),
+            }),
+            Misbehaviour::CaptureQueryPanics => panic!("is_capturing panicked (test)"),
+            _ => self.inner.is_capturing(stream),
+        }
+    }
+    fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
+        let client = self.pool.lock().unwrap().clone();
+        let how = *self.how.lock().unwrap();
+        match how {
+            Misbehaviour::SyncFails => {
+                return Err(Error::InvalidArgument {
+                    what: "synchronize failed (test)".into(),
+                });
+            }
+            Misbehaviour::SyncPanics => panic!("synchronize panicked (test)"),
+            Misbehaviour::SyncReadsStats => {
+                let _ = client.map(|c| c.pool_stats());
+            }
+            Misbehaviour::SyncAllocates => {
+                if let Some(Ok(a)) = client.map(|c| c.allocate(256, 0)) {
+                    self.allocated.lock().unwrap().push(a);
+                }
+            }
+            _ => {}
+        }
+        self.inner.synchronize(stream)
+    }
+}
+
+/// A stream runtime that fails, panics or calls back into the pool while a request's trim
+/// waits for the home stream: the request is served where the trim could be made, and fails
+/// with `OutOfMemory` where not (never with the runtime's error), one failure counted, the
+/// pool consistent and serving.
+#[test]
+fn a_stream_runtime_that_misbehaves_during_the_trim_leaves_the_request_its_own_error() {
+    for eager in [false, true] {
+        for how in [
+            Misbehaviour::SyncFails,
+            Misbehaviour::SyncPanics,
+            Misbehaviour::SyncReadsStats,
+            Misbehaviour::SyncAllocates,
+            Misbehaviour::CaptureQueryFails,
+            Misbehaviour::CaptureQueryPanics,
+        ] {
+            let case = format!("eager {eager} {how:?}");
+            let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+            let rt = Arc::new(Flaky {
+                inner: ManualStreams::new(),
+                how: Mutex::new(Misbehaviour::None),
+                pool: Mutex::new(None),
+                allocated: Mutex::new(Vec::new()),
+            });
+            let pool = Pool::builder(64 * MIB)
+                .eager_thread_heaps(eager)
+                .streams(rt.clone(), StreamId(1))
+                .log_leaks_on_drop(false)
+                .build_mapped(vm.clone())
+                .unwrap();
+            *rt.pool.lock().unwrap() = Some(pool.own_client().clone());
+            let blocks: Vec<u64> = (0..12).map(|_| pool.allocate(MIB, 0).unwrap()).collect();
+            let kept: Vec<u64> = blocks.iter().copied().step_by(2).collect();
+            for &b in blocks.iter().skip(1).step_by(2) {
+                pool.deallocate(b).unwrap();
+            }
+            vm.set_memory_limit(Some(12 * MIB));
+            let before = pool.stats();
+            *rt.how.lock().unwrap() = how;
+            let result = pool.allocate(4 * MIB, 0);
+            *rt.how.lock().unwrap() = Misbehaviour::None;
+            let after = pool.stats();
+            match &result {
+                Ok(a) => assert!(vm.is_mapped(*a, 4 * MIB), "{case}"),
+                Err(Error::OutOfMemory { .. }) => {
+                    assert_eq!(after.failures, before.failures + 1, "{case}")
+                }
+                Err(other) => panic!("{case}: the runtime's error reached the request: {other}"),
+            }
+            // Served where the trim could wait for the home stream.
+            let served = matches!(
+                how,
+                Misbehaviour::SyncReadsStats | Misbehaviour::SyncAllocates
+            );
+            assert_eq!(result.is_ok(), served, "{case}: {result:?}");
+            assert_eq!(after.mapped, vm.mapped_bytes(), "{case}");
+            for &b in &kept {
+                assert!(vm.is_mapped(b, MIB), "{case}");
+            }
+            let mut extra: Vec<u64> = std::mem::take(&mut *rt.allocated.lock().unwrap());
+            extra.extend(result.ok());
+            for b in extra {
+                pool.deallocate(b).unwrap();
+            }
+            // With the runtime well again, the request is served.
+            let big = pool
+                .allocate(4 * MIB, 0)
+                .unwrap_or_else(|e| panic!("{case}: {e}"));
+            pool.deallocate(big).unwrap();
+            *rt.pool.lock().unwrap() = None;
+            for b in kept {
+                pool.deallocate(b).unwrap();
+            }
+            let s = pool.stats();
+            assert_eq!(
+                (s.in_use, s.live, s.mapped),
+                (0, 0, vm.mapped_bytes()),
+                "{case}"
+            );
+        }
+    }
+}
+
+/// With an event sink: a request whose trim waits for the home stream logs one allocation
+/// when it is served after the trim and one failure when it is not, never both, and the
+/// events of the frees before it come first.
+#[test]
+fn a_request_served_after_the_trim_logs_no_failure() {
+    let seen: Seen = Arc::default();
+    let sink = {
+        let seen = seen.clone();
+        move |e: &PoolEvent<'_>| {
+            seen.lock()
+                .unwrap()
+                .push((e.action, e.error.map(|err| err.to_string())))
+        }
+    };
+    let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+    let streams = Arc::new(ManualStreams::new());
+    let pool = Pool::builder(64 * MIB)
+        .events(Arc::new(sink))
+        .streams(streams.clone(), StreamId(1))
+        .build_mapped(vm.clone())
+        .unwrap();
+    let blocks: Vec<u64> = (0..12).map(|_| pool.allocate(MIB, 0).unwrap()).collect();
+    for &b in blocks.iter().skip(1).step_by(2) {
+        pool.deallocate(b).unwrap();
+    }
+    vm.set_memory_limit(Some(12 * MIB));
+    seen.lock().unwrap().clear();
+    let big = pool.allocate(4 * MIB, 0).unwrap();
+    assert_eq!(*seen.lock().unwrap(), [(PoolAction::Allocate, None)]);
+    assert_eq!(pool.stats().failures, 0);
+    // Nothing left to give back: one failure, logged once.
+    seen.lock().unwrap().clear();
+    let err = pool.allocate(8 * MIB, 0).unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
+    let log = seen.lock().unwrap().clone();
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!(log[0].0, PoolAction::AllocateFailure);
+    assert_eq!(pool.stats().failures, 1);
+    pool.deallocate(big).unwrap();
+    for &b in blocks.iter().step_by(2) {
+        pool.deallocate(b).unwrap();
     }
 }

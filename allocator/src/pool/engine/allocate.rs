@@ -4,10 +4,12 @@
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
+use core::cell::Cell;
 use std::backtrace::Backtrace;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use super::trim::FreeChunks;
 use super::{
     Ask, EAGER, HEAP_SLOW, HEAPS, Live, LiveInfo, PARKED, Refusal, SINK, Shared, State, TRACKING,
     Taken, grow_meta, store_info,
@@ -26,6 +28,24 @@ use crate::pool::{
 /// to the pool's lock: about what another thread's free holds it for (a hint takes up to
 /// about 140 cycles on recent Intel cores; a free holds the lock for a few hundred ns).
 const HEAP_LOCK_SPINS: u32 = 32;
+
+std::thread_local! {
+    /// The id of the pool whose request on this thread ran out of device memory where the free
+    /// chunks it holds mapped could go back to the device after a wait for the home stream (0:
+    /// none). That wait must not happen under the pool's lock (work queued on the home stream
+    /// may call into the pool): the request fails uncounted, and its entry point, once the
+    /// lock is released, waits, gives the chunks back and makes the request again
+    /// ([`Shared::retry_after_trim`]).
+    static TRIM_WANTED: Cell<u64> = const { Cell::new(0) };
+    /// The id of the pool whose entry point makes such a request again on this thread (0:
+    /// none): it fails as any other request.
+    static TRIM_RETRY: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Whether a request of pool `id` on this thread waits for the trim its entry point makes.
+pub(in crate::pool) fn trim_wanted(id: u64) -> bool {
+    TRIM_WANTED.with(|w| w.get() == id)
+}
 
 impl Shared {
     // Inlined into each public entry point: the call and its argument passing cost about 20
@@ -63,6 +83,70 @@ impl Shared {
         }
         let req = AllocRequest { ..req };
         self.allocate_other(client, &req, owned)
+    }
+
+    /// Where a request of this thread on this pool failed for want of device memory and
+    /// left the trim to its entry point ([`TRIM_WANTED`]): with the lock released, waits for
+    /// the home stream and gives every chunk inside a free block back to the device, as
+    /// [`trim`](Self::trim_to) does, then makes the request again, once; the events recorded
+    /// meanwhile are delivered after it. Any other result is returned as it is.
+    #[cold]
+    #[inline(never)]
+    pub(in crate::pool) fn retry_after_trim(
+        &self,
+        result: Result<u64, Error>,
+        again: impl FnOnce() -> Result<u64, Error>,
+    ) -> Result<u64, Error> {
+        if !trim_wanted(self.id) {
+            return result;
+        }
+        TRIM_WANTED.with(|w| w.set(0));
+        if let Err(error) = self.trim_to(0) {
+            logged(|| {
+                log::warn!(
+                    target: "devarena::pool",
+                    "pool `{}`: giving free chunks back to the device for a request that found \
+                     none left failed: {error}",
+                    self.name
+                )
+            });
+        }
+        /// Clears [`TRIM_RETRY`] when the request made again returns (or unwinds).
+        struct Retrying(u64);
+        impl Drop for Retrying {
+            fn drop(&mut self) {
+                TRIM_RETRY.with(|r| r.set(self.0));
+            }
+        }
+        let _retrying = Retrying(TRIM_RETRY.with(|r| r.replace(self.id)));
+        let result = again();
+        self.deliver();
+        result
+    }
+
+    /// [`allocate`](Self::allocate) made again, out of line (for [`retry_after_trim`]).
+    #[inline(never)]
+    fn allocate_again(
+        &self,
+        client: u32,
+        req: AllocRequest<'_>,
+        owned: bool,
+    ) -> Result<u64, Error> {
+        self.allocate(client, req, owned)
+    }
+
+    /// Where a request failed: made again after a trim where it asks for one
+    /// ([`retry_after_trim`](Self::retry_after_trim)).
+    #[cold]
+    #[inline(never)]
+    fn allocate_failed(
+        &self,
+        client: u32,
+        req: AllocRequest<'_>,
+        owned: bool,
+        result: Result<u64, Error>,
+    ) -> Result<u64, Error> {
+        self.retry_after_trim(result, || self.allocate_again(client, req, owned))
     }
 
     /// The common case where thread heaps are on: the calling thread's heap serves (see
@@ -112,18 +196,21 @@ impl Shared {
             align,
             stream,
         };
-        match self.on_thread_heap(stream, |heap| {
+        let req = AllocRequest::new(size, align).on(stream);
+        let result = match self.on_thread_heap(stream, |heap| {
             // Its lock held by another thread's free of one of its blocks (for a moment, see
             // `thread_heap::remote`): waited for here rather than at the pool's lock.
             heap.state.wait_unlocked(HEAP_LOCK_SPINS);
             self.heap_allocate_fast(heap, &ask, owned)
         }) {
             Some(Some(addr)) => return Ok(addr),
-            Some(None) => return self.heap_allocate_slow(&ask, owned),
-            None => {}
+            Some(None) => self.heap_allocate_slow(&ask, owned),
+            None => self.allocate_contended(&req, &ask, owned),
+        };
+        if result.is_ok() {
+            return result;
         }
-        let req = AllocRequest::new(size, align).on(stream);
-        self.allocate_contended(&req, &ask, owned)
+        self.allocate_failed(client, req, owned, result)
     }
 
     /// The fast path on the pool's own index (`align` valid, tracking off, the home stream).
@@ -155,11 +242,14 @@ impl Shared {
         if let Some(addr) = self.allocate_fast(&mut state, &ask, owned) {
             return Ok(addr);
         }
-        // Copies made where they are needed: a reference to `req` itself would have the
-        // compiler store it on the stack on every call.
+        // The general path decides, from its start (it takes the lock again): the request is
+        // made again there after a trim that needs the lock released. (Done here, the check
+        // of the result cost the fast path 5 instructions by callgrind.) Copies made where
+        // they are needed: a reference to `req` itself would have the compiler store it on
+        // the stack on every call.
+        drop(state);
         let req = AllocRequest { ..req };
-        let result = self.allocate_general(&mut state, client, &req, stream, owned, None);
-        self.unlock_and_deliver(state, result)
+        self.allocate_other(client, &req, owned)
     }
 
     /// The fast path's allocation when another thread holds the pool's lock, when another
@@ -169,6 +259,20 @@ impl Shared {
     #[cold]
     #[inline(never)]
     pub(super) fn allocate_contended(
+        &self,
+        req: &AllocRequest<'_>,
+        ask: &Ask,
+        owned: bool,
+    ) -> Result<u64, Error> {
+        let result = self.allocate_contended_once(req, ask, owned);
+        if result.is_ok() {
+            return result;
+        }
+        self.allocate_failed(ask.client, *req, owned, result)
+    }
+
+    #[inline(always)]
+    fn allocate_contended_once(
         &self,
         req: &AllocRequest<'_>,
         ask: &Ask,
@@ -204,6 +308,20 @@ impl Shared {
     /// gets one.
     #[inline(never)]
     pub(super) fn allocate_other(
+        &self,
+        client: u32,
+        req: &AllocRequest<'_>,
+        owned: bool,
+    ) -> Result<u64, Error> {
+        let result = self.allocate_other_once(client, req, owned);
+        if result.is_ok() {
+            return result;
+        }
+        self.allocate_failed(client, *req, owned, result)
+    }
+
+    #[inline(always)]
+    fn allocate_other_once(
         &self,
         client: u32,
         req: &AllocRequest<'_>,
@@ -250,7 +368,9 @@ impl Shared {
     ) -> R {
         let recorded = !state.outbox.is_empty();
         drop(state);
-        if recorded {
+        // (A request that left a trim to its entry point has them delivered there, after it is
+        // made again: a sink that calls the pool meanwhile would find the trim pending.)
+        if recorded && !trim_wanted(self.id) {
             self.deliver();
         }
         result
@@ -322,7 +442,13 @@ impl Shared {
             Some(align) => self.try_allocate(state, &ask, align, owned, info),
             None => Err(self.unsupported_align(state, &ask)),
         };
-        result.map_err(|error| self.allocation_failed(state, &ask, req.tag, error))
+        result.map_err(|error| {
+            // Left to the entry point, which counts it if the request fails again.
+            if trim_wanted(self.id) {
+                return error;
+            }
+            self.allocation_failed(state, &ask, req.tag, error)
+        })
     }
 
     /// What tracking records for a new allocation (outside the lock: a backtrace is slow).
@@ -446,10 +572,18 @@ impl Shared {
                 // Still no device memory: the free chunks this pool holds mapped go back to
                 // the device, once, and the request maps its own (a growable region).
                 Err(Refusal::Error(error @ Error::OutOfMemory { .. })) => {
-                    if trimmed || !self.unmap_free_for_request(state, ask.stream)? {
+                    if trimmed || TRIM_RETRY.with(|r| r.get() == self.id) {
                         return Err(error);
                     }
                     trimmed = true;
+                    match self.unmap_free_for_request(state, ask.stream) {
+                        FreeChunks::Unmapped => {}
+                        FreeChunks::AfterWait if TRIM_WANTED.with(|w| w.get() == 0) => {
+                            TRIM_WANTED.with(|w| w.set(self.id));
+                            return Err(error);
+                        }
+                        FreeChunks::AfterWait | FreeChunks::None => return Err(error),
+                    }
                 }
                 Err(Refusal::Capacity) => return Err(self.exhausted(state, ask, "capacity")),
                 Err(Refusal::Quota) => return Err(self.exhausted(state, ask, "quota")),

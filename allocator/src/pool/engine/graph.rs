@@ -44,6 +44,22 @@ impl Shared {
         owned: bool,
         graph: Option<u64>,
     ) -> Result<u64, Error> {
+        let result = self.allocate_for_graph_once(client, req, owned, graph);
+        if result.is_ok() {
+            return result;
+        }
+        self.retry_after_trim(result, || {
+            self.allocate_for_graph_once(client, req, owned, graph)
+        })
+    }
+
+    fn allocate_for_graph_once(
+        &self,
+        client: u32,
+        req: AllocRequest<'_>,
+        owned: bool,
+        graph: Option<u64>,
+    ) -> Result<u64, Error> {
         let stream = req.stream.unwrap_or(self.home);
         let info = match self.tracking() {
             Tracking::Off => None,

@@ -4,6 +4,17 @@
 use super::{Shared, State, TRIM_TRIES};
 use crate::error::Error;
 use crate::pool::StreamId;
+use crate::pool::lock::logged;
+
+/// What [`Shared::unmap_free_for_request`] did, or leaves to the request's entry point.
+pub(super) enum FreeChunks {
+    /// Nothing to give back, or not now: the request fails.
+    None,
+    /// Chunks went back to the device: the request looks again.
+    Unmapped,
+    /// Chunks can go back once the home stream is waited for, without the lock.
+    AfterWait,
+}
 
 impl Shared {
     /// Unmaps chunks of a growable region that hold no live byte until at most `keep` bytes
@@ -63,33 +74,47 @@ impl Shared {
         state.mapping.mapped_bytes() > keep
     }
 
-    /// For a request that found no device memory to map, with the lock held: unmaps every
-    /// chunk inside a free block, after the home stream's queued work is done (waited for
-    /// under the lock, as a trim does after [`TRIM_TRIES`] tries), so that the request can map
-    /// its own. Whether anything was unmapped. Nothing happens while the home stream, which
+    /// For a request that found no device memory to map, with the lock held: whether the
+    /// chunks inside free blocks can go back to the device so that it maps its own. Without a
+    /// stream runtime they are unmapped here ([`FreeChunks::Unmapped`]; [`FreeChunks::None`]
+    /// where there were none). With one, the home stream's queued work may still use freed
+    /// blocks and must be waited for first, which must not happen under the lock (work queued
+    /// there may call into the pool): [`FreeChunks::AfterWait`], the request's entry point
+    /// trims once the lock is released. Nothing is given back while the home stream, which
     /// cannot be waited for then, or the request's `stream` captures a graph (or cannot say):
     /// the request fails instead, and the capture is left as it is.
     #[cold]
     #[inline(never)]
-    pub(super) fn unmap_free_for_request(
-        &self,
-        state: &mut State,
-        stream: StreamId,
-    ) -> Result<bool, Error> {
+    pub(super) fn unmap_free_for_request(&self, state: &mut State, stream: StreamId) -> FreeChunks {
         if !self.growable || !self.prepare_trim(state, 0) {
-            return Ok(false);
+            return FreeChunks::None;
         }
-        if let Some(streams) = &self.streams {
-            let capturing = |s: StreamId| {
-                self.stream_call("is_capturing", || streams.is_capturing(s))
-                    .unwrap_or(true)
+        let Some(streams) = &self.streams else {
+            return match Self::unmap_free(state, 0) {
+                Ok(0) => FreeChunks::None,
+                Ok(_) => FreeChunks::Unmapped,
+                Err(error) => {
+                    logged(|| {
+                        log::warn!(
+                            target: "devarena::pool",
+                            "pool `{}`: giving free chunks back to the device for a request \
+                             that found none left failed: {error}",
+                            self.name
+                        )
+                    });
+                    // Some may have gone back before the error.
+                    FreeChunks::Unmapped
+                }
             };
-            if capturing(self.home) || stream != self.home && capturing(stream) {
-                return Ok(false);
-            }
-            self.stream_call("synchronize", || streams.synchronize(self.home))?;
+        };
+        let capturing = |s: StreamId| {
+            self.stream_call("is_capturing", || streams.is_capturing(s))
+                .unwrap_or(true)
+        };
+        if capturing(self.home) || stream != self.home && capturing(stream) {
+            return FreeChunks::None;
         }
-        Ok(Self::unmap_free(state, 0)? > 0)
+        FreeChunks::AfterWait
     }
 
     /// Unmaps the chunks inside free blocks (none of which queued work can still touch).
