@@ -85,9 +85,9 @@
 //!   device has no memory left for a chunk, the request looks for free memory that is mapped
 //!   already, wherever it lies (the thread heaps give their spans back first, the reuse cache
 //!   merges); then the pool gives every chunk inside a free block back to the device, after
-//!   waiting for the home stream (as `trim` does; not while the home stream captures a
-//!   graph), and maps the request's chunks again, as a caching allocator empties its cache
-//!   before it fails. Only then does the request fail, with
+//!   waiting for the home stream without its lock (as `trim` does; not while the home stream
+//!   or the request's stream captures a graph), and the request is made again, once, as a
+//!   caching allocator empties its cache before it fails. Only then does the request fail, with
 //!   [`Error::OutOfMemory`](crate::Error::OutOfMemory) naming the driver's error; the pool is
 //!   as it was but for the chunks it gave back. [`PoolStats`] count the bytes mapped, their
 //!   peak, and the chunks mapped and unmapped; `cuMemGetInfo` sees exactly the mapped bytes.
