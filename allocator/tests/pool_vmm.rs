@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use devarena::backend::{HostVirtualMemory, VirtualMemory, VmCall};
 use devarena::pool::{
-    AllocRequest, ManualStreams, PoolAction, PoolEvent, PoolStats, RegionKind, StreamEvent,
-    StreamId, StreamSync, Tracking, reserved_bytes,
+    AllocRequest, EventSink, ManualStreams, PoolAction, PoolEvent, PoolStats, RegionKind,
+    StreamEvent, StreamId, StreamSync, Tracking, reserved_bytes,
 };
 use devarena::{Error, Pool};
 use proptest::prelude::*;
@@ -135,6 +135,20 @@ fn a_failed_map_merges_the_reuse_cache_and_looks_again() {
 /// What the event sink saw: each event's action and error.
 type Seen = Arc<Mutex<Vec<(PoolAction, Option<String>)>>>;
 
+/// An event sink that records each event's action and error, and what it saw.
+fn recording_sink() -> (Seen, Arc<dyn EventSink>) {
+    let seen: Seen = Arc::default();
+    let sink = {
+        let seen = seen.clone();
+        move |e: &PoolEvent<'_>| {
+            seen.lock()
+                .unwrap()
+                .push((e.action, e.error.map(|err| err.to_string())))
+        }
+    };
+    (seen, Arc::new(sink))
+}
+
 /// A leak report without its ages (`0.001s`), which differ between two reports of the same
 /// allocations taken a moment apart.
 fn without_ages(report: &str) -> String {
@@ -152,20 +166,12 @@ fn without_ages(report: &str) -> String {
 /// the free chunks the pool held mapped went back to the device before the last try.
 #[test]
 fn a_failed_map_fails_the_request_and_changes_nothing_but_the_free_chunks() {
-    let seen: Seen = Arc::default();
-    let sink = {
-        let seen = seen.clone();
-        move |e: &PoolEvent<'_>| {
-            seen.lock()
-                .unwrap()
-                .push((e.action, e.error.map(|err| err.to_string())))
-        }
-    };
+    let (seen, sink) = recording_sink();
     let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
     let pool = Pool::builder(64 * MIB)
         .name("oom")
         .tracking(Tracking::Tags)
-        .events(Arc::new(sink))
+        .events(sink.clone())
         .build_mapped(vm.clone())
         .unwrap();
     let client = pool.client("model", usize::MAX);
@@ -1509,19 +1515,11 @@ fn a_stream_runtime_that_misbehaves_during_the_trim_leaves_the_request_its_own_e
 /// events of the frees before it come first.
 #[test]
 fn a_request_served_after_the_trim_logs_no_failure() {
-    let seen: Seen = Arc::default();
-    let sink = {
-        let seen = seen.clone();
-        move |e: &PoolEvent<'_>| {
-            seen.lock()
-                .unwrap()
-                .push((e.action, e.error.map(|err| err.to_string())))
-        }
-    };
+    let (seen, sink) = recording_sink();
     let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
     let streams = Arc::new(ManualStreams::new());
     let pool = Pool::builder(64 * MIB)
-        .events(Arc::new(sink))
+        .events(sink.clone())
         .streams(streams.clone(), StreamId(1))
         .build_mapped(vm.clone())
         .unwrap();
