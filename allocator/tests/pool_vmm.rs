@@ -1211,9 +1211,17 @@ fn out_of_device_memory_gives_free_chunks_back_and_maps_the_request() {
         for &b in &kept {
             assert!(vm.is_mapped(b, MIB), "{case}");
         }
-        // What the device cannot hold even so still fails, and the pool goes on.
+        // What the device cannot hold even so still fails, and the pool goes on. Every mapped
+        // chunk is live: nothing to give back, so the request waits for no stream.
+        let synced = streams.synchronized().len();
         let err = pool.allocate(4 * MIB, 0).unwrap_err();
         assert!(matches!(err, Error::OutOfMemory { .. }), "{case}: {err}");
+        assert_eq!(streams.synchronized().len(), synced, "{case}");
+        assert_eq!(
+            pool.stats().failures,
+            1 + 2 * u64::from(with_streams),
+            "{case}"
+        );
         let small = pool.allocate(MIB, 0).unwrap();
         assert!(vm.is_mapped(small, MIB), "{case}");
         for b in kept.into_iter().chain([big, small]) {

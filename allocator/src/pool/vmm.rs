@@ -507,6 +507,36 @@ impl Mapping {
         }
     }
 
+    /// Calls `f` with each mapped chunk that lies entirely inside the `free` blocks
+    /// (`(address, bytes)`, inside the region) while it returns `true`; whether it always did.
+    fn free_chunks(
+        &self,
+        free: impl Iterator<Item = (u64, u64)>,
+        mut f: impl FnMut(usize) -> bool,
+    ) -> bool {
+        let chunk = self.chunk() as u64;
+        for (addr, bytes) in free {
+            let start = addr - self.map.base;
+            let mut end = start + bytes;
+            // Past the capacity the reservation is never handed out: a free block that reaches
+            // the capacity frees the last chunk's tail too.
+            if end == self.capacity as u64 {
+                end = self.reserved as u64;
+            }
+            let (first, stop) = (start.div_ceil(chunk) as usize, (end / chunk) as usize);
+            if !(first..stop).filter(|&c| self.bit(c)).all(&mut f) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Whether a [`trim`](Self::trim) of these `free` blocks would unmap anything: a mapped
+    /// chunk of a growable region lies entirely inside one.
+    pub(super) fn holds_free_chunks(&self, free: impl Iterator<Item = (u64, u64)>) -> bool {
+        self.vm.is_some() && !self.free_chunks(free, |_| false)
+    }
+
     /// Unmaps mapped chunks that lie entirely inside the `free` blocks (`(address, bytes)`,
     /// every free block of the region, none of them touching another), highest address
     /// first, until at most `keep` bytes stay mapped; returns the bytes unmapped.
@@ -524,17 +554,10 @@ impl Mapping {
         }
         let chunk = self.chunk() as u64;
         let mut candidates = Vec::new();
-        for (addr, bytes) in free {
-            let start = addr - self.map.base;
-            let mut end = start + bytes;
-            // Past the capacity the reservation is never handed out: a free block that reaches
-            // the capacity frees the last chunk's tail too.
-            if end == self.capacity as u64 {
-                end = self.reserved as u64;
-            }
-            let (first, stop) = (start.div_ceil(chunk) as usize, (end / chunk) as usize);
-            candidates.extend((first..stop).filter(|&c| self.bit(c)));
-        }
+        self.free_chunks(free, |c| {
+            candidates.push(c);
+            true
+        });
         candidates.sort_unstable_by(|a, b| b.cmp(a));
         let mut released = 0;
         for c in candidates {

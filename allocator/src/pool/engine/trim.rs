@@ -89,6 +89,11 @@ impl Shared {
         if !self.growable || !self.prepare_trim(state, 0) {
             return FreeChunks::None;
         }
+        // Every mapped chunk touched by a live (or parked) block: nothing to give back, and no
+        // wait for the home stream (the common case of a device full of live memory).
+        if !state.mapping.holds_free_chunks(state.tlsf.free_ranges()) {
+            return FreeChunks::None;
+        }
         let Some(streams) = &self.streams else {
             return match Self::unmap_free(state, 0) {
                 Ok(0) => FreeChunks::None,

@@ -361,3 +361,27 @@ fn a_mapped_start_lies_in_one_run_of_mapped_chunks_inside_the_block() {
     );
     assert_eq!(whole.mapped_start((1 << 20) + 256, 4096, 4096, 4096), None);
 }
+
+#[test]
+fn free_chunks_are_the_mapped_ones_wholly_inside_a_free_block() {
+    let (mut m, _vm) = mapping(16 * CHUNK);
+    let base = m.base();
+    let c = CHUNK as u64;
+    m.ensure(base + 2 * c, 3 * c).unwrap();
+    // Free blocks that only touch mapped chunks, or hold unmapped ones whole: nothing.
+    assert!(!m.holds_free_chunks([(base + 2 * c + 256, c)].into_iter()));
+    assert!(!m.holds_free_chunks([(base, 2 * c), (base + 5 * c, 11 * c)].into_iter()));
+    assert!(!m.holds_free_chunks(core::iter::empty()));
+    // One mapped chunk wholly inside a free block.
+    assert!(m.holds_free_chunks([(base, 2 * c), (base + 3 * c, c)].into_iter()));
+    assert!(m.holds_free_chunks([(base + 2 * c - 256, c + 512)].into_iter()));
+    // What a trim of the same blocks unmaps.
+    assert_eq!(
+        m.trim([(base + 3 * c - 256, 2 * c + 256)].into_iter(), 0),
+        Ok(2 * CHUNK)
+    );
+    assert!(!m.holds_free_chunks([(base + 3 * c - 256, 2 * c + 256)].into_iter()));
+    // A classic region has none.
+    let whole = Mapping::whole(1 << 20, 64 << 20);
+    assert!(!whole.holds_free_chunks([(1 << 20, 64 << 20)].into_iter()));
+}
