@@ -1553,3 +1553,60 @@ fn a_request_served_after_the_trim_logs_no_failure() {
         pool.deallocate(b).unwrap();
     }
 }
+
+/// An event sink that calls the pool while it takes the event of a request served after its
+/// trim: the sink's own request, on a full device, gets a trim of its own. (Before, it was
+/// still taken for the request made again, failed at once and was counted.)
+#[test]
+fn a_sinks_request_during_a_request_made_again_gets_its_own_trim() {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let pool_cell: Arc<OnceLock<Arc<Pool>>> = Arc::new(OnceLock::new());
+    let kept_cell: Arc<OnceLock<Vec<u64>>> = Arc::new(OnceLock::new());
+    let armed = Arc::new(AtomicBool::new(false));
+    let got: Arc<Mutex<Option<Result<u64, Error>>>> = Arc::default();
+    let sink = {
+        let (pool_cell, kept_cell, armed, got) = (
+            pool_cell.clone(),
+            kept_cell.clone(),
+            armed.clone(),
+            got.clone(),
+        );
+        move |e: &PoolEvent<'_>| {
+            if e.action == PoolAction::Allocate
+                && e.size == 6 * MIB
+                && armed.swap(false, Ordering::SeqCst)
+            {
+                let pool = pool_cell.get().unwrap();
+                let kept = kept_cell.get().unwrap();
+                pool.deallocate(kept[1]).unwrap();
+                pool.deallocate(kept[2]).unwrap();
+                *got.lock().unwrap() = Some(pool.allocate(2 * MIB, 0));
+            }
+        }
+    };
+    let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+    let pool = Arc::new(
+        Pool::builder(64 * MIB)
+            .streams(Arc::new(ManualStreams::new()), StreamId(1))
+            .events(Arc::new(sink))
+            .log_leaks_on_drop(false)
+            .build_mapped(vm.clone())
+            .unwrap(),
+    );
+    let blocks: Vec<u64> = (0..12).map(|_| pool.allocate(MIB, 0).unwrap()).collect();
+    for &b in blocks.iter().skip(1).step_by(2) {
+        pool.deallocate(b).unwrap();
+    }
+    vm.set_memory_limit(Some(12 * MIB));
+    let _ = pool_cell.set(pool.clone());
+    let _ = kept_cell.set(blocks.into_iter().step_by(2).collect());
+    armed.store(true, Ordering::SeqCst);
+    // Served after its trim: 6 MiB live and 6 MiB mapped for it, the device full.
+    let big = pool.allocate(6 * MIB, 0).unwrap();
+    let theirs = got.lock().unwrap().take().expect("the sink ran");
+    let theirs = theirs.unwrap_or_else(|e| panic!("the sink's request: {e}"));
+    assert!(vm.is_mapped(theirs, 2 * MIB) && vm.is_mapped(big, 6 * MIB));
+    assert_eq!(pool.stats().failures, 0);
+}

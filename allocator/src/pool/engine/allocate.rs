@@ -118,8 +118,10 @@ impl Shared {
                 TRIM_RETRY.with(|r| r.set(self.0));
             }
         }
-        let _retrying = Retrying(TRIM_RETRY.with(|r| r.replace(self.id)));
+        let retrying = Retrying(TRIM_RETRY.with(|r| r.replace(self.id)));
         let result = again();
+        // Sinks run as after any request: one that calls the pool gets a trim of its own.
+        drop(retrying);
         self.deliver();
         result
     }
@@ -371,7 +373,10 @@ impl Shared {
         // (A request that left a trim to its entry point has them delivered there, after it is
         // made again: a sink that calls the pool meanwhile would find the trim pending.)
         if recorded && !trim_wanted(self.id) {
+            // (Inside a request made again after a trim, the sinks' own requests are not.)
+            let retrying = TRIM_RETRY.with(|r| r.replace(0));
             self.deliver();
+            TRIM_RETRY.with(|r| r.set(retrying));
         }
         result
     }
