@@ -1134,6 +1134,21 @@ fn a_request_over_quota_on_a_thread_heap_maps_nothing_at_the_end_of_the_region()
     pool.deallocate(all).unwrap();
 }
 
+/// Twelve blocks of 1 MiB on `pool`, every other one freed (6 MiB mapped and free, no 2 MiB
+/// of it in one piece), then `vm`'s device made full at the 12 MiB mapped: the six blocks kept
+/// and the six freed.
+fn full_device_in_pieces(pool: &Pool, vm: &HostVirtualMemory) -> (Vec<u64>, Vec<u64>) {
+    let blocks: Vec<u64> = (0..12).map(|_| pool.allocate(MIB, 0).unwrap()).collect();
+    let kept = blocks.iter().copied().step_by(2).collect();
+    let freed: Vec<u64> = blocks.iter().copied().skip(1).step_by(2).collect();
+    for &b in &freed {
+        pool.deallocate(b).unwrap();
+    }
+    assert_eq!(pool.stats().mapped, 12 * MIB);
+    vm.set_memory_limit(Some(12 * MIB));
+    (kept, freed)
+}
+
 /// A growable pool whose device has no memory left for a request gives the free chunks it
 /// holds mapped back to the device and maps the request's: memory stranded in free blocks
 /// that no single request can use serves, as a caching allocator empties its cache before it
@@ -1165,14 +1180,7 @@ fn out_of_device_memory_gives_free_chunks_back_and_maps_the_request() {
         let pool = builder.build_mapped(vm.clone()).unwrap();
         // 12 blocks of 1 MiB, every other one freed: 6 MiB mapped and free, no 2 MiB of it
         // in one piece. Then the device is full.
-        let blocks: Vec<u64> = (0..12).map(|_| pool.allocate(MIB, 0).unwrap()).collect();
-        let kept: Vec<u64> = blocks.iter().copied().step_by(2).collect();
-        let freed: Vec<u64> = blocks.iter().copied().skip(1).step_by(2).collect();
-        for &b in &freed {
-            pool.deallocate(b).unwrap();
-        }
-        assert_eq!(pool.stats().mapped, 12 * MIB, "{case}");
-        vm.set_memory_limit(Some(12 * MIB));
+        let (kept, _) = full_device_in_pieces(&pool, &vm);
         let mut synced = streams.synchronized().len();
         if with_streams {
             // While the home stream captures, nothing is unmapped: the request fails.
@@ -1354,12 +1362,8 @@ fn out_of_device_memory_waits_for_the_home_stream_without_the_lock() {
             .build_mapped(vm.clone())
             .unwrap(),
     );
-    let blocks: Vec<u64> = (0..12).map(|_| pool.allocate(MIB, 0).unwrap()).collect();
-    for &b in blocks.iter().skip(1).step_by(2) {
-        pool.deallocate(b).unwrap();
-    }
-    vm.set_memory_limit(Some(pool.stats().mapped));
-    let (p, x) = (pool.clone(), blocks[2]);
+    let (kept, _) = full_device_in_pieces(&pool, &vm);
+    let (p, x) = (pool.clone(), kept[1]);
     rt.queue
         .lock()
         .unwrap()
@@ -1466,12 +1470,7 @@ fn a_stream_runtime_that_misbehaves_during_the_trim_leaves_the_request_its_own_e
                 .build_mapped(vm.clone())
                 .unwrap();
             *rt.pool.lock().unwrap() = Some(pool.own_client().clone());
-            let blocks: Vec<u64> = (0..12).map(|_| pool.allocate(MIB, 0).unwrap()).collect();
-            let kept: Vec<u64> = blocks.iter().copied().step_by(2).collect();
-            for &b in blocks.iter().skip(1).step_by(2) {
-                pool.deallocate(b).unwrap();
-            }
-            vm.set_memory_limit(Some(12 * MIB));
+            let (kept, _) = full_device_in_pieces(&pool, &vm);
             let before = pool.stats();
             *rt.how.lock().unwrap() = how;
             let result = pool.allocate(4 * MIB, 0);
@@ -1531,11 +1530,7 @@ fn a_request_served_after_the_trim_logs_no_failure() {
         .streams(streams.clone(), StreamId(1))
         .build_mapped(vm.clone())
         .unwrap();
-    let blocks: Vec<u64> = (0..12).map(|_| pool.allocate(MIB, 0).unwrap()).collect();
-    for &b in blocks.iter().skip(1).step_by(2) {
-        pool.deallocate(b).unwrap();
-    }
-    vm.set_memory_limit(Some(12 * MIB));
+    let (kept, _) = full_device_in_pieces(&pool, &vm);
     seen.lock().unwrap().clear();
     let big = pool.allocate(4 * MIB, 0).unwrap();
     assert_eq!(*seen.lock().unwrap(), [(PoolAction::Allocate, None)]);
@@ -1549,7 +1544,7 @@ fn a_request_served_after_the_trim_logs_no_failure() {
     assert_eq!(log[0].0, PoolAction::AllocateFailure);
     assert_eq!(pool.stats().failures, 1);
     pool.deallocate(big).unwrap();
-    for &b in blocks.iter().step_by(2) {
+    for b in kept {
         pool.deallocate(b).unwrap();
     }
 }
@@ -1595,13 +1590,9 @@ fn a_sinks_request_during_a_request_made_again_gets_its_own_trim() {
             .build_mapped(vm.clone())
             .unwrap(),
     );
-    let blocks: Vec<u64> = (0..12).map(|_| pool.allocate(MIB, 0).unwrap()).collect();
-    for &b in blocks.iter().skip(1).step_by(2) {
-        pool.deallocate(b).unwrap();
-    }
-    vm.set_memory_limit(Some(12 * MIB));
+    let (kept, _) = full_device_in_pieces(&pool, &vm);
     let _ = pool_cell.set(pool.clone());
-    let _ = kept_cell.set(blocks.into_iter().step_by(2).collect());
+    let _ = kept_cell.set(kept);
     armed.store(true, Ordering::SeqCst);
     // Served after its trim: 6 MiB live and 6 MiB mapped for it, the device full.
     let big = pool.allocate(6 * MIB, 0).unwrap();
