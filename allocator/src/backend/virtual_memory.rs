@@ -472,17 +472,23 @@ mod host_stand_in {
                      bytes mapped at {at:#x}: mapped twice"
                 )));
             }
-            let (skip, failing) = inner.fail;
-            let mapped: usize = inner.mapped.values().sum();
-            let over = inner
-                .limit
-                .is_some_and(|limit| mapped.saturating_add(bytes) > limit);
-            if skip > 0 && !over {
-                inner.fail.0 -= 1;
-            } else if failing > 0 || over {
-                if !over {
-                    inner.fail.1 -= 1;
-                }
+            // Over the memory limit, or a failure asked for (the limit uses up no count).
+            let over = inner.limit.is_some_and(|limit| {
+                inner.mapped.values().sum::<usize>().saturating_add(bytes) > limit
+            });
+            let failed = over
+                || match inner.fail {
+                    (0, 0) => false,
+                    (0, _) => {
+                        inner.fail.1 -= 1;
+                        true
+                    }
+                    _ => {
+                        inner.fail.0 -= 1;
+                        false
+                    }
+                };
+            if failed {
                 inner.calls.push(VmCall::MapFailed { addr, chunk, count });
                 return Err(Error::OutOfMemory {
                     backend: "host-vm",

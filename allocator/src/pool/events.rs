@@ -246,18 +246,15 @@ impl<W: Write + Send> CsvEventLog<W> {
         Some(self.held(inner, me))
     }
 
-    /// The writer, locked, where no thread holds it; as [`lock`](Self::lock).
+    /// The writer, locked, where no thread holds it (this one included); as
+    /// [`lock`](Self::lock).
     fn try_lock(&self) -> Option<Held<'_, W>> {
-        let me = thread_number();
-        if self.holder.load(Ordering::Relaxed) == me {
-            return None;
-        }
         let inner = match self.inner.try_lock() {
             Ok(inner) => inner,
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return None,
         };
-        Some(self.held(inner, me))
+        Some(self.held(inner, thread_number()))
     }
 
     fn held<'a>(&'a self, inner: std::sync::MutexGuard<'a, CsvInner<W>>, me: u64) -> Held<'a, W> {
@@ -267,10 +264,12 @@ impl<W: Write + Send> CsvEventLog<W> {
         held
     }
 
-    /// Releases the writer, then writes the rows deferred meanwhile if no other thread holds
-    /// it: a row deferred because this thread held it is written here or by the next holder
-    /// (each deferring thread looks again after it deferred, each holder after it released).
-    fn release(&self, held: Held<'_, W>) {
+    /// Writes the rows deferred so far and releases the writer, then writes the rows deferred
+    /// meanwhile if no other thread holds it: a row deferred because this thread held it is
+    /// written here or by the next holder (each deferring thread looks again after it
+    /// deferred, each holder after it released).
+    fn release(&self, mut held: Held<'_, W>) {
+        held.write_deferred();
         drop(held);
         while !lock_deferred(&self.deferred).is_empty() {
             match self.try_lock() {
@@ -292,7 +291,6 @@ impl<W: Write + Send> CsvEventLog<W> {
             return Err(in_use());
         };
         let result = f(&mut held.inner.writer);
-        held.write_deferred();
         self.release(held);
         Ok(result)
     }
@@ -413,7 +411,6 @@ impl<W: Write + Send> EventSink for CsvEventLog<W> {
             if let Err(error) = write!(held.inner.writer, "{}", CsvRow(e)) {
                 held.inner.error.get_or_insert(error);
             }
-            held.write_deferred();
             self.release(held);
             return;
         }

@@ -298,8 +298,8 @@ impl Mapping {
             let start = lo.checked_add(align - 1)? & !(align - 1);
             (start <= hi && hi - start >= size).then_some(start)
         };
-        if self.vm.is_none() || bytes < size {
-            return fit(addr, end).filter(|_| self.vm.is_none());
+        if self.vm.is_none() {
+            return fit(addr, end);
         }
         let (first, last) = self.map.chunks_of(addr, bytes);
         let (mut c, last) = (first as usize, last as usize);
@@ -393,7 +393,7 @@ impl Mapping {
 
     /// Unmaps again the chunks that the last [`ensure`](Self::ensure) mapped for the block at
     /// `addr` (`bytes` long) and that lie wholly inside `within` (`(address, bytes)`; a range
-    /// that ends at the capacity's end reaches to the reservation's), for a
+    /// that ends at the capacity's end reaches to the reservation's, see [`reach`](Self::reach)), for a
     /// request refused after its memory was mapped. The caller guarantees that no block in
     /// `within` but this one, now given back, can be live or handed out while it holds the
     /// pool's lock (a thread heap's span, under the heap's lock): the chunks were unmapped
@@ -421,12 +421,7 @@ impl Mapping {
             return 0;
         }
         let chunk = self.chunk() as u64;
-        // The reservation past the capacity holds no block: a span that reaches the end of
-        // the capacity holds the last chunk whole.
-        let mut end = within.0 + within.1;
-        if end == self.map.base + self.capacity as u64 {
-            end = self.map.base + self.reserved as u64;
-        }
+        let end = self.map.base + self.reach(within.0 + within.1 - self.map.base);
         let mut undone = 0;
         for c in fresh {
             let at = self.addr_of(c);
@@ -507,6 +502,17 @@ impl Mapping {
         }
     }
 
+    /// Where a range of the region that ends at offset `end` reaches: past the capacity the
+    /// reservation is never handed out, so a range that ends at the capacity holds the last
+    /// chunk's tail too (the reservation's end).
+    fn reach(&self, end: u64) -> u64 {
+        if end == self.capacity as u64 {
+            self.reserved as u64
+        } else {
+            end
+        }
+    }
+
     /// Calls `f` with each mapped chunk that lies entirely inside the `free` blocks
     /// (`(address, bytes)`, inside the region) while it returns `true`; whether it always did.
     fn free_chunks(
@@ -517,12 +523,7 @@ impl Mapping {
         let chunk = self.chunk() as u64;
         for (addr, bytes) in free {
             let start = addr - self.map.base;
-            let mut end = start + bytes;
-            // Past the capacity the reservation is never handed out: a free block that reaches
-            // the capacity frees the last chunk's tail too.
-            if end == self.capacity as u64 {
-                end = self.reserved as u64;
-            }
+            let end = self.reach(start + bytes);
             let (first, stop) = (start.div_ceil(chunk) as usize, (end / chunk) as usize);
             if !(first..stop).filter(|&c| self.bit(c)).all(&mut f) {
                 return false;

@@ -126,29 +126,18 @@ impl Shared {
         result
     }
 
-    /// [`allocate`](Self::allocate) made again, out of line (for [`retry_after_trim`]).
-    #[inline(never)]
-    fn allocate_again(
-        &self,
-        client: u32,
-        req: AllocRequest<'_>,
-        owned: bool,
-    ) -> Result<u64, Error> {
-        self.allocate(client, req, owned)
-    }
-
     /// Where a request failed: made again after a trim where it asks for one
     /// ([`retry_after_trim`](Self::retry_after_trim)).
     #[cold]
     #[inline(never)]
-    fn allocate_failed(
+    pub(in crate::pool) fn allocate_failed(
         &self,
         client: u32,
         req: AllocRequest<'_>,
         owned: bool,
         result: Result<u64, Error>,
     ) -> Result<u64, Error> {
-        self.retry_after_trim(result, || self.allocate_again(client, req, owned))
+        self.retry_after_trim(result, || self.allocate(client, req, owned))
     }
 
     /// The common case where thread heaps are on: the calling thread's heap serves (see
@@ -198,21 +187,18 @@ impl Shared {
             align,
             stream,
         };
-        let req = AllocRequest::new(size, align).on(stream);
-        let result = match self.on_thread_heap(stream, |heap| {
+        match self.on_thread_heap(stream, |heap| {
             // Its lock held by another thread's free of one of its blocks (for a moment, see
             // `thread_heap::remote`): waited for here rather than at the pool's lock.
             heap.state.wait_unlocked(HEAP_LOCK_SPINS);
             self.heap_allocate_fast(heap, &ask, owned)
         }) {
             Some(Some(addr)) => return Ok(addr),
-            Some(None) => self.heap_allocate_slow(&ask, owned),
-            None => self.allocate_contended(&req, &ask, owned),
-        };
-        if result.is_ok() {
-            return result;
+            Some(None) => return self.heap_allocate_slow(&ask, owned),
+            None => {}
         }
-        self.allocate_failed(client, req, owned, result)
+        let req = AllocRequest::new(size, align).on(stream);
+        self.allocate_contended(&req, &ask, owned)
     }
 
     /// The fast path on the pool's own index (`align` valid, tracking off, the home stream).
@@ -315,20 +301,6 @@ impl Shared {
         req: &AllocRequest<'_>,
         owned: bool,
     ) -> Result<u64, Error> {
-        let result = self.allocate_other_once(client, req, owned);
-        if result.is_ok() {
-            return result;
-        }
-        self.allocate_failed(client, *req, owned, result)
-    }
-
-    #[inline(always)]
-    fn allocate_other_once(
-        &self,
-        client: u32,
-        req: &AllocRequest<'_>,
-        owned: bool,
-    ) -> Result<u64, Error> {
         let stream = req.stream.unwrap_or(self.home);
         let flags = self.flags.load(Ordering::Relaxed);
         let info = match flags & TRACKING {
@@ -358,7 +330,11 @@ impl Shared {
             },
         };
         let result = self.allocate_general(&mut state, client, req, stream, owned, info);
-        self.unlock_and_deliver(state, result)
+        let result = self.unlock_and_deliver(state, result);
+        if result.is_ok() {
+            return result;
+        }
+        self.allocate_failed(client, *req, owned, result)
     }
 
     /// Releases the lock, then delivers the events the call recorded (if any).

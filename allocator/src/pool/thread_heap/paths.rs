@@ -121,14 +121,16 @@ impl Shared {
             // The heaps do not stop for parked blocks: they come back here.
             self.reclaim_parked(&mut state);
         }
+        let req = AllocRequest::new(ask.size, ask.align).on(ask.stream);
         let result = match self.thread_heap(ask.stream) {
             Some(heap) => self.heap_allocate_locked(&mut state, &heap, ask, owned),
-            None => {
-                let req = AllocRequest::new(ask.size, ask.align).on(ask.stream);
-                self.allocate_general(&mut state, ask.client, &req, ask.stream, owned, None)
-            }
+            None => self.allocate_general(&mut state, ask.client, &req, ask.stream, owned, None),
         };
-        self.unlock_and_deliver(state, result)
+        let result = self.unlock_and_deliver(state, result);
+        if result.is_ok() {
+            return result;
+        }
+        self.allocate_failed(ask.client, req, owned, result)
     }
 
     /// A heap at its bound whose fast path found no block: merges what waits in its reuse
