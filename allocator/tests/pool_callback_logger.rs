@@ -26,6 +26,11 @@ impl log::Log for AsksThePool {
         true
     }
     fn log(&self, record: &log::Record<'_>) {
+        if format!("{}", record.args()).contains("pool `logger-panics-on-sink-report`")
+            || format!("{}", record.args()).contains("logger-panics-on-leak-report")
+        {
+            panic!("logger failure");
+        }
         if format!("{}", record.args()).starts_with("mapped ") {
             if let Some(pool) = GROWABLE.get() {
                 // Logged under the pool's lock, which this thread holds.
@@ -173,4 +178,56 @@ fn a_logger_that_calls_the_pool_under_its_lock_neither_hangs_nor_breaks_it() {
     // The pool serves as before.
     let c = pool.allocate(4 << 20, 0).unwrap();
     pool.deallocate(c).unwrap();
+}
+
+/// The pool logs the first panic of its sink, after its lock is released, while it delivers
+/// events: a logger that panics there must not unwind out of the pool call (whose allocation
+/// was made) nor stop the pool from delivering later events.
+#[test]
+fn a_logger_that_panics_on_the_sink_report_neither_unwinds_nor_stops_delivery() {
+    set_logger();
+    let events = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sink = {
+        let events = events.clone();
+        move |_: &devarena::pool::PoolEvent<'_>| {
+            if events.fetch_add(1, Ordering::SeqCst) == 0 {
+                panic!("sink failure");
+            }
+        }
+    };
+    let pool = Pool::builder(1 << 20)
+        .name("logger-panics-on-sink-report")
+        .thread_heaps(0)
+        .log_leaks_on_drop(false)
+        .events(Arc::new(sink))
+        .build_host()
+        .unwrap();
+    let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pool.allocate(1000, 0)));
+    let live = pool.stats().live;
+    // Later events reach the sink.
+    let before = events.load(Ordering::SeqCst);
+    let b = pool.allocate(2000, 0).unwrap();
+    pool.deallocate(b).unwrap();
+    let delivered = events.load(Ordering::SeqCst) - before;
+    drop(pool);
+    assert_eq!(delivered, 2, "events after the panic were not delivered");
+    assert!(
+        matches!(first, Ok(Ok(_))),
+        "the allocation unwound into its caller; its block stays live ({live} live)"
+    );
+}
+
+/// A pool dropped with live allocations logs its leak report: a logger that panics there must
+/// not unwind out of the drop (during an unwind, that aborts the process).
+#[test]
+fn a_logger_that_panics_on_the_leak_report_does_not_unwind_out_of_the_drop() {
+    set_logger();
+    let pool = Pool::builder(1 << 20)
+        .name("logger-panics-on-leak-report")
+        .thread_heaps(0)
+        .build_host()
+        .unwrap();
+    let _leaked = pool.allocate(1000, 0).unwrap();
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(pool)));
+    assert!(dropped.is_ok(), "dropping the pool unwound into its caller");
 }

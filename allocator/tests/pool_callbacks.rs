@@ -888,3 +888,151 @@ fn a_slice_of_a_thread_heap_dropped_in_an_event_destructor_is_freed_on_its_heap(
     let all = pool.allocate(1 << 20, 0).unwrap();
     pool.deallocate(all).unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// User objects the pool drops, and frees whose event cannot be recorded.
+
+/// A sink that holds a client of its pool and, when dropped, asks the pool for statistics (a
+/// sink that prints a summary when it goes, say).
+struct SummarySink(Arc<OnceLock<PoolClient>>);
+
+impl devarena::pool::EventSink for SummarySink {
+    fn event(&self, _: &PoolEvent<'_>) {}
+}
+
+impl Drop for SummarySink {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.get() {
+            let _ = client.pool_stats();
+        }
+    }
+}
+
+#[test]
+fn replacing_a_sink_whose_destructor_calls_the_pool_does_not_hang() {
+    let slot: Arc<OnceLock<PoolClient>> = Arc::default();
+    let pool = Arc::new(
+        Pool::builder(1 << 20)
+            .name("sink-drop-calls-back")
+            .events(Arc::new(SummarySink(slot.clone())))
+            .build_host()
+            .unwrap(),
+    );
+    slot.set(pool.own_client().clone()).unwrap();
+    let a = pool.allocate(1000, 0).unwrap();
+    pool.deallocate(a).unwrap();
+    // The pool holds the only reference to the sink: replacing it drops it.
+    let replaced = within(20, {
+        let pool = pool.clone();
+        move || pool.set_events(None)
+    });
+    assert!(replaced.is_some(), "set_events(None) did not return");
+    assert_eq!(pool.stats().live, 0);
+}
+
+/// A slice on another stream is freed with an event recorded there. When the runtime cannot
+/// record it (a driver error), the slice is gone and no one else may free its block (only the
+/// slice frees an owned block): the block is parked behind the failure and set aside, counted,
+/// not left live for good.
+#[test]
+fn a_slice_dropped_while_no_event_can_be_recorded_is_set_aside_and_counted() {
+    let streams = Arc::new(ManualStreams::new());
+    let pool = Pool::builder(1 << 20)
+        .name("slice-drop-record-fails")
+        .reuse(0, 0)
+        .thread_heaps(0)
+        .streams(streams.clone(), HOME)
+        .build_host()
+        .unwrap();
+    let slice = pool.own_client().alloc_slice_on::<u8>(4096, OTHER).unwrap();
+    let addr = slice.addr();
+    streams.fail_with(Some(Error::Driver {
+        call: "cuEventRecord",
+        name: "CUDA_ERROR_LAUNCH_TIMEOUT".into(),
+        text: "transient failure".into(),
+        code: 702,
+    }));
+    drop(slice); // logged, nothing freed
+    streams.fail_with(None);
+    // The runtime works again: whatever is needed to get the block back.
+    streams.complete_all();
+    let _ = pool.reclaim();
+    streams.complete_all();
+    let _ = pool.reclaim();
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.live, stats.in_use, stats.pending, stats.quarantined),
+        (0, 0, 0, 4096),
+        "the slice's block at {addr:#x}: {stats:?}"
+    );
+    // Nor can the caller free it by address: the block belongs to a slice that is gone.
+    assert!(pool.deallocate_on(addr, OTHER).is_err());
+}
+
+/// `PoolSlice::free` returns the error of a free whose event cannot be recorded, and the
+/// block is set aside as for a dropped slice.
+#[test]
+fn a_slice_whose_free_cannot_record_an_event_returns_the_error_and_sets_the_block_aside() {
+    let streams = Arc::new(ManualStreams::new());
+    let pool = Pool::builder(1 << 20)
+        .name("slice-free-record-fails")
+        .reuse(0, 0)
+        .thread_heaps(0)
+        .streams(streams.clone(), HOME)
+        .build_host()
+        .unwrap();
+    let slice = pool.own_client().alloc_slice_on::<u8>(4096, OTHER).unwrap();
+    streams.fail_with(Some(Error::Driver {
+        call: "cuEventRecord",
+        name: "CUDA_ERROR_LAUNCH_TIMEOUT".into(),
+        text: "transient failure".into(),
+        code: 702,
+    }));
+    // `free` reports the error, and takes the slice: nothing is left to free the block with.
+    let error = slice.free().unwrap_err();
+    assert!(matches!(error, Error::Driver { code: 702, .. }), "{error}");
+    assert_eq!((pool.stats().live, pool.stats().pending), (0, 4096));
+    streams.fail_with(None);
+    streams.complete_all();
+    let _ = pool.reclaim();
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.live, stats.in_use, stats.pending, stats.quarantined),
+        (0, 0, 0, 4096),
+        "{stats:?}"
+    );
+    // The rest of the pool serves on.
+    let rest = pool.allocate(512 << 10, 0).unwrap();
+    pool.deallocate(rest).unwrap();
+}
+
+/// A runtime whose `is_per_thread` panics at build: the error should say so, not claim that
+/// the home stream is CUDA's per-thread default stream.
+#[derive(Debug)]
+struct PanicsOnPerThread;
+
+impl StreamSync for PanicsOnPerThread {
+    fn record(&self, _stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
+        unreachable!()
+    }
+    fn order_after(&self, _waiter: StreamId, _producer: StreamId) -> Result<(), Error> {
+        Ok(())
+    }
+    fn is_per_thread(&self, _stream: StreamId) -> bool {
+        panic!("runtime not initialised");
+    }
+}
+
+#[test]
+fn a_runtime_that_panics_at_build_is_named_in_the_error() {
+    let err = Pool::builder(1 << 20)
+        .name("per-thread-panics")
+        .streams(Arc::new(PanicsOnPerThread), HOME)
+        .build_host()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("panicked") && err.contains("runtime not initialised"),
+        "{err}"
+    );
+}

@@ -2119,6 +2119,69 @@ fn a_stream_capturing_a_graph_gets_no_heap_until_its_capture_ends() {
     assert_all_free(&pool, &streams, 16 << 20);
 }
 
+/// A graph reservation on a stream stops every thread's heap for the stream, not only the
+/// calling thread's: during the capture another thread's plain free on the stream is refused
+/// (its event would be captured) and no block of the stream is handed out again by a heap.
+/// Before, that thread's heap took the free and handed the block out again at once, while the
+/// graph may replay work that used it. After the reservation, the thread's heap serves again.
+#[test]
+fn a_graph_reservation_stops_other_threads_heaps_for_its_stream_during_the_capture() {
+    const S: StreamId = StreamId(7);
+    let streams = Arc::new(ManualStreams::new());
+    let pool = default_stream_pool("capture-other-thread", 16 << 20, streams.clone());
+    std::thread::scope(|s| {
+        let (to_main, from_worker) = mpsc::channel::<(bool, u64)>();
+        let (to_worker, from_main) = mpsc::channel::<()>();
+        let pool = &pool;
+        s.spawn(move || {
+            // A heap for `S` on this thread, with a live block.
+            let x = pool.allocate_on(64 << 10, 0, S).unwrap();
+            to_main.send((true, x)).unwrap();
+            // During the capture: free `x` on `S` (refused), allocate on `S`.
+            from_main.recv().unwrap();
+            let freed = pool.deallocate_on(x, S).is_ok();
+            let y = pool.allocate_on(64 << 10, 0, S).unwrap();
+            to_main.send((freed, y)).unwrap();
+            // After it: both freed on `S`, and the heap serves the stream again.
+            from_main.recv().unwrap();
+            pool.deallocate_on(x, S).unwrap();
+            pool.deallocate_on(y, S).unwrap();
+            let z = pool.allocate_on(64 << 10, 0, S).unwrap();
+            pool.deallocate_on(z, S).unwrap();
+            to_main.send((true, z)).unwrap();
+        });
+        let (_, x) = from_worker.recv().unwrap();
+        assert_eq!(pool.thread_heaps(), 1);
+        let graph = pool.graph_reservation(S).unwrap();
+        streams.begin_capture(S);
+        to_worker.send(()).unwrap();
+        let (freed, y) = from_worker.recv().unwrap();
+        assert!(
+            !freed,
+            "a plain free on the capturing stream was taken by another thread's heap{}",
+            if y == x {
+                ", and its block handed out again during the capture"
+            } else {
+                ""
+            }
+        );
+        assert_ne!(y, x);
+        assert_eq!(pool.stats().live, 2);
+        streams.end_capture(S);
+        drop(graph);
+        to_worker.send(()).unwrap();
+        from_worker.recv().unwrap();
+    });
+    streams.complete_all();
+    let _ = pool.reclaim();
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.live, stats.in_use, stats.pending),
+        (0, 0, 0),
+        "{stats}"
+    );
+}
+
 #[test]
 fn a_graph_reservation_gives_back_the_threads_heap_for_its_stream() {
     const S: StreamId = StreamId(7);
@@ -2145,13 +2208,18 @@ fn a_graph_reservation_gives_back_the_threads_heap_for_its_stream() {
     let g = graph.allocate(4096, 0).unwrap();
     assert_eq!(pool.thread_heaps(), 0);
     streams.end_capture(S);
-    // After the capture: `x` can go, and the next request on `S` makes a new heap.
+    // After the capture: `x` can go. While the reservation is open (the graph may be
+    // captured on `S` again), requests on `S` take the pool's index: no heap.
     pool.deallocate_on(x, S).unwrap();
     let z = pool.allocate_on(4096, 0, S).unwrap();
-    assert_eq!(pool.thread_heaps(), 1);
+    assert_eq!(pool.thread_heaps(), 0);
     pool.deallocate_on(z, S).unwrap();
     pool.deallocate_on(g, S).unwrap();
     drop(graph);
+    // Once it is released, the next request on `S` makes a new heap.
+    let z = pool.allocate_on(4096, 0, S).unwrap();
+    assert_eq!(pool.thread_heaps(), 1);
+    pool.deallocate_on(z, S).unwrap();
     assert_all_free(&pool, &streams, 16 << 20);
 }
 

@@ -1601,3 +1601,81 @@ fn a_sinks_request_during_a_request_made_again_gets_its_own_trim() {
     assert!(vm.is_mapped(theirs, 2 * MIB) && vm.is_mapped(big, 6 * MIB));
     assert_eq!(pool.stats().failures, 0);
 }
+
+/// The error of a panicking backend call names the backend: asked for its name there,
+/// outside the catch, a backend whose `name` then panics too (its state poisoned by the panic
+/// in `map`, say) unwound out of `allocate` with the block taken out of the free lists. The
+/// name is asked once, when the region is reserved.
+mod a_backend_whose_name_panics {
+    use super::*;
+    use devarena::backend::MemoryKind;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    struct Vm {
+        inner: HostVirtualMemory,
+        broken: AtomicBool,
+    }
+
+    // SAFETY: every call that maps, unmaps or reserves is the host stand-in's; `map` panics
+    // before it maps anything.
+    unsafe impl VirtualMemory for Vm {
+        fn name(&self) -> &'static str {
+            if self.broken.swap(false, Ordering::SeqCst) {
+                panic!("name panics once its state is poisoned");
+            }
+            "poisoned-vm"
+        }
+        fn memory(&self) -> MemoryKind {
+            self.inner.memory()
+        }
+        fn granularity(&self) -> usize {
+            self.inner.granularity()
+        }
+        fn reserve(&self, bytes: usize) -> Result<u64, Error> {
+            self.inner.reserve(bytes)
+        }
+        unsafe fn free_reservation(&self, base: u64, bytes: usize) -> Result<(), Error> {
+            // SAFETY: passed on.
+            unsafe { self.inner.free_reservation(base, bytes) }
+        }
+        unsafe fn map(&self, addr: u64, chunk: usize, count: usize) -> Result<(), Error> {
+            if count > 1 && !self.broken.load(Ordering::SeqCst) && addr != 0 {
+                // Only the first large map panics (and poisons `name`).
+                static ONCE: AtomicBool = AtomicBool::new(false);
+                if !ONCE.swap(true, Ordering::SeqCst) {
+                    self.broken.store(true, Ordering::SeqCst);
+                    panic!("map panics");
+                }
+            }
+            // SAFETY: passed on.
+            unsafe { self.inner.map(addr, chunk, count) }
+        }
+        unsafe fn unmap(&self, addr: u64, chunk: usize) -> Result<(), Error> {
+            // SAFETY: passed on.
+            unsafe { self.inner.unmap(addr, chunk) }
+        }
+    }
+
+    #[test]
+    fn a_name_that_panics_after_a_map_panic_loses_no_block() {
+        let vm = Vm {
+            inner: HostVirtualMemory::new(4096).unwrap(),
+            broken: AtomicBool::new(false),
+        };
+        let pool = Pool::builder(MIB)
+            .name("poisoned")
+            .thread_heaps(0)
+            .build_mapped(vm)
+            .unwrap();
+        let first =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pool.allocate(200_000, 0)));
+        let whole = pool.allocate(MIB, 0);
+        let s = pool.stats();
+        assert!(whole.is_ok(), "the capacity is not all there: {s}");
+        assert!(
+            matches!(first, Ok(Err(_))),
+            "allocate unwound into its caller: {}",
+            if first.is_err() { "panic" } else { "returned" }
+        );
+    }
+}

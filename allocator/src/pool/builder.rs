@@ -6,6 +6,7 @@ use alloc::sync::Arc;
 use core::fmt;
 
 use super::engine::{Settings, Shared};
+use super::lock::panic_message;
 use super::region::{Region, RegionKind};
 use super::{
     BLOCK_GRANULE, DEFAULT_REUSE_BLOCKS, DEFAULT_THREAD_HEAP_SHARE, EventSink, MAX_REUSE_BLOCKS,
@@ -385,7 +386,17 @@ impl PoolBuilder {
             let per_thread = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 streams.is_per_thread(home)
             }))
-            .unwrap_or(true);
+            .map_err(|payload| {
+                let said = match panic_message(&*payload) {
+                    Some(message) => format!(": {message}"),
+                    None => String::new(),
+                };
+                Error::invalid(format!(
+                    "pool `{}`: the stream runtime panicked in `is_per_thread` for home stream \
+                     {home}{said}",
+                    self.name
+                ))
+            })?;
             if per_thread {
                 return Err(Error::invalid(format!(
                     "pool `{}`: home stream {home} is a different stream on each thread (CUDA's \

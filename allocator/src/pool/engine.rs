@@ -14,7 +14,7 @@ use super::addr_map::AddrMap;
 use super::counters::{Counters, Spare};
 use super::events::{self, EventSink, PoolAction, Record};
 use super::graph::Graphs;
-use super::lock::{Lock, LockGuard, Reentrant, logged};
+use super::lock::{Lock, LockGuard, Reentrant, logged, logged_unlocked, panic_message};
 use super::region::{Region, RegionOwner};
 use super::stats::{ClientStats, Leak, LeakReport, PoolStats, Tracking};
 use super::stream::{HeldEvent, StreamEvent, StreamId, StreamSync};
@@ -167,6 +167,11 @@ pub(super) struct State {
 }
 
 impl State {
+    /// Whether a graph reservation on `stream` is open.
+    pub(super) fn graph_open_on(&self, stream: StreamId) -> bool {
+        self.graphs.open_on(stream)
+    }
+
     /// Notes that `stream` is ordered after the home stream's frees up to `epoch` (a later
     /// note never moves it back).
     pub(super) fn note_waited(&mut self, stream: StreamId, epoch: u64) {
@@ -477,12 +482,16 @@ impl Shared {
         } else {
             self.flags.fetch_and(!SINK, Ordering::Relaxed);
         }
-        state.sink = sink;
+        let replaced = core::mem::replace(&mut state.sink, sink);
         // A thread heap checks for a sink under its lock: a call that did not see the sink
         // finishes before this returns, and every later one sees it.
         for entry in &state.heaps {
             drop(entry.heap.state.lock_wait());
         }
+        // The sink replaced is dropped with the lock released: its destructor is user code,
+        // which may call the pool (a sink that reports a summary when it goes, say).
+        drop(state);
+        drop(replaced);
     }
 
     /// Changes what is recorded for new allocations.
@@ -647,11 +656,7 @@ impl Shared {
         if let Some(CalledBack(message)) = payload.downcast_ref::<CalledBack>() {
             return Error::invalid(message.clone());
         }
-        let message = payload
-            .downcast_ref::<&str>()
-            .copied()
-            .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
-        Error::invalid(match message {
+        Error::invalid(match panic_message(payload) {
             Some(message) => format!(
                 "pool `{}`: the stream runtime panicked in `{what}`: {message}",
                 self.name
@@ -763,6 +768,13 @@ impl Shared {
     #[cold]
     #[inline(never)]
     fn deliver(&self) {
+        /// Ends this thread's turn at delivering, however it ends.
+        struct Turn<'a>(&'a AtomicBool);
+        impl Drop for Turn<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
         loop {
             if self
                 .delivering
@@ -771,26 +783,37 @@ impl Shared {
             {
                 return;
             }
+            let turn = Turn(&self.delivering);
             loop {
                 // Taken one at a time, so that a sink that calls the pool finds it unlocked.
-                let Some(record) = self.lock_wait("its recorded events").outbox.pop_front() else {
+                // (Where the lock cannot be waited for, inside a callback that may run under
+                // it, the events left wait for the next call that delivers.)
+                let Ok(mut state) = self.state.lock() else {
+                    return;
+                };
+                let Some(record) = state.outbox.pop_front() else {
                     break;
                 };
+                drop(state);
                 if !record.deliver(&self.name) && !self.sink_panicked.swap(true, Ordering::Relaxed)
                 {
-                    log::error!(
-                        target: "devarena::pool",
-                        "pool `{}`: the event sink panicked on a `{}` event at {:#x}; the pool \
-                         carries on, and drops each event whose sink panics (reported once)",
-                        self.name,
-                        record.action,
-                        record.addr
-                    );
+                    logged_unlocked(|| {
+                        log::error!(
+                            target: "devarena::pool",
+                            "pool `{}`: the event sink panicked on a `{}` event at {:#x}; the \
+                             pool carries on, and drops each event whose sink panics (reported \
+                             once)",
+                            self.name,
+                            record.action,
+                            record.addr
+                        )
+                    });
                 }
             }
-            self.delivering.store(false, Ordering::Release);
-            if self.lock_wait("its recorded events").outbox.is_empty() {
-                return;
+            drop(turn);
+            match self.state.lock() {
+                Ok(state) if !state.outbox.is_empty() => {}
+                _ => return,
             }
         }
     }
@@ -962,7 +985,7 @@ impl Drop for Shared {
         if self.log_leaks_on_drop {
             let report = self.leak_report();
             if !report.is_empty() {
-                log::warn!(target: "devarena::pool", "{report}");
+                logged_unlocked(|| log::warn!(target: "devarena::pool", "{report}"));
             }
         }
         self.drop_heaps();

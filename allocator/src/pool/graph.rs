@@ -33,6 +33,14 @@
 //! before it. This wait happens during the capture, once per home-stream free, and never during
 //! replays. Allocations for a graph captured on the home stream itself need none of it.
 //!
+//! **Thread heaps stay off the graph's stream** while the reservation is open: every
+//! thread's heap for that stream (see
+//! [`PoolBuilder::thread_heaps`](super::PoolBuilder::thread_heaps)) gives its spans back when
+//! the reservation opens, and none takes a span until it is released, so that the stream's
+//! plain requests on any thread take the pool's index, which refuses a plain free on the stream
+//! while it captures (its event would be captured) rather than hand the block out again at
+//! once. Reservations on the home stream leave its heaps as they are.
+//!
 //! **What stays the caller's.** The reservation keeps the blocks it allocated. Memory a graph
 //! reaches that came from elsewhere (blocks allocated before the capture, arenas, cudarc
 //! buffers) must outlive the graph and its replays as with any CUDA graph: nothing ties them
@@ -52,6 +60,7 @@ use core::fmt;
 use std::sync::Mutex;
 
 use super::handles::PoolClient;
+use super::lock::logged_unlocked;
 use super::stream::{StreamEvent, StreamId};
 use super::{AllocRequest, PoolSlice};
 use crate::error::Error;
@@ -198,11 +207,13 @@ impl Drop for GraphReservation {
             return;
         }
         if let Err(error) = self.client.shared().release_graph(self.key) {
-            log::error!(
-                target: "devarena::pool",
-                "releasing a graph reservation on stream {}: {error}",
-                self.stream
-            );
+            logged_unlocked(|| {
+                log::error!(
+                    target: "devarena::pool",
+                    "releasing a graph reservation on stream {}: {error}",
+                    self.stream
+                )
+            });
         }
     }
 }
@@ -292,6 +303,13 @@ impl Graphs {
             allocations: 0,
         });
         self.next
+    }
+
+    /// Whether a graph reservation on `stream` is open (not released).
+    pub(super) fn open_on(&self, stream: StreamId) -> bool {
+        self.entries
+            .iter()
+            .any(|e| e.stream == stream && e.released.is_none())
     }
 
     /// Whether the graph exists and is not released.

@@ -18,6 +18,7 @@
 //! waiters instead (a condition variable, woken on release) did no better there, was worse
 //! with more threads than CPUs, and put a system call on the releasing thread's path.
 
+use alloc::string::String;
 use core::cell::{Cell, UnsafeCell};
 use core::ops::{Deref, DerefMut};
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -100,9 +101,24 @@ impl LockId {
 /// a panic of the logger is caught here, before it could leave the pool's state half-changed;
 /// the record is then lost.
 pub(crate) fn logged(log: impl FnOnce()) {
-    LockId::ANY.callback(|| {
-        let _ = std::panic::catch_unwind(core::panic::AssertUnwindSafe(log));
-    });
+    LockId::ANY.callback(|| logged_unlocked(log));
+}
+
+/// Runs `log`, a call into the `log` crate made where this thread holds no lock of the pool
+/// (a destructor; events delivered after the lock is released). A pool call from the logger
+/// works there as any call does; a panic of the logger is caught here, so that it does not
+/// unwind out of the pool's call or destructor (the record is then lost).
+pub(crate) fn logged_unlocked(log: impl FnOnce()) {
+    let _ = std::panic::catch_unwind(core::panic::AssertUnwindSafe(log));
+}
+
+/// The message of a caught panic's payload, where it has one (`panic!` with a literal or a
+/// format string).
+pub(crate) fn panic_message(payload: &(dyn core::any::Any + Send)) -> Option<&str> {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
 }
 
 /// The longest back-off, in spin-loop hints, before a waiter starts yielding the CPU: about

@@ -6,6 +6,7 @@ use alloc::boxed::Box;
 use alloc::format;
 
 use super::BLOCK_GRANULE;
+use super::lock::logged_unlocked;
 use super::vmm::Mapping;
 use crate::backend::{Allocation, Backend, MemoryKind, VirtualMemory};
 use crate::error::Error;
@@ -53,12 +54,14 @@ impl<B: Backend> Drop for OwnedRegion<B> {
         // the owner is dropped only when the last handle to the pool goes, so no address the
         // pool handed out can be used through the pool afterwards.
         if let Err(error) = unsafe { self.backend.deallocate(&self.allocation) } {
-            log::error!(
-                target: "devarena::pool",
-                "freeing a pool's region of {} bytes at {:#x} failed: {error}",
-                self.allocation.bytes,
-                self.allocation.addr
-            );
+            logged_unlocked(|| {
+                log::error!(
+                    target: "devarena::pool",
+                    "freeing a pool's region of {} bytes at {:#x} failed: {error}",
+                    self.allocation.bytes,
+                    self.allocation.addr
+                )
+            });
         }
     }
 }

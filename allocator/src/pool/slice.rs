@@ -6,6 +6,7 @@ use core::mem::{align_of, size_of};
 
 use alloc::format;
 
+use super::lock::logged_unlocked;
 use super::stream::StreamId;
 use super::{DEFAULT_POOL_ALIGN, PoolClient};
 use crate::error::Error;
@@ -147,7 +148,11 @@ impl<T: Element> PoolSlice<T> {
         Ok(unsafe { core::slice::from_raw_parts_mut(ptr, self.len) })
     }
 
-    /// Frees the slice now and reports a failure (dropping it only logs one).
+    /// Frees the slice now and reports a failure (dropping it only logs one). A slice on a
+    /// stream other than the pool's home stream is freed with an event recorded there; where
+    /// none can be (a driver error), the error comes back and the block is set aside for
+    /// good, since nothing says the stream is done with it (counted in
+    /// [`PoolStats::quarantined`](super::PoolStats::quarantined)).
     pub fn free(self) -> Result<(), Error> {
         let this = core::mem::ManuallyDrop::new(self);
         let result = this.client.free_owned(this.addr, this.stream);
@@ -160,7 +165,9 @@ impl<T: Element> PoolSlice<T> {
 impl<T: Element> Drop for PoolSlice<T> {
     fn drop(&mut self) {
         if let Err(error) = self.client.free_owned(self.addr, self.stream) {
-            log::error!(target: "devarena::pool", "dropping a pool slice: {error}");
+            logged_unlocked(
+                || log::error!(target: "devarena::pool", "dropping a pool slice: {error}"),
+            );
         }
     }
 }

@@ -35,7 +35,7 @@ use crate::backend::VirtualMemory;
 use crate::error::Error;
 use crate::plan::align_up;
 use crate::pool::engine::CalledBack;
-use crate::pool::lock::{LockId, logged};
+use crate::pool::lock::{LockId, logged, logged_unlocked, panic_message};
 
 /// What a pool's statistics say about its mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,8 +138,10 @@ pub(super) struct Mapping {
     /// of them it mapped, and the peak before it; what [`undo_last`](Self::undo_last) may take
     /// back.
     last: Option<LastMap>,
-    /// The pool's name, for errors.
+    /// The pool's name and the backend's, for errors (the backend's asked once, when the
+    /// region is reserved: an error path calls no more user code than it must).
     pool: Box<str>,
+    backend: &'static str,
 }
 
 /// See [`Mapping::last`].
@@ -169,6 +171,7 @@ impl Mapping {
             release_threshold: usize::MAX,
             last: None,
             pool: Box::from(""),
+            backend: "",
         }
     }
 
@@ -181,15 +184,21 @@ impl Mapping {
         capacity: usize,
         chunk: Option<usize>,
     ) -> Result<Mapping, Error> {
-        let name = vm.name();
-        let granularity = vm.granularity();
+        // (Asked through `vm_call`, as every call into the backend: a panic is an error.)
+        let name = vm_call(&*vm, pool, "?", "name", |vm| Ok(vm.name()))?;
+        let granularity = vm_call(&*vm, pool, name, "granularity", |vm| Ok(vm.granularity()))?;
         if !granularity.is_power_of_two() || granularity < BLOCK_GRANULE {
             return Err(Error::invalid(format!(
                 "pool `{pool}`: `{name}` maps in units of {granularity} bytes, not a power of \
                  two of at least {BLOCK_GRANULE}"
             )));
         }
-        let chunk = chunk.unwrap_or_else(|| vm.recommended_chunk());
+        let chunk = match chunk {
+            Some(chunk) => chunk,
+            None => vm_call(&*vm, pool, name, "recommended_chunk", |vm| {
+                Ok(vm.recommended_chunk())
+            })?,
+        };
         if !chunk.is_power_of_two() || chunk < granularity {
             return Err(Error::invalid(format!(
                 "pool `{pool}`: a chunk of {chunk} bytes is not a power of two of at least \
@@ -218,7 +227,7 @@ impl Mapping {
         }
         drop(probe);
         let bits: Arc<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();
-        let base = vm_call(&*vm, pool, "reserve", |vm| vm.reserve(reserved))
+        let base = vm_call(&*vm, pool, name, "reserve", |vm| vm.reserve(reserved))
             .map_err(|error| super::region::reserving(pool, capacity, error))?;
         Ok(Mapping {
             vm: Some(vm),
@@ -236,6 +245,7 @@ impl Mapping {
             release_threshold: usize::MAX,
             last: None,
             pool: Box::from(pool),
+            backend: name,
         })
     }
 
@@ -358,7 +368,7 @@ impl Mapping {
             // which the reservation covers), starts at a chunk boundary (a multiple of the
             // granularity from the granularity-aligned base), and no chunk of it is mapped
             // (their bits are clear: a chunk's bit is set exactly while it is mapped).
-            let mapped = vm_call(&**vm, &self.pool, "map", |vm| unsafe {
+            let mapped = vm_call(&**vm, &self.pool, self.backend, "map", |vm| unsafe {
                 vm.map(at, chunk, count)
             });
             if let Err(error) = mapped {
@@ -459,7 +469,7 @@ impl Mapping {
         let (at, chunk) = (self.addr_of(c), self.chunk());
         let Some(vm) = &self.vm else { return Ok(()) };
         // SAFETY: the caller's guarantee: one mapped chunk that nothing uses.
-        vm_call(&**vm, &self.pool, "unmap", |vm| unsafe {
+        vm_call(&**vm, &self.pool, self.backend, "unmap", |vm| unsafe {
             vm.unmap(at, chunk)
         })?;
         self.map.set_bit(c, false);
@@ -482,7 +492,7 @@ impl Mapping {
             let Some(vm) = &self.vm else { return };
             // SAFETY: mapped by this `ensure` call a moment ago; no block that anyone uses
             // lies in it (the block being allocated is given back).
-            match vm_call(&**vm, &self.pool, "unmap", |vm| unsafe {
+            match vm_call(&**vm, &self.pool, self.backend, "unmap", |vm| unsafe {
                 vm.unmap(at, chunk)
             }) {
                 Ok(()) => self.unmaps += 1,
@@ -592,12 +602,13 @@ impl Mapping {
 fn vm_call<R>(
     vm: &dyn VirtualMemory,
     pool: &str,
+    backend: &str,
     what: &str,
     f: impl FnOnce(&dyn VirtualMemory) -> Result<R, Error>,
 ) -> Result<R, Error> {
     LockId::ANY
         .callback(|| std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| f(vm))))
-        .unwrap_or_else(|payload| Err(vm_unwound(vm, pool, what, &*payload)))
+        .unwrap_or_else(|payload| Err(vm_unwound(pool, backend, what, &*payload)))
 }
 
 /// The error of a virtual-memory call that unwound: a call back into the pool that it must
@@ -605,25 +616,22 @@ fn vm_call<R>(
 #[cold]
 #[inline(never)]
 fn vm_unwound(
-    vm: &dyn VirtualMemory,
     pool: &str,
+    backend: &str,
     what: &str,
     payload: &(dyn core::any::Any + Send),
 ) -> Error {
     if let Some(CalledBack(message)) = payload.downcast_ref::<CalledBack>() {
         return Error::invalid(message.clone());
     }
-    let message = payload.downcast_ref::<&str>().copied().or_else(|| {
-        payload
-            .downcast_ref::<alloc::string::String>()
-            .map(|m| m.as_str())
-    });
-    let name = vm.name();
-    Error::invalid(match message {
+    Error::invalid(match panic_message(payload) {
         Some(message) => format!(
-            "pool `{pool}`: the virtual-memory backend `{name}` panicked in `{what}`: {message}"
+            "pool `{pool}`: the virtual-memory backend `{backend}` panicked in `{what}`: \
+             {message}"
         ),
-        None => format!("pool `{pool}`: the virtual-memory backend `{name}` panicked in `{what}`"),
+        None => {
+            format!("pool `{pool}`: the virtual-memory backend `{backend}` panicked in `{what}`")
+        }
     })
 }
 
@@ -634,14 +642,18 @@ impl Drop for Mapping {
         // The last handle to the pool is gone, but work queued on the device may still use
         // the memory: wait for it, as freeing a classic region does.
         if self.mapped > 0 {
-            if let Err(error) = vm_call(&*vm, &self.pool, "synchronize", |vm| vm.synchronize()) {
-                log::error!(
-                    target: "devarena::pool",
-                    "tearing down a region of `{}` at {:#x}: waiting for the device failed \
-                     ({error}); unmapping anyway",
-                    vm.name(),
-                    self.map.base
-                );
+            if let Err(error) = vm_call(&*vm, &self.pool, self.backend, "synchronize", |vm| {
+                vm.synchronize()
+            }) {
+                logged_unlocked(|| {
+                    log::error!(
+                        target: "devarena::pool",
+                        "tearing down a region of `{}` at {:#x}: waiting for the device failed \
+                         ({error}); unmapping anyway",
+                        self.backend,
+                        self.map.base
+                    )
+                });
             }
         }
         let mut stuck = 0;
@@ -655,16 +667,18 @@ impl Drop for Mapping {
             // for above; where that wait failed, such work may still reach the chunk, which
             // the contract of `unmap` forbids: a fault on the device, never a host access (a
             // host region's `synchronize` has nothing to wait for and cannot fail).
-            if let Err(error) = vm_call(&*vm, &self.pool, "unmap", |vm| unsafe {
+            if let Err(error) = vm_call(&*vm, &self.pool, self.backend, "unmap", |vm| unsafe {
                 vm.unmap(at, chunk)
             }) {
                 stuck += 1;
-                log::error!(
-                    target: "devarena::pool",
-                    "tearing down a region of `{}`: unmapping the chunk at {at:#x} failed: \
-                     {error}",
-                    vm.name()
-                );
+                logged_unlocked(|| {
+                    log::error!(
+                        target: "devarena::pool",
+                        "tearing down a region of `{}`: unmapping the chunk at {at:#x} failed: \
+                         {error}",
+                        self.backend
+                    )
+                });
             }
         }
         if stuck > 0 {
@@ -674,18 +688,24 @@ impl Drop for Mapping {
         let (base, reserved) = (self.map.base, self.reserved);
         // SAFETY: the reservation came from `reserve` with this size, and nothing in it is
         // mapped any more.
-        let freed = vm_call(&*vm, &self.pool, "free_reservation", |vm| unsafe {
-            vm.free_reservation(base, reserved)
-        });
+        let freed = vm_call(
+            &*vm,
+            &self.pool,
+            self.backend,
+            "free_reservation",
+            |vm| unsafe { vm.free_reservation(base, reserved) },
+        );
         if let Err(error) = freed {
-            log::error!(
-                target: "devarena::pool",
-                "tearing down a region of `{}`: freeing the reservation of {} bytes at {:#x} \
-                 failed: {error}",
-                vm.name(),
-                self.reserved,
-                self.map.base
-            );
+            logged_unlocked(|| {
+                log::error!(
+                    target: "devarena::pool",
+                    "tearing down a region of `{}`: freeing the reservation of {} bytes at \
+                     {:#x} failed: {error}",
+                    self.backend,
+                    self.reserved,
+                    self.map.base
+                )
+            });
         }
     }
 }

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use super::{HEAPS, Live, LiveInfo, PARKED, Parked, Shared, State};
 use crate::error::Error;
 use crate::pool::FreeRequest;
-use crate::pool::stream::{StreamEvent, StreamId};
+use crate::pool::stream::{StreamEvent, StreamId, StreamSync};
 use crate::pool::thread_heap::ThreadHeap;
 
 impl Shared {
@@ -170,19 +170,46 @@ impl Shared {
         // A block a graph owns is held for it (`engine/graph.rs`).
         if state.graphs.owns_blocks() {
             if let Some(owner) = state.graphs.owner(addr) {
-                return self.free_graph_block(state, addr, block, &live, stream, owner);
+                return self.free_graph_block(state, addr, block, &live, stream, owner, from_slice);
             }
         }
         // Record the event before changing anything, so a failing stream runtime leaves the
         // allocation live and the pool as it was.
-        let event = match &self.streams {
-            Some(streams) if stream != self.home => Some(self.record_event(&**streams, stream)?),
-            _ => None,
+        let (event, unrecorded) = match &self.streams {
+            Some(streams) if stream != self.home => {
+                let (event, unrecorded) = self.free_event(&**streams, stream, from_slice)?;
+                (Some(event), unrecorded)
+            }
+            _ => (None, None),
         };
         let info = state.forget_live(addr, block, live.tracked);
         let tag = info.as_ref().and_then(|i| i.tag.as_deref());
         self.commit_free(state, addr, block, &live, stream, event, tag);
-        Ok(info)
+        unrecorded.map_or(Ok(info), Err)
+    }
+
+    /// The event that a free on `stream` parks its block behind, and the error of its
+    /// recording where a slice's free parks the block behind that failure instead.
+    ///
+    /// A free by address whose event cannot be recorded (a driver error, a panic of the
+    /// runtime) fails and changes nothing: its caller still has the address. A slice's free
+    /// cannot leave its block live that way: the slice is gone, and only it may free its
+    /// block, which would be lost for good. Its block is parked behind the failure (an event
+    /// whose query fails with the recording's error), and the next look at parked blocks sets
+    /// it aside, as it does every block whose event cannot be queried (logged, counted in
+    /// [`PoolStats::quarantined`](crate::pool::PoolStats::quarantined)); the free still
+    /// returns the error.
+    pub(super) fn free_event(
+        &self,
+        streams: &dyn StreamSync,
+        stream: StreamId,
+        from_slice: bool,
+    ) -> Result<(Box<dyn StreamEvent>, Option<Error>), Error> {
+        match self.record_event(streams, stream) {
+            Ok(event) => Ok((event, None)),
+            Err(error) if from_slice => Ok((Box::new(Unrecorded(error.clone())), Some(error))),
+            Err(error) => Err(error),
+        }
     }
 
     /// Whether `caller` may free `live`, the live allocation at `addr`, with a free that names
@@ -234,9 +261,12 @@ impl Shared {
         // runs with a heap locked by this path). A heap hands its blocks out again on its own
         // stream only: a free on any other stream, the home stream included, parks the block
         // until that stream is done with it.
-        let event = match &self.streams {
-            Some(streams) if stream != heap.stream => Some(self.record_event(&**streams, stream)?),
-            _ => None,
+        let (event, unrecorded) = match &self.streams {
+            Some(streams) if stream != heap.stream => {
+                let (event, unrecorded) = self.free_event(&**streams, stream, from_slice)?;
+                (Some(event), unrecorded)
+            }
+            _ => (None, None),
         };
         let mut guard = heap.state.lock_wait();
         let h = &mut *guard;
@@ -260,7 +290,7 @@ impl Shared {
         self.settle_locked(state, &heap, h, live.client);
         drop(guard);
         self.emit_free(state, &live, addr, reserved, stream, None);
-        Ok(None)
+        unrecorded.map_or(Ok(None), Err)
     }
 
     /// Returns the block of a freed allocation (already out of the address map) to the free
@@ -374,5 +404,17 @@ impl Shared {
             Some((_, queue)) => queue.push_back(parked),
             None => state.parked.push((stream, VecDeque::from([parked]))),
         }
+    }
+}
+
+/// What a slice's free on another stream parks its block behind when no event could be
+/// recorded there (see [`Shared::free_event`]): it never completes; its query fails with the
+/// recording's error, so the block is set aside for good.
+#[derive(Debug)]
+struct Unrecorded(Error);
+
+impl StreamEvent for Unrecorded {
+    fn is_complete(&self) -> Result<bool, Error> {
+        Err(self.0.clone())
     }
 }

@@ -31,7 +31,17 @@ impl Shared {
                 self.give_back_thread_heap(stream);
             }
         }
-        Ok(self.lock()?.graphs.open(stream))
+        let mut state = self.lock()?;
+        let key = state.graphs.open(stream);
+        if self.streams.is_some() && stream != self.home {
+            // Other threads' heaps for the stream would serve it the same way: they give
+            // their spans back (their live blocks reach the pool's index, at their addresses)
+            // and take none while a reservation on the stream is open
+            // (`heap_allocate_locked`), so the stream's requests on every thread take the
+            // pool's index meanwhile.
+            self.dissolve_stream_heaps(&mut state, stream);
+        }
+        Ok(key)
     }
 
     /// An allocation for a stream that may be capturing a graph: no event is recorded on it and
@@ -169,6 +179,7 @@ impl Shared {
 
     /// Frees a live block that a graph owns: held for the graph while it lives, parked until
     /// its release event once it is released. Called by `deallocate_general` after the checks.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn free_graph_block(
         &self,
         state: &mut State,
@@ -177,15 +188,17 @@ impl Shared {
         live: &Live,
         stream: StreamId,
         owner: Owner,
+        from_slice: bool,
     ) -> Result<Option<Box<LiveInfo>>, Error> {
         // The event of the free itself, recorded before anything changes, for a stream that is
         // neither the home stream (ordered through its free count) nor the graph's (whose work
         // the release event covers, and which may be capturing).
-        let event = match &self.streams {
+        let (event, unrecorded) = match &self.streams {
             Some(streams) if stream != self.home && stream != owner.stream => {
-                Some(self.record_event(&**streams, stream)?)
+                let (event, unrecorded) = self.free_event(&**streams, stream, from_slice)?;
+                (Some(event), unrecorded)
             }
-            _ => None,
+            _ => (None, None),
         };
         let info = state.forget_live(addr, block, live.tracked);
         let reserved = state.tlsf.block_size(block) as usize;
@@ -216,7 +229,7 @@ impl Shared {
         state.graphs.forget(addr);
         let tag = info.as_ref().and_then(|i| i.tag.as_deref());
         self.count_free(state, live, addr, reserved, stream, tag);
-        Ok(info)
+        unrecorded.map_or(Ok(info), Err)
     }
 
     /// Releases a graph reservation: an event on the graph's stream (or the host's wait for

@@ -294,6 +294,30 @@ impl Shared {
         drop(guards);
     }
 
+    /// Gives back every heap of `stream` ([`dissolve`](Self::dissolve)), as
+    /// [`dissolve_all`](Self::dissolve_all) does for every heap: a graph reservation opens on
+    /// the stream. The heaps stay with their threads, empty.
+    pub(in crate::pool) fn dissolve_stream_heaps(&self, state: &mut State, stream: StreamId) {
+        let key = self.heap_stream(stream);
+        let heaps: Vec<Arc<ThreadHeap>> = state
+            .heaps
+            .iter()
+            .filter(|e| e.heap.stream == key)
+            .map(|e| e.heap.clone())
+            .collect();
+        if heaps.is_empty() {
+            return;
+        }
+        let mut guards = self.lock_heaps(&heaps);
+        for (heap, guard) in heaps.iter().zip(guards.iter_mut()) {
+            if !guard.retired {
+                self.dissolve(state, heap, guard, false);
+            }
+        }
+        self.publish_spans(state);
+        drop(guards);
+    }
+
     /// Before a request fails for want of them: the free blocks that heaps of other streams
     /// gave back parked (a heap over its bound, a thread's exit, or because a
     /// stream captured then) become free at once wherever the home stream can now be made to

@@ -605,8 +605,12 @@ impl Shared {
                 // a span (see `add_span`).
                 self.stream_call("validate", || streams.validate(stream))
                     .ok()?;
-                // No heap while the stream captures a graph (or cannot say): the general path
-                // serves a capture, and the stream gets its heap at a request after it.
+                // No heap while a graph reservation on the stream is open (see `open_graph`)
+                // or the stream captures a graph (or cannot say): the general path serves a
+                // capture, and the stream gets its heap at a request after it.
+                if state.graph_open_on(stream) {
+                    return None;
+                }
                 let capturing = self.stream_call("is_capturing", || streams.is_capturing(stream));
                 if capturing.unwrap_or(true) {
                     return None;
