@@ -83,6 +83,9 @@ struct ParkedBlock {
     addr: u64,
     reserved: usize,
     complete: bool,
+    /// Parked behind an event that could not be recorded (a slice's free while the stream
+    /// runtime fails): its query fails, and a reclaim sets it aside for good.
+    unrecorded: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -288,8 +291,18 @@ impl World {
         }
         let mut bytes = 0;
         for (_, queue) in &mut self.parked {
-            let done = queue.iter().take_while(|p| p.complete).count();
-            bytes += queue.drain(..done).map(|p| p.reserved).sum::<usize>();
+            // In order, as the pool looks: a complete block comes back, one whose query fails
+            // is set aside, the first that is neither stops the queue.
+            while let Some(front) = queue.first() {
+                if front.unrecorded {
+                    self.quarantined.push((front.addr, front.reserved));
+                } else if front.complete {
+                    bytes += front.reserved;
+                } else {
+                    break;
+                }
+                queue.remove(0);
+            }
         }
         self.parked.retain(|(_, q)| !q.is_empty());
         bytes
@@ -636,6 +649,12 @@ impl World {
 
     /// Updates the model for a free the pool accepted.
     fn commit_free(&mut self, addr: u64, stream: StreamId) {
+        self.commit_free_parked(addr, stream, false);
+    }
+
+    /// [`commit_free`](Self::commit_free); `unrecorded`: a slice's free on another stream
+    /// whose event could not be recorded, parked behind the failure.
+    fn commit_free_parked(&mut self, addr: u64, stream: StreamId, unrecorded: bool) {
         let block = self.live.remove(&addr).expect("live");
         if block.holder == Holder::Raw {
             check_signature(addr, block.size, block.signature);
@@ -649,6 +668,7 @@ impl World {
                 addr,
                 reserved: block.reserved,
                 complete: false,
+                unrecorded,
             };
             match self.parked.iter_mut().find(|(s, _)| *s == stream) {
                 Some((_, q)) => q.push(parked),
@@ -736,12 +756,12 @@ impl World {
             Ok(())
         };
         if !self.is_home(stream) && self.failing {
-            // The pool refuses the free (its event could not be recorded); the block stays
-            // live and no one can free it any more.
+            // Its event could not be recorded: the free fails, but the slice is gone, so the
+            // block is parked behind the failure, to be set aside at the next reclaim.
             if explicit {
                 assert_eq!(result, Err(injected()));
             }
-            self.live.get_mut(&addr).expect("live").holder = Holder::Slice(usize::MAX);
+            self.commit_free_parked(addr, stream, true);
             return;
         }
         result.unwrap_or_else(|e| panic!("freeing a slice: {e}"));
@@ -861,10 +881,11 @@ impl World {
             .expect("reclaim sets aside what it cannot query");
         assert_eq!(bytes, self.reclaim_model());
         self.check_everything();
-        // Orphaned slice blocks (refused frees) and blocks set aside are the only thing left.
+        // Blocks set aside are the only thing left: nothing stays live (a slice whose free
+        // could not record its event has its block set aside too).
         let orphaned: usize = self.live.values().map(|b| b.reserved).sum();
         let stats = self.pool.stats();
-        assert_eq!(stats.in_use, orphaned);
+        assert_eq!((stats.in_use, orphaned, stats.live), (0, 0, 0));
         if orphaned == 0 && self.quarantined.is_empty() {
             assert_eq!(stats.largest_free, self.capacity, "the region merges whole");
         }
