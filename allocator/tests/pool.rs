@@ -1174,6 +1174,45 @@ fn csv_rows(text: &str) -> Vec<(String, u64, usize)> {
 /// there: the rows of what it did are written once it returns, in order. (Before, the pool's
 /// delivery of the event waited for the log's lock, which the same thread held: the call never
 /// returned.)
+/// A `with_writer` closure that panics after using the pool: the panic comes back to the
+/// caller, and the rows deferred while the closure held the writer are written as the writer
+/// is released, as on return (before, they waited for the log's next use).
+#[test]
+fn a_panicking_with_writer_closure_writes_the_rows_it_deferred() {
+    /// A writer whose bytes the test reads without the log.
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Shared {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let csv = Arc::new(CsvEventLog::new(Shared(out.clone())).unwrap());
+    let pool = Pool::builder(1 << 20)
+        .events(csv.clone())
+        .build_host()
+        .unwrap();
+    let mut b = 0;
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        csv.with_writer(|_| {
+            b = pool.allocate(2000, 0).unwrap();
+            pool.deallocate(b).unwrap();
+            panic!("the closure fails");
+        })
+    }));
+    let payload = panicked.unwrap_err();
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"the closure fails"));
+    let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
+    let rows = csv_rows(&text);
+    assert_eq!(rows.len(), 2, "{text}");
+    assert_eq!((rows[0].0.as_str(), rows[0].1), ("allocate", b), "{text}");
+    assert_eq!((rows[1].0.as_str(), rows[1].1), ("free", b), "{text}");
+}
+
 #[test]
 fn the_csv_logs_writer_closure_may_use_the_pool_it_logs() {
     let text = returns_in_time("a pool call inside with_writer", || {

@@ -290,9 +290,15 @@ impl<W: Write + Send> CsvEventLog<W> {
         let Some(mut held) = self.lock() else {
             return Err(in_use());
         };
-        let result = f(&mut held.inner.writer);
+        // A panic of `f` is passed on once the writer is released as on return, the rows
+        // deferred meanwhile written (they would otherwise wait for the next use of the log).
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut held.inner.writer)));
         self.release(held);
-        Ok(result)
+        match result {
+            Ok(result) => Ok(result),
+            Err(payload) => std::panic::resume_unwind(payload),
+        }
     }
 
     /// Flushes the writer and reports the first write error since the last call, if any.
