@@ -59,9 +59,11 @@ impl Counters {
         self.leased == 0 || self.in_use + reserved <= self.peak
     }
 
-    /// Headroom below the peak that no lease holds.
+    /// Headroom below the peak that no lease holds. (With exact peaks `in_use ≤ peak` always;
+    /// without them leases may take `in_use` past a peak held at the capacity, where there is
+    /// no headroom.)
     pub(super) fn headroom(&self) -> usize {
-        self.peak - self.in_use
+        self.peak.saturating_sub(self.in_use)
     }
 
     /// Leases `bytes` more to a thread heap.
