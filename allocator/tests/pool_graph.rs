@@ -504,3 +504,37 @@ proptest! {
         prop_assert_eq!(stats.largest_free, capacity);
     }
 }
+
+/// A block of a graph still live when its reservation is released, freed later on the graph's
+/// own stream: work queued there after the release may still use it, so the free waits for
+/// an event of its own. Before, it was parked behind the release event alone and handed to
+/// another stream, not ordered after the graph's stream, once that event completed.
+#[test]
+fn a_released_graphs_block_freed_on_the_graphs_stream_waits_for_that_free() {
+    let (home, g, other) = (StreamId(1), StreamId(2), StreamId(3));
+    let streams = Arc::new(ManualStreams::new());
+    let pool = Pool::builder(4096)
+        .streams(streams.clone(), home)
+        .build_host()
+        .unwrap();
+    let graph = pool.graph_reservation(g).unwrap();
+    let a = graph.allocate(4096, 0).unwrap();
+    graph.release().unwrap(); // an event on `g`
+    streams.complete(g); // the graph's replays are done
+    // `a` outlived the graph: work queued on `g` now still uses it, then it is freed there.
+    pool.deallocate_on(a, g).unwrap();
+    assert_eq!(streams.pending(g), 1, "the free's own event");
+    let got = pool.allocate_on(4096, 0, other);
+    assert!(
+        got.is_err() || streams.waits().contains(&(other, g)),
+        "{a:#x} handed to stream {other} while work queued on {g} before its free may run \
+         (pending events on g: {}, waits: {:?})",
+        streams.pending(g),
+        streams.waits()
+    );
+    // Once the free's event completes, the block serves any stream.
+    streams.complete(g);
+    let b = pool.allocate_on(4096, 0, other).unwrap();
+    assert_eq!(b, a);
+    pool.deallocate_on(b, other).unwrap();
+}

@@ -191,10 +191,14 @@ impl Shared {
         from_slice: bool,
     ) -> Result<Option<Box<LiveInfo>>, Error> {
         // The event of the free itself, recorded before anything changes, for a stream that is
-        // neither the home stream (ordered through its free count) nor the graph's (whose work
-        // the release event covers, and which may be capturing).
+        // neither the home stream (ordered through its free count) nor, while the reservation
+        // is open, the graph's (whose work the release event covers, and which may be
+        // capturing). Once it is released, work queued on the graph's stream after the release
+        // event may still use the block: a free there needs its own event too.
         let (event, unrecorded) = match &self.streams {
-            Some(streams) if stream != self.home && stream != owner.stream => {
+            Some(streams)
+                if stream != self.home && (stream != owner.stream || owner.released.is_some()) =>
+            {
                 let (event, unrecorded) = self.free_event(&**streams, stream, from_slice)?;
                 (Some(event), unrecorded)
             }
