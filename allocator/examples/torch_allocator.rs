@@ -156,7 +156,7 @@ pub use abi::{
     DevarenaTorchCaptureStats, DevarenaTorchStats, MAX_DEVICES, SEGMENT_ALIGN,
     STATS_INVALID_ARGUMENT, STATS_NO_POOL_YET, STATS_OK, STATS_PANIC, STATS_POOL_FAILED,
 };
-use abi::{Pools, parse_region, report_stderr};
+use abi::{LiveStream, Pools, parse_region, report_stderr};
 
 /// The default capacity of a classic region: this share of the free memory, in percent.
 const DEFAULT_SHARE_PERCENT: usize = 80;
@@ -223,7 +223,8 @@ impl log::Log for DriverLog {
 /// shows what it did to their captures). The legacy and per-thread default streams are not
 /// asked (the legacy stream answers with an error while a blocking stream captures), nor is
 /// anything before the device has a pool.
-fn capture_status(device: i32, stream: StreamId) -> String {
+fn capture_status(device: i32, live: LiveStream) -> String {
+    let stream = live.id();
     let Some(torch) = POOLS.existing(device) else {
         return "no pool yet, not queried".into();
     };
@@ -238,8 +239,8 @@ fn capture_status(device: i32, stream: StreamId) -> String {
         "default stream, not queried".to_string()
     } else {
         if !streams.is_registered(stream) {
-            // SAFETY: as in `TorchPool::register`: PyTorch passes live streams of the pool's
-            // device, which it never destroys.
+            // SAFETY: a `LiveStream` is a live stream of the primary context of the device it
+            // is used with, this pool's, alive while the pool uses it (`LiveStream::new`).
             unsafe { streams.register_raw(stream) };
         }
         status(stream)
@@ -257,7 +258,7 @@ fn capture_status(device: i32, stream: StreamId) -> String {
 /// The entry and exit lines of `DEVARENA_TORCH_TRACE=1` around `call`.
 fn traced<R>(
     device: i32,
-    stream: StreamId,
+    stream: LiveStream,
     what: impl Fn() -> String,
     call: impl FnOnce() -> R,
     outcome: impl FnOnce(&R) -> String,
@@ -333,22 +334,29 @@ fn create_pool(device: usize) -> Result<Pool, String> {
 
 /// Allocates `size` bytes on `device` for use on `stream` (a `cudaStream_t`); null on failure
 /// (the pool's capacity is exhausted, no pool could be made) and for a panic.
+///
+/// # Safety
+///
+/// `stream` is the legacy or per-thread default stream, or a live stream of `device`'s primary
+/// context that stays alive while the pool may use it (as PyTorch's streams do): the pool
+/// passes it to the driver.
 #[unsafe(no_mangle)]
-pub extern "C" fn devarena_torch_alloc(
+pub unsafe extern "C" fn devarena_torch_alloc(
     size: usize,
     device: i32,
     stream: *mut c_void,
 ) -> *mut c_void {
-    let stream = StreamId(stream as usize as u64);
+    // SAFETY: the caller's contract above is `LiveStream::new`'s.
+    let live = unsafe { LiveStream::new(StreamId(stream as usize as u64)) };
+    let stream = live.id();
     let result = catch_unwind(|| {
         let what = || format!("devarena_torch_alloc({size}, cuda:{device}, stream {stream})");
-        let allocated =
-            || POOLS.alloc(size, device, stream, create_pool, verbose(), &report_stderr);
+        let allocated = || POOLS.alloc(size, device, live, create_pool, verbose(), &report_stderr);
         let outcome = |r: &Result<u64, String>| match r {
             Ok(addr) => format!("{addr:#x}"),
             Err(reason) => format!("null ({reason})"),
         };
-        let addr = match traced(device, stream, what, allocated, outcome) {
+        let addr = match traced(device, live, what, allocated, outcome) {
             Ok(addr) => addr,
             Err(reason) => {
                 if verbose() {
@@ -379,24 +387,30 @@ pub extern "C" fn devarena_torch_alloc(
 /// is ignored. An address this library did not hand out on `device`, or freed already, or a
 /// `size` other than the one it was allocated with (a stale or foreign pointer), is reported on
 /// stderr and changes nothing.
+///
+/// # Safety
+///
+/// `stream`: as for [`devarena_torch_alloc`].
 #[unsafe(no_mangle)]
-pub extern "C" fn devarena_torch_free(
+pub unsafe extern "C" fn devarena_torch_free(
     ptr: *mut c_void,
     size: usize,
     device: i32,
     stream: *mut c_void,
 ) {
     let addr = ptr as usize as u64;
-    let stream = StreamId(stream as usize as u64);
+    // SAFETY: the caller's contract above is `LiveStream::new`'s.
+    let live = unsafe { LiveStream::new(StreamId(stream as usize as u64)) };
+    let stream = live.id();
     let outcome = catch_unwind(|| {
         let what =
             || format!("devarena_torch_free({addr:#x}, {size}, cuda:{device}, stream {stream})");
-        let freed = || POOLS.free(addr, size, device, stream);
+        let freed = || POOLS.free(addr, size, device, live);
         let told = |r: &Result<(), String>| match r {
             Ok(()) => "freed".to_string(),
             Err(reason) => format!("refused ({reason})"),
         };
-        let result = traced(device, stream, what, freed, told);
+        let result = traced(device, live, what, freed, told);
         if trace() {
             let outcome = if result.is_ok() { "freed" } else { "refused" };
             report_stderr(&format!(
@@ -499,7 +513,7 @@ pub extern "C" fn devarena_torch_trim(device: i32, keep: u64) -> i64 {
         // The home stream (the legacy default stream) is the one it waits for: not queried.
         match traced(
             device,
-            StreamId::DEFAULT,
+            LiveStream::LEGACY,
             what,
             || POOLS.trim(device, keep),
             told,

@@ -14,6 +14,32 @@ use std::sync::{Mutex, OnceLock};
 use devarena::pool::{AllocRequest, FreeRequest, RegionKind, StreamId};
 use devarena::{Error, Pool};
 
+/// A stream handle the pools may pass to the driver (through a CUDA pool's stream runtime,
+/// which registers it at its first use): what PyTorch hands over with each call. Only `unsafe`
+/// code that vouches for the handle makes one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveStream(StreamId);
+
+impl LiveStream {
+    /// The legacy default stream, which every context has.
+    pub const LEGACY: LiveStream = LiveStream(StreamId::DEFAULT);
+
+    /// # Safety
+    ///
+    /// `stream` is the legacy (0) or per-thread (2) default stream, or a stream of the primary
+    /// context of every device it is used with that stays alive for as long as the pools may
+    /// use it (PyTorch never destroys its streams). A host pool, which has no CUDA stream
+    /// runtime, never passes it to the driver.
+    pub unsafe fn new(stream: StreamId) -> Self {
+        LiveStream(stream)
+    }
+
+    /// The stream's id.
+    pub fn id(self) -> StreamId {
+        self.0
+    }
+}
+
 /// Devices with a pool slot.
 pub const MAX_DEVICES: usize = 64;
 /// Alignment of every segment handed to PyTorch. The caching allocator places tensors at
@@ -293,15 +319,14 @@ impl TorchPool {
     }
 
     /// Makes a stream PyTorch hands over usable by the pool's stream runtime, the first time.
-    fn register(&self, stream: StreamId) {
+    fn register(&self, stream: LiveStream) {
         #[cfg(feature = "cuda")]
         if let Some(streams) = self.pool.cuda_streams() {
-            if !streams.is_registered(stream) {
-                // SAFETY: PyTorch passes the current stream of the pool's device: a live
-                // stream of the primary context the pool was made in. PyTorch keeps its
-                // streams for the life of the process (they come from its stream pools and are
-                // never destroyed).
-                unsafe { streams.register_raw(stream) };
+            if !streams.is_registered(stream.id()) {
+                // SAFETY: a `LiveStream` is the legacy or per-thread default stream or a live
+                // stream of the primary context of the device it is used with, this pool's
+                // (see `LiveStream::new`), alive while the pool uses it.
+                unsafe { streams.register_raw(stream.id()) };
             }
         }
         #[cfg(not(feature = "cuda"))]
@@ -370,7 +395,7 @@ impl Pools {
         &self,
         size: usize,
         device: i32,
-        stream: StreamId,
+        stream: LiveStream,
         create: impl FnOnce(usize) -> Result<Pool, String>,
         verbose: bool,
         report: &dyn Fn(&str),
@@ -400,6 +425,7 @@ impl Pools {
             .as_ref()
             .map_err(|reason| format!("cuda:{index} has no pool: {reason}"))?;
         torch.register(stream);
+        let stream = stream.id();
         let call = format!("devarena_torch_alloc({size}, cuda:{device}, stream {stream})");
         let capturing = torch
             .capturing(stream)
@@ -450,7 +476,7 @@ impl Pools {
         addr: u64,
         size: usize,
         device: i32,
-        stream: StreamId,
+        stream: LiveStream,
     ) -> Result<(), String> {
         if addr == 0 {
             return Ok(());
@@ -460,6 +486,7 @@ impl Pools {
             .existing(device)
             .ok_or_else(|| format!("{call}: that device has no pool"))?;
         torch.register(stream);
+        let stream = stream.id();
         let free = DeferredFree { addr, size, stream };
         let capturing = torch
             .capturing(stream)
@@ -590,6 +617,12 @@ mod tests {
 
     use super::*;
 
+    /// A stream id for the host pools of these tests, which have no CUDA stream runtime.
+    fn live(stream: StreamId) -> LiveStream {
+        // SAFETY: host pools never pass the id to the driver (`LiveStream::new`).
+        unsafe { LiveStream::new(stream) }
+    }
+
     fn host(capacity: usize) -> impl FnOnce(usize) -> Result<Pool, String> {
         move |device| {
             Pool::builder(capacity)
@@ -660,7 +693,7 @@ mod tests {
     #[test]
     fn a_free_with_another_size_is_refused_and_changes_nothing() {
         let pools = Pools::new();
-        let s = StreamId(0);
+        let s = LiveStream::LEGACY;
         let a = pools
             .alloc(3 << 20, 0, s, host(64 << 20), false, &quiet)
             .unwrap();
@@ -688,7 +721,7 @@ mod tests {
     #[test]
     fn a_stale_free_after_reuse_is_caught_by_its_size() {
         let pools = Pools::new();
-        let s = StreamId(0);
+        let s = LiveStream::LEGACY;
         // Room for one 512-aligned segment of 4 MiB wherever the host region starts.
         let a = pools
             .alloc(4 << 20, 0, s, host((4 << 20) + 4096), false, &quiet)
@@ -706,7 +739,7 @@ mod tests {
     #[test]
     fn frees_on_other_devices_and_null_are_handled() {
         let pools = Pools::new();
-        let s = StreamId(0);
+        let s = LiveStream::LEGACY;
         assert_eq!(pools.free(0, 0, 5, s), Ok(()), "null is ignored");
         assert!(pools.free(0x1000, 1, 5, s).unwrap_err().contains("no pool"));
         assert!(
@@ -735,7 +768,7 @@ mod tests {
     #[test]
     fn zero_and_huge_sizes_never_panic_and_change_nothing_when_refused() {
         let pools = Pools::new();
-        let s = StreamId(0);
+        let s = LiveStream::LEGACY;
         // Zero bytes: a segment of its own (PyTorch frees whatever it got).
         let a = pools.alloc(0, 0, s, host(1 << 20), false, &quiet).unwrap();
         assert_eq!(a % SEGMENT_ALIGN as u64, 0);
@@ -762,7 +795,7 @@ mod tests {
         assert_eq!(pools.stats(MAX_DEVICES as i32), Err(STATS_INVALID_ARGUMENT));
         let failing = |_| Err::<Pool, _>("DEVARENA_POOL_BYTES=\"8 furlongs\": unknown unit".into());
         let err = pools
-            .alloc(4096, 0, StreamId(0), failing, false, &report)
+            .alloc(4096, 0, LiveStream::LEGACY, failing, false, &report)
             .unwrap_err();
         assert!(err.contains("furlongs"), "{err}");
         assert_eq!(pools.stats(0), Err(STATS_POOL_FAILED));
@@ -775,14 +808,14 @@ mod tests {
         // Later allocations fail without creating or reporting again.
         assert!(
             pools
-                .alloc(4096, 0, StreamId(0), host(1 << 20), false, &report)
+                .alloc(4096, 0, LiveStream::LEGACY, host(1 << 20), false, &report)
                 .is_err()
         );
         assert_eq!(said.borrow().len(), 1);
         assert_eq!(pools.stats(0), Err(STATS_POOL_FAILED));
         // Another device is unaffected; creating it verbosely says so once.
         pools
-            .alloc(4096, 1, StreamId(0), host(1 << 20), true, &report)
+            .alloc(4096, 1, LiveStream::LEGACY, host(1 << 20), true, &report)
             .unwrap();
         assert_eq!(said.borrow().len(), 2);
         let stats = pools.stats(1).unwrap();
@@ -797,7 +830,7 @@ mod tests {
     #[test]
     fn an_exhausted_pool_returns_an_error_and_keeps_serving() {
         let pools = Pools::new();
-        let s = StreamId(0);
+        let s = LiveStream::LEGACY;
         let a = pools
             .alloc(512 << 10, 0, s, host(1 << 20), false, &quiet)
             .unwrap();
@@ -835,13 +868,13 @@ mod tests {
         let report = |line: &str| said.borrow_mut().push(line.to_string());
         // Eager work: a segment freed on the home stream (PyTorch's empty_cache).
         let a = pools
-            .alloc(4 << 20, 0, home, create, false, &report)
+            .alloc(4 << 20, 0, live(home), create, false, &report)
             .unwrap();
-        pools.free(a, 4 << 20, 0, home).unwrap();
+        pools.free(a, 4 << 20, 0, live(home)).unwrap();
 
         streams.begin_capture(capture);
         let g = pools
-            .alloc(20 << 20, 0, capture, host(0), true, &report)
+            .alloc(20 << 20, 0, live(capture), host(0), true, &report)
             .unwrap();
         assert!(
             said.borrow().iter().any(|l| l.contains("capturing")),
@@ -859,7 +892,7 @@ mod tests {
 
         // A free while the stream captures is delayed: the graph may use the segment, and
         // nothing may be asked of the capturing stream.
-        pools.free(g, 20 << 20, 0, capture).unwrap();
+        pools.free(g, 20 << 20, 0, live(capture)).unwrap();
         assert_eq!(pools.stats(0).unwrap().live, 1);
         let stats = pools.capture_stats(0).unwrap();
         assert_eq!(
@@ -868,12 +901,14 @@ mod tests {
         );
         assert!(streams.refused().is_empty(), "{:?}", streams.refused());
         // Still capturing: a call on another stream does not run it either.
-        let c = pools.alloc(4096, 0, home, host(0), false, &report).unwrap();
+        let c = pools
+            .alloc(4096, 0, live(home), host(0), false, &report)
+            .unwrap();
         assert_eq!(pools.capture_stats(0).unwrap().deferred, 1);
         streams.end_capture(capture);
 
         // After the capture: the next call frees it (a host pool has no device to wait for).
-        pools.free(c, 4096, 0, home).unwrap();
+        pools.free(c, 4096, 0, live(home)).unwrap();
         let stats = pools.capture_stats(0).unwrap();
         assert_eq!(
             (
@@ -890,9 +925,9 @@ mod tests {
         assert_eq!(pools.capture_stats(-1), Err(STATS_INVALID_ARGUMENT));
         // An ordinary segment for that stream now: an event at its free, as before.
         let b = pools
-            .alloc(1 << 20, 0, capture, host(0), false, &report)
+            .alloc(1 << 20, 0, live(capture), host(0), false, &report)
             .unwrap();
-        pools.free(b, 1 << 20, 0, capture).unwrap();
+        pools.free(b, 1 << 20, 0, live(capture)).unwrap();
         assert_eq!(streams.pending(capture), 2);
     }
 
@@ -915,11 +950,11 @@ mod tests {
         };
         // A segment of a first graph, and an ordinary one on the second stream.
         let plain = pools
-            .alloc(1 << 20, 0, second, create, false, &quiet)
+            .alloc(1 << 20, 0, live(second), create, false, &quiet)
             .unwrap();
         streams.begin_capture(first);
         let g = pools
-            .alloc(2 << 20, 0, first, host(0), false, &quiet)
+            .alloc(2 << 20, 0, live(first), host(0), false, &quiet)
             .unwrap();
         streams.end_capture(first);
 
@@ -928,11 +963,11 @@ mod tests {
         // invalidate the open capture, so the free waits instead.
         streams.begin_capture(second);
         let h = pools
-            .alloc(2 << 20, 0, second, host(0), false, &quiet)
+            .alloc(2 << 20, 0, live(second), host(0), false, &quiet)
             .unwrap();
-        pools.free(g, 2 << 20, 0, first).unwrap();
+        pools.free(g, 2 << 20, 0, live(first)).unwrap();
         // The ordinary segment, freed on the capturing stream: delayed too (no event there).
-        pools.free(plain, 1 << 20, 0, second).unwrap();
+        pools.free(plain, 1 << 20, 0, live(second)).unwrap();
         let stats = pools.capture_stats(0).unwrap();
         assert_eq!((stats.deferred, stats.freed, stats.live), (2, 0, 2));
         assert!(streams.refused().is_empty(), "{:?}", streams.refused());
@@ -943,12 +978,12 @@ mod tests {
         assert!(streams.refused().is_empty(), "{:?}", streams.refused());
 
         // A bad free is still refused at once when nothing stops it.
-        assert!(pools.free(0x10, 1, 0, home).is_err());
+        assert!(pools.free(0x10, 1, 0, live(home)).is_err());
         assert_eq!(pools.capture_stats(0).unwrap().deferred, 2);
 
         // The capture ends; the next call does the delayed frees, then its own.
         streams.end_capture(second);
-        pools.free(h, 2 << 20, 0, second).unwrap();
+        pools.free(h, 2 << 20, 0, live(second)).unwrap();
         let stats = pools.capture_stats(0).unwrap();
         assert_eq!(
             (

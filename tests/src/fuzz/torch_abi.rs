@@ -118,7 +118,8 @@ fn calls(input: &mut Input<'_>) {
         let device = input.pick(&DEVICES);
         let in_range = (0..MAX_DEVICES as i32).contains(&device);
         let state = model.entry(device).or_insert(Device::NoPoolYet).clone();
-        let stream = StreamId(input.u8() as u64);
+        // SAFETY: host pools only: no CUDA stream runtime passes the id to the driver.
+        let stream = unsafe { abi::LiveStream::new(StreamId(input.u8() as u64)) };
         match input.u8() % 8 {
             0..=2 => {
                 let size = input.size(1 << 20);
