@@ -43,6 +43,52 @@ mod gpu {
         assert!(marker.try_is_complete().unwrap());
     }
 
+    /// Device views let safe code queue work on a slice's stream: only pools with their own
+    /// CUDA stream runtime (which orders every reuse after that work) give them. A device pool
+    /// without a stream runtime (every free reused at once, on any stream) and one with a
+    /// runtime of another kind refuse them; a `Pool::cuda` pool gives them.
+    #[test]
+    fn device_views_need_the_pools_own_cuda_stream_runtime() {
+        let Some((_device, stream)) = gpu() else {
+            return;
+        };
+        use devarena::backend::cuda::{CudaBackend, CudaVirtualMemory};
+        use devarena::pool::{ManualStreams, StreamId};
+        let bare = Pool::builder(1 << 20)
+            .build_in(CudaBackend::new(stream.clone()))
+            .unwrap();
+        let growable = Pool::builder(4 << 20)
+            .build_mapped(CudaVirtualMemory::new(stream.clone()).unwrap())
+            .unwrap();
+        let manual = Pool::builder(1 << 20)
+            .streams(std::sync::Arc::new(ManualStreams::new()), StreamId::DEFAULT)
+            .build_in(CudaBackend::new(stream.clone()))
+            .unwrap();
+        let legacy = stream.context().default_stream();
+        for (pool, why) in [
+            (&bare, "has no stream runtime"),
+            (&growable, "has no stream runtime"),
+            (&manual, "other than `CudaStreams`"),
+        ] {
+            let mut s = pool.alloc_slice::<u32>(16).unwrap();
+            for view_stream in [&stream, &legacy] {
+                let err = s.device_view(view_stream).unwrap_err();
+                assert!(err.to_string().contains(why), "{err}");
+                let err = s.device_view_mut(view_stream).unwrap_err();
+                assert!(err.to_string().contains("device views need"), "{err}");
+            }
+            drop(s);
+            assert_eq!(pool.stats().live, 0);
+        }
+        let pool = Pool::cuda(stream.clone(), 1 << 20).unwrap();
+        let mut s = pool.alloc_slice::<u32>(16).unwrap();
+        s.device_view_mut(&stream)
+            .unwrap()
+            .upload(&[3; 16])
+            .unwrap();
+        assert_eq!(s.device_view(&stream).unwrap().to_vec().unwrap(), [3; 16]);
+    }
+
     fn exhausted(error: &Error) -> (&'static str, usize) {
         match error {
             Error::PoolExhausted { limit, pending, .. } => (limit, *pending),

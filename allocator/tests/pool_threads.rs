@@ -2612,6 +2612,45 @@ fn a_stream_that_is_another_on_each_thread_gets_no_heap() {
     assert_eq!((s.in_use, s.pending, s.largest_free), (0, 0, 16 << 20));
 }
 
+/// A pool slice may move to another thread and be dropped there: for a stream that is
+/// another on each thread, its free would be recorded on the other thread's stream, out of
+/// the order of the work queued on it here. Slices for such a stream are refused (raw
+/// allocations, freed by the thread that knows the stream, are not); a panic of the runtime
+/// there is an error.
+#[test]
+fn a_slice_for_a_stream_that_is_another_on_each_thread_is_refused() {
+    const PER_THREAD: StreamId = StreamId(2);
+    let streams = Arc::new(PerThread::default());
+    let pool = stream_pool("per-thread-slices", 1 << 20, streams.clone());
+    let err = pool
+        .own_client()
+        .alloc_slice_on::<u32>(16, PER_THREAD)
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument { what } if what.contains("stream 0x2")
+            && what.contains("per-thread")),
+        "{err}"
+    );
+    let other = pool
+        .own_client()
+        .alloc_slice_on::<u32>(16, StreamId(7))
+        .unwrap();
+    drop(other);
+    let raw = pool.allocate_on(64, 0, PER_THREAD).unwrap();
+    pool.deallocate_on(raw, PER_THREAD).unwrap();
+    streams.1.store(true, std::sync::atomic::Ordering::Relaxed);
+    let err = pool
+        .own_client()
+        .alloc_slice_on::<u32>(16, PER_THREAD)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("panicked in `is_per_thread`"),
+        "{err}"
+    );
+    streams.1.store(false, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(pool.stats().live, 0);
+}
+
 #[test]
 fn a_per_thread_home_stream_and_a_panicking_runtime_are_errors_not_panics() {
     let err = Pool::builder(1 << 20)

@@ -112,6 +112,13 @@ impl PoolBuilder {
 
     /// Makes the pool stream-aware: `home` is the stream the pool belongs to, `sync` records
     /// and queries events (see [`StreamSync`]).
+    ///
+    /// Without a stream runtime every free is a free on the home stream: the block is handed
+    /// out again at once, on any stream, and a growable region may unmap it at the next trim.
+    /// Code that queued device work on a block's raw address must wait for that work before it
+    /// frees it. Device views of [`PoolSlice`](super::PoolSlice)s, which let safe code queue
+    /// work, need the pool's own CUDA runtime (`PoolBuilder::build_cuda`, with the `cuda`
+    /// feature): a runtime of another kind orders reuse on its own word.
     pub fn streams(mut self, sync: Arc<dyn StreamSync>, home: StreamId) -> Self {
         self.streams = Some(sync);
         self.home = home;

@@ -350,6 +350,30 @@ impl<T: Element> PoolSlice<T> {
                 client.backend_name()
             )));
         }
+        // A view lets safe code queue work on the slice's stream (copies, memsets): the block
+        // must have been handed out in that stream's order, and its free must wait for that
+        // work. Only the pool's own CUDA stream runtime is trusted with that: a pool without a
+        // stream runtime hands every free out again at once, on any stream, and another
+        // runtime's events are its own word.
+        let streams = client.shared().streams.as_ref();
+        let ours = streams.is_some_and(|s| {
+            let s: &dyn Any = s.as_ref();
+            s.is::<CudaStreams>()
+        });
+        if !ours {
+            return Err(Error::invalid(format!(
+                "pool slice at {:#x}: pool `{}` {}, so nothing orders the reuse of its blocks \
+                 after the work a view queues; device views need the pool's own CUDA stream \
+                 runtime (`Pool::cuda`, `PoolBuilder::build_cuda`)",
+                self.addr(),
+                client.shared().name,
+                if streams.is_some() {
+                    "has a stream runtime other than `CudaStreams`"
+                } else {
+                    "has no stream runtime"
+                }
+            )));
+        }
         let id = stream_id(stream);
         if id != self.stream() {
             return Err(Error::invalid(format!(
@@ -376,8 +400,10 @@ impl<T: Element> PoolSlice<T> {
     /// allocated for (the pool's home stream for [`Pool::alloc_slice`]). The view borrows the
     /// slice, so the slice cannot be freed while a view of it lives.
     ///
-    /// An error when the pool is not device memory, `stream` is not the slice's stream, or the
-    /// memory is on another device than `stream`.
+    /// An error when the pool is not device memory, has not the pool's own CUDA stream runtime
+    /// ([`Pool::cuda`], [`PoolBuilder::build_cuda`]: only it orders every reuse of a block
+    /// after the work queued on it), `stream` is not the slice's stream, or the memory is on
+    /// another device than `stream`.
     pub fn device_view<'a>(
         &'a self,
         stream: &'a Arc<CudaStream>,

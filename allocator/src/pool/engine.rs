@@ -668,6 +668,18 @@ impl Shared {
         })
     }
 
+    /// Whether `stream`, another stream than the home stream, names a different stream on
+    /// each thread (CUDA's per-thread default stream), as the stream runtime says (asked
+    /// without the lock; a panic is an error).
+    pub(super) fn per_thread_stream(&self, stream: StreamId) -> Result<bool, Error> {
+        match &self.streams {
+            Some(streams) if stream != self.home => {
+                self.runtime_call("is_per_thread", || Ok(streams.is_per_thread(stream)))
+            }
+            _ => Ok(false),
+        }
+    }
+
     /// Records an event on `stream` (a runtime callback, see [`stream_call`](Self::stream_call)),
     /// kept as a [`HeldEvent`]: its destructor runs as a callback of the pool's lock.
     pub(super) fn record_event(

@@ -76,6 +76,19 @@ impl<T: Element> PoolSlice<T> {
                 size_of::<T>()
             ))
         })?;
+        if let Some(stream) = stream {
+            // A slice may move to another thread and be dropped there, its free recorded on
+            // the stream its handle names there: another stream, for a per-thread handle.
+            if client.shared().per_thread_stream(stream)? {
+                return Err(Error::invalid(format!(
+                    "pool `{}`: stream {stream} names a different stream on each thread (CUDA's \
+                     per-thread default stream); a pool slice, which may move to another \
+                     thread, is freed on its stream there, out of the order of the work queued \
+                     on it here: allocate slices for a stream of your own",
+                    client.shared().name
+                )));
+            }
+        }
         let align = align_of::<T>().max(DEFAULT_POOL_ALIGN);
         let addr = allocate(bytes, align)?;
         Ok(PoolSlice {
