@@ -994,6 +994,7 @@ impl Drop for Shared {
         if !self.lock_wait("its recorded events").outbox.is_empty() {
             self.deliver();
         }
+        self.wait_for_parked_streams();
         if self.log_leaks_on_drop {
             let report = self.leak_report();
             if !report.is_empty() {
@@ -1001,6 +1002,40 @@ impl Drop for Shared {
             }
         }
         self.drop_heaps();
+    }
+}
+
+impl Shared {
+    /// At the pool's drop: waits for every stream that blocks are parked behind (freed there,
+    /// given back by a heap of it, held by a graph released there), whose queued work may
+    /// still use them. The region then goes back to the driver, which for a classic region
+    /// waits for the home stream only (a growable one waits for the whole device). A wait
+    /// that fails is logged; the region goes back all the same.
+    fn wait_for_parked_streams(&self) {
+        let Some(streams) = &self.streams else {
+            return;
+        };
+        let waiting: Vec<StreamId> = {
+            let state = self.lock_wait("its parked blocks");
+            state
+                .parked
+                .iter()
+                .filter(|(_, queue)| !queue.is_empty())
+                .map(|(stream, _)| *stream)
+                .collect()
+        };
+        for stream in waiting {
+            if let Err(error) = self.runtime_call("synchronize", || streams.synchronize(stream)) {
+                logged_unlocked(|| {
+                    log::error!(
+                        target: "devarena::pool",
+                        "pool `{}`: waiting for stream {stream} before its region goes back \
+                         failed ({error}); work queued there may still use blocks freed on it",
+                        self.name
+                    )
+                });
+            }
+        }
     }
 }
 

@@ -20,6 +20,7 @@
 
 use alloc::string::String;
 use core::cell::{Cell, UnsafeCell};
+use core::marker::PhantomData;
 use core::ops::{Deref, DerefMut};
 use core::sync::atomic::{AtomicBool, Ordering};
 
@@ -166,14 +167,20 @@ impl<T> Lock<T> {
         if !self.try_lock() {
             self.lock_contended()?;
         }
-        Ok(LockGuard { lock: self })
+        Ok(LockGuard {
+            lock: self,
+            _access: PhantomData,
+        })
     }
 
     /// Takes the lock if it is free now.
     #[inline]
     pub(crate) fn try_guard(&self) -> Option<LockGuard<'_, T>> {
         // Lazily: a guard made and dropped would release the lock.
-        self.try_lock().then(|| LockGuard { lock: self })
+        self.try_lock().then(|| LockGuard {
+            lock: self,
+            _access: PhantomData,
+        })
     }
 
     /// Waits, spinning up to about `spins` loop hints, while another thread holds the lock;
@@ -246,6 +253,9 @@ impl<T> Lock<T> {
 /// Access to the locked value; releases the lock on drop (also during unwinding).
 pub(crate) struct LockGuard<'a, T> {
     lock: &'a Lock<T>,
+    /// Shared between threads only where `T` is `Sync`, as a `&mut T` (the guard hands out
+    /// `&T` through `Deref`; the lock alone would make it `Sync` for any `T: Send`).
+    _access: PhantomData<&'a mut T>,
 }
 
 impl<T> Deref for LockGuard<'_, T> {
