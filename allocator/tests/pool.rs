@@ -1592,25 +1592,6 @@ fn stream_pool(capacity: usize) -> (Pool, Arc<ManualStreams>) {
     (pool, streams)
 }
 
-/// A pool dropped while blocks are parked behind events of other streams waits for those
-/// streams before its region goes back: their queued work may still use the blocks (a classic
-/// CUDA region's `cuMemFree` waits for the home stream only). Streams with nothing parked are
-/// not waited for.
-#[test]
-fn a_pool_dropped_with_parked_blocks_waits_for_their_streams() {
-    let (pool, streams) = stream_pool(1 << 20);
-    let a = pool.allocate_on(4096, 0, OTHER).unwrap();
-    let b = pool.allocate_on(4096, 0, THIRD).unwrap();
-    pool.deallocate_on(a, OTHER).unwrap();
-    pool.deallocate_on(b, THIRD).unwrap();
-    streams.complete(THIRD);
-    pool.reclaim().unwrap();
-    assert_eq!(pool.stats().pending, 4096);
-    assert!(streams.synchronized().is_empty());
-    drop(pool);
-    assert_eq!(streams.synchronized(), [OTHER]);
-}
-
 #[test]
 fn a_block_freed_on_the_home_stream_is_reused_at_once() {
     let (pool, streams) = stream_pool(4096);

@@ -268,6 +268,44 @@ mod gpu {
         assert_eq!(pool.stats().live, 0);
     }
 
+    /// A classic device pool dropped while a block is parked behind the event of another
+    /// stream, whose queued work (held at a gate) may still use it: the drop waits for that
+    /// stream before the region goes back to the driver, whatever `cuMemFree` waits for.
+    #[test]
+    fn a_pool_dropped_with_a_block_parked_on_a_busy_stream_waits_for_that_stream() {
+        let Some((_device, home)) = gpu() else { return };
+        let other = home.context().new_stream().unwrap();
+        // (No thread heaps: a heap of `other` would take the free on `other` at once.)
+        let pool = Pool::builder(4 << 20)
+            .region(RegionKind::Classic)
+            .thread_heaps(0)
+            .build_cuda(home.clone())
+            .unwrap();
+        let id = pool.register_stream(&other).unwrap();
+        let gate = StreamGate::block(&other);
+        let mut s = pool.own_client().alloc_slice_on::<u32>(1024, id).unwrap();
+        s.device_view_mut(&other).unwrap().fill_bytes(7).unwrap();
+        drop(s);
+        assert_eq!(pool.stats().pending, 4096);
+        let marker = other.record_event(None).unwrap();
+        let opened = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let opener = {
+            let (gate, opened) = (gate.opener(), opened.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                opened.store(true, std::sync::atomic::Ordering::SeqCst);
+                gate.open();
+            })
+        };
+        drop(pool);
+        assert!(
+            opened.load(std::sync::atomic::Ordering::SeqCst),
+            "the pool's region went back while the stream's gate was still shut"
+        );
+        assert!(marker.try_is_complete().unwrap());
+        opener.join().unwrap();
+    }
+
     #[test]
     fn a_block_freed_on_another_stream_is_reused_only_after_its_event() {
         let Some((_device, home)) = gpu() else { return };

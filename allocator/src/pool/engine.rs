@@ -1006,15 +1006,19 @@ impl Drop for Shared {
 }
 
 impl Shared {
-    /// At the pool's drop: waits for every stream that blocks are parked behind (freed there,
-    /// given back by a heap of it, held by a graph released there), whose queued work may
-    /// still use them. The region then goes back to the driver, which for a classic region
-    /// waits for the home stream only (a growable one waits for the whole device). A wait
-    /// that fails is logged; the region goes back all the same.
+    /// At the drop of a pool of memory a device reaches (device, managed, pinned): waits for
+    /// every stream that blocks are parked behind (freed there, given back by a heap of it,
+    /// held by a graph released there), whose queued work may still use them. The region then
+    /// goes back to the driver, which for a classic region waits for the home stream only (a
+    /// growable one waits for the whole device). A wait that fails is logged; the region goes
+    /// back all the same. (Host memory: nothing queued on a stream reaches it.)
     fn wait_for_parked_streams(&self) {
         let Some(streams) = &self.streams else {
             return;
         };
+        if self.memory == MemoryKind::Host {
+            return;
+        }
         let waiting: Vec<StreamId> = {
             let state = self.lock_wait("its parked blocks");
             state
