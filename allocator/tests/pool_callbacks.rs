@@ -930,68 +930,44 @@ fn replacing_a_sink_whose_destructor_calls_the_pool_does_not_hang() {
     assert_eq!(pool.stats().live, 0);
 }
 
+/// A pool on its own index with a slice of 4096 bytes for `OTHER`, its stream runtime failing
+/// from then on (a driver error at every call).
+fn slice_on_a_failing_runtime(name: &str) -> (Pool, Arc<ManualStreams>, PoolSlice<u8>) {
+    let streams = Arc::new(ManualStreams::new());
+    let pool = Pool::builder(1 << 20)
+        .name(name)
+        .reuse(0, 0)
+        .thread_heaps(0)
+        .streams(streams.clone(), HOME)
+        .build_host()
+        .unwrap();
+    let slice = pool.own_client().alloc_slice_on::<u8>(4096, OTHER).unwrap();
+    streams.fail_with(Some(Error::Driver {
+        call: "cuEventRecord",
+        name: "CUDA_ERROR_LAUNCH_TIMEOUT".into(),
+        text: "transient failure".into(),
+        code: 702,
+    }));
+    (pool, streams, slice)
+}
+
 /// A slice on another stream is freed with an event recorded there. When the runtime cannot
 /// record it (a driver error), the slice is gone and no one else may free its block (only the
 /// slice frees an owned block): the block is parked behind the failure and set aside, counted,
 /// not left live for good.
 #[test]
 fn a_slice_dropped_while_no_event_can_be_recorded_is_set_aside_and_counted() {
-    let streams = Arc::new(ManualStreams::new());
-    let pool = Pool::builder(1 << 20)
-        .name("slice-drop-record-fails")
-        .reuse(0, 0)
-        .thread_heaps(0)
-        .streams(streams.clone(), HOME)
-        .build_host()
-        .unwrap();
-    let slice = pool.own_client().alloc_slice_on::<u8>(4096, OTHER).unwrap();
+    let (pool, streams, slice) = slice_on_a_failing_runtime("slice-drop-record-fails");
     let addr = slice.addr();
-    streams.fail_with(Some(Error::Driver {
-        call: "cuEventRecord",
-        name: "CUDA_ERROR_LAUNCH_TIMEOUT".into(),
-        text: "transient failure".into(),
-        code: 702,
-    }));
-    drop(slice); // logged, nothing freed
-    streams.fail_with(None);
-    // The runtime works again: whatever is needed to get the block back.
-    streams.complete_all();
-    let _ = pool.reclaim();
-    streams.complete_all();
-    let _ = pool.reclaim();
-    let stats = pool.stats();
-    assert_eq!(
-        (stats.live, stats.in_use, stats.pending, stats.quarantined),
-        (0, 0, 0, 4096),
-        "the slice's block at {addr:#x}: {stats:?}"
-    );
+    drop(slice); // the error logged, the block parked behind the failure
+    assert_set_aside_once_the_runtime_works(&pool, &streams);
     // Nor can the caller free it by address: the block belongs to a slice that is gone.
     assert!(pool.deallocate_on(addr, OTHER).is_err());
 }
 
-/// `PoolSlice::free` returns the error of a free whose event cannot be recorded, and the
-/// block is set aside as for a dropped slice.
-#[test]
-fn a_slice_whose_free_cannot_record_an_event_returns_the_error_and_sets_the_block_aside() {
-    let streams = Arc::new(ManualStreams::new());
-    let pool = Pool::builder(1 << 20)
-        .name("slice-free-record-fails")
-        .reuse(0, 0)
-        .thread_heaps(0)
-        .streams(streams.clone(), HOME)
-        .build_host()
-        .unwrap();
-    let slice = pool.own_client().alloc_slice_on::<u8>(4096, OTHER).unwrap();
-    streams.fail_with(Some(Error::Driver {
-        call: "cuEventRecord",
-        name: "CUDA_ERROR_LAUNCH_TIMEOUT".into(),
-        text: "transient failure".into(),
-        code: 702,
-    }));
-    // `free` reports the error, and takes the slice: nothing is left to free the block with.
-    let error = slice.free().unwrap_err();
-    assert!(matches!(error, Error::Driver { code: 702, .. }), "{error}");
-    assert_eq!((pool.stats().live, pool.stats().pending), (0, 4096));
+/// The runtime works again and the pool reclaims: the slice's block of 4096 bytes is set
+/// aside, neither live nor pending, and the rest of the pool serves on.
+fn assert_set_aside_once_the_runtime_works(pool: &Pool, streams: &ManualStreams) {
     streams.fail_with(None);
     streams.complete_all();
     let _ = pool.reclaim();
@@ -1001,9 +977,20 @@ fn a_slice_whose_free_cannot_record_an_event_returns_the_error_and_sets_the_bloc
         (0, 0, 0, 4096),
         "{stats:?}"
     );
-    // The rest of the pool serves on.
     let rest = pool.allocate(512 << 10, 0).unwrap();
     pool.deallocate(rest).unwrap();
+}
+
+/// `PoolSlice::free` returns the error of a free whose event cannot be recorded, and the
+/// block is set aside as for a dropped slice.
+#[test]
+fn a_slice_whose_free_cannot_record_an_event_returns_the_error_and_sets_the_block_aside() {
+    let (pool, streams, slice) = slice_on_a_failing_runtime("slice-free-record-fails");
+    // `free` reports the error, and takes the slice: nothing is left to free the block with.
+    let error = slice.free().unwrap_err();
+    assert!(matches!(error, Error::Driver { code: 702, .. }), "{error}");
+    assert_eq!((pool.stats().live, pool.stats().pending), (0, 4096));
+    assert_set_aside_once_the_runtime_works(&pool, &streams);
 }
 
 /// A runtime whose `is_per_thread` panics at build: the error should say so, not claim that

@@ -21,37 +21,10 @@ use devarena::{Error, Pool};
 
 const HOME: StreamId = StreamId(1);
 
-/// xorshift64: a fixed sequence per seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// Log-uniform-ish in `1..=max`.
-    fn size(&mut self, max: usize) -> usize {
-        let bits = 1 + self.below(max.ilog2() as u64) as u32;
-        1 + (self.next() as usize) % (1usize << bits).min(max)
-    }
-
-    /// 0 ("any"), or a power of two from 256 to 4096.
-    fn align(&mut self) -> usize {
-        match self.below(6) {
-            0 => 0,
-            k => 128 << k,
-        }
-    }
-}
+mod rng;
 use devarena::MemoryKind;
 use devarena::backend::VirtualMemory;
+use rng::Rng;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -541,6 +514,19 @@ fn worker(
         }
     };
     let graph_left: std::cell::RefCell<HashMap<u64, StreamId>> = Default::default();
+    // Ends the graph's capture if open and releases it; its blocks still live stay with this
+    // thread, freed later.
+    let release = |g: Graph, held: &mut Vec<Held>| {
+        if g.capturing {
+            checker.inner.end_capture(g.stream);
+        }
+        checker.releasing(g.id, g.stream);
+        let _ = g.res.release();
+        graph_left
+            .borrow_mut()
+            .extend(g.blocks.iter().map(|&a| (a, g.stream)));
+        held.extend(g.blocks.into_iter().map(|a| Held::Block(a, g.stream)));
+    };
     let free_block = |held: Held, on: StreamId| -> Option<Held> {
         match held {
             Held::Block(a, _) => {
@@ -761,18 +747,7 @@ fn worker(
                         }
                         graph = Some(g);
                     }
-                    5 => {
-                        if g.capturing {
-                            checker.inner.end_capture(g.stream);
-                        }
-                        checker.releasing(g.id, g.stream);
-                        let _ = g.res.release();
-                        // Blocks still live stay with this thread, freed later.
-                        graph_left
-                            .borrow_mut()
-                            .extend(g.blocks.iter().map(|&a| (a, g.stream)));
-                        held.extend(g.blocks.into_iter().map(|a| Held::Block(a, g.stream)));
-                    }
+                    5 => release(g, &mut held),
                     _ => graph = Some(g),
                 },
             }
@@ -785,15 +760,7 @@ fn worker(
         );
     }
     if let Some(g) = graph.take() {
-        if g.capturing {
-            checker.inner.end_capture(g.stream);
-        }
-        checker.releasing(g.id, g.stream);
-        let _ = g.res.release();
-        graph_left
-            .borrow_mut()
-            .extend(g.blocks.iter().map(|&a| (a, g.stream)));
-        held.extend(g.blocks.into_iter().map(|a| Held::Block(a, g.stream)));
+        release(g, &mut held);
     }
     for h in held {
         let on = match &h {
@@ -876,16 +843,18 @@ fn rng_small(r: &mut Rng) -> u64 {
     5 + r.below(40)
 }
 
+/// A count from the environment variable `name`, or `default`.
+fn env_count<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 #[test]
 fn reuse_order_one_thread() {
-    let seeds: u64 = std::env::var("ORDER_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4);
-    let ops: usize = std::env::var("ORDER_OPS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4000);
+    let seeds: u64 = env_count("ORDER_SEEDS", 4);
+    let ops: usize = env_count("ORDER_OPS", 4000);
     for seed in 0..seeds {
         for eager in [true, false] {
             for heaps in [true, false] {
@@ -910,14 +879,8 @@ fn reuse_order_one_thread() {
 
 #[test]
 fn reuse_order_threads() {
-    let seeds: u64 = std::env::var("ORDER_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
-    let ops: usize = std::env::var("ORDER_OPS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4000);
+    let seeds: u64 = env_count("ORDER_SEEDS", 3);
+    let ops: usize = env_count("ORDER_OPS", 4000);
     for seed in 0..seeds {
         for threads in [2, 3, 4] {
             for (eager, reuse, growable) in [

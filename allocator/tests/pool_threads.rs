@@ -16,35 +16,8 @@ use devarena::pool::{
 };
 use devarena::{Error, Pool, PoolClient};
 
-/// xorshift64: a fixed sequence per seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// Log-uniform-ish in `1..=max`.
-    fn size(&mut self, max: usize) -> usize {
-        let bits = 1 + self.below(max.ilog2() as u64) as u32;
-        1 + (self.next() as usize) % (1usize << bits).min(max)
-    }
-
-    /// 0 ("any"), or a power of two from 256 to 4096.
-    fn align(&mut self) -> usize {
-        match self.below(6) {
-            0 => 0,
-            k => 128 << k,
-        }
-    }
-}
+mod rng;
+use rng::Rng;
 
 /// The bytes a request takes, computed independently of the pool: 256-byte granules, then
 /// (from 32 granules on) a multiple of 1/32 of the size's power of two.
