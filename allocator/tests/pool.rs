@@ -1592,6 +1592,56 @@ fn stream_pool(capacity: usize) -> (Pool, Arc<ManualStreams>) {
     (pool, streams)
 }
 
+/// A pool of memory a device reaches, dropped after blocks were freed on another stream,
+/// waits for that stream before its region goes back: work queued there may still use them
+/// (a classic CUDA region's `cuMemFree` waits for the home stream only). Whether the free
+/// parked the block behind an event (the pool's index) or went to the stream's thread heap,
+/// which takes no event. A host pool waits for nothing.
+#[test]
+fn a_device_pool_dropped_after_frees_on_another_stream_waits_for_it() {
+    for heaps in [false, true] {
+        for slice in [false, true] {
+            let streams = Arc::new(ManualStreams::new());
+            let mut builder = Pool::builder(1 << 20)
+                .log_leaks_on_drop(false)
+                .streams(streams.clone(), HOME);
+            if !heaps {
+                builder = builder.thread_heaps(0);
+            }
+            let pool = builder.build_in(DeviceLike::default()).unwrap();
+            if slice {
+                drop(
+                    pool.own_client()
+                        .alloc_slice_on::<u32>(1024, OTHER)
+                        .unwrap(),
+                );
+            } else {
+                let a = pool.allocate_on(4096, 0, OTHER).unwrap();
+                pool.deallocate_on(a, OTHER).unwrap();
+            }
+            let home = pool.allocate(4096, 0).unwrap();
+            pool.deallocate(home).unwrap();
+            assert_eq!(
+                (pool.thread_heaps() > 0, pool.stats().pending),
+                (heaps, if heaps { 0 } else { 4096 }),
+                "heaps {heaps}"
+            );
+            assert!(streams.synchronized().is_empty());
+            drop(pool);
+            assert_eq!(
+                streams.synchronized(),
+                [OTHER],
+                "heaps {heaps} slice {slice}"
+            );
+        }
+    }
+    let (pool, streams) = stream_pool(1 << 20);
+    let a = pool.allocate_on(4096, 0, OTHER).unwrap();
+    pool.deallocate_on(a, OTHER).unwrap();
+    drop(pool);
+    assert!(streams.synchronized().is_empty(), "host memory");
+}
+
 #[test]
 fn a_block_freed_on_the_home_stream_is_reused_at_once() {
     let (pool, streams) = stream_pool(4096);

@@ -2155,6 +2155,32 @@ fn a_graph_reservation_stops_other_threads_heaps_for_its_stream_during_the_captu
     );
 }
 
+/// Between a graph reservation's opening and its capture (no graph allocation yet), no heap
+/// serves its stream: a heap made then would serve the capture without asking whether the
+/// stream captures.
+#[test]
+fn a_graph_reservation_keeps_heaps_off_its_stream_until_its_capture_is_over() {
+    const S: StreamId = StreamId(7);
+    let streams = Arc::new(ManualStreams::new());
+    let pool = default_stream_pool("reservation-window", 16 << 20, streams.clone());
+    let graph = pool.graph_reservation(S).unwrap();
+    // Before the capture: plain requests on `S` take the pool's index.
+    let before = pool.allocate_on(4096, 0, S).unwrap();
+    assert_eq!(pool.thread_heaps(), 0);
+    streams.begin_capture(S);
+    let g = graph.allocate(4096, 0).unwrap();
+    let during = pool.allocate_on(4096, 0, S).unwrap();
+    assert_eq!(pool.thread_heaps(), 0);
+    streams.end_capture(S);
+    let after = pool.allocate_on(4096, 0, S).unwrap();
+    assert_eq!(pool.thread_heaps(), 1);
+    for a in [before, during, after, g] {
+        pool.deallocate_on(a, S).unwrap();
+    }
+    drop(graph);
+    assert_all_free(&pool, &streams, 16 << 20);
+}
+
 #[test]
 fn a_graph_reservation_gives_back_the_threads_heap_for_its_stream() {
     const S: StreamId = StreamId(7);
@@ -2179,20 +2205,18 @@ fn a_graph_reservation_gives_back_the_threads_heap_for_its_stream() {
     assert_eq!(pool.stats().live, before.live);
     // The graph's own blocks are served, and no heap comes back during the capture.
     let g = graph.allocate(4096, 0).unwrap();
+    let during = pool.allocate_on(4096, 0, S).unwrap();
     assert_eq!(pool.thread_heaps(), 0);
     streams.end_capture(S);
-    // After the capture: `x` can go. While the reservation is open (the graph may be
-    // captured on `S` again), requests on `S` take the pool's index: no heap.
+    // After the capture: `x` can go, and the next request on `S` makes a new heap, while the
+    // graph (and its reservation) lives on.
     pool.deallocate_on(x, S).unwrap();
-    let z = pool.allocate_on(4096, 0, S).unwrap();
-    assert_eq!(pool.thread_heaps(), 0);
-    pool.deallocate_on(z, S).unwrap();
-    pool.deallocate_on(g, S).unwrap();
-    drop(graph);
-    // Once it is released, the next request on `S` makes a new heap.
+    pool.deallocate_on(during, S).unwrap();
     let z = pool.allocate_on(4096, 0, S).unwrap();
     assert_eq!(pool.thread_heaps(), 1);
     pool.deallocate_on(z, S).unwrap();
+    pool.deallocate_on(g, S).unwrap();
+    drop(graph);
     assert_all_free(&pool, &streams, 16 << 20);
 }
 

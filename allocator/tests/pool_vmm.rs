@@ -1656,6 +1656,21 @@ mod a_backend_whose_name_panics {
         }
     }
 
+    /// Asked at the build, through the same catch: a `name` that panics is an error of the
+    /// build, not an unwind out of it.
+    #[test]
+    fn a_name_that_panics_at_the_build_is_an_error() {
+        let vm = Vm {
+            inner: HostVirtualMemory::new(4096).unwrap(),
+            broken: AtomicBool::new(true),
+        };
+        let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Pool::builder(MIB).build_mapped(vm).map(drop)
+        }));
+        let err = built.expect("the build unwound").unwrap_err();
+        assert!(err.to_string().contains("panicked in `name`"), "{err}");
+    }
+
     #[test]
     fn a_name_that_panics_after_a_map_panic_loses_no_block() {
         let vm = Vm {

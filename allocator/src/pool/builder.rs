@@ -258,8 +258,9 @@ impl PoolBuilder {
     /// Whether every thread gets its heap at its first allocation, instead of once some thread
     /// has found the pool's lock taken (off by default; a heap for a stream other than the home
     /// stream comes with the first request there either way, unless the stream captures a
-    /// graph then, is CUDA's per-thread default stream, or the stream runtime refuses it; and
-    /// none while tracking or an event sink is on). For pools known to serve several threads
+    /// graph then or a graph reservation on it awaits its capture, is CUDA's per-thread default
+    /// stream, or the stream runtime refuses it; and none while tracking or an event sink is
+    /// on). For pools known to serve several threads
     /// at once; a pool used this way by one thread places its blocks in spans, not as the
     /// pool's own index would.
     ///
@@ -352,11 +353,13 @@ impl PoolBuilder {
     /// ```
     pub fn build_mapped<V: VirtualMemory + 'static>(self, vm: V) -> Result<Pool, Error> {
         if self.region == Some(RegionKind::Classic) {
+            // (The backend's name, where asking for it does not panic.)
+            let name = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| vm.name()))
+                .unwrap_or("the virtual-memory backend");
             return Err(Error::invalid(format!(
-                "pool `{}`: `{}` maps memory on demand and makes no classic region; use \
+                "pool `{}`: `{name}` maps memory on demand and makes no classic region; use \
                  `build_in` with a `Backend` for `RegionKind::Classic`",
                 self.name,
-                vm.name()
             )));
         }
         let capacity = self.checked_capacity()?;

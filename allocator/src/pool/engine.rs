@@ -167,9 +167,14 @@ pub(super) struct State {
 }
 
 impl State {
-    /// Whether a graph reservation on `stream` is open.
-    pub(super) fn graph_open_on(&self, stream: StreamId) -> bool {
-        self.graphs.open_on(stream)
+    /// Whether thread heaps stay off `stream` for a graph reservation's capture (see
+    /// [`Graphs::heaps_barred`](super::graph::Graphs::heaps_barred)).
+    pub(super) fn heaps_barred_on(
+        &self,
+        stream: StreamId,
+        capturing: impl FnOnce() -> bool,
+    ) -> bool {
+        self.graphs.heaps_barred(stream, capturing)
     }
 
     /// Notes that `stream` is ordered after the home stream's frees up to `epoch` (a later
@@ -668,6 +673,15 @@ impl Shared {
         })
     }
 
+    /// Whether `stream` captures a graph, as the stream runtime says under the lock (an error
+    /// or a panic counts as yes; no runtime: no).
+    pub(super) fn capturing(&self, stream: StreamId) -> bool {
+        self.streams.as_ref().is_some_and(|streams| {
+            self.stream_call("is_capturing", || streams.is_capturing(stream))
+                .unwrap_or(true)
+        })
+    }
+
     /// Whether `stream`, another stream than the home stream, names a different stream on
     /// each thread (CUDA's per-thread default stream), as the stream runtime says (asked
     /// without the lock; a panic is an error).
@@ -994,7 +1008,7 @@ impl Drop for Shared {
         if !self.lock_wait("its recorded events").outbox.is_empty() {
             self.deliver();
         }
-        self.wait_for_parked_streams();
+        self.wait_for_streams_in_use();
         if self.log_leaks_on_drop {
             let report = self.leak_report();
             if !report.is_empty() {
@@ -1007,27 +1021,33 @@ impl Drop for Shared {
 
 impl Shared {
     /// At the drop of a pool of memory a device reaches (device, managed, pinned): waits for
-    /// every stream that blocks are parked behind (freed there, given back by a heap of it,
-    /// held by a graph released there), whose queued work may still use them. The region then
-    /// goes back to the driver, which for a classic region waits for the home stream only (a
-    /// growable one waits for the whole device). A wait that fails is logged; the region goes
-    /// back all the same. (Host memory: nothing queued on a stream reaches it.)
-    fn wait_for_parked_streams(&self) {
+    /// every stream other than the home stream whose queued work may still use the pool's
+    /// blocks: streams that blocks are parked behind (freed there, given back by a heap of
+    /// it, held by a graph released there), and the streams of thread heaps, whose frees take
+    /// no event. The region then goes back to the driver, which for a classic region waits for
+    /// the home stream only (a growable one waits for the whole device). A wait that fails is
+    /// logged; the region goes back all the same. (Host memory: nothing queued on a stream
+    /// reaches it.)
+    fn wait_for_streams_in_use(&self) {
         let Some(streams) = &self.streams else {
             return;
         };
         if self.memory == MemoryKind::Host {
             return;
         }
-        let waiting: Vec<StreamId> = {
-            let state = self.lock_wait("its parked blocks");
+        let mut waiting: Vec<StreamId> = {
+            let state = self.lock_wait("the streams that use it");
             state
                 .parked
                 .iter()
                 .filter(|(_, queue)| !queue.is_empty())
                 .map(|(stream, _)| *stream)
+                .chain(state.heaps.iter().map(|entry| entry.heap.stream))
+                .filter(|&stream| stream != self.home)
                 .collect()
         };
+        waiting.sort_unstable();
+        waiting.dedup();
         for stream in waiting {
             if let Err(error) = self.runtime_call("synchronize", || streams.synchronize(stream)) {
                 logged_unlocked(|| {

@@ -33,13 +33,16 @@
 //! before it. This wait happens during the capture, once per home-stream free, and never during
 //! replays. Allocations for a graph captured on the home stream itself need none of it.
 //!
-//! **Thread heaps stay off the graph's stream** while the reservation is open: every
-//! thread's heap for that stream (see
-//! [`PoolBuilder::thread_heaps`](super::PoolBuilder::thread_heaps)) gives its spans back when
-//! the reservation opens, and none takes a span until it is released, so that the stream's
-//! plain requests on any thread take the pool's index, which refuses a plain free on the stream
-//! while it captures (its event would be captured) rather than hand the block out again at
-//! once. Reservations on the home stream leave its heaps as they are.
+//! **Thread heaps stay off the graph's stream during its capture**: every thread's heap for
+//! that stream (see [`PoolBuilder::thread_heaps`](super::PoolBuilder::thread_heaps)) gives its
+//! spans back when the reservation opens, and none takes a span (nor is a new one made) until
+//! the capture is over: while the reservation has made no graph allocation yet, and while the
+//! stream captures. Meanwhile the stream's plain requests on any thread take the pool's index,
+//! which refuses a plain free on the stream while it captures (its event would be captured)
+//! rather than hand the block out again at once. After the capture the stream's heaps serve
+//! again while the graph lives. (A second capture on one reservation is not watched for: a
+//! graph gets a reservation of its own.) Reservations on the home stream leave its heaps as
+//! they are.
 //!
 //! **What stays the caller's.** The reservation keeps the blocks it allocated. Memory a graph
 //! reaches that came from elsewhere (blocks allocated before the capture, arenas, cudarc
@@ -305,11 +308,19 @@ impl Graphs {
         self.next
     }
 
-    /// Whether a graph reservation on `stream` is open (not released).
-    pub(super) fn open_on(&self, stream: StreamId) -> bool {
-        self.entries
+    /// Whether thread heaps stay off `stream`: a graph reservation on it is open, and either
+    /// made no graph allocation yet (its capture is to come) or the stream captures
+    /// (`capturing`, asked only then).
+    pub(super) fn heaps_barred(&self, stream: StreamId, capturing: impl FnOnce() -> bool) -> bool {
+        let mut open = self
+            .entries
             .iter()
-            .any(|e| e.stream == stream && e.released.is_none())
+            .filter(|e| e.stream == stream && e.released.is_none())
+            .peekable();
+        if open.peek().is_none() {
+            return false;
+        }
+        open.any(|e| e.allocations == 0) || capturing()
     }
 
     /// Whether the graph exists and is not released.

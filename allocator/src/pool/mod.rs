@@ -152,16 +152,17 @@
 //!   count as `pending` meanwhile; a request that would fail without them makes the home
 //!   stream wait for that stream and takes them. A thread gets a heap for another stream at
 //!   its first request there (on the pool's index a free there would record an event), unless
-//!   that stream is capturing a graph then, or the runtime refuses it or cannot say whether it
-//!   captures (the pool's index serves it; the heap comes with a later request). A heap serves
-//!   its stream without asking whether it captures, as the pool's index serves the home
-//!   stream: a free there during a capture is handed out again at once, though the graph may
-//!   replay work that used the block. A [`GraphReservation`] (and `Pool::capture`) gives the
-//!   calling thread's heap for its stream back when it is opened, so that the thread's plain
-//!   requests on that stream during the capture take the pool's index, which refuses a free
-//!   on a capturing stream; other threads' heaps for the stream, and heaps made on a stream
-//!   whose capture was begun without a reservation, are not given back. CUDA's per-thread
-//!   default stream, a different stream on each thread, gets no heap.
+//!   that stream is capturing a graph then, a [`GraphReservation`] on it awaits its capture,
+//!   or the runtime refuses it or cannot say whether it captures (the pool's index serves it;
+//!   the heap comes with a later request). A heap serves its stream without asking whether it
+//!   captures, as the pool's index serves the home stream: a free there during a capture is
+//!   handed out again at once, though the graph may replay work that used the block. A
+//!   [`GraphReservation`] (and `Pool::capture`) therefore gives back every thread's heap for
+//!   its stream when it is opened, and no heap takes a span of that stream until its capture
+//!   is over (see [`graph`]), so that plain requests on the stream during the capture take the
+//!   pool's index, which refuses a free on a capturing stream. Heaps of a stream whose capture
+//!   was begun without a reservation are not given back. CUDA's per-thread default stream, a
+//!   different stream on each thread, gets no heap.
 //! * **Thread exit, pool drop.** A thread's heaps are listed in a thread-local that holds each
 //!   pool weakly; when the thread exits, each heap of a pool still alive is given back. A pool
 //!   dropped first empties its heaps (its leak report lists their live allocations).

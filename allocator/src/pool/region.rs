@@ -143,8 +143,7 @@ impl Region {
         capacity: usize,
         chunk: Option<usize>,
     ) -> Result<Region, Error> {
-        let (memory, backend) = (vm.memory(), vm.name());
-        let mapping = Mapping::reserve(pool, Box::new(vm), capacity, chunk)?;
+        let (mapping, memory, backend) = Mapping::reserve(pool, Box::new(vm), capacity, chunk)?;
         Ok(Region {
             base: mapping.base(),
             capacity,

@@ -163,9 +163,11 @@ impl<T: Element> PoolSlice<T> {
 
     /// Frees the slice now and reports a failure (dropping it only logs one). A slice on a
     /// stream other than the pool's home stream is freed with an event recorded there; where
-    /// none can be (a driver error), the error comes back and the block is set aside for
-    /// good, since nothing says the stream is done with it (counted in
-    /// [`PoolStats::quarantined`](super::PoolStats::quarantined)).
+    /// none can be (a driver error, or the stream captures a graph: a graph captured with work
+    /// on the block may replay it at any time later), the error comes back and the block is
+    /// set aside for good, since nothing says the stream is done with it (counted in
+    /// [`PoolStats::quarantined`](super::PoolStats::quarantined)). A slice a graph uses is
+    /// allocated through a [`GraphReservation`](super::GraphReservation), which keeps it.
     pub fn free(self) -> Result<(), Error> {
         let this = core::mem::ManuallyDrop::new(self);
         let result = this.client.free_owned(this.addr, this.stream);

@@ -31,7 +31,7 @@ use core::sync::atomic::Ordering;
 use loom::sync::atomic::AtomicU64;
 
 use super::BLOCK_GRANULE;
-use crate::backend::VirtualMemory;
+use crate::backend::{MemoryKind, VirtualMemory};
 use crate::error::Error;
 use crate::plan::align_up;
 use crate::pool::engine::CalledBack;
@@ -178,14 +178,16 @@ impl Mapping {
     /// Reserves addresses for `capacity` bytes (a non-zero multiple of [`BLOCK_GRANULE`]) on
     /// `vm`, to be mapped in chunks of `chunk` bytes (the implementation's recommendation when
     /// `None`); nothing is mapped yet.
+    /// Also the memory the backend maps, and its name, both asked once, here.
     pub(super) fn reserve(
         pool: &str,
         vm: Box<dyn VirtualMemory>,
         capacity: usize,
         chunk: Option<usize>,
-    ) -> Result<Mapping, Error> {
+    ) -> Result<(Mapping, MemoryKind, &'static str), Error> {
         // (Asked through `vm_call`, as every call into the backend: a panic is an error.)
         let name = vm_call(&*vm, pool, "?", "name", |vm| Ok(vm.name()))?;
+        let memory = vm_call(&*vm, pool, name, "memory", |vm| Ok(vm.memory()))?;
         let granularity = vm_call(&*vm, pool, name, "granularity", |vm| Ok(vm.granularity()))?;
         if !granularity.is_power_of_two() || granularity < BLOCK_GRANULE {
             return Err(Error::invalid(format!(
@@ -229,7 +231,7 @@ impl Mapping {
         let bits: Arc<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();
         let base = vm_call(&*vm, pool, name, "reserve", |vm| vm.reserve(reserved))
             .map_err(|error| super::region::reserving(pool, capacity, error))?;
-        Ok(Mapping {
+        let mapping = Mapping {
             vm: Some(vm),
             map: ChunkMap {
                 base,
@@ -246,7 +248,8 @@ impl Mapping {
             last: None,
             pool: Box::from(pool),
             backend: name,
-        })
+        };
+        Ok((mapping, memory, name))
     }
 
     /// The region's start.

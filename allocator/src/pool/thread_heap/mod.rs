@@ -605,10 +605,10 @@ impl Shared {
                 // a span (see `add_span`).
                 self.stream_call("validate", || streams.validate(stream))
                     .ok()?;
-                // No heap while a graph reservation on the stream is open (see `open_graph`)
-                // or the stream captures a graph (or cannot say): the general path serves a
-                // capture, and the stream gets its heap at a request after it.
-                if state.graph_open_on(stream) {
+                // No heap while a graph reservation on the stream awaits its capture (see
+                // `open_graph`) or the stream captures a graph (or cannot say): the general
+                // path serves a capture, and the stream gets its heap at a request after it.
+                if state.heaps_barred_on(stream, || false) {
                     return None;
                 }
                 let capturing = self.stream_call("is_capturing", || streams.is_capturing(stream));

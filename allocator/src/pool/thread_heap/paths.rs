@@ -206,9 +206,11 @@ impl Shared {
         let Some(reserved) = reserved_bytes(ask.size).filter(|&r| r <= self.capacity) else {
             return general(state);
         };
-        // While a graph reservation on the heap's stream is open, the stream's requests take
+        // During a graph reservation's capture on the heap's stream, the stream's requests take
         // the pool's index, which knows captures (see `open_graph`): the heap takes no span.
-        if heap.stream != self.home && state.graph_open_on(heap.stream) {
+        if heap.stream != self.home
+            && state.heaps_barred_on(heap.stream, || self.capturing(heap.stream))
+        {
             return general(state);
         }
         let mut guard = heap.state.lock_wait();

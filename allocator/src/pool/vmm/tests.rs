@@ -15,7 +15,7 @@ const CHUNK: usize = 4096;
 /// A mapping of `capacity` bytes in 4 KiB chunks, and the stand-in under it.
 fn mapping(capacity: usize) -> (Mapping, Arc<HostVirtualMemory>) {
     let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
-    let mapping = Mapping::reserve("test", Box::new(vm.clone()), capacity, None).unwrap();
+    let (mapping, _, _) = Mapping::reserve("test", Box::new(vm.clone()), capacity, None).unwrap();
     (mapping, vm)
 }
 
@@ -288,7 +288,7 @@ fn chunk_sizes_are_checked_when_the_region_is_reserved() {
         .err()
         .unwrap();
     assert!(err.to_string().contains("12288"), "{err}");
-    let m = Mapping::reserve("p", vm(), 1 << 20, Some(4 * CHUNK)).unwrap();
+    let (m, _, _) = Mapping::reserve("p", vm(), 1 << 20, Some(4 * CHUNK)).unwrap();
     assert_eq!(m.stats().chunk, 4 * CHUNK);
     let err = Mapping::reserve("p", vm(), usize::MAX - 256, None)
         .err()
