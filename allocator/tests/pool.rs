@@ -1828,3 +1828,125 @@ fn freed_blocks_are_reused_whole_and_merged_before_a_request_would_fail() {
     assert_eq!((e, small.stats().in_use), (d, 8192));
     small.deallocate(e).unwrap();
 }
+
+/// A device pool dropped while a stream it has a heap for captures a graph (a capture begun
+/// without a reservation of this pool, another pool's graph say) leaves that stream alone:
+/// waiting for it would end the capture (`cuStreamSynchronize` on a capturing stream).
+#[test]
+fn a_device_pool_dropped_during_a_capture_on_a_heaps_stream_leaves_the_capture_alone() {
+    let streams = Arc::new(ManualStreams::new());
+    let pool = Pool::builder(1 << 20)
+        .log_leaks_on_drop(false)
+        .streams(streams.clone(), HOME)
+        .build_in(DeviceLike::default())
+        .unwrap();
+    let a = pool.allocate_on(4096, 0, OTHER).unwrap();
+    pool.deallocate_on(a, OTHER).unwrap();
+    assert_eq!(pool.thread_heaps(), 1);
+    streams.begin_capture(OTHER);
+    drop(pool);
+    streams.end_capture(OTHER);
+    assert!(
+        streams.refused().is_empty(),
+        "the drop called into the capturing stream: {:?}",
+        streams.refused()
+    );
+}
+
+/// A runtime with CUDA's per-thread default stream (`PTDS`, a different stream on
+/// each thread): `synchronize(PTDS)` waits for the calling thread's own stream only, and
+/// events record on the calling thread's stream.
+#[derive(Debug, Default)]
+struct PerThreadStreams {
+    events: Mutex<
+        Vec<(
+            std::thread::ThreadId,
+            StreamId,
+            Arc<std::sync::atomic::AtomicBool>,
+        )>,
+    >,
+}
+
+const PTDS: StreamId = StreamId(9);
+
+#[derive(Debug)]
+struct PtEvent(Arc<std::sync::atomic::AtomicBool>);
+
+impl devarena::pool::StreamEvent for PtEvent {
+    fn is_complete(&self) -> Result<bool, Error> {
+        Ok(self.0.load(std::sync::atomic::Ordering::Acquire))
+    }
+}
+
+impl devarena::pool::StreamSync for PerThreadStreams {
+    fn record(&self, stream: StreamId) -> Result<Box<dyn devarena::pool::StreamEvent>, Error> {
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        self.events
+            .lock()
+            .unwrap()
+            .push((std::thread::current().id(), stream, done.clone()));
+        Ok(Box::new(PtEvent(done)))
+    }
+    fn order_after(&self, _: StreamId, _: StreamId) -> Result<(), Error> {
+        Ok(())
+    }
+    fn is_per_thread(&self, stream: StreamId) -> bool {
+        stream == PTDS
+    }
+    fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
+        let me = std::thread::current().id();
+        for (thread, s, done) in self.events.lock().unwrap().iter() {
+            if *s == stream && (stream != PTDS || *thread == me) {
+                done.store(true, std::sync::atomic::Ordering::Release);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A block freed by another thread on the per-thread default stream is parked behind an event
+/// on that thread's stream: the drop of a device pool waits for that event, not for the
+/// dropping thread's own per-thread stream (which `synchronize` of the handle would wait for).
+#[test]
+fn a_device_pool_dropped_waits_for_another_threads_per_thread_stream() {
+    let streams = Arc::new(PerThreadStreams::default());
+    let pool = Pool::builder(1 << 20)
+        .log_leaks_on_drop(false)
+        .streams(streams.clone(), HOME)
+        .build_in(DeviceLike::default())
+        .unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let a = pool.allocate_on(4096, 0, PTDS).unwrap();
+            pool.deallocate_on(a, PTDS).unwrap();
+        });
+    });
+    assert_eq!(
+        pool.stats().pending,
+        4096,
+        "parked behind the worker's stream"
+    );
+    let worker_event = streams
+        .events
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(t, s, _)| *s == PTDS && *t != std::thread::current().id())
+        .map(|(_, _, done)| done.clone())
+        .expect("an event on the worker's per-thread stream");
+    // The worker's stream finishes 300 ms from now; a drop that waits for it returns after.
+    let completer = {
+        let done = worker_event.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            done.store(true, std::sync::atomic::Ordering::Release);
+        })
+    };
+    drop(pool);
+    let waited = worker_event.load(std::sync::atomic::Ordering::Acquire);
+    completer.join().unwrap();
+    assert!(
+        waited,
+        "the region went back before the other thread's per-thread stream finished with the block"
+    );
+}

@@ -2181,6 +2181,44 @@ fn a_graph_reservation_keeps_heaps_off_its_stream_until_its_capture_is_over() {
     assert_all_free(&pool, &streams, 16 << 20);
 }
 
+/// A graph allocation made before the capture (the graph's static buffers), then a warm-up on
+/// the graph's stream, then the capture: heaps stay off the stream until the pool sees the
+/// capture end, so no heap serves the capture's plain requests. (A first version ended the bar
+/// at the first graph allocation: the warm-up made a heap, which then took the capture's plain
+/// free and handed the block out again at once.)
+#[test]
+fn a_graph_allocation_before_the_capture_lets_no_heap_serve_the_capture() {
+    const S: StreamId = StreamId(7);
+    let streams = Arc::new(ManualStreams::new());
+    let pool = default_stream_pool("alloc-before-capture", 16 << 20, streams.clone());
+    let graph = pool.graph_reservation(S).unwrap();
+    // The graph's input, allocated for it before the capture.
+    let input = graph.allocate(4096, 0).unwrap();
+    // A warm-up on `S` before the capture.
+    let warm = pool.allocate_on(4096, 0, S).unwrap();
+    pool.deallocate_on(warm, S).unwrap();
+    streams.begin_capture(S);
+    let x = pool.allocate_on(4096, 0, S).unwrap();
+    let freed = pool.deallocate_on(x, S);
+    let y = pool.allocate_on(4096, 0, S).unwrap();
+    streams.end_capture(S);
+    let heaps = pool.thread_heaps();
+    // (cleanup before asserting)
+    if freed.is_err() {
+        let _ = pool.deallocate_on(x, S);
+    }
+    pool.deallocate_on(y, S).unwrap();
+    pool.deallocate_on(input, S).unwrap();
+    drop(graph);
+    assert!(
+        freed.is_err() && y != x,
+        "during the capture a heap served S: plain free accepted = {}, block handed out again \
+         = {}, heaps = {heaps}",
+        freed.is_ok(),
+        y == x
+    );
+}
+
 #[test]
 fn a_graph_reservation_gives_back_the_threads_heap_for_its_stream() {
     const S: StreamId = StreamId(7);

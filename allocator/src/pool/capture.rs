@@ -96,6 +96,7 @@ impl Pool {
         };
         let recorded = record(&mut capture);
         let exec = session.finish(recorded)?;
+        reservation.capture_over();
         Ok(PoolGraph { exec, reservation })
     }
 }

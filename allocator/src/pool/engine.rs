@@ -170,7 +170,7 @@ impl State {
     /// Whether thread heaps stay off `stream` for a graph reservation's capture (see
     /// [`Graphs::heaps_barred`](super::graph::Graphs::heaps_barred)).
     pub(super) fn heaps_barred_on(
-        &self,
+        &mut self,
         stream: StreamId,
         capturing: impl FnOnce() -> bool,
     ) -> bool {
@@ -1025,9 +1025,14 @@ impl Shared {
     /// blocks: streams that blocks are parked behind (freed there, given back by a heap of
     /// it, held by a graph released there), and the streams of thread heaps, whose frees take
     /// no event. The region then goes back to the driver, which for a classic region waits for
-    /// the home stream only (a growable one waits for the whole device). A wait that fails is
-    /// logged; the region goes back all the same. (Host memory: nothing queued on a stream
-    /// reaches it.)
+    /// the home stream only (a growable one waits for the whole device). (Host memory: nothing
+    /// queued on a stream reaches it.)
+    ///
+    /// A stream that names another stream on each thread (the per-thread default stream) is
+    /// not synchronized (that would wait for this thread's): the events its blocks are parked
+    /// behind, recorded on the freeing threads' streams, are waited for instead. A stream that
+    /// captures a graph is not touched (waiting for it would end the capture); a wait that
+    /// fails, or is not made for that reason, is logged, and the region goes back all the same.
     fn wait_for_streams_in_use(&self) {
         let Some(streams) = &self.streams else {
             return;
@@ -1048,18 +1053,61 @@ impl Shared {
         };
         waiting.sort_unstable();
         waiting.dedup();
+        let mut per_thread = Vec::new();
         for stream in waiting {
-            if let Err(error) = self.runtime_call("synchronize", || streams.synchronize(stream)) {
-                logged_unlocked(|| {
-                    log::error!(
-                        target: "devarena::pool",
-                        "pool `{}`: waiting for stream {stream} before its region goes back \
-                         failed ({error}); work queued there may still use blocks freed on it",
-                        self.name
-                    )
-                });
+            if self.per_thread_stream(stream).unwrap_or(false) {
+                per_thread.push(stream);
+                continue;
+            }
+            let capturing = self
+                .runtime_call("is_capturing", || streams.is_capturing(stream))
+                .unwrap_or(true);
+            let waited = match capturing {
+                true => Err(Error::invalid(format!(
+                    "stream {stream} captures a graph (or cannot say)"
+                ))),
+                false => self.runtime_call("synchronize", || streams.synchronize(stream)),
+            };
+            if let Err(error) = waited {
+                self.unwaited(stream, &error);
             }
         }
+        if !per_thread.is_empty() {
+            self.wait_for_parked_events(&per_thread);
+        }
+    }
+
+    /// Waits until no block is parked behind an event on one of `streams` (each completed, or
+    /// set aside where its query fails), polling.
+    fn wait_for_parked_events(&self, streams: &[StreamId]) {
+        let mut pause = core::time::Duration::from_micros(50);
+        loop {
+            let left = {
+                let mut state = self.lock_wait("its parked blocks");
+                self.reclaim_parked(&mut state);
+                state
+                    .parked
+                    .iter()
+                    .any(|(stream, queue)| streams.contains(stream) && !queue.is_empty())
+            };
+            if !left {
+                return;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(core::time::Duration::from_millis(10));
+        }
+    }
+
+    #[cold]
+    fn unwaited(&self, stream: StreamId, error: &Error) {
+        logged_unlocked(|| {
+            log::error!(
+                target: "devarena::pool",
+                "pool `{}`: not waiting for stream {stream} before its region goes back \
+                 ({error}); work queued there may still use blocks freed on it",
+                self.name
+            )
+        });
     }
 }
 

@@ -33,16 +33,19 @@
 //! before it. This wait happens during the capture, once per home-stream free, and never during
 //! replays. Allocations for a graph captured on the home stream itself need none of it.
 //!
-//! **Thread heaps stay off the graph's stream during its capture**: every thread's heap for
-//! that stream (see [`PoolBuilder::thread_heaps`](super::PoolBuilder::thread_heaps)) gives its
-//! spans back when the reservation opens, and none takes a span (nor is a new one made) until
-//! the capture is over: while the reservation has made no graph allocation yet, and while the
-//! stream captures. Meanwhile the stream's plain requests on any thread take the pool's index,
-//! which refuses a plain free on the stream while it captures (its event would be captured)
-//! rather than hand the block out again at once. After the capture the stream's heaps serve
-//! again while the graph lives. (A second capture on one reservation is not watched for: a
-//! graph gets a reservation of its own.) Reservations on the home stream leave its heaps as
-//! they are.
+//! **Thread heaps stay off the graph's stream until its capture is over**: every thread's heap
+//! for that stream (see [`PoolBuilder::thread_heaps`](super::PoolBuilder::thread_heaps)) gives
+//! its spans back when the reservation opens, and none takes a span (nor is a new one made)
+//! until the pool has seen the capture end: `Pool::capture` says so when it ends its capture;
+//! otherwise the pool notes what the stream runtime says at the requests on the stream that
+//! reach it (a graph allocation or a plain request while heaps are off): capturing, then no
+//! longer capturing. Meanwhile the stream's plain requests on any thread take the pool's
+//! index, which refuses a plain free on the stream while it captures (its event would be
+//! captured) rather than hand the block out again at once. After the capture the stream's
+//! heaps serve again while the graph lives. A reservation whose capture the pool never sees
+//! (no request on its stream during it) keeps heaps off the stream until it is released. (A
+//! second capture on one reservation is not watched for: a graph gets a reservation of its
+//! own.) Reservations on the home stream leave its heaps as they are.
 //!
 //! **What stays the caller's.** The reservation keeps the blocks it allocated. Memory a graph
 //! reaches that came from elsewhere (blocks allocated before the capture, arenas, cudarc
@@ -191,6 +194,13 @@ impl GraphReservation {
         self.client.shared().release_graph(self.key)
     }
 
+    /// The graph's capture has ended (`Pool::capture` says so): thread heaps may serve its
+    /// stream again (see the [module docs](self)).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(super) fn capture_over(&self) {
+        self.client.shared().graph_capture_over(self.key);
+    }
+
     fn for_graph_stream<'a>(&self, request: AllocRequest<'a>) -> Result<AllocRequest<'a>, Error> {
         match request.stream {
             Some(stream) if stream != self.stream => Err(Error::invalid(format!(
@@ -254,6 +264,19 @@ struct Entry {
     held_bytes: usize,
     live: usize,
     allocations: u64,
+    /// What the pool has seen of the graph's capture (see [`Graphs::heaps_barred`]).
+    capture: Seen,
+}
+
+/// What the pool has seen of a reservation's capture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    /// Not begun, as far as the pool knows.
+    NotYet,
+    /// The stream was seen capturing.
+    Capturing,
+    /// The stream was seen no longer capturing after that, or the capture's owner said so.
+    Over,
 }
 
 /// Who owns a live block of a graph, as the free path needs it.
@@ -304,23 +327,55 @@ impl Graphs {
             held_bytes: 0,
             live: 0,
             allocations: 0,
+            capture: Seen::NotYet,
         });
         self.next
     }
 
-    /// Whether thread heaps stay off `stream`: a graph reservation on it is open, and either
-    /// made no graph allocation yet (its capture is to come) or the stream captures
-    /// (`capturing`, asked only then).
-    pub(super) fn heaps_barred(&self, stream: StreamId, capturing: impl FnOnce() -> bool) -> bool {
+    /// Whether thread heaps stay off `stream`: a graph reservation on it is open whose capture
+    /// the pool has not seen end. `capturing` (whether the stream captures now) is asked only
+    /// then, and what it says is noted: seen capturing, then seen not capturing, the capture
+    /// is over.
+    pub(super) fn heaps_barred(
+        &mut self,
+        stream: StreamId,
+        capturing: impl FnOnce() -> bool,
+    ) -> bool {
         let mut open = self
             .entries
-            .iter()
-            .filter(|e| e.stream == stream && e.released.is_none())
+            .iter_mut()
+            .filter(|e| e.stream == stream && e.released.is_none() && e.capture != Seen::Over)
             .peekable();
         if open.peek().is_none() {
             return false;
         }
-        open.any(|e| e.allocations == 0) || capturing()
+        let now = capturing();
+        let mut waiting = false;
+        for entry in open {
+            entry.capture = match (entry.capture, now) {
+                (_, true) => Seen::Capturing,
+                (Seen::Capturing, false) => Seen::Over,
+                (seen, false) => seen,
+            };
+            waiting |= entry.capture != Seen::Over;
+        }
+        waiting
+    }
+
+    /// The graph `key` allocated while its stream captured: its capture has begun.
+    pub(super) fn saw_capture(&mut self, key: u64) {
+        if let Some(entry) = self.entry_mut(key) {
+            if entry.capture == Seen::NotYet {
+                entry.capture = Seen::Capturing;
+            }
+        }
+    }
+
+    /// The capture of graph `key` has ended (its owner, `Pool::capture`, says so).
+    pub(super) fn capture_over(&mut self, key: u64) {
+        if let Some(entry) = self.entry_mut(key) {
+            entry.capture = Seen::Over;
+        }
     }
 
     /// Whether the graph exists and is not released.

@@ -96,6 +96,11 @@ impl Shared {
                     self.name
                 )));
             }
+            // A graph allocation while the stream captures: the capture has begun (thread
+            // heaps stay off the stream until it is seen to end, see `Graphs::heaps_barred`).
+            if stream != self.home && self.capturing(stream) {
+                state.graphs.saw_capture(key);
+            }
         }
         // The host has waited for the home stream past every free on it: `stream` is ordered
         // after them as if it had waited itself, so the general path makes it wait for nothing.
@@ -234,6 +239,13 @@ impl Shared {
         let tag = info.as_ref().and_then(|i| i.tag.as_deref());
         self.count_free(state, live, addr, reserved, stream, tag);
         unrecorded.map_or(Ok(info), Err)
+    }
+
+    /// The capture of graph `key` has ended (see `GraphReservation::capture_over`).
+    pub(in crate::pool) fn graph_capture_over(&self, key: u64) {
+        if let Ok(mut state) = self.lock() {
+            state.graphs.capture_over(key);
+        }
     }
 
     /// Releases a graph reservation: an event on the graph's stream (or the host's wait for

@@ -608,11 +608,10 @@ impl Shared {
                 // No heap while a graph reservation on the stream awaits its capture (see
                 // `open_graph`) or the stream captures a graph (or cannot say): the general
                 // path serves a capture, and the stream gets its heap at a request after it.
-                if state.heaps_barred_on(stream, || false) {
-                    return None;
-                }
-                let capturing = self.stream_call("is_capturing", || streams.is_capturing(stream));
-                if capturing.unwrap_or(true) {
+                let capturing = self
+                    .stream_call("is_capturing", || streams.is_capturing(stream))
+                    .unwrap_or(true);
+                if state.heaps_barred_on(stream, || capturing) || capturing {
                     return None;
                 }
             }
