@@ -2145,6 +2145,12 @@ fn a_graph_reservation_stops_other_threads_heaps_for_its_stream_during_the_captu
         to_worker.send(()).unwrap();
         from_worker.recv().unwrap();
     });
+    // The worker gives its heap back in its thread-local destructors, which the end of the
+    // scope need not wait for: its free blocks of `S` are parked then.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while pool.thread_heaps() > 0 && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
+    }
     streams.complete_all();
     let _ = pool.reclaim();
     let stats = pool.stats();
