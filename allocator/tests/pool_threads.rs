@@ -2225,6 +2225,122 @@ fn a_graph_allocation_before_the_capture_lets_no_heap_serve_the_capture() {
     );
 }
 
+/// Two reservations on one stream, both opened before their captures (one graph per batch
+/// size, say): no heap serves the second capture. (A first version took a plain request during
+/// the first capture as the second reservation's capture too, and let heaps back after it.)
+#[test]
+fn two_reservations_on_one_stream_the_second_capture_gets_no_heap() {
+    const S: StreamId = StreamId(7);
+    let streams = Arc::new(ManualStreams::new());
+    let pool = default_stream_pool("two-reservations", 16 << 20, streams.clone());
+    let g1 = pool.graph_reservation(S).unwrap();
+    let g2 = pool.graph_reservation(S).unwrap();
+    // Capture 1 (g1's): a graph allocation and a plain request on S.
+    streams.begin_capture(S);
+    let a = g1.allocate(4096, 0).unwrap();
+    let p = pool.allocate_on(4096, 0, S).unwrap();
+    streams.end_capture(S);
+    // Between the captures: a plain request on S.
+    let q = pool.allocate_on(4096, 0, S).unwrap();
+    pool.deallocate_on(p, S).unwrap();
+    pool.deallocate_on(q, S).unwrap();
+    // Capture 2 (g2's).
+    streams.begin_capture(S);
+    let b = g2.allocate(4096, 0).unwrap();
+    let x = pool.allocate_on(4096, 0, S).unwrap();
+    let freed = pool.deallocate_on(x, S);
+    let y = pool.allocate_on(4096, 0, S).unwrap();
+    streams.end_capture(S);
+    let heaps = pool.thread_heaps();
+    if freed.is_err() {
+        let _ = pool.deallocate_on(x, S);
+    }
+    for z in [y, a, b] {
+        pool.deallocate_on(z, S).unwrap();
+    }
+    drop((g1, g2));
+    assert!(
+        freed.is_err() && y != x,
+        "during g2's capture a heap served S: plain free accepted = {}, block handed out again \
+         = {}, heaps = {heaps}",
+        freed.is_ok(),
+        y == x
+    );
+}
+
+/// A runtime whose `is_capturing` fails while `flaky` is set (otherwise `ManualStreams`).
+#[derive(Debug, Default)]
+struct FlakyCapturing {
+    inner: ManualStreams,
+    flaky: std::sync::atomic::AtomicBool,
+}
+
+impl StreamSync for FlakyCapturing {
+    fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
+        self.inner.record(stream)
+    }
+    fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
+        self.inner.order_after(waiter, producer)
+    }
+    fn is_capturing(&self, stream: StreamId) -> Result<bool, Error> {
+        if self.flaky.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(Error::Driver {
+                call: "cuStreamIsCapturing",
+                name: "CUDA_ERROR_UNKNOWN".into(),
+                text: "injected".into(),
+                code: 999,
+            });
+        }
+        self.inner.is_capturing(stream)
+    }
+    fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
+        self.inner.synchronize(stream)
+    }
+}
+
+/// An `is_capturing` that fails before the capture keeps heaps off the stream and notes
+/// nothing: no heap serves the capture. (A first version took the error as "seen capturing",
+/// and the next answer, before the capture, as its end.)
+#[test]
+fn an_is_capturing_error_before_the_capture_lets_no_heap_serve_it() {
+    const S: StreamId = StreamId(7);
+    let streams = Arc::new(FlakyCapturing::default());
+    let pool = default_stream_pool("flaky-is-capturing", 16 << 20, streams.clone());
+    let graph = pool.graph_reservation(S).unwrap();
+    streams
+        .flaky
+        .store(true, std::sync::atomic::Ordering::Release);
+    let w1 = pool.allocate_on(4096, 0, S);
+    streams
+        .flaky
+        .store(false, std::sync::atomic::Ordering::Release);
+    let w2 = pool.allocate_on(4096, 0, S).unwrap();
+    if let Ok(w1) = w1 {
+        pool.deallocate_on(w1, S).unwrap();
+    }
+    pool.deallocate_on(w2, S).unwrap();
+    streams.inner.begin_capture(S);
+    let g = graph.allocate(4096, 0).unwrap();
+    let x = pool.allocate_on(4096, 0, S).unwrap();
+    let freed = pool.deallocate_on(x, S);
+    let y = pool.allocate_on(4096, 0, S).unwrap();
+    streams.inner.end_capture(S);
+    let heaps = pool.thread_heaps();
+    if freed.is_err() {
+        let _ = pool.deallocate_on(x, S);
+    }
+    pool.deallocate_on(y, S).unwrap();
+    pool.deallocate_on(g, S).unwrap();
+    drop(graph);
+    assert!(
+        freed.is_err() && y != x,
+        "during the capture a heap served S: plain free accepted = {}, block handed out again \
+         = {}, heaps = {heaps}",
+        freed.is_ok(),
+        y == x
+    );
+}
+
 #[test]
 fn a_graph_reservation_gives_back_the_threads_heap_for_its_stream() {
     const S: StreamId = StreamId(7);

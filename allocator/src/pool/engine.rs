@@ -172,7 +172,7 @@ impl State {
     pub(super) fn heaps_barred_on(
         &mut self,
         stream: StreamId,
-        capturing: impl FnOnce() -> bool,
+        capturing: impl FnOnce() -> Option<bool>,
     ) -> bool {
         self.graphs.heaps_barred(stream, capturing)
     }
@@ -673,13 +673,15 @@ impl Shared {
         })
     }
 
-    /// Whether `stream` captures a graph, as the stream runtime says under the lock (an error
-    /// or a panic counts as yes; no runtime: no).
-    pub(super) fn capturing(&self, stream: StreamId) -> bool {
-        self.streams.as_ref().is_some_and(|streams| {
-            self.stream_call("is_capturing", || streams.is_capturing(stream))
-                .unwrap_or(true)
-        })
+    /// Whether `stream` captures a graph, as the stream runtime says under the lock (`None`:
+    /// it cannot say, an error or a panic; no runtime: no).
+    pub(super) fn capturing(&self, stream: StreamId) -> Option<bool> {
+        match &self.streams {
+            Some(streams) => self
+                .stream_call("is_capturing", || streams.is_capturing(stream))
+                .ok(),
+            None => Some(false),
+        }
     }
 
     /// Whether `stream`, another stream than the home stream, names a different stream on

@@ -333,33 +333,37 @@ impl Graphs {
     }
 
     /// Whether thread heaps stay off `stream`: a graph reservation on it is open whose capture
-    /// the pool has not seen end. `capturing` (whether the stream captures now) is asked only
-    /// then, and what it says is noted: seen capturing, then seen not capturing, the capture
-    /// is over.
+    /// the pool has not seen end. `capturing` (whether the stream captures now; `None`: the
+    /// runtime cannot say) is asked only then, and what it says is noted: a reservation seen
+    /// capturing, then seen not capturing, has its capture over. A stream seen capturing is
+    /// taken as the capture of a reservation still waiting for its own only where one
+    /// reservation on the stream waits (with several, each is marked by a graph allocation of
+    /// its own during its capture, [`saw_capture`](Self::saw_capture)). An answer the runtime
+    /// cannot give keeps the heaps off and notes nothing.
     pub(super) fn heaps_barred(
         &mut self,
         stream: StreamId,
-        capturing: impl FnOnce() -> bool,
+        capturing: impl FnOnce() -> Option<bool>,
     ) -> bool {
-        let mut open = self
-            .entries
-            .iter_mut()
-            .filter(|e| e.stream == stream && e.released.is_none() && e.capture != Seen::Over)
-            .peekable();
-        if open.peek().is_none() {
+        let waiting =
+            |e: &Entry| e.stream == stream && e.released.is_none() && e.capture != Seen::Over;
+        let count = self.entries.iter().filter(|e| waiting(e)).count();
+        if count == 0 {
             return false;
         }
-        let now = capturing();
-        let mut waiting = false;
-        for entry in open {
+        let Some(now) = capturing() else {
+            return true;
+        };
+        let mut barred = false;
+        for entry in self.entries.iter_mut().filter(|e| waiting(e)) {
             entry.capture = match (entry.capture, now) {
-                (_, true) => Seen::Capturing,
+                (Seen::NotYet, true) if count == 1 => Seen::Capturing,
                 (Seen::Capturing, false) => Seen::Over,
-                (seen, false) => seen,
+                (seen, _) => seen,
             };
-            waiting |= entry.capture != Seen::Over;
+            barred |= entry.capture != Seen::Over;
         }
-        waiting
+        barred
     }
 
     /// The graph `key` allocated while its stream captured: its capture has begun.

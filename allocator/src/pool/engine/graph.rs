@@ -98,7 +98,7 @@ impl Shared {
             }
             // A graph allocation while the stream captures: the capture has begun (thread
             // heaps stay off the stream until it is seen to end, see `Graphs::heaps_barred`).
-            if stream != self.home && self.capturing(stream) {
+            if stream != self.home && self.capturing(stream) == Some(true) {
                 state.graphs.saw_capture(key);
             }
         }

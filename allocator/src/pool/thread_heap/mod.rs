@@ -610,8 +610,8 @@ impl Shared {
                 // path serves a capture, and the stream gets its heap at a request after it.
                 let capturing = self
                     .stream_call("is_capturing", || streams.is_capturing(stream))
-                    .unwrap_or(true);
-                if state.heaps_barred_on(stream, || capturing) || capturing {
+                    .ok();
+                if state.heaps_barred_on(stream, || capturing) || capturing != Some(false) {
                     return None;
                 }
             }
