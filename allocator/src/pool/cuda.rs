@@ -306,8 +306,7 @@ impl Pool {
     /// The pool's stream runtime, when it is [`CudaStreams`] (pools made by
     /// [`Pool::cuda`] and [`PoolBuilder::build_cuda`]).
     pub fn cuda_streams(&self) -> Option<&CudaStreams> {
-        let streams: &dyn Any = self.stream_runtime()?.as_ref();
-        streams.downcast_ref::<CudaStreams>()
+        cuda_streams(self.stream_runtime())
     }
 
     /// Registers `stream` with the pool's stream runtime, so that blocks may be allocated for
@@ -339,6 +338,12 @@ impl Pool {
     }
 }
 
+/// A pool's stream runtime, where it is [`CudaStreams`].
+fn cuda_streams(streams: Option<&Arc<dyn StreamSync>>) -> Option<&CudaStreams> {
+    let streams: &dyn Any = streams?.as_ref();
+    streams.downcast_ref::<CudaStreams>()
+}
+
 impl<T: Element> PoolSlice<T> {
     /// Checks that the slice may be viewed on `stream` and returns its device address.
     fn device_addr_for(&self, stream: &CudaStream) -> Result<u64, Error> {
@@ -356,11 +361,7 @@ impl<T: Element> PoolSlice<T> {
         // stream runtime hands every free out again at once, on any stream, and another
         // runtime's events are its own word.
         let streams = client.shared().streams.as_ref();
-        let ours = streams.is_some_and(|s| {
-            let s: &dyn Any = s.as_ref();
-            s.is::<CudaStreams>()
-        });
-        if !ours {
+        if cuda_streams(streams).is_none() {
             return Err(Error::invalid(format!(
                 "pool slice at {:#x}: pool `{}` {}, so nothing orders the reuse of its blocks \
                  after the work a view queues; device views need the pool's own CUDA stream \

@@ -280,41 +280,42 @@ impl Shared {
     /// Gives every heap back ([`dissolve`](Self::dissolve)) and the spare headroom; the heaps
     /// stay with their threads, empty. Every heap stays locked until the spares are drained
     /// (a heap takes from a spare under its own lock only), so that no heap holds a lease
-    /// afterwards and every count is the pool's own. (The caller of [`dissolve`] publishes
-    /// the spans afterwards, [`publish_spans`](Self::publish_spans); here once for all.)
-    /// `order`: see [`give_back_mode`](Self::give_back_mode).
+    /// afterwards and every count is the pool's own. `order`: see
+    /// [`give_back_mode`](Self::give_back_mode).
     pub(in crate::pool) fn dissolve_all(&self, state: &mut State, order: bool) {
-        let heaps: Vec<Arc<ThreadHeap>> = state.heaps.iter().map(|e| e.heap.clone()).collect();
+        self.dissolve_where(state, order, |_| true, Self::drain_spares);
+    }
+
+    /// Gives back every heap of `stream`, as [`dissolve_all`](Self::dissolve_all) does for
+    /// every heap: a graph reservation opens on the stream. The heaps stay with their threads,
+    /// empty.
+    pub(in crate::pool) fn dissolve_stream_heaps(&self, state: &mut State, stream: StreamId) {
+        let key = self.heap_stream(stream);
+        self.dissolve_where(state, false, |heap| heap.stream == key, |_, _| {});
+    }
+
+    /// [`dissolve`](Self::dissolve)s the heaps `which` picks, all locked at once, publishes the
+    /// spans once for all (what a caller of `dissolve` does), and runs `then` before their
+    /// locks are released.
+    fn dissolve_where(
+        &self,
+        state: &mut State,
+        order: bool,
+        which: impl Fn(&ThreadHeap) -> bool,
+        then: impl FnOnce(&Self, &mut State),
+    ) {
+        let heaps: Vec<Arc<ThreadHeap>> = state
+            .heaps
+            .iter()
+            .filter(|e| which(&e.heap))
+            .map(|e| e.heap.clone())
+            .collect();
         let mut guards = self.lock_heaps(&heaps);
         for (heap, guard) in heaps.iter().zip(guards.iter_mut()) {
             self.dissolve(state, heap, guard, order);
         }
         self.publish_spans(state);
-        Self::drain_spares(self, state);
-        drop(guards);
-    }
-
-    /// Gives back every heap of `stream` ([`dissolve`](Self::dissolve)), as
-    /// [`dissolve_all`](Self::dissolve_all) does for every heap: a graph reservation opens on
-    /// the stream. The heaps stay with their threads, empty.
-    pub(in crate::pool) fn dissolve_stream_heaps(&self, state: &mut State, stream: StreamId) {
-        let key = self.heap_stream(stream);
-        let heaps: Vec<Arc<ThreadHeap>> = state
-            .heaps
-            .iter()
-            .filter(|e| e.heap.stream == key)
-            .map(|e| e.heap.clone())
-            .collect();
-        if heaps.is_empty() {
-            return;
-        }
-        let mut guards = self.lock_heaps(&heaps);
-        for (heap, guard) in heaps.iter().zip(guards.iter_mut()) {
-            if !guard.retired {
-                self.dissolve(state, heap, guard, false);
-            }
-        }
-        self.publish_spans(state);
+        then(self, state);
         drop(guards);
     }
 

@@ -608,9 +608,7 @@ impl Shared {
                 // No heap while a graph reservation on the stream awaits its capture (see
                 // `open_graph`) or the stream captures a graph (or cannot say): the general
                 // path serves a capture, and the stream gets its heap at a request after it.
-                let capturing = self
-                    .stream_call("is_capturing", || streams.is_capturing(stream))
-                    .ok();
+                let capturing = self.capturing(stream);
                 if state.heaps_barred_on(stream, || capturing) || capturing != Some(false) {
                     return None;
                 }
