@@ -1378,6 +1378,111 @@ fn out_of_device_memory_waits_for_the_home_stream_without_the_lock() {
     assert_eq!((s.live, s.failures), (6 - 1 + 1, 0));
 }
 
+/// Queues on `rt`'s home stream a host function that frees `blocks[0]` there and queues the
+/// next one, for the rest: every wait for the home stream runs one of them, which frees.
+fn queue_frees_in_turn(rt: &Arc<HostFunctions>, pool: &Arc<Pool>, blocks: Vec<u64>) {
+    let Some((&first, rest)) = blocks.split_first() else {
+        return;
+    };
+    let (next_rt, p, rest) = (rt.clone(), pool.clone(), rest.to_vec());
+    rt.queue.lock().unwrap().push(Box::new(move || {
+        p.deallocate(first).unwrap();
+        queue_frees_in_turn(&next_rt, &p, rest);
+    }));
+}
+
+/// A trim while frees on the home stream keep coming (a host function queued there frees a
+/// block, and queues another that does the same) never waits for the home stream with the
+/// pool's lock held: those frees are parked behind an event on the home stream while the trim
+/// waits, so the trim does not have to look again. (Before, each free sent the trim round
+/// again, and after three tries it waited with the lock held; the host function then waited
+/// for the lock for ever.) The chunks free when the wait began go back; the blocks freed
+/// during it come back once their events complete, and the next trim gives them back too.
+#[test]
+fn a_trim_while_the_home_stream_keeps_freeing_never_waits_with_the_lock_held() {
+    let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+    let rt = Arc::new(HostFunctions {
+        inner: ManualStreams::new(),
+        queue: Mutex::new(Vec::new()),
+    });
+    let pool = Arc::new(
+        Pool::builder(64 * MIB)
+            .streams(rt.clone(), StreamId(1))
+            .reuse(0, 0)
+            .log_leaks_on_drop(false)
+            .build_mapped(vm.clone())
+            .unwrap(),
+    );
+    // Six live blocks of one chunk each, a seventh freed: one chunk free to give back.
+    let blocks: Vec<u64> = (0..7).map(|_| pool.allocate(CHUNK, 0).unwrap()).collect();
+    pool.deallocate(blocks[6]).unwrap();
+    queue_frees_in_turn(&rt, &pool, blocks[..6].to_vec());
+    let p = pool.clone();
+    let trimmed = within(move || p.trim().map_err(|e| e.to_string()))
+        .expect("the trim never returned: it waited for the home stream with the lock held");
+    assert_eq!(trimmed.unwrap(), CHUNK);
+    assert!(!vm.is_mapped(blocks[6], CHUNK));
+    // The block freed while the trim waited: parked until its event on the home stream (which
+    // the wait completed) and reclaimed, not unmapped under queued work.
+    assert!(vm.is_mapped(blocks[0], CHUNK));
+    let s = pool.stats();
+    assert_eq!((s.live, s.pending), (5, CHUNK));
+    // Each later trim runs one more host function; in the end every block is freed and every
+    // chunk given back.
+    let p = pool.clone();
+    let rest = within(move || {
+        let mut unmapped = 0;
+        for _ in 0..8 {
+            unmapped += p.trim().unwrap();
+        }
+        unmapped
+    })
+    .expect("a later trim never returned");
+    assert_eq!(rest, 6 * CHUNK);
+    let s = pool.stats();
+    assert_eq!((s.live, s.pending, s.mapped), (0, 0, 0));
+}
+
+/// A graph's allocation on another stream first waits for the home stream past its frees
+/// (so that the capturing stream need not wait for it). While frees on the home stream keep
+/// coming from host functions queued there, that wait is still made without the pool's lock:
+/// the frees made during it park behind an event on the home stream. (Before, each one sent
+/// the wait round again, and the third was made with the lock held: the host function then
+/// waited for the lock for ever.)
+#[test]
+fn a_graph_allocation_while_the_home_stream_keeps_freeing_never_waits_with_the_lock_held() {
+    let rt = Arc::new(HostFunctions {
+        inner: ManualStreams::new(),
+        queue: Mutex::new(Vec::new()),
+    });
+    let pool = Arc::new(
+        Pool::builder(MIB)
+            .streams(rt.clone(), StreamId(1))
+            .reuse(0, 0)
+            .log_leaks_on_drop(false)
+            .build_host()
+            .unwrap(),
+    );
+    let graph = pool.graph_reservation(StreamId(2)).unwrap();
+    let blocks: Vec<u64> = (0..6).map(|_| pool.allocate(4 * KIB, 0).unwrap()).collect();
+    pool.deallocate(blocks[5]).unwrap();
+    queue_frees_in_turn(&rt, &pool, blocks[..5].to_vec());
+    let allocated = within(move || {
+        let addr = graph.allocate(4 * KIB, 0).map_err(|e| e.to_string());
+        (addr, graph)
+    })
+    .expect(
+        "the graph's allocation never returned: it waited for the home stream with the lock held",
+    );
+    let (addr, graph) = allocated;
+    // A block freed before the wait, or the one freed during it, whose event the wait
+    // completed.
+    let addr = addr.unwrap();
+    assert!(addr == blocks[5] || addr == blocks[0], "{addr:#x}");
+    assert_eq!(pool.stats().live, 5);
+    drop(graph);
+}
+
 /// How [`Flaky`]'s `synchronize` or `is_capturing` misbehaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Misbehaviour {

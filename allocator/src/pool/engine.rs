@@ -147,6 +147,11 @@ pub(super) struct State {
     /// (given back as they are, or once the home stream waits for their stream): blocks that
     /// another stream may use only after waiting for the home stream.
     pub(super) home_epoch: u64,
+    /// How many trims wait for the home stream now, outside the lock (see
+    /// [`trim_to`](Shared::trim_to)): while any does, a free on the home stream parks its
+    /// block behind an event recorded there instead of returning it to the free lists, so that
+    /// the free blocks the trim unmaps afterwards are those its wait covered.
+    pub(super) home_fences: u32,
     /// For each other stream: the `home_epoch` at its last wait on the home stream.
     waited: Vec<(StreamId, u64)>,
     pub(super) sink: Option<Arc<dyn EventSink>>,
@@ -354,6 +359,7 @@ impl Shared {
             pending: 0,
             quarantined: 0,
             home_epoch: 0,
+            home_fences: 0,
             waited: Vec::new(),
             outbox: VecDeque::new(),
             mapping,

@@ -163,8 +163,13 @@ impl Pool {
     /// there, so `trim` first waits for the home stream ([`StreamSync::synchronize`]; it
     /// blocks the calling thread, without the pool's lock held); blocks freed on other streams
     /// count as free only once their events have completed. Blocks waiting in the reuse cache
-    /// are merged first. An error from the stream runtime or the driver stops the trim; what
-    /// was unmapped before stays unmapped and the pool keeps serving.
+    /// are merged first. While the trim waits, other threads keep allocating and freeing, and
+    /// work queued on the home stream may call into the pool: a block freed on the home stream
+    /// meanwhile waits behind an event recorded there (and is reclaimed, not unmapped, once it
+    /// completes); where thread heaps give free blocks back during each of a few waits, the
+    /// trim gives up and returns 0 rather than wait with the pool's lock held. An error from
+    /// the stream runtime or the driver stops the trim; what was unmapped before stays
+    /// unmapped and the pool keeps serving.
     ///
     /// ```
     /// use devarena::backend::HostVirtualMemory;

@@ -315,12 +315,36 @@ impl Shared {
             }
             None => {
                 if self.streams.is_some() {
+                    if state.home_fences > 0 && self.park_fenced(state, block) {
+                        let reserved = state.tlsf.block_size(block) as usize;
+                        self.count_free(state, live, addr, reserved, stream, tag);
+                        return;
+                    }
                     state.home_epoch += 1;
                 }
                 state.tlsf.release(block) as usize
             }
         };
         self.count_free(state, live, addr, reserved, stream, tag);
+    }
+
+    /// A free on the home stream while a trim waits for it (see
+    /// [`State::home_fences`](super::State)): parks `block` behind an event recorded there now,
+    /// which the trim's wait does not cover; whether it did. Where no event can be recorded the
+    /// block is freed as usual, and the trim, which sees the home stream's epoch move, looks
+    /// again.
+    #[cold]
+    #[inline(never)]
+    fn park_fenced(&self, state: &mut State, block: u32) -> bool {
+        let Some(streams) = &self.streams else {
+            return false;
+        };
+        let Ok(event) = self.record_event(&**streams, self.home) else {
+            return false;
+        };
+        let bytes = state.tlsf.block_size(block) as usize;
+        self.park(state, self.home, None, block, bytes, event);
+        true
     }
 
     #[cold]

@@ -142,22 +142,28 @@ impl Shared {
 
     /// The lock, once the host has waited for the home stream past its last free (nothing to
     /// wait for on the home stream itself or without a stream runtime). The wait happens
-    /// outside the lock; a free on the home stream that comes in meanwhile sends it round
-    /// again, and after [`TRIM_TRIES`] tries it happens under the lock (as `trim_to` does).
+    /// outside the lock; a free on the home stream meanwhile parks its block behind an event
+    /// recorded there (as during a trim's wait, see [`State::home_fences`]), while free blocks
+    /// of thread heaps that reach the pool's index send it round again, and after
+    /// [`TRIM_TRIES`] tries it happens under the lock.
     fn lock_drained(&self, stream: StreamId) -> Result<LockGuard<'_, State>, Error> {
         let Some(streams) = self.streams.as_ref().filter(|_| stream != self.home) else {
             return self.lock_made();
         };
         for _ in 0..TRIM_TRIES {
             let epoch = {
-                let state = self.lock_made()?;
+                let mut state = self.lock_made()?;
                 if state.graphs.drained >= state.home_epoch {
                     return Ok(state);
                 }
+                state.home_fences += 1;
                 state.home_epoch
             };
-            self.synchronize_home()?;
+            let waited = self.synchronize_home();
+            // (Taken again as above: on this thread, outside any callback of the pool.)
             let mut state = self.lock_made()?;
+            state.home_fences -= 1;
+            waited?;
             state.graphs.drained = state.graphs.drained.max(epoch);
             if state.graphs.drained >= state.home_epoch {
                 return Ok(state);

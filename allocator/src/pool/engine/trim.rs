@@ -23,9 +23,15 @@ impl Shared {
     /// Stream order: a block freed on the home stream is free at once, while work queued
     /// there may still use it; a block freed on another stream is parked until its event
     /// completes, so it is safe once free. The home stream is therefore synchronized before
-    /// anything is unmapped, outside the lock so that other threads keep allocating; if a free
-    /// on the home stream came in meanwhile (its work may be queued after the wait), the wait
-    /// is repeated, and after [`TRIM_TRIES`] tries done under the lock.
+    /// anything is unmapped, outside the lock so that other threads keep allocating and work
+    /// queued there that calls into the pool runs. While the trim waits, a free on the home
+    /// stream parks its block behind an event recorded there ([`State::home_fences`]): what
+    /// is free when the wait ends is what was free when it began, or came back through events
+    /// that completed. Free blocks of thread heaps that reach the pool's index meanwhile
+    /// (given back without an event of their own) move the home stream's epoch, and the trim
+    /// looks again; after [`TRIM_TRIES`] tries it gives up and unmaps nothing more (never a
+    /// wait with the lock held: a host function queued on the home stream that calls into
+    /// the pool would wait for it for ever).
     pub(in crate::pool) fn trim_to(&self, keep: usize) -> Result<usize, Error> {
         if !self.growable {
             return Ok(0);
@@ -37,22 +43,32 @@ impl Shared {
                 if !self.prepare_trim(&mut state, keep) {
                     return Ok(0);
                 }
+                if self.streams.is_some() {
+                    state.home_fences += 1;
+                }
                 state.home_epoch
             };
-            self.synchronize_home()?;
+            let waited = self.synchronize_home();
+            // (The lock was taken above on this thread, outside any callback of the pool: it
+            // is taken again here the same way.)
             let mut state = self.lock()?;
+            if self.streams.is_some() {
+                state.home_fences -= 1;
+            }
+            waited?;
             if state.home_epoch == epoch {
                 return Self::unmap_free(&mut state, keep);
             }
         }
-        let mut state = self.lock()?;
-        if !self.prepare_trim(&mut state, keep) {
-            return Ok(0);
-        }
-        if let Some(streams) = &self.streams {
-            self.stream_call("synchronize", || streams.synchronize(self.home))?;
-        }
-        Self::unmap_free(&mut state, keep)
+        logged(|| {
+            log::debug!(
+                target: "devarena::pool",
+                "pool `{}`: a trim gave up after {TRIM_TRIES} waits for the home stream: free \
+                 blocks of thread heaps kept reaching the pool during each",
+                self.name
+            )
+        });
+        Ok(0)
     }
 
     /// Where more than `keep` bytes are mapped: gives every thread heap back, merges what
