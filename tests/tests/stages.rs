@@ -357,3 +357,48 @@ fn the_derives_list_of_arena_methods_is_the_arenas() {
     assert!(found.len() > 20, "{found:?}");
     assert_eq!(found, listed);
 }
+
+/// Every field live at once in one stage: no aliasing can help, and the plan is the
+/// declaration-order one, as without stages (the greedy orderings are not run: with many
+/// fields live together their pairwise conflicts took seconds, for nothing).
+#[derive(DeviceLayout)]
+#[layout(align = 1, stages = 2)]
+struct AllLive {
+    #[layout(live = 0..=0)]
+    small: [u8; 16],
+    #[layout(live = 0..=0)]
+    large: [u8; 4096],
+    #[layout(live = 0..=1)]
+    medium: [u8; 256],
+}
+
+#[test]
+fn a_layout_whose_fields_are_all_live_at_once_keeps_declaration_order() {
+    assert_eq!(AllLive::SIZE, AllLive::UNALIASED_SIZE);
+    assert_eq!(AllLive::SIZE, AllLive::PEAK_LIVE_BOUND);
+    let offsets: Vec<usize> = AllLive::FIELDS.iter().map(|f| f.offset).collect();
+    assert_eq!(offsets, [0, 16, 16 + 4096]);
+    // The runtime builder, with many fields: the same, from `build` and from `search`.
+    let n = 3000;
+    let mut b = LayoutBuilder::new("AllLive").align(1).stages(1);
+    for i in 0..n {
+        b = b
+            .field(format!("f{i}"), "u8", FieldSpec::of::<u8>(1 + i % 7))
+            .live(0, 0);
+    }
+    let expected: Vec<usize> = (0..n)
+        .scan(0, |end, i| {
+            let at = *end;
+            *end += 1 + i % 7;
+            Some(at)
+        })
+        .collect();
+    for rt in [
+        b.clone().build().unwrap(),
+        b.search(devarena::Budget::nodes(0)).unwrap(),
+    ] {
+        let got: Vec<usize> = rt.fields().iter().map(|f| f.offset).collect();
+        assert_eq!(got, expected);
+        assert_eq!(rt.size(), expected[n - 1] + 1 + (n - 1) % 7);
+    }
+}

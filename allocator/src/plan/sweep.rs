@@ -49,7 +49,9 @@ pub(crate) fn plan_within(
     let (mut lo, mut hi, mut work) = (vec![0; n], vec![0; n], vec![0; 6 * n]);
     let (mut totals, count) = prepare_into(layout, specs, &mut slots, &mut lo, &mut hi, &mut work)?;
     drop(work);
-    if layout.stages == 0 {
+    // Without stages, or with the declaration-order plan at the lower bound already, the
+    // unaliased plan is the plan, as in `plan_into`.
+    if layout.stages == 0 || totals.unaliased_size <= totals.peak_live_bound {
         return Ok(Within {
             slots,
             totals,
