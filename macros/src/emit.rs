@@ -25,7 +25,7 @@ use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::{GenericParam, Ident, Lifetime};
 
-use crate::model::{FieldKind, Layout};
+use crate::model::{Field, FieldKind, Layout};
 
 /// How many constants the derive's search runs in (see `devarena::plan::improve_step`): each
 /// evaluates within a fixed amount of work, so the search's whole cost is bounded by this.
@@ -47,7 +47,8 @@ pub fn emit(layout: &Layout) -> TokenStream {
     let offsets_ident = format_ident!("{}Offsets", name);
 
     // Names for the views struct's extra parameters that cannot clash with the user's: neither
-    // a generic parameter nor any name used in a field's type (a user type called `K`).
+    // a generic parameter nor any name used in a bound, a where clause or a field's type (a
+    // user type called `K`, a `for<'a>` bound).
     let mut taken: Vec<String> = layout
         .generics
         .params
@@ -58,21 +59,23 @@ pub fn emit(layout: &Layout) -> TokenStream {
             GenericParam::Lifetime(l) => l.lifetime.ident.to_string(),
         })
         .collect();
+    idents_in(layout.generics.to_token_stream(), &mut taken);
+    if let Some(w) = &layout.generics.where_clause {
+        idents_in(w.to_token_stream(), &mut taken);
+    }
     for f in &layout.fields {
-        match &f.kind {
-            FieldKind::Array { elem, len } => {
-                idents_in(elem.to_token_stream(), &mut taken);
-                idents_in(len.to_token_stream(), &mut taken);
-            }
-            FieldKind::Nested(ty) => idents_in(ty.to_token_stream(), &mut taken),
-        }
+        idents_of_field(f, &mut taken);
     }
     let k = if taken.iter().any(|t| t == "K") {
         format_ident!("__DevarenaK")
     } else {
         format_ident!("K")
     };
-    let lt = Lifetime::new("'a", Span::call_site());
+    let lt = if taken.iter().any(|t| t == "a") {
+        Lifetime::new("'__devarena_a", Span::call_site())
+    } else {
+        Lifetime::new("'a", Span::call_site())
+    };
 
     // --- the layout spec -------------------------------------------------------------------
     let mut layout_spec = quote!(#plan::LayoutSpec::DEFAULT);
@@ -362,9 +365,21 @@ pub fn emit(layout: &Layout) -> TokenStream {
             );
             let sfields: Vec<&TokenStream> = live.iter().map(|&i| &view_fields[i]).collect();
             let sinits: Vec<&TokenStream> = live.iter().map(|&i| &view_inits[i]).collect();
-            let (smarker, smarker_init) = if live.is_empty() {
+            // A marker where the stage's fields do not name every type parameter of the layout
+            // (E0392 otherwise), or where it has none.
+            let mut named = Vec::new();
+            for &i in &live {
+                idents_of_field(&layout.fields[i], &mut named);
+            }
+            let unnamed: Vec<&Ident> = layout
+                .generics
+                .type_params()
+                .map(|t| &t.ident)
+                .filter(|t| !named.iter().any(|n| *t == n))
+                .collect();
+            let (smarker, smarker_init) = if live.is_empty() || !unnamed.is_empty() {
                 (
-                    quote!(#[doc(hidden)] pub __devarena_marker: ::devarena::__private::PhantomData<(&#lt (), #k)>,),
+                    quote!(#[doc(hidden)] pub __devarena_marker: ::devarena::__private::PhantomData<(&#lt (), #k, #(fn() -> #unnamed,)*)>,),
                     quote!(__devarena_marker: ::devarena::__private::PhantomData,),
                 )
             } else {
@@ -547,6 +562,17 @@ fn derive_check(name: &Ident, name_str: &str, what: &str, index: usize, span: Sp
 }
 
 /// Every identifier in `tokens`, however deeply grouped.
+/// Every identifier in a field's type (and its array length).
+fn idents_of_field(f: &Field, out: &mut Vec<String>) {
+    match &f.kind {
+        FieldKind::Array { elem, len } => {
+            idents_in(elem.to_token_stream(), out);
+            idents_in(len.to_token_stream(), out);
+        }
+        FieldKind::Nested(ty) => idents_in(ty.to_token_stream(), out),
+    }
+}
+
 fn idents_in(tokens: TokenStream, out: &mut Vec<String>) {
     for tt in tokens {
         match tt {

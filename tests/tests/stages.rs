@@ -402,3 +402,38 @@ fn a_layout_whose_fields_are_all_live_at_once_keeps_declaration_order() {
         assert_eq!(rt.size(), expected[n - 1] + 1 + (n - 1) % 7);
     }
 }
+
+/// One greedy ordering of a huge layout overflows (largest first: the 1 GiB-aligned bytes no
+/// longer fit after the large field) where the declaration order fits: the plan comes from the
+/// orderings that fit, in the derive's combination of orderings and in the builder alike.
+#[test]
+fn an_ordering_that_overflows_gives_way_to_one_that_fits() {
+    use devarena::plan::{LayoutSpec, Strategy, plan_with, smaller};
+    let big = usize::MAX - (1 << 31) - 4;
+    let specs = [
+        FieldSpec::of::<u8>(1).with_align(1 << 30),
+        FieldSpec::of::<u8>(1).with_align(1 << 30),
+        FieldSpec::of::<u8>(big).with_align(1),
+    ];
+    let layout = LayoutSpec::DEFAULT.with_align(1).with_stages(1);
+    const S: usize = 14 * 3 + 200;
+    let by_size = plan_with::<3, S>(&layout, &specs, &[Strategy::BySize]);
+    let declared = plan_with::<3, S>(&layout, &specs, &[Strategy::Declaration]);
+    assert!(by_size.is_err(), "{by_size:?}");
+    let declared = declared.unwrap();
+    assert_eq!(smaller(by_size, Ok(declared)), Ok(declared));
+    assert_eq!(smaller(Ok(declared), by_size), Ok(declared));
+    // Every ordering at once: the one that fits.
+    let all = devarena::plan::plan::<3, S>(&layout, &specs).unwrap();
+    assert_eq!(all.totals.size, declared.totals.size);
+    let rt = LayoutBuilder::new("Huge")
+        .align(1)
+        .stages(1)
+        .array_aligned::<u8>("b1", 1, 1 << 30)
+        .array_aligned::<u8>("b2", 1, 1 << 30)
+        .array_aligned::<u8>("a", big, 1)
+        .build()
+        .unwrap();
+    assert_eq!(rt.size(), declared.totals.size);
+    assert_eq!(rt.size(), usize::MAX - (1 << 30) + 1);
+}

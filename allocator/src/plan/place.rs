@@ -410,14 +410,17 @@ pub const fn plan_with<const N: usize, const SCRATCH: usize>(
     }
 }
 
-/// The smaller of two plans of one layout (the first on a tie), or the first error.
+/// The smaller of two plans of one layout (the first on a tie); where one ordering failed
+/// (its placement overflowed where another's fits), the other; the first error where both
+/// failed.
 pub const fn smaller<const N: usize>(
     a: Result<Plan<N>, PlanError>,
     b: Result<Plan<N>, PlanError>,
 ) -> Result<Plan<N>, PlanError> {
     match (a, b) {
-        (Err(e), _) | (Ok(_), Err(e)) => Err(e),
         (Ok(a), Ok(b)) => Ok(if b.totals.size < a.totals.size { b } else { a }),
+        (Ok(p), Err(_)) | (Err(_), Ok(p)) => Ok(p),
+        (Err(e), Err(_)) => Err(e),
     }
 }
 

@@ -389,6 +389,9 @@ pub(super) const fn greedy(
         None
     };
     let mut best_end = usize::MAX;
+    // An ordering whose placement overflows is skipped: another may fit (the declaration
+    // order never ends past the unaliased plan). Its error is returned only where none fits.
+    let mut first_error = None;
     let mut s = 0;
     while s < strategies.len() {
         strategy_keys(strategies[s], specs, slots, k1, k2);
@@ -402,21 +405,31 @@ pub(super) const fn greedy(
             Some(index) => place_in_order(order, slots, lo, hi, index, placed, work),
             None => place_by_list(order, slots, lo, hi, placed, work),
         };
-        let end = match placement {
-            Ok(e) => e,
-            Err(e) => return Err(e),
-        };
-        if end < best_end {
-            best_end = end;
-            let mut i = 0;
-            while i < n {
-                best[i] = placed[i];
-                i += 1;
+        match placement {
+            Ok(end) if end < best_end => {
+                best_end = end;
+                let mut i = 0;
+                while i < n {
+                    best[i] = placed[i];
+                    i += 1;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                if first_error.is_none() {
+                    first_error = Some(e);
+                }
             }
         }
         s += 1;
     }
-    Ok(if n == 0 { 0 } else { best_end })
+    if n == 0 {
+        return Ok(0);
+    }
+    match first_error {
+        Some(e) if best_end == usize::MAX => Err(e),
+        _ => Ok(best_end),
+    }
 }
 
 /// Work (see [`place_some`]) between two questions to [`greedy_within`]'s caller: small enough
@@ -454,11 +467,13 @@ pub(super) fn greedy_within(
     };
     let sort_work = (n * (1 + (usize::BITS - n.leading_zeros()) as usize)) as u64;
     let mut best_end = usize::MAX;
+    // As in `greedy`: an ordering whose placement overflows is skipped.
+    let mut first_error = None;
     // The best plan of the orderings finished so far.
     let so_far = |best: alloc::vec::Vec<usize>, best_end: usize| {
         Ok(((best_end < usize::MAX).then_some((best, best_end)), false))
     };
-    for strategy in Strategy::ALL {
+    'strategies: for strategy in Strategy::ALL {
         strategy_keys(strategy, specs, slots, &mut k1, &mut k2);
         for (i, o) in order.iter_mut().enumerate() {
             *o = i;
@@ -472,7 +487,7 @@ pub(super) fn greedy_within(
                 index.clear();
                 let mut state = Placing { next: 0, end: 0 };
                 while state.next < n {
-                    let done = place_some(
+                    let placed_some = place_some(
                         &order,
                         slots,
                         lo,
@@ -482,21 +497,40 @@ pub(super) fn greedy_within(
                         &mut work,
                         &mut state,
                         CHUNK,
-                    )?;
+                    );
+                    let done = match placed_some {
+                        Ok(done) => done,
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                            continue 'strategies;
+                        }
+                    };
                     if !keep_going(done) {
                         return so_far(best, best_end);
                     }
                 }
                 state.end
             }
-            None => place_by_list(&order, slots, lo, hi, &mut placed, &mut work[..n])?,
+            None => match place_by_list(&order, slots, lo, hi, &mut placed, &mut work[..n]) {
+                Ok(end) => end,
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    continue;
+                }
+            },
         };
         if end < best_end {
             best_end = end;
             best.copy_from_slice(&placed);
         }
     }
-    Ok((Some((best, if n == 0 { 0 } else { best_end })), true))
+    if n == 0 {
+        return Ok((Some((best, 0)), true));
+    }
+    match first_error {
+        Some(e) if best_end == usize::MAX => Err(e),
+        _ => Ok((Some((best, best_end)), true)),
+    }
 }
 
 /// The aliasing planner (stages): places fields so that only fields whose live ranges meet are
