@@ -115,7 +115,8 @@ impl FieldPlacement {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is neither a fixed-size buffer `[T; N]` nor a `DeviceLayout`",
     label = "expected a `#[derive(DeviceLayout)]` struct (or, as a layout's field, an array `[T; N]`)",
-    note = "add `#[derive(DeviceLayout)]` to `{Self}` (the trait is `unsafe`: the derive implements it), or make a field of this type an array such as `[f32; 1024]`"
+    note = "add `#[derive(DeviceLayout)]` to `{Self}` (the trait is `unsafe`: the derive implements it), or make a field of this type an array such as `[f32; 1024]`",
+    note = "the derive sees a field's type as written: an array behind a type alias (`type Gray = [f32; 1024]`) or a macro counts as a nested layout; write the array type `[T; N]` in the field itself"
 )]
 pub unsafe trait DeviceLayout {
     /// The struct's name.
