@@ -2787,6 +2787,32 @@ fn a_slice_for_a_stream_that_is_another_on_each_thread_is_refused() {
     assert_eq!(pool.stats().live, 0);
 }
 
+/// The same for a graph reservation, which may be released (its release event recorded on the
+/// stream its handle names) on another thread than the capture's.
+#[test]
+fn a_graph_reservation_for_a_stream_that_is_another_on_each_thread_is_refused() {
+    const PER_THREAD: StreamId = StreamId(2);
+    let streams = Arc::new(PerThread::default());
+    let pool = stream_pool("per-thread-graphs", 1 << 20, streams.clone());
+    let err = pool.graph_reservation(PER_THREAD).unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument { what } if what.contains("stream 0x2")
+            && what.contains("per-thread") && what.contains("graph reservation")),
+        "{err}"
+    );
+    let graph = pool.graph_reservation(StreamId(7)).unwrap();
+    let a = graph.allocate(64, 0).unwrap();
+    pool.deallocate_on(a, StreamId(7)).unwrap();
+    graph.release().unwrap();
+    streams.1.store(true, std::sync::atomic::Ordering::Relaxed);
+    let err = pool.graph_reservation(PER_THREAD).unwrap_err();
+    assert!(
+        err.to_string().contains("panicked in `is_per_thread`"),
+        "{err}"
+    );
+    streams.1.store(false, std::sync::atomic::Ordering::Relaxed);
+}
+
 #[test]
 fn a_per_thread_home_stream_and_a_panicking_runtime_are_errors_not_panics() {
     let err = Pool::builder(1 << 20)

@@ -19,6 +19,19 @@ impl Shared {
     pub(in crate::pool) fn open_graph(&self, stream: StreamId) -> Result<u64, Error> {
         if let Some(streams) = &self.streams {
             if stream != self.home {
+                // A reservation may be released on another thread, its release event recorded
+                // on the stream its handle names there: another stream, for a per-thread
+                // handle, which the graph's replays do not precede.
+                if self.per_thread_stream(stream)? {
+                    return Err(Error::invalid(format!(
+                        "pool `{}`: stream {stream} names a different stream on each thread \
+                         (CUDA's per-thread default stream); a graph reservation, which may be \
+                         released on another thread, would record its release event there, \
+                         out of the order of the graph's replays: capture on a stream of your \
+                         own",
+                        self.name
+                    )));
+                }
                 // (Without the lock: a call back into the pool from it waits for the lock as
                 // any call does, whether or not another thread holds it.)
                 self.runtime_call("validate", || streams.validate(stream))?;
