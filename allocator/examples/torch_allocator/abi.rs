@@ -256,18 +256,26 @@ impl TorchPool {
                 ));
             }
         }
+        // Out of the set before the free: once freed, the address may be handed out again at
+        // once, to another thread's capture, which puts it back; taken out after, that entry
+        // would go. Put back where the free fails (the address is still this segment's).
+        if captured {
+            self.captured().remove(&f.addr);
+        }
         let request = FreeRequest::new(f.addr).size(f.size).on(f.stream);
-        self.pool
-            .deallocate_with(request)
-            .map_err(|error| match error {
+        if let Err(error) = self.pool.deallocate_with(request) {
+            if captured {
+                self.captured().insert(f.addr);
+            }
+            return Err(match error {
                 Error::UnknownAddress { .. } => format!(
                     "{call}: not a live allocation of this device's pool (freed already, or never \
                  allocated here); nothing freed"
                 ),
                 error => format!("{call}: {error}"),
-            })?;
+            });
+        }
         if captured {
-            self.captured().remove(&f.addr);
             self.capture.freed.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
@@ -635,6 +643,63 @@ mod tests {
     }
 
     fn quiet(_: &str) {}
+
+    /// A captured segment freed (no capture open) while another thread's capture gets the same
+    /// address as soon as the pool has freed it: the new segment stays captured, and its own
+    /// free waits for the device. (Before, the first free took the address out of the captured
+    /// set after the pool's free, which erased the new segment's entry.) An event sink, which
+    /// runs inside the free once the pool has freed the block, stands in for the other thread.
+    #[test]
+    fn a_captured_segment_handed_out_again_during_its_own_free_stays_captured() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, AtomicU64};
+
+        use devarena::pool::{ManualStreams, PoolAction, PoolEvent};
+
+        static POOLS: Pools = Pools::new();
+        let (home, first, second) = (StreamId(0), StreamId(0x5000), StreamId(0x6000));
+        let streams = Arc::new(ManualStreams::new());
+        let runtime = streams.clone();
+        let armed = Arc::new(AtomicBool::new(false));
+        let got = Arc::new(AtomicU64::new(0));
+        let (sink_armed, sink_got, sink_streams) = (armed.clone(), got.clone(), streams.clone());
+        let sink = Arc::new(move |e: &PoolEvent<'_>| {
+            if e.action == PoolAction::Free && sink_armed.swap(false, Ordering::SeqCst) {
+                sink_streams.begin_capture(second);
+                let addr = POOLS
+                    .alloc(2 << 20, 0, live(second), |_| unreachable!(), false, &quiet)
+                    .unwrap();
+                sink_got.store(addr, Ordering::SeqCst);
+            }
+        });
+        let create = move |_device: usize| {
+            Pool::builder(4 << 20)
+                .streams(runtime, home)
+                .events(sink)
+                .log_leaks_on_drop(false)
+                .build_host()
+                .map_err(|e| e.to_string())
+        };
+        streams.begin_capture(first);
+        let g = POOLS
+            .alloc(2 << 20, 0, live(first), create, false, &quiet)
+            .unwrap();
+        streams.end_capture(first);
+        assert_eq!(POOLS.capture_stats(0).unwrap().live, 1);
+        armed.store(true, Ordering::SeqCst);
+        POOLS.free(g, 2 << 20, 0, live(home)).unwrap();
+        assert_eq!(
+            got.load(Ordering::SeqCst),
+            g,
+            "the second capture got the same address"
+        );
+        let stats = POOLS.capture_stats(0).unwrap();
+        assert_eq!((stats.live, stats.freed), (1, 1), "{stats:?}");
+        streams.end_capture(second);
+        POOLS.free(g, 2 << 20, 0, live(home)).unwrap();
+        let stats = POOLS.capture_stats(0).unwrap();
+        assert_eq!((stats.live, stats.freed), (0, 2), "{stats:?}");
+    }
 
     #[test]
     fn the_region_kind_parses() {
