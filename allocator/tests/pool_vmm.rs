@@ -1325,6 +1325,9 @@ impl StreamSync for HostFunctions {
     fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
         self.inner.order_after(waiter, producer)
     }
+    fn is_capturing(&self, stream: StreamId) -> Result<bool, Error> {
+        self.inner.is_capturing(stream)
+    }
     fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
         let work: Vec<_> = std::mem::take(&mut *self.queue.lock().unwrap());
         if !work.is_empty() {
@@ -1481,6 +1484,64 @@ fn a_graph_allocation_while_the_home_stream_keeps_freeing_never_waits_with_the_l
     assert!(addr == blocks[5] || addr == blocks[0], "{addr:#x}");
     assert_eq!(pool.stats().live, 5);
     drop(graph);
+}
+
+/// A graph's allocation during its capture that finds the pool's index full gives the thread
+/// heaps back; blocks freed on the home stream reach the index that way, and the capturing
+/// stream, which cannot wait for the home stream, needs the host to wait for it. That wait is
+/// made once the pool's lock is released, and the request made again: a host function queued
+/// on the home stream that frees a block runs. (Before, the wait was made with the lock held:
+/// the host function waited for the lock, and the allocation never returned.)
+#[test]
+fn a_capture_allocation_that_gives_heaps_back_waits_for_the_home_stream_without_the_lock() {
+    const HOME: StreamId = StreamId(1);
+    const GRAPH: StreamId = StreamId(7);
+    // Everything on a thread of its own (its heap's destructor would wait for the lock too).
+    let r = within(|| {
+        let rt = Arc::new(HostFunctions {
+            inner: ManualStreams::new(),
+            queue: Mutex::new(Vec::new()),
+        });
+        let pool = Arc::new(
+            Pool::builder(64 * KIB)
+                .streams(rt.clone(), HOME)
+                .thread_heaps(MIB)
+                .eager_thread_heaps(true)
+                .log_leaks_on_drop(false)
+                .build_host()
+                .unwrap(),
+        );
+        // A block of the pool's own index that a host function on the home stream frees.
+        let x = pool
+            .allocate_for_capture(devarena::pool::AllocRequest::new(4096, 0).on(HOME))
+            .unwrap();
+        // This thread's home heap takes spans and keeps their blocks free after the frees.
+        let mine: Vec<u64> = (0..48).map(|_| pool.allocate(1024, 0).unwrap()).collect();
+        for a in mine {
+            pool.deallocate(a).unwrap();
+        }
+        let graph = pool.graph_reservation(GRAPH).unwrap();
+        rt.inner.begin_capture(GRAPH);
+        let p = pool.clone();
+        rt.queue
+            .lock()
+            .unwrap()
+            .push(Box::new(move || p.deallocate(x).unwrap()));
+        // Needs the heap's spans back: the index alone cannot serve it.
+        let r = graph.allocate(40 * KIB, 0).map_err(|e| e.to_string());
+        rt.inner.end_capture(GRAPH);
+        let s = pool.stats();
+        (r, s.live, s.failures, rt.inner.refused())
+    });
+    let (r, live, failures, refused) = r.expect(
+        "the graph's allocation never returned: it waited for the home stream with the lock \
+         held, and the host function queued there waited for the lock",
+    );
+    assert!(r.is_ok(), "{r:?}");
+    // The graph's block alone is live (the host function freed `x`); nothing failed, and
+    // nothing was asked of the capturing stream.
+    assert_eq!((live, failures), (1, 0));
+    assert!(refused.is_empty(), "{refused:?}");
 }
 
 /// How [`Flaky`]'s `synchronize` or `is_capturing` misbehaves.

@@ -37,14 +37,31 @@ std::thread_local! {
     /// lock is released, waits, gives the chunks back and makes the request again
     /// ([`Shared::retry_after_trim`]).
     static TRIM_WANTED: Cell<u64> = const { Cell::new(0) };
+    /// Where the request left its entry point a wait for the home stream rather than a trim
+    /// ([`TRIM_WANTED`] names the pool): the stream, capturing a graph, that the wait is for
+    /// (see [`Shared::drain_home_for_capture`]).
+    static DRAIN_WANTED: Cell<Option<StreamId>> = const { Cell::new(None) };
     /// The id of the pool whose entry point makes such a request again on this thread (0:
     /// none): it fails as any other request.
     static TRIM_RETRY: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Whether a request of pool `id` on this thread waits for the trim its entry point makes.
+/// Whether a request of pool `id` on this thread waits for the trim (or the wait for the home
+/// stream) its entry point makes.
 pub(in crate::pool) fn trim_wanted(id: u64) -> bool {
     TRIM_WANTED.with(|w| w.get() == id)
+}
+
+/// Leaves a wait for the home stream, for `stream` that captures a graph, to the entry point
+/// of the request of pool `id` on this thread; whether it could (not inside a request already
+/// made again, nor where the entry point has something else to do).
+pub(in crate::pool) fn want_drain(id: u64, stream: StreamId) -> bool {
+    if TRIM_RETRY.with(|r| r.get() == id) || TRIM_WANTED.with(|w| w.get() != 0) {
+        return false;
+    }
+    TRIM_WANTED.with(|w| w.set(id));
+    DRAIN_WANTED.with(|d| d.set(Some(stream)));
+    true
 }
 
 impl Shared {
@@ -89,7 +106,9 @@ impl Shared {
     /// left the trim to its entry point ([`TRIM_WANTED`]): with the lock released, waits for
     /// the home stream and gives every chunk inside a free block back to the device, as
     /// [`trim`](Self::trim_to) does, then makes the request again, once; the events recorded
-    /// meanwhile are delivered after it. Any other result is returned as it is.
+    /// meanwhile are delivered after it. Where it left a wait for the home stream instead
+    /// ([`DRAIN_WANTED`], a stream that captures a graph), that wait. Any other result is
+    /// returned as it is.
     #[cold]
     #[inline(never)]
     pub(in crate::pool) fn retry_after_trim(
@@ -101,7 +120,20 @@ impl Shared {
             return result;
         }
         TRIM_WANTED.with(|w| w.set(0));
-        if let Err(error) = self.trim_to(0) {
+        if let Some(stream) = DRAIN_WANTED.with(Cell::take) {
+            // Where the wait fails, the request made again asks for it again and fails with
+            // the error of a request that cannot have it.
+            if let Err(error) = self.drain_home_unlocked(stream) {
+                logged(|| {
+                    log::warn!(
+                        target: "devarena::pool",
+                        "pool `{}`: waiting for the home stream for an allocation on stream \
+                         {stream}, which captures a graph, failed: {error}",
+                        self.name
+                    )
+                });
+            }
+        } else if let Err(error) = self.trim_to(0) {
             logged(|| {
                 log::warn!(
                     target: "devarena::pool",

@@ -129,12 +129,17 @@ impl Shared {
     }
 
     /// Where `stream` is another stream that captures a graph (it cannot wait for the home
-    /// stream): the host waits for the home stream, with the lock held, and `stream` counts as
-    /// having waited, as [`lock_drained`](Self::lock_drained) does before a capture's
-    /// allocation. Nothing for any other stream.
+    /// stream) and blocks freed on the home stream reached the free lists during the request:
+    /// the host must wait for the home stream first, as [`lock_drained`](Self::lock_drained)
+    /// does before a capture's allocation. Not here, with the lock held (work queued on the
+    /// home stream may call into the pool, and would wait for the lock for ever): the request
+    /// fails, uncounted, and its entry point waits once the lock is released
+    /// ([`drain_home_unlocked`](Self::drain_home_unlocked)) and makes it again. The request
+    /// made again fails with an error where it finds the same once more. Nothing for any
+    /// other stream.
     pub(super) fn drain_home_for_capture(
         &self,
-        state: &mut State,
+        _state: &mut State,
         stream: StreamId,
     ) -> Result<(), Error> {
         let Some(streams) = self.streams.as_ref().filter(|_| stream != self.home) else {
@@ -146,8 +151,36 @@ impl Shared {
         {
             return Ok(());
         }
-        let epoch = state.home_epoch;
-        self.stream_call("synchronize", || streams.synchronize(self.home))?;
+        if super::allocate::want_drain(self.id, stream) {
+            return Err(Error::invalid(format!(
+                "pool `{}`: an allocation for stream {stream}, which captures a graph, waits \
+                 for the home stream first",
+                self.name
+            )));
+        }
+        Err(Error::invalid(format!(
+            "pool `{}`: an allocation for stream {stream}, which captures a graph (and cannot \
+             wait for the home stream), needs the host to wait for the home stream past blocks \
+             freed there, and more reached the pool while it waited; nothing allocated",
+            self.name
+        )))
+    }
+
+    /// The wait [`drain_home_for_capture`](Self::drain_home_for_capture) leaves to a request's
+    /// entry point, without the lock: afterwards `stream` counts as having waited for the
+    /// home stream's frees up to the wait's start (frees on the home stream made meanwhile
+    /// park behind an event recorded there, see [`State::home_fences`]).
+    pub(super) fn drain_home_unlocked(&self, stream: StreamId) -> Result<(), Error> {
+        let epoch = {
+            let mut state = self.lock()?;
+            state.home_fences += 1;
+            state.home_epoch
+        };
+        let waited = self.synchronize_home();
+        // (Taken again as above: on this thread, outside any callback of the pool.)
+        let mut state = self.lock()?;
+        state.home_fences -= 1;
+        waited?;
         state.graphs.drained = state.graphs.drained.max(epoch);
         state.note_waited(stream, epoch);
         Ok(())
