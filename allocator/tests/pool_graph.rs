@@ -538,3 +538,116 @@ fn a_released_graphs_block_freed_on_the_graphs_stream_waits_for_that_free() {
     assert_eq!(b, a);
     pool.deallocate_on(b, other).unwrap();
 }
+
+/// A stream runtime on which no event can be recorded on the graph's stream (a driver error),
+/// and whose `synchronize` of that stream first runs the host functions queued there (as
+/// `cuLaunchHostFunc` work does), on another thread.
+#[derive(Default)]
+struct GraphStreams {
+    inner: ManualStreams,
+    queue: std::sync::Mutex<Vec<Box<dyn FnOnce() + Send>>>,
+    synchronize_fails: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for GraphStreams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GraphStreams")
+    }
+}
+
+impl devarena::pool::StreamSync for GraphStreams {
+    fn record(&self, stream: StreamId) -> Result<Box<dyn devarena::pool::StreamEvent>, Error> {
+        if stream == GRAPH {
+            return Err(Error::InvalidArgument {
+                what: "cuEventRecord failed (test)".into(),
+            });
+        }
+        self.inner.record(stream)
+    }
+    fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
+        self.inner.order_after(waiter, producer)
+    }
+    fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
+        if stream == GRAPH {
+            let work: Vec<_> = std::mem::take(&mut *self.queue.lock().unwrap());
+            if !work.is_empty() {
+                std::thread::spawn(move || work.into_iter().for_each(|f| f()))
+                    .join()
+                    .unwrap();
+            }
+            if self
+                .synchronize_fails
+                .load(std::sync::atomic::Ordering::SeqCst)
+            {
+                return Err(Error::InvalidArgument {
+                    what: "cuStreamSynchronize failed (test)".into(),
+                });
+            }
+        }
+        self.inner.synchronize(stream)
+    }
+}
+
+/// `f` on a thread of its own; `None` when it has not returned within 10 s.
+fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(10)).ok()
+}
+
+/// A release whose event cannot be recorded on the graph's stream has the host wait for that
+/// stream instead, without the pool's lock: a host function queued there after the replays
+/// that frees a block runs. (Before, the wait was made with the lock held: the host function
+/// waited for the lock, and the release never returned.) The held block comes back once the
+/// wait has returned; where the wait fails too, the graph's blocks are set aside for good,
+/// those held and those freed later, and the release says why.
+#[test]
+fn a_release_that_waits_for_the_graphs_stream_does_so_without_the_lock() {
+    for wait_fails in [false, true] {
+        let r = within(move || {
+            let rt = Arc::new(GraphStreams::default());
+            rt.synchronize_fails
+                .store(wait_fails, std::sync::atomic::Ordering::SeqCst);
+            let pool = Arc::new(
+                Pool::builder(64 << 10)
+                    .streams(rt.clone(), HOME)
+                    .log_leaks_on_drop(false)
+                    .build_host()
+                    .unwrap(),
+            );
+            let x = pool.allocate(4096, 0).unwrap();
+            let graph = pool.graph_reservation(GRAPH).unwrap();
+            let held = graph.allocate(4096, 0).unwrap();
+            let live = graph.allocate(4096, 0).unwrap();
+            pool.deallocate_on(held, GRAPH).unwrap();
+            let p = pool.clone();
+            rt.queue
+                .lock()
+                .unwrap()
+                .push(Box::new(move || p.deallocate(x).unwrap()));
+            let released = graph.release().map_err(|e| e.to_string());
+            // A block of the graph freed after the release (on the home stream: on the graph's
+            // own stream the free would record an event there, which cannot be done).
+            pool.deallocate(live).unwrap();
+            pool.reclaim().unwrap();
+            (released, pool.stats())
+        });
+        let (released, s) = r.expect(
+            "the release never returned: it waited for the graph's stream with the lock held, \
+             and the host function queued there waited for the lock",
+        );
+        assert_eq!(s.live, 0, "wait fails: {wait_fails}");
+        if wait_fails {
+            let error = released.unwrap_err();
+            assert!(error.contains("set aside for good"), "{error}");
+            assert_eq!((s.quarantined, s.pending), (2 * 4096, 0));
+        } else {
+            released.unwrap();
+            // Both blocks are free again: the wait has returned.
+            assert_eq!((s.quarantined, s.pending), (0, 0), "{s:?}");
+            assert_eq!(s.in_use, 0);
+        }
+    }
+}

@@ -489,8 +489,9 @@ impl GraphEvent {
         GraphEvent(Arc::new(Mutex::new(GraphEventState::Complete)))
     }
 
-    pub(super) fn failed(error: Error) -> Self {
-        GraphEvent(Arc::new(Mutex::new(GraphEventState::Failed(error))))
+    /// Neither an event nor the host's wait worked: the graph's blocks can never be released.
+    pub(super) fn fail(&self, error: Error) {
+        *self.lock() = GraphEventState::Failed(error);
     }
 
     /// Whether the blocks can never be released (neither an event nor a wait worked).
@@ -597,7 +598,9 @@ mod tests {
 
     #[test]
     fn a_failed_release_stays_failed() {
-        let failed = GraphEvent::failed(Error::invalid("no event"));
+        let failed = GraphEvent::complete();
+        assert!(!failed.has_failed());
+        failed.fail(Error::invalid("no event"));
         assert!(failed.has_failed());
         let parked = failed.with(None);
         assert!(parked.is_complete().is_err());

@@ -11,7 +11,7 @@ use super::super::graph::{GraphEvent, GraphStats, Held, Owner};
 use super::{Ask, Live, LiveInfo, LockGuard, Shared, State, TRIM_TRIES};
 use crate::error::Error;
 use crate::pool::lock::logged;
-use crate::pool::stream::StreamId;
+use crate::pool::stream::{StreamEvent, StreamId};
 use crate::pool::{AllocRequest, Tracking, effective_align};
 
 impl Shared {
@@ -313,39 +313,55 @@ impl Shared {
             state.graphs.release(key, GraphEvent::complete());
             return Ok(());
         }
-        let (event, waited, error) = match &self.streams {
+        // Where no event can be recorded on the graph's stream (a rare path: a driver error,
+        // or the stream capturing again), the host waits for the stream instead, without the
+        // lock (work queued there may call into the pool): the graph is released now behind
+        // an event that completes when that wait has returned.
+        let (event, waited, host_wait) = match &self.streams {
             None => (GraphEvent::complete(), true, None),
             Some(streams) => match self.record_event(&**streams, stream) {
                 Ok(event) => (GraphEvent::after(event), false, None),
-                // Waits under the lock: a rare path (a driver error, or the graph's stream
-                // capturing again), and the state is consistent.
                 Err(record_error) => {
-                    match self.stream_call("synchronize", || streams.synchronize(stream)) {
-                        Ok(()) => (GraphEvent::complete(), true, None),
-                        Err(wait_error) => {
-                            let error = Error::invalid(format!(
-                                "pool `{}`: releasing a graph on stream {stream}: no event could \
-                                 be recorded there ({record_error}) and the host could not wait \
-                                 for it ({wait_error}); the graph's blocks are set aside for good",
-                                self.name
-                            ));
-                            (GraphEvent::failed(error.clone()), false, Some(error))
-                        }
-                    }
+                    let wait = HostWait::default();
+                    let event = GraphEvent::after(Box::new(wait.clone()));
+                    (event, false, Some((streams.clone(), wait, record_error)))
                 }
             },
         };
-        let failed = event.has_failed();
         for held in state.graphs.release(key, event.clone()) {
             state.pending -= held.bytes;
-            if failed {
-                self.set_aside(&mut state, stream, held.bytes);
-            } else if waited && held.event.is_none() {
+            if waited && held.event.is_none() {
                 state.tlsf.free(held.block);
             } else {
                 let event = event.clone().with(held.event);
                 self.park(&mut state, stream, None, held.block, held.bytes, event);
             }
+        }
+        drop(state);
+        let Some((streams, wait, record_error)) = host_wait else {
+            return Ok(());
+        };
+        let waited = self.runtime_call("synchronize", || streams.synchronize(stream));
+        let error = waited.as_ref().err().map(|wait_error| {
+            Error::invalid(format!(
+                "pool `{}`: releasing a graph on stream {stream}: no event could be recorded \
+                 there ({record_error}) and the host could not wait for it ({wait_error}); the \
+                 graph's blocks are set aside for good",
+                self.name
+            ))
+        });
+        match &error {
+            None => wait.set(Ok(())),
+            Some(error) => {
+                wait.set(Err(error.clone()));
+                // Blocks of the graph freed from now on are set aside at once.
+                event.fail(error.clone());
+            }
+        }
+        // The held blocks come back (or, where the wait failed, are set aside) now rather than
+        // at the next look at parked blocks.
+        if let Ok(mut state) = self.lock() {
+            self.reclaim_parked(&mut state);
         }
         error.map_or(Ok(()), Err)
     }
@@ -368,5 +384,27 @@ impl Shared {
         self.lock_wait("a graph reservation's statistics")
             .graphs
             .stats(key)
+    }
+}
+
+/// The event of a graph released while the host waits for its stream (no event could be
+/// recorded there): not complete until the wait has returned; its query fails with the wait's
+/// error where the wait failed (the blocks behind it are then set aside).
+#[derive(Debug, Clone, Default)]
+struct HostWait(alloc::sync::Arc<std::sync::Mutex<Option<Result<(), Error>>>>);
+
+impl HostWait {
+    fn set(&self, outcome: Result<(), Error>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
+    }
+}
+
+impl StreamEvent for HostWait {
+    fn is_complete(&self) -> Result<bool, Error> {
+        match &*self.0.lock().unwrap_or_else(|e| e.into_inner()) {
+            None => Ok(false),
+            Some(Ok(())) => Ok(true),
+            Some(Err(error)) => Err(error.clone()),
+        }
     }
 }
