@@ -1544,6 +1544,67 @@ fn a_capture_allocation_that_gives_heaps_back_waits_for_the_home_stream_without_
     assert!(refused.is_empty(), "{refused:?}");
 }
 
+/// Queues on `rt`'s home stream `n` host functions in turn, each of which runs a thread that
+/// allocates and frees on the home stream through a heap of its own and ends: its heap's free
+/// blocks reach the pool's index as the thread ends, without an event of their own.
+fn queue_heap_give_backs(rt: &Arc<HostFunctions>, pool: &Arc<Pool>, n: usize) {
+    if n == 0 {
+        return;
+    }
+    let (next_rt, p) = (rt.clone(), pool.clone());
+    rt.queue.lock().unwrap().push(Box::new(move || {
+        let q = p.clone();
+        std::thread::spawn(move || {
+            let a = q.allocate(1024, 0).unwrap();
+            q.deallocate(a).unwrap();
+        })
+        .join()
+        .unwrap();
+        queue_heap_give_backs(&next_rt, &p, n - 1);
+    }));
+}
+
+/// A graph's allocation whose wait for the home stream (outside the lock) is overtaken, each
+/// of three times, by thread heaps giving blocks freed there back to the pool fails with an
+/// error rather than waiting a fourth time with the pool's lock held.
+#[test]
+fn a_capture_allocation_whose_waits_keep_being_overtaken_fails_instead_of_waiting_locked() {
+    const HOME: StreamId = StreamId(1);
+    const GRAPH: StreamId = StreamId(7);
+    let r = within(|| {
+        let rt = Arc::new(HostFunctions {
+            inner: ManualStreams::new(),
+            queue: Mutex::new(Vec::new()),
+        });
+        let pool = Arc::new(
+            Pool::builder(MIB)
+                .streams(rt.clone(), HOME)
+                .eager_thread_heaps(true)
+                .log_leaks_on_drop(false)
+                .build_host()
+                .unwrap(),
+        );
+        let graph = pool.graph_reservation(GRAPH).unwrap();
+        // A free on the home stream, of a block of the pool's own index, that the capture has
+        // not waited for yet.
+        let x = pool
+            .allocate_for_capture(devarena::pool::AllocRequest::new(4096, 0).on(HOME))
+            .unwrap();
+        pool.deallocate(x).unwrap();
+        queue_heap_give_backs(&rt, &pool, 8);
+        rt.inner.begin_capture(GRAPH);
+        let r = graph.allocate(4096, 0).map_err(|e| e.to_string());
+        rt.inner.end_capture(GRAPH);
+        (r, pool.stats().failures, rt.inner.refused())
+    });
+    let (r, failures, refused) =
+        r.expect("the graph's allocation never returned: it waited with the lock held");
+    let error = r.unwrap_err();
+    assert!(error.contains("kept reaching the pool"), "{error}");
+    assert_eq!(failures, 1);
+    assert!(refused.is_empty(), "{refused:?}");
+}
+
 /// How [`Flaky`]'s `synchronize` or `is_capturing` misbehaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Misbehaviour {

@@ -191,11 +191,11 @@ impl Shared {
     /// outside the lock; a free on the home stream meanwhile parks its block behind an event
     /// recorded there (as during a trim's wait, see [`State::home_fences`]), while free blocks
     /// of thread heaps that reach the pool's index send it round again, and after
-    /// [`TRIM_TRIES`] tries it happens under the lock.
+    /// [`TRIM_TRIES`] tries the allocation fails with an error.
     fn lock_drained(&self, stream: StreamId) -> Result<LockGuard<'_, State>, Error> {
-        let Some(streams) = self.streams.as_ref().filter(|_| stream != self.home) else {
+        if self.streams.is_none() || stream == self.home {
             return self.lock_made();
-        };
+        }
         for _ in 0..TRIM_TRIES {
             let epoch = {
                 let mut state = self.lock_made()?;
@@ -215,13 +215,14 @@ impl Shared {
                 return Ok(state);
             }
         }
-        let mut state = self.lock_made()?;
-        if state.graphs.drained < state.home_epoch {
-            let epoch = state.home_epoch;
-            self.stream_call("synchronize", || streams.synchronize(self.home))?;
-            state.graphs.drained = epoch;
-        }
-        Ok(state)
+        // Never a wait with the lock held (work queued on the home stream may call into the
+        // pool): the allocation fails instead.
+        Err(Error::invalid(format!(
+            "pool `{}`: an allocation for stream {stream} (a graph's, which cannot wait for the \
+             home stream) needs the host to wait for the home stream past its frees, and blocks \
+             freed there kept reaching the pool during {TRIM_TRIES} waits; nothing allocated",
+            self.name
+        )))
     }
 
     /// The lock, with the deferred frees made (see [`defer_free`](Self::defer_free)): a free
