@@ -1605,6 +1605,39 @@ fn a_capture_allocation_whose_waits_keep_being_overtaken_fails_instead_of_waitin
     assert!(refused.is_empty(), "{refused:?}");
 }
 
+/// A trim whose waits for the home stream are overtaken, each of three times, by thread heaps
+/// giving blocks freed there back to the pool gives up (unmaps nothing) rather than waiting a
+/// fourth time with the pool's lock held; the next trim, with nothing overtaking it, gives the
+/// free chunks back.
+#[test]
+fn a_trim_whose_waits_keep_being_overtaken_gives_up_instead_of_waiting_locked() {
+    let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
+    let rt = Arc::new(HostFunctions {
+        inner: ManualStreams::new(),
+        queue: Mutex::new(Vec::new()),
+    });
+    let pool = Arc::new(
+        Pool::builder(64 * MIB)
+            .streams(rt.clone(), StreamId(1))
+            .eager_thread_heaps(true)
+            .log_leaks_on_drop(false)
+            .build_mapped(vm.clone())
+            .unwrap(),
+    );
+    let a = pool.allocate(4 * CHUNK, 0).unwrap();
+    pool.deallocate(a).unwrap();
+    queue_heap_give_backs(&rt, &pool, 3);
+    let p = pool.clone();
+    let trimmed = within(move || p.trim().map_err(|e| e.to_string()))
+        .expect("the trim never returned: it waited for the home stream with the lock held");
+    assert_eq!(trimmed.unwrap(), 0);
+    assert!(rt.queue.lock().unwrap().is_empty());
+    let p = pool.clone();
+    let trimmed = within(move || p.trim().unwrap()).expect("the second trim never returned");
+    assert!(trimmed >= 4 * CHUNK, "{trimmed}");
+    assert_eq!(pool.stats().live, 0);
+}
+
 /// How [`Flaky`]'s `synchronize` or `is_capturing` misbehaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Misbehaviour {
