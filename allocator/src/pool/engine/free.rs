@@ -315,10 +315,8 @@ impl Shared {
             }
             None => {
                 if self.streams.is_some() {
-                    if state.home_fences > 0 && self.park_fenced(state, block) {
-                        let reserved = state.tlsf.block_size(block) as usize;
-                        self.count_free(state, live, addr, reserved, stream, tag);
-                        return;
+                    if state.home_fences > 0 {
+                        return self.commit_fenced_free(state, addr, block, live, stream, tag);
                     }
                     state.home_epoch += 1;
                 }
@@ -328,23 +326,38 @@ impl Shared {
         self.count_free(state, live, addr, reserved, stream, tag);
     }
 
-    /// A free on the home stream while a trim waits for it (see
-    /// [`State::home_fences`](super::State)): parks `block` behind an event recorded there now,
-    /// which the trim's wait does not cover; whether it did. Where no event can be recorded the
-    /// block is freed as usual, and the trim, which sees the home stream's epoch move, looks
-    /// again.
+    /// [`commit_free`](Self::commit_free) of a free on the home stream while a wait for it
+    /// runs outside the lock (see [`State::home_fences`](super::State)): parks `block` behind
+    /// an event recorded there now, which the wait does not cover. Where no event can be
+    /// recorded the block is freed as usual, and the waiting side, which sees the home
+    /// stream's epoch move, looks again.
     #[cold]
     #[inline(never)]
-    fn park_fenced(&self, state: &mut State, block: u32) -> bool {
-        let Some(streams) = &self.streams else {
-            return false;
+    fn commit_fenced_free(
+        &self,
+        state: &mut State,
+        addr: u64,
+        block: u32,
+        live: &Live,
+        stream: StreamId,
+        tag: Option<&str>,
+    ) {
+        let event = match &self.streams {
+            Some(streams) => self.record_event(&**streams, self.home).ok(),
+            None => None,
         };
-        let Ok(event) = self.record_event(&**streams, self.home) else {
-            return false;
+        let reserved = match event {
+            Some(event) => {
+                let bytes = state.tlsf.block_size(block) as usize;
+                self.park(state, self.home, None, block, bytes, event);
+                bytes
+            }
+            None => {
+                state.home_epoch += 1;
+                state.tlsf.release(block) as usize
+            }
         };
-        let bytes = state.tlsf.block_size(block) as usize;
-        self.park(state, self.home, None, block, bytes, event);
-        true
+        self.count_free(state, live, addr, reserved, stream, tag);
     }
 
     #[cold]
