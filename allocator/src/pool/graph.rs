@@ -31,7 +31,11 @@
 //! home stream, the host waits for the home stream ([`StreamSync::synchronize`](super::StreamSync::synchronize)): every block
 //! the home stream freed before that is idle, and no replay can overlap work queued there
 //! before it. This wait happens during the capture, once per home-stream free, and never during
-//! replays. Allocations for a graph captured on the home stream itself need none of it.
+//! replays; it is made without the pool's lock (work queued on the home stream may call into
+//! the pool), and frees on the home stream made meanwhile wait behind an event recorded there.
+//! Where blocks freed on the home stream keep reaching the pool during three such waits (thread
+//! heaps giving them back), the allocation fails with an error rather than wait with the lock
+//! held. Allocations for a graph captured on the home stream itself need none of it.
 //!
 //! **Thread heaps stay off the graph's stream until its capture is over**: every thread's heap
 //! for that stream (see [`PoolBuilder::thread_heaps`](super::PoolBuilder::thread_heaps)) gives
@@ -186,9 +190,11 @@ impl GraphReservation {
     /// dropping it does the same and logs one.
     ///
     /// When no event can be recorded on the graph's stream (a driver error, or the stream is
-    /// capturing again), the host waits for the stream instead; when that fails too, the held
-    /// blocks are set aside for good ([`PoolStats::quarantined`](super::PoolStats::quarantined))
-    /// and the error comes back: nothing says the replays are done with them.
+    /// capturing again), the host waits for the stream instead, without the pool's lock (work
+    /// queued there may call into the pool), and the graph's blocks are reused once that wait
+    /// has returned; when it fails too, they are set aside for good
+    /// ([`PoolStats::quarantined`](super::PoolStats::quarantined)) and the error comes back:
+    /// nothing says the replays are done with them.
     pub fn release(mut self) -> Result<(), Error> {
         self.released = true;
         self.client.shared().release_graph(self.key)
@@ -468,9 +474,9 @@ impl Graphs {
 // Events.
 
 /// The event a released graph's blocks wait for, shared by all of them: complete once the
-/// event recorded on the graph's stream at the release has completed (at once when the host
-/// waited for the stream instead, or for a pool without a stream runtime); an error for good
-/// when neither could be done.
+/// event recorded on the graph's stream at the release has completed (once the host's wait
+/// for the stream has returned where no event could be recorded; at once for a pool without a
+/// stream runtime); an error for good when neither could be done.
 #[derive(Clone)]
 pub(super) struct GraphEvent(Arc<Mutex<GraphEventState>>);
 
