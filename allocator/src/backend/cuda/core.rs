@@ -13,6 +13,10 @@ use crate::backend::{Allocation, BackendStats, Counters};
 use crate::error::Error;
 use crate::plan::align_up_u64;
 
+/// CUDA's per-thread default stream (`CU_STREAM_PER_THREAD`): one handle that names another
+/// stream on each thread.
+const PER_THREAD_STREAM: usize = 2;
+
 /// The stream and counters of a CUDA backend. Clones share both.
 #[derive(Debug, Clone)]
 pub(super) struct CudaCore {
@@ -32,16 +36,29 @@ impl CudaCore {
         self.counters.snapshot()
     }
 
-    /// An allocation around `raw_alloc`: zero bytes take no memory; otherwise ask for enough to
-    /// reach `align` from the `guaranteed` alignment of the driver's addresses, with the context
-    /// bound, count the outcome and align the address.
+    /// An allocation around `raw_alloc` for the backend `name`: zero bytes take no memory;
+    /// otherwise ask for enough to reach `align` from the `guaranteed` alignment of the
+    /// driver's addresses, with the context bound, count the outcome and align the address.
+    /// Refused on CUDA's per-thread default stream.
     pub(super) fn allocate(
         &self,
+        name: &str,
         bytes: usize,
         align: usize,
         guaranteed: usize,
         raw_alloc: impl FnOnce(usize) -> Result<u64, Error>,
     ) -> Result<Allocation, Error> {
+        // An arena is `Send` and `Sync`: used or dropped on another thread, its work, its
+        // host views' waits and its free would go to that thread's stream, out of the order
+        // of the work queued on it here (the pool refuses this stream for its slices too).
+        if self.stream.cu_stream() as usize == PER_THREAD_STREAM {
+            return Err(Error::invalid(format!(
+                "{name} backend: its stream is CUDA's per-thread default stream, which names a \
+                 different stream on each thread; an arena, which may be used and dropped on \
+                 any thread, orders its work, its host views and its free on one stream: use a \
+                 stream of your own (`ctx.new_stream()`)"
+            )));
+        }
         if !align.is_power_of_two() {
             return Err(Error::invalid(format!(
                 "alignment {align} is not a power of two"

@@ -92,15 +92,17 @@ unsafe impl Backend for CudaBackend {
             ));
         }
         self.core
-            .allocate(bytes, align, CUDA_ALIGN, |total| match self.mode {
-                // SAFETY: the context is bound; the memory is only handed out as views of
-                // `Element`s, for which every bit pattern is valid.
-                DeviceAlloc::Sync => unsafe { result::malloc_sync(total) }
-                    .map_err(|e| alloc_error("cuMemAlloc", "cuda", total, e)),
-                DeviceAlloc::StreamOrdered => {
-                    // SAFETY: as above; the stream is alive (held by `self`).
-                    unsafe { result::malloc_async(stream.cu_stream(), total) }
-                        .map_err(|e| alloc_error("cuMemAllocAsync", "cuda-async", total, e))
+            .allocate(self.name(), bytes, align, CUDA_ALIGN, |total| {
+                match self.mode {
+                    // SAFETY: the context is bound; the memory is only handed out as views of
+                    // `Element`s, for which every bit pattern is valid.
+                    DeviceAlloc::Sync => unsafe { result::malloc_sync(total) }
+                        .map_err(|e| alloc_error("cuMemAlloc", "cuda", total, e)),
+                    DeviceAlloc::StreamOrdered => {
+                        // SAFETY: as above; the stream is alive (held by `self`).
+                        unsafe { result::malloc_async(stream.cu_stream(), total) }
+                            .map_err(|e| alloc_error("cuMemAllocAsync", "cuda-async", total, e))
+                    }
                 }
             })
     }

@@ -110,22 +110,23 @@ unsafe impl Backend for ManagedBackend {
     }
 
     fn allocate(&self, bytes: usize, align: usize) -> Result<Allocation, Error> {
-        self.core.allocate(bytes, align, CUDA_ALIGN, |total| {
-            let attach = sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL;
-            // SAFETY: the context is bound; views hold `Element`s only.
-            let raw = unsafe { result::malloc_managed(total, attach) }
-                .map_err(|e| alloc_error("cuMemAllocManaged", "cuda-managed", total, e))?;
-            // Zeroed before anyone sees it, as pinned memory is: host views read the bytes,
-            // which the driver does not promise to initialise. On the device, so that no page
-            // migrates to the host for it (a memset of managed memory returns once done).
-            // SAFETY: `total` bytes at `raw` were just allocated in the bound context.
-            if let Err(e) = unsafe { result::memset_d8_sync(raw, 0, total) } {
-                // SAFETY: `raw` came from `cuMemAllocManaged` above, and nothing uses it.
-                let _ = unsafe { result::free_sync(raw) };
-                return Err(drv("cuMemsetD8")(e));
-            }
-            Ok(raw)
-        })
+        self.core
+            .allocate("cuda-managed", bytes, align, CUDA_ALIGN, |total| {
+                let attach = sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL;
+                // SAFETY: the context is bound; views hold `Element`s only.
+                let raw = unsafe { result::malloc_managed(total, attach) }
+                    .map_err(|e| alloc_error("cuMemAllocManaged", "cuda-managed", total, e))?;
+                // Zeroed before anyone sees it, as pinned memory is: host views read the bytes,
+                // which the driver does not promise to initialise. On the device, so that no page
+                // migrates to the host for it (a memset of managed memory returns once done).
+                // SAFETY: `total` bytes at `raw` were just allocated in the bound context.
+                if let Err(e) = unsafe { result::memset_d8_sync(raw, 0, total) } {
+                    // SAFETY: `raw` came from `cuMemAllocManaged` above, and nothing uses it.
+                    let _ = unsafe { result::free_sync(raw) };
+                    return Err(drv("cuMemsetD8")(e));
+                }
+                Ok(raw)
+            })
     }
 
     unsafe fn deallocate(&self, allocation: &Allocation) -> Result<(), Error> {

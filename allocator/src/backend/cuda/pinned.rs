@@ -94,8 +94,12 @@ unsafe impl Backend for PinnedBackend {
     }
 
     fn allocate(&self, bytes: usize, align: usize) -> Result<Allocation, Error> {
-        self.core
-            .allocate(bytes, align, PINNED_GUARANTEED_ALIGN, |total| {
+        self.core.allocate(
+            "cuda-pinned",
+            bytes,
+            align,
+            PINNED_GUARANTEED_ALIGN,
+            |total| {
                 let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
                 // SAFETY: the context is bound.
                 let raw = unsafe { result::malloc_host(total, flags) }
@@ -104,7 +108,8 @@ unsafe impl Backend for PinnedBackend {
                 // starts initialised.
                 unsafe { core::ptr::write_bytes(raw.cast::<u8>(), 0, total) };
                 Ok(raw as u64)
-            })
+            },
+        )
     }
 
     unsafe fn deallocate(&self, allocation: &Allocation) -> Result<(), Error> {
