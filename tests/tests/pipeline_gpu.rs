@@ -471,6 +471,76 @@ mod gpu {
         assert_eq!(replayed.first_difference(&eager), None);
     }
 
+    /// A capture records whatever any thread queues on the stream while it runs: a graph with
+    /// another thread's work in it could replay that work on memory the graph does not own.
+    /// `capture_frame` hands out a graph only where it holds the frame's operations alone;
+    /// otherwise it fails, and the graph is never launched. Another thread here waits for the
+    /// arena's stream to capture and queues a memset of a buffer of its own there.
+    #[test]
+    fn capture_frame_refuses_a_graph_with_another_threads_work_in_it() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+
+        use devarena::backend::cuda::is_capturing;
+        use devarena_kernels::pipeline::cuda::FRAME_GRAPH_NODES;
+
+        let Some(stream) = stream() else { return };
+        let kernels = PipelineKernels::load(stream.context()).unwrap();
+        let mut arena = Arena::<Frame, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        let size = ImageSize::new(67, 45);
+        let stop = Arc::new(AtomicBool::new(false));
+        #[derive(DeviceLayout)]
+        struct Scratch {
+            buf: [u8; 4096],
+        }
+        let intruder = {
+            let (stream, stop) = (stream.clone(), stop.clone());
+            let mut other = Arena::<Scratch, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+            std::thread::spawn(move || {
+                let mut queued = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    if is_capturing(&stream).unwrap_or(false)
+                        && other.views_mut().buf.fill_bytes(0xCD).is_ok()
+                    {
+                        queued += 1;
+                    }
+                }
+                // (The memsets recorded into discarded captures never ran.)
+                drop(other);
+                queued
+            })
+        };
+        let (mut refused, mut accepted) = (0, 0);
+        for _ in 0..2000 {
+            match kernels.capture_frame(&mut arena, size) {
+                Ok(graph) => {
+                    assert_eq!(graph.nodes(), FRAME_GRAPH_NODES);
+                    accepted += 1;
+                }
+                Err(error) => {
+                    let text = error.to_string();
+                    // A memset queued as the capture ended may also invalidate it.
+                    if text.contains("another thread queued work") {
+                        refused += 1;
+                    } else {
+                        assert!(text.contains("CUDA_ERROR_STREAM_CAPTURE"), "{text}");
+                    }
+                }
+            }
+            if refused > 0 && accepted > 0 {
+                break;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let queued = intruder.join().unwrap();
+        assert!(
+            refused > 0,
+            "no capture caught the other thread's work ({queued} queued)"
+        );
+        // Alone again, the arena captures its frame.
+        let graph = kernels.capture_frame(&mut arena, size).unwrap();
+        assert_eq!(graph.nodes(), FRAME_GRAPH_NODES);
+    }
+
     #[test]
     fn frame_graph_replays_match_eager_frames_over_a_thousand_changing_inputs() {
         let Some(stream) = stream() else { return };
@@ -493,6 +563,7 @@ mod gpu {
         let mut graph = kernels.capture_frame(&mut arena, size).unwrap();
         // A memset and seven kernels.
         assert_eq!(graph.nodes(), 8);
+        assert_eq!(devarena_kernels::pipeline::cuda::FRAME_GRAPH_NODES, 8);
         let stream = graph.stream().clone();
         let mut out = FrameOutputs::new(size);
         for replay in 0..1000usize {

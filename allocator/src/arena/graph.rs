@@ -41,9 +41,12 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
     /// the replays on the arena's stream); so must the modules whose kernels it launches stay
     /// loaded. Work on the arena's own views alone (those
     /// [`Capture`] hands out) meets this with nothing more to check: the graph borrows the
-    /// arena exclusively for its whole life. (A safe `capture` could not be sound: the stream
-    /// is the caller's, and safe cudarc calls on it during the capture record whatever they
-    /// reach.)
+    /// arena exclusively for its whole life. The same holds for work any other thread queues
+    /// on the arena's stream while `record` runs, which the capture records as well (whichever
+    /// thread queues it): capture while no other thread uses the stream, or check what the
+    /// graph holds ([`ArenaGraph::nodes`]) before its first launch. (A safe `capture` could not
+    /// be sound: the stream is the caller's, and safe cudarc calls on it during the capture
+    /// record whatever they reach.)
     ///
     /// ```no_run
     /// use devarena::backend::cuda::{CudaBackend, cuda_stream, driver_error};

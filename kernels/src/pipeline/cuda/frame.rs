@@ -74,17 +74,25 @@ impl PipelineKernels {
     ///
     /// Safe where [`Arena::capture`] is not: the recorded work is this crate's kernels on the
     /// arena's views alone, and the graph borrows the kernels as well as the arena, so the
-    /// module its kernel nodes run stays loaded for every replay.
+    /// module its kernel nodes run stays loaded for every replay. A capture records whatever
+    /// any thread queues on the stream meanwhile, though: where the graph holds more than the
+    /// frame's [`FRAME_GRAPH_NODES`] operations, another thread queued work on the arena's
+    /// stream during the capture (work that may reach memory the graph does not own). That
+    /// graph is discarded unlaunched, and the call fails with an error that says so; the other
+    /// thread's work, recorded instead of run, did not run either.
     pub fn capture_frame<'a, B: DirectViews<Mut = CudaMut> + StreamOrdered>(
         &'a self,
         arena: &'a mut Arena<Frame, B>,
         size: ImageSize,
     ) -> Result<ArenaGraph<'a, Frame, B>, Error> {
         // SAFETY: `record_frame` queues this crate's kernels on the capture's views of the
-        // arena and nothing else (no events, no outputs): the graph reaches the arena's
-        // allocation alone, which it borrows; the kernels' module is `self`'s, borrowed for
-        // the graph's life (`'a`).
-        unsafe { arena.capture(|capture| self.record_frame(capture, size)) }
+        // arena and nothing else (no events, no outputs); the kernels' module is `self`'s,
+        // borrowed for the graph's life (`'a`). Work another thread queued on the stream
+        // during the capture would be in the graph too: `only_the_frame` returns the graph
+        // only where it holds the frame's operations and nothing more, so the graph handed out
+        // reaches the arena's allocation alone, which it borrows.
+        let graph = unsafe { arena.capture(|capture| self.record_frame(capture, size)) }?;
+        only_the_frame(graph, "capture_frame")
     }
 
     /// Records the launches of one frame of `size` into a capture of a [`Frame`] arena
@@ -155,8 +163,10 @@ impl PipelineKernels {
         size: ImageSize,
     ) -> Result<ArenaGraph<'a, FrameStaged, B>, Error> {
         // SAFETY: as in `capture_frame`: `record_frame_staged` queues this crate's kernels on
-        // the capture's stage views of the arena alone (no events, no outputs).
-        unsafe { arena.capture(|capture| self.record_frame_staged(capture, size)) }
+        // the capture's stage views of the arena alone (no events, no outputs), and
+        // `only_the_frame` hands the graph out only where nothing else was recorded.
+        let graph = unsafe { arena.capture(|capture| self.record_frame_staged(capture, size)) }?;
+        only_the_frame(graph, "capture_frame_staged")
     }
 
     /// Records the stages `gray` … `mask` of one frame of `size` into a capture of a
@@ -423,4 +433,29 @@ impl FrameSlices {
             mask: &mut self.mask,
         }
     }
+}
+
+/// The operations a captured frame holds: the seven kernels of [`PipelineKernels::run_frame`]
+/// and the histogram's reset, as [`PipelineKernels::capture_frame`] and
+/// [`PipelineKernels::capture_frame_staged`] record them.
+pub const FRAME_GRAPH_NODES: usize = 8;
+
+/// `graph`, where it holds the frame's operations alone; an error otherwise (the graph is
+/// dropped unlaunched): another thread queued work on the arena's stream while `call`
+/// captured.
+fn only_the_frame<'a, L: devarena::DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered>(
+    graph: ArenaGraph<'a, L, B>,
+    call: &str,
+) -> Result<ArenaGraph<'a, L, B>, Error> {
+    let nodes = graph.nodes();
+    if nodes == FRAME_GRAPH_NODES {
+        return Ok(graph);
+    }
+    Err(invalid(format!(
+        "{call}: the capture recorded {nodes} operations where a frame has \
+         {FRAME_GRAPH_NODES}: another thread queued work on the arena's stream during the \
+         capture, which recorded it instead of running it; the graph was discarded without a \
+         replay (that other work did not run either): capture while no other thread uses the \
+         stream"
+    )))
 }

@@ -715,4 +715,6 @@ fn check_pixels(stage: &str, len: usize) -> Result<u32, Error> {
 }
 
 mod frame;
-pub use frame::{FrameSlices, download_mask_stage, upload_input, upload_input_staged};
+pub use frame::{
+    FRAME_GRAPH_NODES, FrameSlices, download_mask_stage, upload_input, upload_input_staged,
+};
