@@ -518,8 +518,10 @@ pub fn emit(layout: &Layout) -> TokenStream {
             ) -> Self::Views<#lt, #k> {
                 // A layout struct is a description, never a value: its fields are read only
                 // here, in a closure that never runs, so they raise no `dead_code` warnings.
+                // (Through `addr_of!`, which takes no reference: a `#[repr(packed)]` layout's
+                // fields may be unaligned.)
                 let _ = |__devarena_this: &Self| {
-                    #( let _ = &__devarena_this.#field_idents; )*
+                    #( let _ = ::core::ptr::addr_of!(__devarena_this.#field_idents); )*
                 };
                 // SAFETY: the caller hands a region of `SIZE` bytes at `ALIGN`, live and (for
                 // mutable kinds) unaliased for `'a`; the plan keeps every field inside it,

@@ -208,29 +208,6 @@ pub fn parse(input: DeriveInput) -> syn::Result<Layout> {
         }
     }
 
-    // `#[repr(packed)]`: the struct's own layout plays no part (the derive plans the buffers
-    // and aligns them with `#[layout(align = …)]`), and the derive's code that takes its fields
-    // by reference would fail with an error about unaligned references.
-    for attr in input.attrs.iter().filter(|a| a.path().is_ident("repr")) {
-        let _ = attr.parse_nested_meta(|meta| {
-            if meta.path.is_ident("packed") {
-                errors.push(
-                    meta.path.span(),
-                    format_args!(
-                        "DeviceLayout: `#[repr(packed)]` on `{name}` has no effect on the planned \
-                         buffers (the derive places and aligns them itself: set alignments with \
-                         `#[layout(align = …)]`); remove it"
-                    ),
-                );
-            }
-            // `packed(N)` and every other repr: skip their arguments.
-            if meta.input.peek(syn::token::Paren) {
-                let _ = meta.input.parse::<proc_macro2::Group>();
-            }
-            Ok(())
-        });
-    }
-
     // Struct attributes.
     let mut align = None;
     let mut max_bytes = None;
