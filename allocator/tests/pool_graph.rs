@@ -651,3 +651,88 @@ fn a_release_that_waits_for_the_graphs_stream_does_so_without_the_lock() {
         }
     }
 }
+
+/// `ManualStreams` whose `synchronize` blocks (a busy device) until the test opens the gate,
+/// and says when it has begun.
+#[derive(Debug, Default)]
+struct Gate {
+    inner: ManualStreams,
+    entered: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    open: std::sync::Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl Gate {
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+}
+
+impl devarena::pool::StreamSync for Gate {
+    fn record(&self, s: StreamId) -> Result<Box<dyn devarena::pool::StreamEvent>, Error> {
+        self.inner.record(s)
+    }
+    fn order_after(&self, w: StreamId, p: StreamId) -> Result<(), Error> {
+        self.inner.order_after(w, p)
+    }
+    fn is_capturing(&self, s: StreamId) -> Result<bool, Error> {
+        self.inner.is_capturing(s)
+    }
+    fn synchronize(&self, s: StreamId) -> Result<(), Error> {
+        if let Some(tx) = self.entered.lock().unwrap().take() {
+            tx.send(()).unwrap();
+        }
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.cv.wait(open).unwrap();
+        }
+        drop(open);
+        self.inner.synchronize(s)
+    }
+}
+
+/// While a graph's allocation waits for the home stream (outside the lock), a block freed on
+/// the home stream waits behind an event there, so that the wait covers what the capture may
+/// get; the home stream itself takes it back at once where a request there would fail without
+/// it (its own order covers the reuse). (Before, a full pool refused the home stream's request
+/// for the whole wait.)
+#[test]
+fn a_block_freed_on_the_home_stream_during_a_graphs_wait_serves_the_home_stream_at_once() {
+    let rt = Arc::new(Gate::default());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let pool = Arc::new(
+        Pool::builder(4 << 10)
+            .streams(rt.clone(), HOME)
+            .thread_heaps(0)
+            .log_leaks_on_drop(false)
+            .build_host()
+            .unwrap(),
+    );
+    let x = pool.allocate(4 << 10, 0).unwrap();
+    // A free on the home stream the graph's stream has not waited for.
+    pool.deallocate(x).unwrap();
+    let graph = pool.graph_reservation(StreamId(2)).unwrap();
+    *rt.entered.lock().unwrap() = Some(tx);
+    let waiter = std::thread::spawn(move || {
+        let r = graph.allocate(256, 0).map(drop).map_err(|e| e.to_string());
+        drop(graph);
+        r
+    });
+    // The graph's allocation now waits for the home stream, without the lock.
+    rx.recv().unwrap();
+    let y = pool.allocate(4 << 10, 0).unwrap();
+    pool.deallocate(y).unwrap();
+    let again = pool.allocate(4 << 10, 0).map_err(|e| e.to_string());
+    rt.open();
+    let waited = waiter.join().unwrap();
+    let again = again.expect("a block freed on the home stream is not reusable there");
+    assert_eq!(again, y);
+    // The only failure, if any, is the graph's: it found the pool full after its wait.
+    assert_eq!(
+        pool.stats().failures,
+        u64::from(waited.is_err()),
+        "{waited:?}"
+    );
+    pool.deallocate(again).unwrap();
+}

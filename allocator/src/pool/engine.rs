@@ -73,6 +73,10 @@ pub(super) struct Parked {
     /// stream other than its own): a refusal may make the home stream wait for that stream
     /// and take it (see [`Shared::order_given_back`]).
     pub(super) given_back: bool,
+    /// A block freed on the home stream while a wait for it ran outside the lock (see
+    /// [`State::home_fences`]): the home stream itself may take it back at once (its own
+    /// order covers it) where a request there would fail without it.
+    pub(super) fenced: bool,
 }
 
 /// One client: a name, a quota, its counters.

@@ -274,6 +274,7 @@ impl SharedEvent {
             bytes,
             event: Box::new(self.clone()),
             given_back: true,
+            fenced: false,
         }
     }
 }

@@ -563,6 +563,10 @@ impl Shared {
             };
             match result {
                 Ok(addr) => return Ok(addr),
+                // Blocks freed on the home stream while a wait for it runs outside the lock
+                // wait behind events there; a request on the home stream takes them back first.
+                Err(Refusal::Capacity | Refusal::Error(Error::OutOfMemory { .. }))
+                    if ask.stream == self.home && self.take_fenced(state) => {}
                 // Out of memory for new chunks of a growable region: the heaps' mapped free
                 // memory may serve (as for capacity, a request fails only after they gave it
                 // back once).

@@ -349,7 +349,15 @@ impl Shared {
         let reserved = match event {
             Some(event) => {
                 let bytes = state.tlsf.block_size(block) as usize;
-                self.park(state, self.home, None, block, bytes, event);
+                let parked = Parked {
+                    heap: None,
+                    block,
+                    bytes,
+                    event,
+                    given_back: false,
+                    fenced: true,
+                };
+                self.park_entry(state, self.home, parked);
                 bytes
             }
             None => {
@@ -358,6 +366,39 @@ impl Shared {
             }
         };
         self.count_free(state, live, addr, reserved, stream, tag);
+    }
+
+    /// For a request on the home stream that would fail without them: the blocks freed there
+    /// while a wait ran outside the lock ([`Parked::fenced`]) go back to the free lists (the
+    /// home stream's own order covers their reuse there), and the home stream's epoch moves,
+    /// so that the waiting side looks again; whether there were any.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn take_fenced(&self, state: &mut State) -> bool {
+        let home = self.home;
+        let State {
+            parked,
+            tlsf,
+            pending,
+            ..
+        } = &mut *state;
+        let Some((_, queue)) = parked.iter_mut().find(|(s, _)| *s == home) else {
+            return false;
+        };
+        let mut taken = false;
+        queue.retain(|p| {
+            if p.fenced {
+                tlsf.free(p.block);
+                *pending -= p.bytes;
+                taken = true;
+            }
+            !p.fenced
+        });
+        if taken {
+            state.home_epoch += 1;
+            self.forget_empty_queues(state);
+        }
+        taken
     }
 
     #[cold]
@@ -429,6 +470,7 @@ impl Shared {
             bytes,
             event,
             given_back: false,
+            fenced: false,
         };
         self.park_entry(state, stream, parked);
     }
