@@ -1339,6 +1339,14 @@ impl StreamSync for HostFunctions {
     }
 }
 
+/// A [`HostFunctions`] runtime with nothing queued.
+fn host_functions() -> Arc<HostFunctions> {
+    Arc::new(HostFunctions {
+        inner: ManualStreams::new(),
+        queue: Mutex::new(Vec::new()),
+    })
+}
+
 /// `f` on a thread of its own; `None` when it has not returned within 10 s.
 fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
     let (tx, rx) = std::sync::mpsc::channel();
@@ -1354,10 +1362,7 @@ fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T
 #[test]
 fn out_of_device_memory_waits_for_the_home_stream_without_the_lock() {
     let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
-    let rt = Arc::new(HostFunctions {
-        inner: ManualStreams::new(),
-        queue: Mutex::new(Vec::new()),
-    });
+    let rt = host_functions();
     let pool = Arc::new(
         Pool::builder(64 * MIB)
             .streams(rt.clone(), StreamId(1))
@@ -1404,10 +1409,7 @@ fn queue_frees_in_turn(rt: &Arc<HostFunctions>, pool: &Arc<Pool>, blocks: Vec<u6
 #[test]
 fn a_trim_while_the_home_stream_keeps_freeing_never_waits_with_the_lock_held() {
     let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
-    let rt = Arc::new(HostFunctions {
-        inner: ManualStreams::new(),
-        queue: Mutex::new(Vec::new()),
-    });
+    let rt = host_functions();
     let pool = Arc::new(
         Pool::builder(64 * MIB)
             .streams(rt.clone(), StreamId(1))
@@ -1454,10 +1456,7 @@ fn a_trim_while_the_home_stream_keeps_freeing_never_waits_with_the_lock_held() {
 /// waited for the lock for ever.)
 #[test]
 fn a_graph_allocation_while_the_home_stream_keeps_freeing_never_waits_with_the_lock_held() {
-    let rt = Arc::new(HostFunctions {
-        inner: ManualStreams::new(),
-        queue: Mutex::new(Vec::new()),
-    });
+    let rt = host_functions();
     let pool = Arc::new(
         Pool::builder(MIB)
             .streams(rt.clone(), StreamId(1))
@@ -1498,10 +1497,7 @@ fn a_capture_allocation_that_gives_heaps_back_waits_for_the_home_stream_without_
     const GRAPH: StreamId = StreamId(7);
     // Everything on a thread of its own (its heap's destructor would wait for the lock too).
     let r = within(|| {
-        let rt = Arc::new(HostFunctions {
-            inner: ManualStreams::new(),
-            queue: Mutex::new(Vec::new()),
-        });
+        let rt = host_functions();
         let pool = Arc::new(
             Pool::builder(64 * KIB)
                 .streams(rt.clone(), HOME)
@@ -1572,10 +1568,7 @@ fn a_capture_allocation_whose_waits_keep_being_overtaken_fails_instead_of_waitin
     const HOME: StreamId = StreamId(1);
     const GRAPH: StreamId = StreamId(7);
     let r = within(|| {
-        let rt = Arc::new(HostFunctions {
-            inner: ManualStreams::new(),
-            queue: Mutex::new(Vec::new()),
-        });
+        let rt = host_functions();
         let pool = Arc::new(
             Pool::builder(MIB)
                 .streams(rt.clone(), HOME)
@@ -1612,10 +1605,7 @@ fn a_capture_allocation_whose_waits_keep_being_overtaken_fails_instead_of_waitin
 #[test]
 fn a_trim_whose_waits_keep_being_overtaken_gives_up_instead_of_waiting_locked() {
     let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
-    let rt = Arc::new(HostFunctions {
-        inner: ManualStreams::new(),
-        queue: Mutex::new(Vec::new()),
-    });
+    let rt = host_functions();
     let pool = Arc::new(
         Pool::builder(64 * MIB)
             .streams(rt.clone(), StreamId(1))
