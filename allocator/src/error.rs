@@ -152,7 +152,11 @@ impl fmt::Display for Error {
                      pool has {free} bytes free, largest free block {largest_free} bytes"
                 )?;
                 if *pending > 0 {
-                    write!(f, ", {pending} bytes waiting for events on other streams")?;
+                    write!(
+                        f,
+                        ", {pending} bytes freed and waiting for stream events before reuse \
+                         (frees on other streams, graphs' replays)"
+                    )?;
                 }
                 Ok(())
             }

@@ -1668,7 +1668,8 @@ fn a_block_freed_on_another_stream_waits_for_its_event() {
     let err = pool.allocate(256, 0).unwrap_err();
     assert!(matches!(err, Error::PoolExhausted { pending: 8192, .. }));
     assert!(
-        err.to_string().contains("8192 bytes waiting for events"),
+        err.to_string()
+            .contains("8192 bytes freed and waiting for stream events"),
         "{err}"
     );
     assert!(pool.allocate_on(256, 0, OTHER).is_err());
