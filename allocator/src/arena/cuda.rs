@@ -70,23 +70,8 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
     where
         L: Disjoint,
     {
-        let after = self.backend.stream().clone();
-        self.views_mut_after(&after, stream, f)
-    }
-
-    /// [`views_mut_on`](Self::views_mut_on), with `stream` ordered after `after` (the arena's
-    /// stream, or the stream a capture records) and `after` after it.
-    pub(super) fn views_mut_after<R>(
-        &mut self,
-        after: &Arc<CudaStream>,
-        stream: &Arc<CudaStream>,
-        f: impl FnOnce(L::Views<'_, CudaMut>) -> Result<R, Error>,
-    ) -> Result<R, Error>
-    where
-        L: Disjoint,
-    {
-        let base = self.base_on(after, stream)?;
-        let join = JoinOnExit::new(after, stream);
+        let base = self.base_on(stream)?;
+        let join = JoinOnExit::new(self.backend.stream(), stream);
         // SAFETY: the base addresses the arena's `L::SIZE` bytes, exclusively borrowed (`&mut
         // self`) until this call returns, and `f` cannot keep the views past its own return
         // (it must accept them for any lifetime, so none can be named outside it); `L:
@@ -111,23 +96,8 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
     where
         L: Stage<S>,
     {
-        let after = self.backend.stream().clone();
-        self.stage_mut_after::<S, R>(&after, stream, f)
-    }
-
-    /// [`stage_mut_on`](Self::stage_mut_on), ordered as
-    /// [`views_mut_after`](Self::views_mut_after).
-    pub(super) fn stage_mut_after<const S: usize, R>(
-        &mut self,
-        after: &Arc<CudaStream>,
-        stream: &Arc<CudaStream>,
-        f: impl FnOnce(<L as Stage<S>>::StageViews<'_, CudaMut>) -> Result<R, Error>,
-    ) -> Result<R, Error>
-    where
-        L: Stage<S>,
-    {
-        let base = self.base_on(after, stream)?;
-        let join = JoinOnExit::new(after, stream);
+        let base = self.base_on(stream)?;
+        let join = JoinOnExit::new(self.backend.stream(), stream);
         // SAFETY: as in `views_mut_on` (the same borrow, the same join on every way out of
         // `f`); the fields of one stage are disjoint (`Stage`'s contract).
         let views = unsafe { L::stage_views::<CudaMut>(base) };
@@ -136,22 +106,8 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
         result
     }
 
-    /// Orders `stream` after `after` (the arena's stream, or a capture's) and returns the base
-    /// of views ordered on it. CUDA's per-thread default stream is refused: it names another
-    /// stream on each thread, and the views may be sent to one.
-    fn base_on<'a>(
-        &'a self,
-        after: &CudaStream,
-        stream: &'a Arc<CudaStream>,
-    ) -> Result<CudaBase<'a>, Error> {
-        if stream.cu_stream() as usize == crate::backend::cuda::PER_THREAD_STREAM {
-            return Err(Error::invalid(alloc::format!(
-                "arena of `{}`: views for CUDA's per-thread default stream were asked for, \
-                 which names a different stream on each thread (the views may be sent to \
-                 another): use a stream of your own (`ctx.new_stream()`)",
-                L::NAME
-            )));
-        }
+    /// Orders `stream` after the arena's stream and returns the base of views ordered on it.
+    fn base_on<'a>(&'a self, stream: &'a Arc<CudaStream>) -> Result<CudaBase<'a>, Error> {
         let (theirs, ours) = (stream.context(), self.backend.stream().context());
         // The context, not only the device: the arena's addresses mean nothing in another
         // context, even one of the same device.
@@ -168,7 +124,7 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
                 ours.ordinal()
             )));
         }
-        order_streams(stream, after)?;
+        order_streams(stream, self.backend.stream())?;
         // SAFETY: the arena's allocation, device memory of this device (`B::Mut` is
         // `CudaMut`), live and borrowed as the caller's borrow of the arena says.
         Ok(unsafe { CudaBase::new(self.allocation.addr, stream) })
