@@ -323,7 +323,10 @@ mod gpu {
         assert_eq!((stats.live, stats.pending, stats.free), (0, capacity, 0));
         let err = pool.allocate(256, 0).unwrap_err();
         assert_eq!(exhausted(&err), ("capacity", capacity));
-        assert!(err.to_string().contains("waiting for events"), "{err}");
+        assert!(
+            err.to_string().contains("waiting for stream events"),
+            "{err}"
+        );
         assert_eq!(pool.reclaim().unwrap(), 0);
 
         // Once the stream has run past the free, the block comes back and is handed out again.

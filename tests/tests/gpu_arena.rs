@@ -126,8 +126,15 @@ mod gpu {
             );
             assert_eq!(stats.allocations, 0, "{name}");
         }
-        // Its own stream serves as before.
-        assert!(Arena::<Params, _>::new_in(CudaBackend::new(stream)).is_ok());
+        // Its own stream serves as before; views for the per-thread stream are refused too
+        // (they may be sent to another thread).
+        let mut arena = Arena::<Params, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        let per_thread = stream.context().per_thread_stream();
+        let error = arena.views_mut_on(&per_thread, |_| Ok(())).unwrap_err();
+        assert!(
+            error.to_string().contains("per-thread default stream"),
+            "{error}"
+        );
     }
 
     fn is_sm90(stream: &devarena::backend::cuda::CudaStream) -> bool {

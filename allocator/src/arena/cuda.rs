@@ -107,7 +107,17 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
     }
 
     /// Orders `stream` after the arena's stream and returns the base of views ordered on it.
+    /// CUDA's per-thread default stream is refused: it names another stream on each thread,
+    /// and the views may be sent to another thread.
     fn base_on<'a>(&'a self, stream: &'a Arc<CudaStream>) -> Result<CudaBase<'a>, Error> {
+        if stream.cu_stream() as usize == crate::backend::cuda::PER_THREAD_STREAM {
+            return Err(Error::invalid(alloc::format!(
+                "arena of `{}`: views for CUDA's per-thread default stream were asked for, \
+                 which names a different stream on each thread (the views may be sent to \
+                 another): use a stream of your own (`ctx.new_stream()`)",
+                L::NAME
+            )));
+        }
         let (theirs, ours) = (stream.context(), self.backend.stream().context());
         // The context, not only the device: the arena's addresses mean nothing in another
         // context, even one of the same device.

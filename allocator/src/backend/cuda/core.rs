@@ -15,7 +15,7 @@ use crate::plan::align_up_u64;
 
 /// CUDA's per-thread default stream (`CU_STREAM_PER_THREAD`): one handle that names another
 /// stream on each thread.
-const PER_THREAD_STREAM: usize = 2;
+pub(crate) const PER_THREAD_STREAM: usize = 2;
 
 /// The stream and counters of a CUDA backend. Clones share both.
 #[derive(Debug, Clone)]

@@ -61,6 +61,7 @@ pub use cudarc::driver::{
 pub use cudarc::nvrtc::Ptx;
 
 mod core;
+pub(crate) use self::core::PER_THREAD_STREAM;
 mod device;
 mod driver;
 pub mod event;
