@@ -16,9 +16,72 @@ mod gpu {
     use std::panic::AssertUnwindSafe;
     use std::time::Duration;
 
+    use devarena::backend::cuda::PinnedBackend;
     use devarena::backend::cuda::{CudaBackend, ManagedBackend};
     use devarena::{Arena, DeviceLayout, Error};
     use devarena_tests::gpu_stream;
+
+    #[derive(DeviceLayout)]
+    struct Params {
+        scale: [f32; 4],
+        #[layout(align = 1024)]
+        lut: [u8; 300],
+    }
+
+    /// CUDA's per-thread default stream names another stream on each thread, and an arena may
+    /// be used and dropped on any thread: every CUDA backend refuses it, with an error that
+    /// names it, and allocates nothing. (Here, not beside the footprint tests of `gpu_arena`:
+    /// the first use of the per-thread stream moves the device's free memory.)
+    #[test]
+    fn arenas_refuse_the_per_thread_default_stream() {
+        let Some(stream) = gpu_stream() else { return };
+        let per_thread = stream.context().per_thread_stream();
+        let device = CudaBackend::new(per_thread.clone());
+        let ordered = CudaBackend::stream_ordered(per_thread.clone());
+        let managed = ManagedBackend::new(per_thread.clone());
+        let pinned = PinnedBackend::new(per_thread);
+        let errors = [
+            (
+                "cuda",
+                Arena::<Params, _>::new_in(device.clone()).err(),
+                device.stats(),
+            ),
+            (
+                "cuda-async",
+                Arena::<Params, _>::new_in(ordered.clone()).err(),
+                ordered.stats(),
+            ),
+            (
+                "cuda-managed",
+                Arena::<Params, _>::new_in(managed.clone()).err(),
+                managed.stats(),
+            ),
+            (
+                "cuda-pinned",
+                Arena::<Params, _>::new_in(pinned.clone()).err(),
+                pinned.stats(),
+            ),
+        ];
+        for (name, error, stats) in errors {
+            let error =
+                error.unwrap_or_else(|| panic!("{name}: an arena on the per-thread stream"));
+            let text = error.to_string();
+            assert!(
+                text.contains(name) && text.contains("per-thread default stream"),
+                "{text}"
+            );
+            assert_eq!(stats.allocations, 0, "{name}");
+        }
+        // Its own stream serves as before; views for the per-thread stream are refused too
+        // (they may be sent to another thread).
+        let mut arena = Arena::<Params, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        let per_thread = stream.context().per_thread_stream();
+        let error = arena.views_mut_on(&per_thread, |_| Ok(())).unwrap_err();
+        assert!(
+            error.to_string().contains("per-thread default stream"),
+            "{error}"
+        );
+    }
 
     #[derive(DeviceLayout)]
     struct Big {
