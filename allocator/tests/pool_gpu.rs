@@ -666,6 +666,12 @@ mod gpu {
                 });
             }
         });
+        // The threads' heaps go back in their thread-local destructors, which may run after
+        // the scope has seen the threads finish: wait for them before the final counts.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while pool.thread_heaps() > 0 && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
         for (stream, _) in &streams {
             stream.synchronize().unwrap();
         }
