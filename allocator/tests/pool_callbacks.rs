@@ -2,6 +2,9 @@
 //! that panic or call back into the pool, stream runtimes that fail, panic or call back, an
 //! event that cannot be queried, reuse settings out of range, stale frees.
 
+mod within;
+use within::within;
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once, OnceLock};
 
@@ -363,16 +366,6 @@ fn a_free_that_names_the_wrong_size_frees_nothing() {
 // ---------------------------------------------------------------------------------------------
 // Callbacks that reach the pool by less direct ways: through a second pool's runtime, from an
 // event's destructor, from a statistics call.
-
-/// Runs `f` on a thread of its own; `None` when it has not returned after `secs` seconds (a
-/// hang: the thread is left spinning, the test fails).
-fn within<R: Send + 'static>(secs: u64, f: impl FnOnce() -> R + Send + 'static) -> Option<R> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(std::time::Duration::from_secs(secs)).ok()
-}
 
 /// What a test hooks into a runtime call, run once.
 type Hook = Mutex<Option<Box<dyn FnOnce() + Send>>>;

@@ -3,6 +3,9 @@
 //! stream ask nothing of that stream, the release parks the blocks until the graph's replays
 //! (and any third stream's work) are done; a random model of it all against the pool.
 
+mod within;
+use within::within;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -588,15 +591,6 @@ impl devarena::pool::StreamSync for GraphStreams {
     }
 }
 
-/// `f` on a thread of its own; `None` when it has not returned within 10 s.
-fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(std::time::Duration::from_secs(10)).ok()
-}
-
 /// A release whose event cannot be recorded on the graph's stream has the host wait for that
 /// stream instead, without the pool's lock: a host function queued there after the replays
 /// that frees a block runs. (Before, the wait was made with the lock held: the host function
@@ -606,7 +600,7 @@ fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T
 #[test]
 fn a_release_that_waits_for_the_graphs_stream_does_so_without_the_lock() {
     for wait_fails in [false, true] {
-        let r = within(move || {
+        let r = within(10, move || {
             let rt = Arc::new(GraphStreams::default());
             rt.synchronize_fails
                 .store(wait_fails, std::sync::atomic::Ordering::SeqCst);

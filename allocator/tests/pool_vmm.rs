@@ -2,6 +2,9 @@
 //! never twice, given back only where no live byte is, failures that change nothing, stream
 //! order before unmapping, the release threshold, and the statistics.
 
+mod within;
+use within::within;
+
 use std::sync::{Arc, Mutex};
 
 use devarena::backend::{HostVirtualMemory, VirtualMemory, VmCall};
@@ -1347,15 +1350,6 @@ fn host_functions() -> Arc<HostFunctions> {
     })
 }
 
-/// `f` on a thread of its own; `None` when it has not returned within 10 s.
-fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(std::time::Duration::from_secs(10)).ok()
-}
-
 /// The trim for a request that found the device full waits for the home stream without the
 /// pool's lock, as `trim` does: a host function queued there that frees a block runs. (Before,
 /// the wait was made with the lock held and the host function waited for it for ever.)
@@ -1377,7 +1371,9 @@ fn out_of_device_memory_waits_for_the_home_stream_without_the_lock() {
         .unwrap()
         .push(Box::new(move || p.deallocate(x).unwrap()));
     let p = pool.clone();
-    let r = within(move || p.allocate(6 * MIB, 0).map_err(|e| e.to_string()));
+    let r = within(10, move || {
+        p.allocate(6 * MIB, 0).map_err(|e| e.to_string())
+    });
     let addr = r
         .expect("the request's trim never returned: its host function waits for the pool's lock")
         .unwrap();
@@ -1423,7 +1419,7 @@ fn a_trim_while_the_home_stream_keeps_freeing_never_waits_with_the_lock_held() {
     pool.deallocate(blocks[6]).unwrap();
     queue_frees_in_turn(&rt, &pool, blocks[..6].to_vec());
     let p = pool.clone();
-    let trimmed = within(move || p.trim().map_err(|e| e.to_string()))
+    let trimmed = within(10, move || p.trim().map_err(|e| e.to_string()))
         .expect("the trim never returned: it waited for the home stream with the lock held");
     assert_eq!(trimmed.unwrap(), CHUNK);
     assert!(!vm.is_mapped(blocks[6], CHUNK));
@@ -1435,7 +1431,7 @@ fn a_trim_while_the_home_stream_keeps_freeing_never_waits_with_the_lock_held() {
     // Each later trim runs one more host function; in the end every block is freed and every
     // chunk given back.
     let p = pool.clone();
-    let rest = within(move || {
+    let rest = within(10, move || {
         let mut unmapped = 0;
         for _ in 0..8 {
             unmapped += p.trim().unwrap();
@@ -1469,7 +1465,7 @@ fn a_graph_allocation_while_the_home_stream_keeps_freeing_never_waits_with_the_l
     let blocks: Vec<u64> = (0..6).map(|_| pool.allocate(4 * KIB, 0).unwrap()).collect();
     pool.deallocate(blocks[5]).unwrap();
     queue_frees_in_turn(&rt, &pool, blocks[..5].to_vec());
-    let allocated = within(move || {
+    let allocated = within(10, move || {
         let addr = graph.allocate(4 * KIB, 0).map_err(|e| e.to_string());
         (addr, graph)
     })
@@ -1496,7 +1492,7 @@ fn a_capture_allocation_that_gives_heaps_back_waits_for_the_home_stream_without_
     const HOME: StreamId = StreamId(1);
     const GRAPH: StreamId = StreamId(7);
     // Everything on a thread of its own (its heap's destructor would wait for the lock too).
-    let r = within(|| {
+    let r = within(10, || {
         let rt = host_functions();
         let pool = Arc::new(
             Pool::builder(64 * KIB)
@@ -1567,7 +1563,7 @@ fn queue_heap_give_backs(rt: &Arc<HostFunctions>, pool: &Arc<Pool>, n: usize) {
 fn a_capture_allocation_whose_waits_keep_being_overtaken_fails_instead_of_waiting_locked() {
     const HOME: StreamId = StreamId(1);
     const GRAPH: StreamId = StreamId(7);
-    let r = within(|| {
+    let r = within(10, || {
         let rt = host_functions();
         let pool = Arc::new(
             Pool::builder(MIB)
@@ -1618,12 +1614,12 @@ fn a_trim_whose_waits_keep_being_overtaken_gives_up_instead_of_waiting_locked() 
     pool.deallocate(a).unwrap();
     queue_heap_give_backs(&rt, &pool, 3);
     let p = pool.clone();
-    let trimmed = within(move || p.trim().map_err(|e| e.to_string()))
+    let trimmed = within(10, move || p.trim().map_err(|e| e.to_string()))
         .expect("the trim never returned: it waited for the home stream with the lock held");
     assert_eq!(trimmed.unwrap(), 0);
     assert!(rt.queue.lock().unwrap().is_empty());
     let p = pool.clone();
-    let trimmed = within(move || p.trim().unwrap()).expect("the second trim never returned");
+    let trimmed = within(10, move || p.trim().unwrap()).expect("the second trim never returned");
     assert!(trimmed >= 4 * CHUNK, "{trimmed}");
     assert_eq!(pool.stats().live, 0);
 }

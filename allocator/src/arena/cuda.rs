@@ -110,7 +110,7 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
     /// CUDA's per-thread default stream is refused: it names another stream on each thread,
     /// and the views may be sent to another thread.
     fn base_on<'a>(&'a self, stream: &'a Arc<CudaStream>) -> Result<CudaBase<'a>, Error> {
-        if stream.cu_stream() as usize == crate::backend::cuda::PER_THREAD_STREAM {
+        if crate::backend::cuda::is_per_thread(stream) {
             return Err(Error::invalid(alloc::format!(
                 "arena of `{}`: views for CUDA's per-thread default stream were asked for, \
                  which names a different stream on each thread (the views may be sent to \

@@ -55,9 +55,6 @@ pub struct CudaStreams {
 /// Handles every context knows: the legacy default stream (`0`, `CU_STREAM_LEGACY` = `1`) and
 /// the per-thread default stream (`CU_STREAM_PER_THREAD` = `2`).
 const SPECIAL_STREAMS: [u64; 3] = [0, 1, 2];
-/// `CU_STREAM_PER_THREAD`: the calling thread's own default stream, a different one on each
-/// thread.
-const PER_THREAD_STREAM: u64 = 2;
 
 impl CudaStreams {
     /// A stream runtime for streams of `ctx`, with no stream registered yet.
@@ -205,7 +202,7 @@ impl StreamSync for CudaStreams {
     }
 
     fn is_per_thread(&self, stream: StreamId) -> bool {
-        stream.raw() == PER_THREAD_STREAM
+        stream.raw() == crate::backend::cuda::PER_THREAD_STREAM
     }
 
     fn synchronize(&self, stream: StreamId) -> Result<(), Error> {

@@ -15,7 +15,12 @@ use crate::plan::align_up_u64;
 
 /// CUDA's per-thread default stream (`CU_STREAM_PER_THREAD`): one handle that names another
 /// stream on each thread.
-pub(crate) const PER_THREAD_STREAM: usize = 2;
+pub(crate) const PER_THREAD_STREAM: u64 = 2;
+
+/// Whether `stream` is CUDA's per-thread default stream ([`PER_THREAD_STREAM`]).
+pub(crate) fn is_per_thread(stream: &CudaStream) -> bool {
+    stream.cu_stream() as u64 == PER_THREAD_STREAM
+}
 
 /// The stream and counters of a CUDA backend. Clones share both.
 #[derive(Debug, Clone)]
@@ -51,7 +56,7 @@ impl CudaCore {
         // An arena is `Send` and `Sync`: used or dropped on another thread, its work, its
         // host views' waits and its free would go to that thread's stream, out of the order
         // of the work queued on it here (the pool refuses this stream for its slices too).
-        if self.stream.cu_stream() as usize == PER_THREAD_STREAM {
+        if is_per_thread(&self.stream) {
             return Err(Error::invalid(format!(
                 "{name} backend: its stream is CUDA's per-thread default stream, which names a \
                  different stream on each thread; an arena, which may be used and dropped on \

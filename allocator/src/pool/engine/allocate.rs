@@ -524,7 +524,7 @@ impl Shared {
             if state.home_epoch > epoch {
                 // A slice that an event dropped there was freed on the home stream: a
                 // capturing stream, which cannot wait for it, has the host wait instead.
-                self.drain_home_for_capture(state, ask.stream)?;
+                self.drain_home_for_capture(ask.stream)?;
             }
         }
         let reserved = match reserved_bytes(ask.size) {
@@ -583,7 +583,7 @@ impl Shared {
                         // Blocks that reached the pool's index here are ordered before the
                         // home stream's later work: a capturing stream, which cannot wait for
                         // the home stream, has the host wait for it instead.
-                        self.drain_home_for_capture(state, ask.stream)?;
+                        self.drain_home_for_capture(ask.stream)?;
                     }
                 }
                 // Still no device memory: the free chunks this pool holds mapped go back to

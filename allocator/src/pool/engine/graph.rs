@@ -137,11 +137,7 @@ impl Shared {
     /// ([`drain_home_unlocked`](Self::drain_home_unlocked)) and makes it again. The request
     /// made again fails with an error where it finds the same once more. Nothing for any
     /// other stream.
-    pub(super) fn drain_home_for_capture(
-        &self,
-        _state: &mut State,
-        stream: StreamId,
-    ) -> Result<(), Error> {
+    pub(super) fn drain_home_for_capture(&self, stream: StreamId) -> Result<(), Error> {
         let Some(streams) = self.streams.as_ref().filter(|_| stream != self.home) else {
             return Ok(());
         };
@@ -171,16 +167,7 @@ impl Shared {
     /// home stream's frees up to the wait's start (frees on the home stream made meanwhile
     /// park behind an event recorded there, see [`State::home_fences`]).
     pub(super) fn drain_home_unlocked(&self, stream: StreamId) -> Result<(), Error> {
-        let epoch = {
-            let mut state = self.lock()?;
-            state.home_fences += 1;
-            state.home_epoch
-        };
-        let waited = self.synchronize_home();
-        // (Taken again as above: on this thread, outside any callback of the pool.)
-        let mut state = self.lock()?;
-        state.home_fences -= 1;
-        waited?;
+        let (epoch, mut state) = self.wait_for_home_fenced(self.lock()?, || self.lock())?;
         state.graphs.drained = state.graphs.drained.max(epoch);
         state.note_waited(stream, epoch);
         Ok(())
@@ -197,19 +184,11 @@ impl Shared {
             return self.lock_made();
         }
         for _ in 0..TRIM_TRIES {
-            let epoch = {
-                let mut state = self.lock_made()?;
-                if state.graphs.drained >= state.home_epoch {
-                    return Ok(state);
-                }
-                state.home_fences += 1;
-                state.home_epoch
-            };
-            let waited = self.synchronize_home();
-            // (Taken again as above: on this thread, outside any callback of the pool.)
-            let mut state = self.lock_made()?;
-            state.home_fences -= 1;
-            waited?;
+            let state = self.lock_made()?;
+            if state.graphs.drained >= state.home_epoch {
+                return Ok(state);
+            }
+            let (epoch, mut state) = self.wait_for_home_fenced(state, || self.lock_made())?;
             state.graphs.drained = state.graphs.drained.max(epoch);
             if state.graphs.drained >= state.home_epoch {
                 return Ok(state);
@@ -352,12 +331,10 @@ impl Shared {
             ))
         });
         match &error {
-            None => wait.set(Ok(())),
-            Some(error) => {
-                wait.set(Err(error.clone()));
-                // Blocks of the graph freed from now on are set aside at once.
-                event.fail(error.clone());
-            }
+            None => wait.done(),
+            // The graph's event fails for good: its parked blocks are set aside at the next look,
+            // and blocks of the graph freed from now on at once.
+            Some(error) => event.fail(error.clone()),
         }
         // The held blocks come back (or, where the wait failed, are set aside) now rather than
         // at the next look at parked blocks.
@@ -389,23 +366,19 @@ impl Shared {
 }
 
 /// The event of a graph released while the host waits for its stream (no event could be
-/// recorded there): not complete until the wait has returned; its query fails with the wait's
-/// error where the wait failed (the blocks behind it are then set aside).
+/// recorded there): complete once the wait has returned. (Where the wait fails, the graph's
+/// own event fails instead, see [`GraphEvent::fail`].)
 #[derive(Debug, Clone, Default)]
-struct HostWait(alloc::sync::Arc<std::sync::Mutex<Option<Result<(), Error>>>>);
+struct HostWait(alloc::sync::Arc<core::sync::atomic::AtomicBool>);
 
 impl HostWait {
-    fn set(&self, outcome: Result<(), Error>) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
+    fn done(&self) {
+        self.0.store(true, core::sync::atomic::Ordering::Release);
     }
 }
 
 impl StreamEvent for HostWait {
     fn is_complete(&self) -> Result<bool, Error> {
-        match &*self.0.lock().unwrap_or_else(|e| e.into_inner()) {
-            None => Ok(false),
-            Some(Ok(())) => Ok(true),
-            Some(Err(error)) => Err(error.clone()),
-        }
+        Ok(self.0.load(core::sync::atomic::Ordering::Acquire))
     }
 }

@@ -1,7 +1,7 @@
 //! Trimming a growable region: unmapping chunks that hold no live byte, after the home
 //! stream's work is done, and the release threshold that `synchronize` trims to.
 
-use super::{Shared, State, TRIM_TRIES};
+use super::{LockGuard, Shared, State, TRIM_TRIES};
 use crate::error::Error;
 use crate::pool::StreamId;
 use crate::pool::lock::logged;
@@ -37,25 +37,12 @@ impl Shared {
             return Ok(0);
         }
         for _ in 0..TRIM_TRIES {
-            let epoch = {
-                let mut state = self.lock()?;
-                self.make_deferred_frees(&mut state);
-                if !self.prepare_trim(&mut state, keep) {
-                    return Ok(0);
-                }
-                if self.streams.is_some() {
-                    state.home_fences += 1;
-                }
-                state.home_epoch
-            };
-            let waited = self.synchronize_home();
-            // (The lock was taken above on this thread, outside any callback of the pool: it
-            // is taken again here the same way.)
             let mut state = self.lock()?;
-            if self.streams.is_some() {
-                state.home_fences -= 1;
+            self.make_deferred_frees(&mut state);
+            if !self.prepare_trim(&mut state, keep) {
+                return Ok(0);
             }
-            waited?;
+            let (epoch, mut state) = self.wait_for_home_fenced(state, || self.lock())?;
             if state.home_epoch == epoch {
                 return Self::unmap_free(&mut state, keep);
             }
@@ -143,6 +130,27 @@ impl Shared {
         state.tlsf.flush();
         let State { tlsf, mapping, .. } = state;
         mapping.trim(tlsf.free_ranges(), keep)
+    }
+
+    /// Waits for the home stream ([`synchronize_home`](Self::synchronize_home)) with the lock,
+    /// `state`, released, and takes it again with `relock`; frees on the home stream made
+    /// meanwhile park behind an event recorded there ([`State::home_fences`]). Returns the
+    /// home stream's epoch when the wait began, and the lock.
+    pub(super) fn wait_for_home_fenced<'a>(
+        &'a self,
+        mut state: LockGuard<'a, State>,
+        relock: impl FnOnce() -> Result<LockGuard<'a, State>, Error>,
+    ) -> Result<(u64, LockGuard<'a, State>), Error> {
+        state.home_fences += 1;
+        let epoch = state.home_epoch;
+        drop(state);
+        let waited = self.synchronize_home();
+        // The lock was taken before on this thread, outside any callback of the pool: it is
+        // taken again the same way (an error would leave the fence up: frees on the home
+        // stream would keep parking, which stream order allows).
+        let mut state = relock()?;
+        state.home_fences -= 1;
+        waited.map(|()| (epoch, state))
     }
 
     /// Waits for everything queued on the home stream so far, without the lock (nothing to
