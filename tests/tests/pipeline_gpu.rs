@@ -515,6 +515,54 @@ mod gpu {
         assert!(bytes.iter().all(|&b| b == 0));
     }
 
+    /// `capture_frame` captures on a stream of its own: another thread that keeps queuing
+    /// work on the arena's stream meanwhile (a memset of an arena of its own, over and over)
+    /// neither lands in the graph nor is held back, and every capture holds the frame alone.
+    #[test]
+    fn capture_frame_keeps_another_threads_work_on_the_stream_out_of_its_graph() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+
+        use devarena_kernels::pipeline::cuda::FRAME_GRAPH_NODES;
+
+        #[derive(DeviceLayout)]
+        struct Scratch {
+            buf: [u8; 4096],
+        }
+        let Some(stream) = stream() else { return };
+        let kernels = PipelineKernels::load(stream.context()).unwrap();
+        let mut arena = Arena::<Frame, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        let size = ImageSize::new(67, 45);
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut other = Arena::<Scratch, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        let intruder = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut last = 0u8;
+                while !stop.load(Ordering::Relaxed) {
+                    last = last.wrapping_add(1).max(1);
+                    other.views_mut().buf.fill_bytes(last).unwrap();
+                }
+                (other, last)
+            })
+        };
+        for _ in 0..200 {
+            let graph = kernels.capture_frame(&mut arena, size).unwrap();
+            assert_eq!(graph.nodes(), FRAME_GRAPH_NODES);
+        }
+        stop.store(true, Ordering::Relaxed);
+        let (other, last) = intruder.join().unwrap();
+        // Every memset of the other thread ran: the buffer holds the last one's value.
+        assert!(
+            other
+                .views()
+                .buf
+                .to_vec()
+                .unwrap()
+                .iter()
+                .all(|&b| b == last)
+        );
+    }
+
     #[test]
     fn frame_graph_replays_match_eager_frames_over_a_thousand_changing_inputs() {
         let Some(stream) = stream() else { return };

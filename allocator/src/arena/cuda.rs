@@ -70,8 +70,23 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
     where
         L: Disjoint,
     {
-        let base = self.base_on(stream)?;
-        let join = JoinOnExit::new(self.backend.stream(), stream);
+        let after = self.backend.stream().clone();
+        self.views_mut_after(&after, stream, f)
+    }
+
+    /// [`views_mut_on`](Self::views_mut_on), with `stream` ordered after `after` (the arena's
+    /// stream, or the stream a capture records) and `after` after it.
+    pub(super) fn views_mut_after<R>(
+        &mut self,
+        after: &Arc<CudaStream>,
+        stream: &Arc<CudaStream>,
+        f: impl FnOnce(L::Views<'_, CudaMut>) -> Result<R, Error>,
+    ) -> Result<R, Error>
+    where
+        L: Disjoint,
+    {
+        let base = self.base_on(after, stream)?;
+        let join = JoinOnExit::new(after, stream);
         // SAFETY: the base addresses the arena's `L::SIZE` bytes, exclusively borrowed (`&mut
         // self`) until this call returns, and `f` cannot keep the views past its own return
         // (it must accept them for any lifetime, so none can be named outside it); `L:
@@ -96,8 +111,23 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
     where
         L: Stage<S>,
     {
-        let base = self.base_on(stream)?;
-        let join = JoinOnExit::new(self.backend.stream(), stream);
+        let after = self.backend.stream().clone();
+        self.stage_mut_after::<S, R>(&after, stream, f)
+    }
+
+    /// [`stage_mut_on`](Self::stage_mut_on), ordered as
+    /// [`views_mut_after`](Self::views_mut_after).
+    pub(super) fn stage_mut_after<const S: usize, R>(
+        &mut self,
+        after: &Arc<CudaStream>,
+        stream: &Arc<CudaStream>,
+        f: impl FnOnce(<L as Stage<S>>::StageViews<'_, CudaMut>) -> Result<R, Error>,
+    ) -> Result<R, Error>
+    where
+        L: Stage<S>,
+    {
+        let base = self.base_on(after, stream)?;
+        let join = JoinOnExit::new(after, stream);
         // SAFETY: as in `views_mut_on` (the same borrow, the same join on every way out of
         // `f`); the fields of one stage are disjoint (`Stage`'s contract).
         let views = unsafe { L::stage_views::<CudaMut>(base) };
@@ -106,10 +136,14 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
         result
     }
 
-    /// Orders `stream` after the arena's stream and returns the base of views ordered on it.
-    /// CUDA's per-thread default stream is refused: it names another stream on each thread,
-    /// and the views may be sent to another thread.
-    fn base_on<'a>(&'a self, stream: &'a Arc<CudaStream>) -> Result<CudaBase<'a>, Error> {
+    /// Orders `stream` after `after` (the arena's stream, or a capture's) and returns the base
+    /// of views ordered on it. CUDA's per-thread default stream is refused: it names another
+    /// stream on each thread, and the views may be sent to one.
+    fn base_on<'a>(
+        &'a self,
+        after: &CudaStream,
+        stream: &'a Arc<CudaStream>,
+    ) -> Result<CudaBase<'a>, Error> {
         if crate::backend::cuda::is_per_thread(stream) {
             return Err(Error::invalid(alloc::format!(
                 "arena of `{}`: views for CUDA's per-thread default stream were asked for, \
@@ -134,7 +168,7 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
                 ours.ordinal()
             )));
         }
-        order_streams(stream, self.backend.stream())?;
+        order_streams(stream, after)?;
         // SAFETY: the arena's allocation, device memory of this device (`B::Mut` is
         // `CudaMut`), live and borrowed as the caller's borrow of the arena says.
         Ok(unsafe { CudaBase::new(self.allocation.addr, stream) })

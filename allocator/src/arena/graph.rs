@@ -104,10 +104,57 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
         let session = StreamCapture::begin(&stream)?;
         let mut capture = Capture {
             arena: &mut *self,
+            stream,
+            own: false,
             _thread: PhantomData,
         };
         let recorded = record(&mut capture);
         let exec = session.finish(recorded)?;
+        Ok(ArenaGraph { arena: self, exec })
+    }
+
+    /// [`capture`](Self::capture) on a stream made for this capture alone, in the arena's
+    /// context, instead of the arena's stream: a capture records whatever any thread queues on
+    /// the stream it captures, and no other thread holds this one, so the graph holds what
+    /// `record` queues and nothing else. Work other threads queue on the arena's stream
+    /// meanwhile runs as usual. `record`'s [`Capture`] hands out views on the capture's stream
+    /// ([`Capture::stream`]); work queued on the arena's stream inside `record` is not
+    /// recorded (it runs). Replays run on the arena's stream, as for [`capture`](Self::capture).
+    ///
+    /// # Safety
+    ///
+    /// As for [`capture`](Self::capture), for the work `record` queues; work of other threads
+    /// cannot reach the graph.
+    pub unsafe fn capture_on_own_stream<F>(
+        &mut self,
+        record: F,
+    ) -> Result<ArenaGraph<'_, L, B>, Error>
+    where
+        F: FnOnce(&mut Capture<'_, L, B>) -> Result<(), Error>,
+    {
+        let arena_stream = self.backend.stream().clone();
+        let stream = arena_stream
+            .context()
+            .new_stream()
+            .map_err(|e| crate::backend::cuda::driver_error("cuStreamCreate", e))?;
+        let session = StreamCapture::begin(&stream)?;
+        let mut capture = Capture {
+            arena: &mut *self,
+            stream,
+            own: true,
+            _thread: PhantomData,
+        };
+        let recorded = record(&mut capture);
+        let stream = capture.stream.clone();
+        let mut exec = session.finish(recorded)?;
+        // The graph was uploaded to the device on the capture's stream (`finish`): done before
+        // that stream goes.
+        stream
+            .synchronize()
+            .map_err(|e| crate::backend::cuda::driver_error("cuStreamSynchronize", e))?;
+        // Replays run on the arena's stream, ordered with every view of the arena (a
+        // `GraphExec` launches on the stream it was captured on otherwise).
+        exec.launch_on(arena_stream);
         Ok(ArenaGraph { arena: self, exec })
     }
 }
@@ -118,16 +165,32 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
 /// Not `Send`: the capture is thread-local and ends on the thread that began it.
 pub struct Capture<'c, L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> {
     arena: &'c mut Arena<L, B>,
+    /// The stream the capture records: the arena's, or one made for the capture alone
+    /// ([`Arena::capture_on_own_stream`], `own`).
+    stream: Arc<CudaStream>,
+    own: bool,
     _thread: PhantomData<*const ()>,
 }
 
 impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Capture<'_, L, B> {
-    /// Device views of every field, on the capturing stream (the arena's).
+    /// Device views of every field, on the capturing stream ([`stream`](Self::stream)).
     pub fn views_mut(&mut self) -> L::Views<'_, CudaMut>
     where
         L: Disjoint,
     {
-        self.arena.views_mut()
+        if !self.own {
+            return self.arena.views_mut();
+        }
+        // SAFETY: the arena's allocation (device memory of the arena's context, in which the
+        // capture's stream was made), live and exclusively borrowed through `&mut self` for
+        // the views' life; `L: Disjoint` means no two fields share bytes. Their work on the
+        // capture's stream is recorded, not run.
+        unsafe {
+            L::views::<CudaMut>(crate::backend::cuda::CudaBase::new(
+                self.arena.allocation.addr,
+                &self.stream,
+            ))
+        }
     }
 
     /// Device views of the fields live in stage `S`. Visit the stages in order: each one's work
@@ -136,7 +199,17 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Capture<'_,
     where
         L: Stage<S>,
     {
-        self.arena.stage_mut::<S>()
+        if !self.own {
+            return self.arena.stage_mut::<S>();
+        }
+        // SAFETY: as in `views_mut`; the fields of one stage are disjoint (`Stage`'s
+        // contract).
+        unsafe {
+            L::stage_views::<CudaMut>(crate::backend::cuda::CudaBase::new(
+                self.arena.allocation.addr,
+                &self.stream,
+            ))
+        }
     }
 
     /// Runs `f` with device views of every field for work on `stream`, which joins the
@@ -152,7 +225,7 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Capture<'_,
     where
         L: Disjoint,
     {
-        self.arena.views_mut_on(stream, f)
+        self.arena.views_mut_after(&self.stream, stream, f)
     }
 
     /// [`stage_mut`](Self::stage_mut) for work on another stream, run in `f` and joined to the
@@ -165,12 +238,13 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Capture<'_,
     where
         L: Stage<S>,
     {
-        self.arena.stage_mut_on::<S, R>(stream, f)
+        self.arena.stage_mut_after::<S, R>(&self.stream, stream, f)
     }
 
-    /// The capturing stream: the arena's.
+    /// The capturing stream: the arena's, or the one made for the capture alone
+    /// ([`Arena::capture_on_own_stream`]).
     pub fn stream(&self) -> &Arc<CudaStream> {
-        self.arena.backend().stream()
+        &self.stream
     }
 }
 

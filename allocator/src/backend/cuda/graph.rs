@@ -367,6 +367,12 @@ pub(crate) struct GraphExec {
 }
 
 impl GraphExec {
+    /// Launches the replays on `stream` from now on (a stream of the context the graph was
+    /// captured in) instead of the capture's stream.
+    pub(crate) fn launch_on(&mut self, stream: Arc<CudaStream>) {
+        self.stream = stream;
+    }
+
     /// Queues one replay on the capture's stream (`cuGraphLaunch`): ordered after everything
     /// queued on the stream before, and before everything queued after. A stream that is
     /// capturing (someone else's capture, begun through cudarc) is refused: the replay would be

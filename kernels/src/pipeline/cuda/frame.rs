@@ -74,12 +74,11 @@ impl PipelineKernels {
     ///
     /// Safe where [`Arena::capture`] is not: the recorded work is this crate's kernels on the
     /// arena's views alone, and the graph borrows the kernels as well as the arena, so the
-    /// module its kernel nodes run stays loaded for every replay. A capture records whatever
-    /// any thread queues on the stream meanwhile, though: where the graph holds more than the
-    /// frame's [`FRAME_GRAPH_NODES`] operations, another thread queued work on the arena's
-    /// stream during the capture (work that may reach memory the graph does not own). That
-    /// graph is discarded unlaunched, and the call fails with an error that says so; the other
-    /// thread's work, recorded instead of run, did not run either.
+    /// module its kernel nodes run stays loaded for every replay. The capture runs on a stream
+    /// of its own ([`Arena::capture_on_own_stream`]), which no other thread holds: work other
+    /// threads queue on the arena's stream meanwhile runs as usual and stays out of the graph.
+    /// (As a second guard, a graph that holds anything but the frame's [`FRAME_GRAPH_NODES`]
+    /// operations is discarded unlaunched, with an error.)
     pub fn capture_frame<'a, B: DirectViews<Mut = CudaMut> + StreamOrdered>(
         &'a self,
         arena: &'a mut Arena<Frame, B>,
@@ -87,11 +86,12 @@ impl PipelineKernels {
     ) -> Result<ArenaGraph<'a, Frame, B>, Error> {
         // SAFETY: `record_frame` queues this crate's kernels on the capture's views of the
         // arena and nothing else (no events, no outputs); the kernels' module is `self`'s,
-        // borrowed for the graph's life (`'a`). Work another thread queued on the stream
-        // during the capture would be in the graph too: `only_the_frame` returns the graph
-        // only where it holds the frame's operations and nothing more, so the graph handed out
-        // reaches the arena's allocation alone, which it borrows.
-        let graph = unsafe { arena.capture(|capture| self.record_frame(capture, size)) }?;
+        // borrowed for the graph's life (`'a`). The capture's stream is its own: no other
+        // thread's work reaches the graph (and `only_the_frame` checks that the graph holds
+        // the frame's operations alone), so the graph reaches the arena's allocation alone,
+        // which it borrows.
+        let graph =
+            unsafe { arena.capture_on_own_stream(|capture| self.record_frame(capture, size)) }?;
         only_the_frame(graph, "capture_frame")
     }
 
@@ -163,9 +163,12 @@ impl PipelineKernels {
         size: ImageSize,
     ) -> Result<ArenaGraph<'a, FrameStaged, B>, Error> {
         // SAFETY: as in `capture_frame`: `record_frame_staged` queues this crate's kernels on
-        // the capture's stage views of the arena alone (no events, no outputs), and
-        // `only_the_frame` hands the graph out only where nothing else was recorded.
-        let graph = unsafe { arena.capture(|capture| self.record_frame_staged(capture, size)) }?;
+        // the capture's stage views of the arena alone (no events, no outputs), on a stream
+        // of the capture's own, and `only_the_frame` hands the graph out only where nothing
+        // else was recorded.
+        let graph = unsafe {
+            arena.capture_on_own_stream(|capture| self.record_frame_staged(capture, size))
+        }?;
         only_the_frame(graph, "capture_frame_staged")
     }
 
@@ -441,8 +444,8 @@ impl FrameSlices {
 pub const FRAME_GRAPH_NODES: usize = 8;
 
 /// `graph`, where it holds the frame's operations alone; an error otherwise (the graph is
-/// dropped unlaunched): another thread queued work on the arena's stream while `call`
-/// captured.
+/// dropped unlaunched). (The capture's stream is its own, so no other thread's work can be in
+/// it: a guard, not a path expected to run.)
 fn only_the_frame<'a, L: devarena::DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered>(
     graph: ArenaGraph<'a, L, B>,
     call: &str,
@@ -453,9 +456,6 @@ fn only_the_frame<'a, L: devarena::DeviceLayout, B: DirectViews<Mut = CudaMut> +
     }
     Err(invalid(format!(
         "{call}: the capture recorded {nodes} operations where a frame has \
-         {FRAME_GRAPH_NODES}: another thread queued work on the arena's stream during the \
-         capture, which recorded it instead of running it; the graph was discarded without a \
-         replay (that other work did not run either): capture while no other thread uses the \
-         stream"
+         {FRAME_GRAPH_NODES}; the graph was discarded without a replay"
     )))
 }
