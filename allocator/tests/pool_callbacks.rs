@@ -536,6 +536,76 @@ fn an_event_whose_drop_panics_does_not_panic_the_pool_call() {
     assert_eq!((stats.pending, stats.live, stats.in_use), (0, 0, 0));
 }
 
+/// A panic payload whose own `Drop` panics: user code may panic with any payload
+/// (`std::panic::panic_any`).
+struct Bomb(&'static AtomicUsize);
+
+impl Drop for Bomb {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        panic!("a panic payload's drop panics");
+    }
+}
+
+/// A sink, a stream runtime and an event's destructor that panic with a payload whose `Drop`
+/// panics: each payload is dropped (its destructor runs) and that second panic stays inside
+/// the pool's catch, as the first does: every pool call returns, and the pool carries on.
+#[test]
+fn panics_whose_payloads_panic_when_dropped_stay_inside_the_pool() {
+    static SINK_BOMBS: AtomicUsize = AtomicUsize::new(0);
+    static RUNTIME_BOMBS: AtomicUsize = AtomicUsize::new(0);
+    static EVENT_BOMBS: AtomicUsize = AtomicUsize::new(0);
+    capture_logs();
+    let bombing_sink = |_: &PoolEvent<'_>| std::panic::panic_any(Bomb(&SINK_BOMBS));
+    let pool = Pool::builder(1 << 20)
+        .name("bomb-sink")
+        .events(Arc::new(bombing_sink))
+        .build_host()
+        .unwrap();
+    let a = pool.allocate(1000, 0).unwrap();
+    pool.deallocate(a).unwrap();
+    assert!(SINK_BOMBS.load(Ordering::SeqCst) >= 2);
+    assert_eq!(pool.stats().allocations, 1);
+
+    /// A runtime whose `record` panics with a bomb.
+    #[derive(Debug)]
+    struct BombingStreams;
+    impl StreamSync for BombingStreams {
+        fn record(&self, _stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
+            std::panic::panic_any(Bomb(&RUNTIME_BOMBS))
+        }
+        fn order_after(&self, _waiter: StreamId, _producer: StreamId) -> Result<(), Error> {
+            Ok(())
+        }
+    }
+    let pool = Pool::builder(1 << 20)
+        .name("bomb-runtime")
+        .thread_heaps(0)
+        .streams(Arc::new(BombingStreams), HOME)
+        .build_host()
+        .unwrap();
+    let a = pool.allocate_on(4096, 0, OTHER).unwrap();
+    let err = pool.deallocate_on(a, OTHER).unwrap_err();
+    assert!(err.to_string().contains("panicked in `record`"), "{err}");
+    assert_eq!(RUNTIME_BOMBS.load(Ordering::SeqCst), 1);
+    // Nothing changed: the block is live, and freed on the home stream as usual.
+    assert_eq!(pool.stats().live, 1);
+    pool.deallocate(a).unwrap();
+    assert_eq!(pool.stats().in_use, 0);
+
+    let (pool, streams) = hooked_pool("bomb-event-drop");
+    let a = pool.allocate(4096, 0).unwrap();
+    pool.deallocate_on(a, OTHER).unwrap();
+    *streams.on_event_drop.lock().unwrap() =
+        Some(Box::new(|| std::panic::panic_any(Bomb(&EVENT_BOMBS))));
+    streams.complete.store(true, Ordering::SeqCst);
+    let reclaimed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pool.reclaim()));
+    assert!(matches!(reclaimed, Ok(Ok(4096))), "reclaim panicked or failed");
+    assert_eq!(EVENT_BOMBS.load(Ordering::SeqCst), 1);
+    let stats = pool.stats();
+    assert_eq!((stats.pending, stats.live, stats.in_use), (0, 0, 0));
+}
+
 /// Statistics, reports and settings return plain values, so from inside a callback of their
 /// own pool (where waiting for the lock would be for ever) they have no error to return: the
 /// call unwinds out of the callback, and the pool call that ran it fails, naming what was

@@ -6,7 +6,7 @@ use alloc::sync::Arc;
 use core::fmt;
 
 use super::engine::{Settings, Shared};
-use super::lock::panic_message;
+use super::lock::{caught, panic_message};
 use super::region::{Region, RegionKind};
 use super::{
     BLOCK_GRANULE, DEFAULT_REUSE_BLOCKS, DEFAULT_THREAD_HEAP_SHARE, EventSink, MAX_REUSE_BLOCKS,
@@ -354,8 +354,7 @@ impl PoolBuilder {
     pub fn build_mapped<V: VirtualMemory + 'static>(self, vm: V) -> Result<Pool, Error> {
         if self.region == Some(RegionKind::Classic) {
             // (The backend's name, where asking for it does not panic.)
-            let name = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| vm.name()))
-                .unwrap_or("the virtual-memory backend");
+            let name = caught(|| vm.name()).unwrap_or("the virtual-memory backend");
             return Err(Error::invalid(format!(
                 "pool `{}`: `{name}` maps memory on demand and makes no classic region; use \
                  `build_in` with a `Backend` for `RegionKind::Classic`",
@@ -393,11 +392,8 @@ impl PoolBuilder {
         if let Some(streams) = &self.streams {
             // (Asked before anything is reserved; a panic of the runtime is an error too.)
             let home = self.home;
-            let per_thread = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                streams.is_per_thread(home)
-            }))
-            .map_err(|payload| {
-                let said = match panic_message(&*payload) {
+            let per_thread = caught(|| streams.is_per_thread(home)).map_err(|payload| {
+                let said = match panic_message(payload.payload()) {
                     Some(message) => format!(": {message}"),
                     None => String::new(),
                 };

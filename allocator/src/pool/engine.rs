@@ -14,7 +14,7 @@ use super::addr_map::AddrMap;
 use super::counters::{Counters, Spare};
 use super::events::{self, EventSink, PoolAction, Record};
 use super::graph::Graphs;
-use super::lock::{Lock, LockGuard, Reentrant, logged, logged_unlocked, panic_message};
+use super::lock::{Lock, LockGuard, Reentrant, caught, logged, logged_unlocked, panic_message};
 use super::region::{Region, RegionOwner};
 use super::stats::{ClientStats, Leak, LeakReport, PoolStats, Tracking};
 use super::stream::{HeldEvent, StreamEvent, StreamId, StreamSync};
@@ -659,8 +659,7 @@ impl Shared {
         what: &str,
         f: impl FnOnce() -> Result<R, Error>,
     ) -> Result<R, Error> {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
-            .unwrap_or_else(|payload| Err(self.callback_unwound(what, &*payload)))
+        caught(f).unwrap_or_else(|payload| Err(self.callback_unwound(what, payload.payload())))
     }
 
     /// The error of a stream-runtime callback that unwound: the call back into the pool that

@@ -105,7 +105,7 @@ impl Record {
             error: self.error.as_ref(),
         };
         // The sink sees only its event; nothing of the pool is borrowed across the call.
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.sink.event(&event))).is_ok()
+        super::lock::caught(|| self.sink.event(&event)).is_ok()
     }
 }
 

@@ -18,6 +18,7 @@
 //! waiters instead (a condition variable, woken on release) did no better there, was worse
 //! with more threads than CPUs, and put a system call on the releasing thread's path.
 
+use alloc::boxed::Box;
 use alloc::string::String;
 use core::cell::{Cell, UnsafeCell};
 use core::marker::PhantomData;
@@ -110,7 +111,45 @@ pub(crate) fn logged(log: impl FnOnce()) {
 /// works there as any call does; a panic of the logger is caught here, so that it does not
 /// unwind out of the pool's call or destructor (the record is then lost).
 pub(crate) fn logged_unlocked(log: impl FnOnce()) {
-    let _ = std::panic::catch_unwind(core::panic::AssertUnwindSafe(log));
+    let _ = caught(log);
+}
+
+/// A panic caught from user code (a callback, a logger, a stream runtime, a virtual-memory
+/// backend): its payload, dropped without letting a panic of the payload's own `Drop` unwind
+/// out of the pool. User code may panic with any payload (`std::panic::panic_any`), and a
+/// payload whose destructor panics, dropped as usual, would unwind from wherever the pool
+/// dropped it, with its lock or a half-done change in hand. A second payload from that
+/// destructor is forgotten (leaked, a few bytes), never dropped: its own `Drop` could panic
+/// in turn.
+pub(crate) struct Caught(Option<Box<dyn core::any::Any + Send>>);
+
+impl Caught {
+    /// The payload, to read its message or its type.
+    pub(crate) fn payload(&self) -> &(dyn core::any::Any + Send) {
+        match &self.0 {
+            Some(payload) => &**payload,
+            // (Taken only by `drop`.)
+            None => &(),
+        }
+    }
+}
+
+impl Drop for Caught {
+    fn drop(&mut self) {
+        let payload = self.0.take();
+        if let Err(again) =
+            std::panic::catch_unwind(core::panic::AssertUnwindSafe(move || drop(payload)))
+        {
+            core::mem::forget(again);
+        }
+    }
+}
+
+/// `std::panic::catch_unwind` for user code that the pool calls: a panic becomes a
+/// [`Caught`], whose payload is dropped safely.
+pub(crate) fn caught<R>(f: impl FnOnce() -> R) -> Result<R, Caught> {
+    std::panic::catch_unwind(core::panic::AssertUnwindSafe(f))
+        .map_err(|payload| Caught(Some(payload)))
 }
 
 /// The message of a caught panic's payload, where it has one (`panic!` with a literal or a

@@ -222,10 +222,9 @@ impl Drop for HeldEvent {
                 // `Shared::lock_wait`) has no pool call to fail here: it is logged. The logger is
                 // user code run inside this callback too: its own call back unwinds as well, and
                 // is caught here, not in the pool call that dropped the event.
-                let dropped =
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(event)));
+                let dropped = super::lock::caught(move || drop(event));
                 if let Err(payload) = dropped {
-                    if let Some(CalledBack(message)) = payload.downcast_ref::<CalledBack>() {
+                    if let Some(CalledBack(message)) = payload.payload().downcast_ref::<CalledBack>() {
                         logged(|| {
                             log::warn!(target: "devarena::pool", "an event's destructor: {message}");
                         });

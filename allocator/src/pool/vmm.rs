@@ -35,7 +35,7 @@ use crate::backend::{MemoryKind, VirtualMemory};
 use crate::error::Error;
 use crate::plan::align_up;
 use crate::pool::engine::CalledBack;
-use crate::pool::lock::{LockId, logged, logged_unlocked, panic_message};
+use crate::pool::lock::{LockId, caught, logged, logged_unlocked, panic_message};
 
 /// What a pool's statistics say about its mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -610,8 +610,8 @@ fn vm_call<R>(
     f: impl FnOnce(&dyn VirtualMemory) -> Result<R, Error>,
 ) -> Result<R, Error> {
     LockId::ANY
-        .callback(|| std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| f(vm))))
-        .unwrap_or_else(|payload| Err(vm_unwound(pool, backend, what, &*payload)))
+        .callback(|| caught(|| f(vm)))
+        .unwrap_or_else(|payload| Err(vm_unwound(pool, backend, what, payload.payload())))
 }
 
 /// The error of a virtual-memory call that unwound: a call back into the pool that it must
