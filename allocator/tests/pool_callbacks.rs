@@ -600,7 +600,10 @@ fn panics_whose_payloads_panic_when_dropped_stay_inside_the_pool() {
         Some(Box::new(|| std::panic::panic_any(Bomb(&EVENT_BOMBS))));
     streams.complete.store(true, Ordering::SeqCst);
     let reclaimed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pool.reclaim()));
-    assert!(matches!(reclaimed, Ok(Ok(4096))), "reclaim panicked or failed");
+    assert!(
+        matches!(reclaimed, Ok(Ok(4096))),
+        "reclaim panicked or failed"
+    );
     assert_eq!(EVENT_BOMBS.load(Ordering::SeqCst), 1);
     let stats = pool.stats();
     assert_eq!((stats.pending, stats.live, stats.in_use), (0, 0, 0));

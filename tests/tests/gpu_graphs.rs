@@ -457,6 +457,70 @@ mod gpu {
         assert_eq!(arena.views().output.to_vec().unwrap(), vec![0x0202_0202; N]);
     }
 
+    /// `capture_on_own_stream` captures on a non-blocking stream of its own, so an arena on
+    /// the legacy default stream, which `capture` refuses, captures that way, and its replays
+    /// run on the legacy stream.
+    #[test]
+    fn an_arena_on_the_legacy_default_stream_captures_on_a_stream_of_its_own() {
+        let Some(stream) = gpu_stream() else { return };
+        let legacy = default_stream(stream.context().ordinal()).unwrap();
+        let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(legacy.clone())).unwrap();
+        arena.views_mut().output.fill_bytes(1).unwrap();
+        // SAFETY: the work reaches the arena's views alone.
+        let mut graph = unsafe {
+            arena.capture_on_own_stream(|c| {
+                assert_ne!(c.stream().cu_stream(), legacy.cu_stream());
+                c.views_mut().output.fill_bytes(6)
+            })
+        }
+        .unwrap();
+        assert_eq!(graph.nodes(), 1);
+        // Nothing ran at capture.
+        assert_eq!(
+            graph.views_mut().output.to_vec().unwrap(),
+            vec![0x0101_0101; N]
+        );
+        graph.launch().unwrap();
+        assert_eq!(
+            graph.views_mut().output.to_vec().unwrap(),
+            vec![0x0606_0606; N]
+        );
+    }
+
+    /// In a capture on a stream of its own, `views_mut_on` for the arena's stream records on
+    /// the capturing stream: the arena's stream, which other code may use, never joins the
+    /// capture, and work queued on it meanwhile runs instead of being recorded.
+    #[test]
+    fn a_capture_on_its_own_stream_never_pulls_the_arenas_stream_in() {
+        #[derive(DeviceLayout)]
+        struct Scratch {
+            buf: [u8; 4096],
+        }
+        let Some(stream) = gpu_stream() else { return };
+        let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        let mut other = Arena::<Scratch, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        // SAFETY: the recorded work reaches the arena's views alone (the other arena's memset
+        // runs on the arena's stream, which is not capturing).
+        let mut graph = unsafe {
+            arena.capture_on_own_stream(|c| {
+                c.views_mut_on(&stream, |mut v| {
+                    assert!(!is_capturing(&stream).unwrap());
+                    v.output.fill_bytes(7)
+                })?;
+                assert!(!is_capturing(&stream).unwrap());
+                other.views_mut().buf.fill_bytes(9)
+            })
+        }
+        .unwrap();
+        assert_eq!(graph.nodes(), 1);
+        assert!(other.views().buf.to_vec().unwrap().iter().all(|&b| b == 9));
+        graph.launch().unwrap();
+        assert_eq!(
+            graph.views_mut().output.to_vec().unwrap(),
+            vec![0x0707_0707; N]
+        );
+    }
+
     #[test]
     fn deliberate_api_error_a_replay_is_never_recorded_into_another_capture() {
         let Some(stream) = gpu_stream() else { return };

@@ -115,16 +115,27 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
 
     /// [`capture`](Self::capture) on a stream made for this capture alone, in the arena's
     /// context, instead of the arena's stream: a capture records whatever any thread queues on
-    /// the stream it captures, and no other thread holds this one, so the graph holds what
-    /// `record` queues and nothing else. Work other threads queue on the arena's stream
-    /// meanwhile runs as usual. `record`'s [`Capture`] hands out views on the capture's stream
-    /// ([`Capture::stream`]); work queued on the arena's stream inside `record` is not
-    /// recorded (it runs). Replays run on the arena's stream, as for [`capture`](Self::capture).
+    /// the stream it captures, and no other thread holds this one. Work other threads queue on
+    /// the arena's stream meanwhile runs as usual and stays out of the graph, and cannot race
+    /// the capture's end. `record`'s [`Capture`] hands out views on the capture's stream
+    /// ([`Capture::stream`]); [`Capture::views_mut_on`] for the arena's own stream records on
+    /// the capture's stream too, so that the arena's stream never joins the capture. The graph
+    /// is uploaded to and replays on the arena's stream, as for [`capture`](Self::capture).
+    /// Unlike [`capture`](Self::capture), an arena on the legacy default stream can capture
+    /// this way (the capture's stream is a non-blocking one; the replays run on the legacy
+    /// stream).
+    ///
+    /// Errors as [`capture`](Self::capture); the stream is made with cudarc's
+    /// `CudaStream::fork` (`cuStreamCreate`, an error of that name where the driver refuses
+    /// it: while another thread of the process captures in global mode, as PyTorch does).
     ///
     /// # Safety
     ///
-    /// As for [`capture`](Self::capture), for the work `record` queues; work of other threads
-    /// cannot reach the graph.
+    /// As for [`capture`](Self::capture), for the work `record` queues. Work that other
+    /// threads queue on the arena's stream cannot reach the graph; work that anyone queues on
+    /// another stream that `record` joins to the capture ([`Capture::views_mut_on`] with a
+    /// stream other than the arena's) while it is joined is recorded, as with
+    /// [`capture`](Self::capture).
     pub unsafe fn capture_on_own_stream<F>(
         &mut self,
         record: F,
@@ -133,10 +144,15 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
         F: FnOnce(&mut Capture<'_, L, B>) -> Result<(), Error>,
     {
         let arena_stream = self.backend.stream().clone();
+        // `fork` rather than the context's `new_stream`: the latter synchronizes the whole
+        // context where cudarc counts no stream of it yet (an arena on the legacy or a
+        // borrowed stream), which a capture on another stream would refuse. The new stream
+        // waits for the arena's work so far; that wait is not part of the capture.
         let stream = arena_stream
-            .context()
-            .new_stream()
+            .fork()
             .map_err(|e| crate::backend::cuda::driver_error("cuStreamCreate", e))?;
+        // Declared before the capture handle, so that during a panic in `record` it is dropped
+        // after it and ends the capture (before the stream goes).
         let session = StreamCapture::begin(&stream)?;
         let mut capture = Capture {
             arena: &mut *self,
@@ -145,16 +161,9 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
             _thread: PhantomData,
         };
         let recorded = record(&mut capture);
-        let stream = capture.stream.clone();
-        let mut exec = session.finish(recorded)?;
-        // The graph was uploaded to the device on the capture's stream (`finish`): done before
-        // that stream goes.
-        stream
-            .synchronize()
-            .map_err(|e| crate::backend::cuda::driver_error("cuStreamSynchronize", e))?;
-        // Replays run on the arena's stream, ordered with every view of the arena (a
-        // `GraphExec` launches on the stream it was captured on otherwise).
-        exec.launch_on(arena_stream);
+        // Uploaded to and replayed on the arena's stream, ordered with every view of the
+        // arena. (The capture's stream is destroyed on return; nothing runs on it.)
+        let exec = session.finish_for(recorded, Some(arena_stream))?;
         Ok(ArenaGraph { arena: self, exec })
     }
 }
@@ -213,10 +222,12 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Capture<'_,
     }
 
     /// Runs `f` with device views of every field for work on `stream`, which joins the
-    /// capture: before `f`, `stream` waits for the work recorded so far on the arena's stream,
-    /// which pulls it into the capture; `f`'s work on it is recorded; once `f` has returned
-    /// (or panicked) the arena's stream waits for it, which joins it back. Results and errors
-    /// as [`Arena::views_mut_on`].
+    /// capture: before `f`, `stream` waits for the work recorded so far on the capturing
+    /// stream ([`stream`](Self::stream)), which pulls it into the capture; `f`'s work on it is
+    /// recorded; once `f` has returned (or panicked) the capturing stream waits for it, which
+    /// joins it back. Results and errors as [`Arena::views_mut_on`]. In a capture on a stream
+    /// of its own ([`Arena::capture_on_own_stream`]), the arena's stream is not joined: `f`
+    /// gets views on the capturing stream, as [`views_mut`](Self::views_mut) gives.
     pub fn views_mut_on<R>(
         &mut self,
         stream: &Arc<CudaStream>,
@@ -225,6 +236,9 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Capture<'_,
     where
         L: Disjoint,
     {
+        if self.own_records(stream) {
+            return f(self.views_mut());
+        }
         self.arena.views_mut_after(&self.stream, stream, f)
     }
 
@@ -238,7 +252,17 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Capture<'_,
     where
         L: Stage<S>,
     {
+        if self.own_records(stream) {
+            return f(self.stage_mut::<S>());
+        }
         self.arena.stage_mut_after::<S, R>(&self.stream, stream, f)
+    }
+
+    /// In a capture on a stream of its own, whether `stream` is the arena's: work for it is
+    /// recorded on the capturing stream, so that the arena's stream, which other threads may
+    /// use, never joins the capture.
+    fn own_records(&self, stream: &CudaStream) -> bool {
+        self.own && stream.cu_stream() == self.arena.backend.stream().cu_stream()
     }
 
     /// The capturing stream: the arena's, or the one made for the capture alone
@@ -304,6 +328,10 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> core::fmt::
 /// a panic — the capture is ended and discarded and the stream is usable again; the error comes
 /// back as [`Error::Driver`] with the CUDA error name.
 ///
+/// [`Arena::capture_on_own_stream`] does the same on a stream made for the capture alone, so
+/// that work other threads queue on the arena's stream meanwhile runs instead of being
+/// recorded; its graph replays on the arena's stream all the same.
+///
 /// **Layouts with stages** capture stage by stage: [`Capture::stage_mut`] borrows the capture
 /// mutably, so one stage's views are gone before the next stage's are taken, and all of them
 /// queue their work on the one stream. The captured graph is then a chain in the order the
@@ -312,9 +340,9 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> core::fmt::
 ///
 /// **Another stream** joins the capture through [`Capture::views_mut_on`] (and
 /// [`Capture::stage_mut_on`]), which run a closure with views for that stream: the other
-/// stream waits for the arena's stream, which pulls it into the capture; the closure's work on
-/// it is recorded; when the closure returns (or panics) the arena's stream waits for it, which
-/// joins it back. Replays keep that order.
+/// stream waits for the capturing stream, which pulls it into the capture; the closure's work
+/// on it is recorded; when the closure returns (or panics) the capturing stream waits for it,
+/// which joins it back. Replays keep that order.
 ///
 /// **Memory other than the arena's.** The graph replays whatever the recording code queued,
 /// also work on buffers that are not the arena's (a cudarc `CudaSlice`, another arena, a raw

@@ -1,5 +1,6 @@
 //! CUDA graphs by stream capture: a capture begun on a stream ([`StreamCapture`]), ended into
-//! an instantiated executable graph ([`GraphExec`]) that is launched on that stream. The
+//! an instantiated executable graph ([`GraphExec`]) that is launched on that stream (or on
+//! another stream of its context, named when the capture ends). The
 //! arena's graphs (`Arena::capture`, `ArenaGraph`) are built on these; launching is `unsafe`
 //! here because only the layer above knows which memory a graph reaches.
 //!
@@ -216,9 +217,19 @@ impl StreamCapture {
 
     /// Ends the capture after the captured code returned `recorded`: its error discards the
     /// capture and comes back unchanged; otherwise [`end`](Self::end).
-    pub(crate) fn finish(mut self, recorded: Result<(), Error>) -> Result<GraphExec, Error> {
+    pub(crate) fn finish(self, recorded: Result<(), Error>) -> Result<GraphExec, Error> {
+        self.finish_for(recorded, None)
+    }
+
+    /// [`finish`](Self::finish), with the graph uploaded to and replayed on `replay` (a stream
+    /// of the capture's context) instead of the capturing stream, where one is given.
+    pub(crate) fn finish_for(
+        mut self,
+        recorded: Result<(), Error>,
+        replay: Option<Arc<CudaStream>>,
+    ) -> Result<GraphExec, Error> {
         match recorded {
-            Ok(()) => self.end(),
+            Ok(()) => self.end(replay),
             Err(e) => {
                 self.discard();
                 Err(e)
@@ -231,7 +242,7 @@ impl StreamCapture {
     /// first launch pays no setup). A capture that was invalidated by a refused call is an
     /// error naming `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` and the refused call's error when
     /// the context recorded one.
-    pub(crate) fn end(mut self) -> Result<GraphExec, Error> {
+    pub(crate) fn end(mut self, replay: Option<Arc<CudaStream>>) -> Result<GraphExec, Error> {
         let stream = self.stream.clone();
         make_current(&stream).map_err(drv("cuCtxSetCurrent"))?;
         self.open = false;
@@ -262,7 +273,7 @@ impl StreamCapture {
         let exec = GraphExec {
             exec,
             nodes,
-            stream,
+            stream: replay.unwrap_or(stream),
         };
         // SAFETY: a live executable graph and its stream.
         unsafe { result::graph::upload(exec.exec, exec.stream.cu_stream()) }
@@ -356,7 +367,8 @@ impl Drop for OwnedGraph {
     }
 }
 
-/// An instantiated graph (`CUgraphExec`) launched on the stream it was captured on; destroyed
+/// An instantiated graph (`CUgraphExec`) launched on its replay stream (the stream it was
+/// captured on, or the one [`StreamCapture::finish_for`] was given); destroyed
 /// (`cuGraphExecDestroy`) on drop, which lets a launch in flight finish first.
 ///
 /// Neither `Send` nor `Sync`: the driver does not synchronize graph objects between threads.
@@ -367,13 +379,7 @@ pub(crate) struct GraphExec {
 }
 
 impl GraphExec {
-    /// Launches the replays on `stream` from now on (a stream of the context the graph was
-    /// captured in) instead of the capture's stream.
-    pub(crate) fn launch_on(&mut self, stream: Arc<CudaStream>) {
-        self.stream = stream;
-    }
-
-    /// Queues one replay on the capture's stream (`cuGraphLaunch`): ordered after everything
+    /// Queues one replay on the replay stream (`cuGraphLaunch`): ordered after everything
     /// queued on the stream before, and before everything queued after. A stream that is
     /// capturing (someone else's capture, begun through cudarc) is refused: the replay would be
     /// recorded into a graph that outlives what this one's owner keeps alive.
@@ -405,7 +411,7 @@ impl GraphExec {
         self.nodes
     }
 
-    /// The stream the graph was captured on and replays on.
+    /// The stream the graph replays on.
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
