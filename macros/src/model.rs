@@ -365,6 +365,7 @@ const ARENA_METHODS: &[&str] = &[
     "host_views_mut",
     "device_views_mut",
     "capture",
+    "capture_on_own_stream",
 ];
 
 /// The name of `Arena`'s method that one of stage `id`'s methods would take, if any.
