@@ -119,6 +119,38 @@ mod gpu {
         }
     }
 
+    /// Making a stream waits for nothing: one made on another thread while a graph is being
+    /// captured neither fails nor invalidates that capture (cudarc synchronizes the whole
+    /// context when it makes the first stream of a `CudaContext` it knows no stream of, which
+    /// a capture refuses), and every stream of a device shares one `CudaContext`.
+    #[test]
+    fn a_stream_made_during_another_threads_capture_leaves_it_alone() {
+        use devarena_kernels::cudarc::driver::sys::{
+            CUgraphInstantiate_flags, CUstreamCaptureMode,
+        };
+        let Some(stream) = gpu_stream() else { return };
+        let again = devarena::backend::cuda::cuda_stream(stream.context().ordinal()).unwrap();
+        assert!(std::sync::Arc::ptr_eq(stream.context(), again.context()));
+        drop(again);
+        let mut arena = Arena::<Params, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .unwrap();
+        arena.views_mut().lut.fill_bytes(3).unwrap();
+        let ordinal = stream.context().ordinal();
+        let made = std::thread::spawn(move || {
+            devarena::backend::cuda::cuda_stream(ordinal).map(|s| s.cu_stream() as usize)
+        })
+        .join()
+        .unwrap();
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+        let made = made.unwrap();
+        assert_ne!(made, stream.cu_stream() as usize);
+        let graph = graph.unwrap().expect("the capture recorded the memset");
+        graph.launch().unwrap();
+        assert_eq!(arena.views().lut.to_vec().unwrap(), vec![3u8; 300]);
+    }
+
     /// A stream of another context of the same device (`cuCtxCreate`, not the primary
     /// context the arena lives in) is refused before the closure runs: the arena's addresses
     /// mean nothing in that context, and its stream could not be ordered with the arena's.

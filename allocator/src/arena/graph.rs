@@ -119,15 +119,24 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
     /// the arena's stream meanwhile runs as usual and stays out of the graph, and cannot race
     /// the capture's end. `record`'s [`Capture`] hands out views on the capture's stream
     /// ([`Capture::stream`]); [`Capture::views_mut_on`] for the arena's own stream records on
-    /// the capture's stream too, so that the arena's stream never joins the capture. The graph
-    /// is uploaded to and replays on the arena's stream, as for [`capture`](Self::capture).
-    /// Unlike [`capture`](Self::capture), an arena on the legacy default stream can capture
-    /// this way (the capture's stream is a non-blocking one; the replays run on the legacy
-    /// stream).
+    /// the capture's stream too, so that the arena's stream does not join the capture. Nothing
+    /// is queued on the arena's stream before the capture ends; the graph is then uploaded to
+    /// it and replays on it, as for [`capture`](Self::capture). An arena on the legacy
+    /// default stream can capture this way (the capture's stream is a non-blocking one).
     ///
-    /// Errors as [`capture`](Self::capture); the stream is made with cudarc's
-    /// `CudaStream::fork` (`cuStreamCreate`, an error of that name where the driver refuses
-    /// it: while another thread of the process captures in global mode, as PyTorch does).
+    /// Errors as [`capture`](Self::capture), and:
+    /// * an error before anything is recorded where cudarc would synchronize the whole context
+    ///   to make the capture's stream
+    ///   ([`makes_streams_without_synchronizing`](crate::backend::cuda::makes_streams_without_synchronizing)
+    ///   says no: an arena on a stream of another library, wrapped with cudarc's
+    ///   `wrap_borrowed_stream`, in a `CudaContext` cudarc has made no stream in; streams of
+    ///   [`cuda_stream`](crate::backend::cuda::cuda_stream) never are), or where the arena's
+    ///   stream is capturing a graph itself (someone else's capture);
+    /// * `cuStreamCreate`'s error where the driver refuses a new stream (while another thread
+    ///   of the process captures in global mode, as PyTorch does).
+    ///
+    /// The upload is skipped where the arena's stream began capturing meanwhile (the first
+    /// replay then pays for it).
     ///
     /// # Safety
     ///
@@ -144,12 +153,23 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
         F: FnOnce(&mut Capture<'_, L, B>) -> Result<(), Error>,
     {
         let arena_stream = self.backend.stream().clone();
-        // `fork` rather than the context's `new_stream`: the latter synchronizes the whole
-        // context where cudarc counts no stream of it yet (an arena on the legacy or a
-        // borrowed stream), which a capture on another stream would refuse. The new stream
-        // waits for the arena's work so far; that wait is not part of the capture.
-        let stream = arena_stream
-            .fork()
+        let ctx = arena_stream.context();
+        if !crate::backend::cuda::makes_streams_without_synchronizing(ctx) {
+            return Err(Error::invalid(alloc::format!(
+                "arena of `{}`: a capture on a stream of its own needs a new stream in the                  arena's context, and cudarc would synchronize the whole device to make it                  (its `CudaContext` has no stream that cudarc made: the arena is on a borrowed                  stream); make a stream there first (`CudaContext::new_stream`), or capture on                  the arena's stream (`capture`)",
+                L::NAME
+            )));
+        }
+        if crate::backend::cuda::is_capturing(&arena_stream)? {
+            return Err(Error::invalid(alloc::format!(
+                "arena of `{}`: its stream is capturing a graph (a capture begun outside                  devarena): a capture of the arena is made while its stream is not captured",
+                L::NAME
+            )));
+        }
+        // `new_stream` of a context in which cudarc has made streams: no synchronize, and
+        // nothing queued on the arena's stream.
+        let stream = ctx
+            .new_stream()
             .map_err(|e| crate::backend::cuda::driver_error("cuStreamCreate", e))?;
         // Declared before the capture handle, so that during a panic in `record` it is dropped
         // after it and ends the capture (before the stream goes).
@@ -162,7 +182,7 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
         };
         let recorded = record(&mut capture);
         // Uploaded to and replayed on the arena's stream, ordered with every view of the
-        // arena. (The capture's stream is destroyed on return; nothing runs on it.)
+        // arena.
         let exec = session.finish_for(recorded, Some(arena_stream))?;
         Ok(ArenaGraph { arena: self, exec })
     }
@@ -262,7 +282,13 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Capture<'_,
     /// recorded on the capturing stream, so that the arena's stream, which other threads may
     /// use, never joins the capture.
     fn own_records(&self, stream: &CudaStream) -> bool {
-        self.own && stream.cu_stream() == self.arena.backend.stream().cu_stream()
+        let arena = self.arena.backend.stream();
+        // The legacy default stream has two handles: 0 and `CU_STREAM_LEGACY` (1).
+        let handle = |s: &CudaStream| match s.cu_stream() as usize {
+            1 => 0,
+            h => h,
+        };
+        self.own && stream.context() == arena.context() && handle(stream) == handle(arena)
     }
 
     /// The capturing stream: the arena's, or the one made for the capture alone

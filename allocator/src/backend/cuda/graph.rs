@@ -244,6 +244,13 @@ impl StreamCapture {
     /// the context recorded one.
     pub(crate) fn end(mut self, replay: Option<Arc<CudaStream>>) -> Result<GraphExec, Error> {
         let stream = self.stream.clone();
+        debug_assert!(
+            replay
+                .as_ref()
+                .is_none_or(|r| r.context() == stream.context()),
+            "a graph replays in the context it was captured in"
+        );
+        let elsewhere = replay.is_some();
         make_current(&stream).map_err(drv("cuCtxSetCurrent"))?;
         self.open = false;
         // SAFETY: the stream is alive and capturing (begun by `begin`, on this thread).
@@ -275,9 +282,18 @@ impl StreamCapture {
             nodes,
             stream: replay.unwrap_or(stream),
         };
-        // SAFETY: a live executable graph and its stream.
-        unsafe { result::graph::upload(exec.exec, exec.stream.cu_stream()) }
-            .map_err(drv("cuGraphUpload"))?;
+        // A replay stream other than the capture's that began capturing meanwhile (someone
+        // else's capture) would record the upload: skipped there (where the driver cannot
+        // say, too); the first launch then pays for it.
+        // SAFETY: the replay stream is alive (held) and of the bound context.
+        let captured = elsewhere
+            && unsafe { result::stream::is_capturing(exec.stream.cu_stream()) }
+                != Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+        if !captured {
+            // SAFETY: a live executable graph and its stream.
+            unsafe { result::graph::upload(exec.exec, exec.stream.cu_stream()) }
+                .map_err(drv("cuGraphUpload"))?;
+        }
         Ok(exec)
     }
 

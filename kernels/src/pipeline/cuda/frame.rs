@@ -3,6 +3,7 @@
 //! outputs' download between replays.
 
 use super::*;
+use devarena::backend::cuda::makes_streams_without_synchronizing;
 
 impl PipelineKernels {
     /// Runs every stage on one frame of `size`, queued on `stream` (nothing waits for it).
@@ -77,21 +78,37 @@ impl PipelineKernels {
     /// module its kernel nodes run stays loaded for every replay. The capture runs on a stream
     /// of its own ([`Arena::capture_on_own_stream`]), which no other thread holds: work other
     /// threads queue on the arena's stream meanwhile runs as usual and stays out of the graph.
-    /// (As a second guard, a graph that holds anything but the frame's [`FRAME_GRAPH_NODES`]
-    /// operations is discarded unlaunched, with an error.)
+    /// That needs a context in which a stream is made without synchronizing the device
+    /// ([`makes_streams_without_synchronizing`]: every context of [`cuda_stream`] and
+    /// [`default_stream`]); an arena on a borrowed stream of a context cudarc made no stream
+    /// in is captured on its own stream instead ([`Arena::capture`]), where another thread's
+    /// work queued on that stream during the capture would be recorded: capture such an arena
+    /// while no other thread uses its stream. Either way a graph whose operations are not the
+    /// frame's [`FRAME_GRAPH_NODES`] in number is discarded unlaunched, with an error.
+    ///
+    /// [`makes_streams_without_synchronizing`]: devarena::backend::cuda::makes_streams_without_synchronizing
+    /// [`cuda_stream`]: devarena::backend::cuda::cuda_stream
+    /// [`default_stream`]: devarena::backend::cuda::default_stream
     pub fn capture_frame<'a, B: DirectViews<Mut = CudaMut> + StreamOrdered>(
         &'a self,
         arena: &'a mut Arena<Frame, B>,
         size: ImageSize,
     ) -> Result<ArenaGraph<'a, Frame, B>, Error> {
+        let own = makes_streams_without_synchronizing(arena.backend().stream().context());
         // SAFETY: `record_frame` queues this crate's kernels on the capture's views of the
         // arena and nothing else (no events, no outputs); the kernels' module is `self`'s,
-        // borrowed for the graph's life (`'a`). The capture's stream is its own: no other
-        // thread's work reaches the graph (and `only_the_frame` checks that the graph holds
-        // the frame's operations alone), so the graph reaches the arena's allocation alone,
-        // which it borrows.
-        let graph =
-            unsafe { arena.capture_on_own_stream(|capture| self.record_frame(capture, size)) }?;
+        // borrowed for the graph's life (`'a`). Work of other threads: on a stream of the
+        // capture's own, none reaches the graph; on the arena's stream (a borrowed stream, see
+        // above), it would add operations, and `only_the_frame` hands out only a graph with
+        // the frame's number of them. So the graph reaches the arena's allocation alone, which
+        // it borrows.
+        let graph = unsafe {
+            if own {
+                arena.capture_on_own_stream(|capture| self.record_frame(capture, size))
+            } else {
+                arena.capture(|capture| self.record_frame(capture, size))
+            }
+        }?;
         only_the_frame(graph, "capture_frame")
     }
 
@@ -162,12 +179,16 @@ impl PipelineKernels {
         arena: &'a mut Arena<FrameStaged, B>,
         size: ImageSize,
     ) -> Result<ArenaGraph<'a, FrameStaged, B>, Error> {
+        let own = makes_streams_without_synchronizing(arena.backend().stream().context());
         // SAFETY: as in `capture_frame`: `record_frame_staged` queues this crate's kernels on
-        // the capture's stage views of the arena alone (no events, no outputs), on a stream
-        // of the capture's own, and `only_the_frame` hands the graph out only where nothing
-        // else was recorded.
+        // the capture's stage views of the arena alone (no events, no outputs), and other
+        // threads' work cannot reach the graph or is caught by `only_the_frame`.
         let graph = unsafe {
-            arena.capture_on_own_stream(|capture| self.record_frame_staged(capture, size))
+            if own {
+                arena.capture_on_own_stream(|capture| self.record_frame_staged(capture, size))
+            } else {
+                arena.capture(|capture| self.record_frame_staged(capture, size))
+            }
         }?;
         only_the_frame(graph, "capture_frame_staged")
     }
@@ -443,9 +464,9 @@ impl FrameSlices {
 /// [`PipelineKernels::capture_frame_staged`] record them.
 pub const FRAME_GRAPH_NODES: usize = 8;
 
-/// `graph`, where it holds the frame's operations alone; an error otherwise (the graph is
-/// dropped unlaunched). (The capture's stream is its own, so no other thread's work can be in
-/// it: a guard, not a path expected to run.)
+/// `graph`, where its operations are the frame's in number; an error otherwise (the graph is
+/// dropped unlaunched): another thread's work was recorded with the frame, on the arena's own
+/// stream (a capture on a stream of the call's own records none).
 fn only_the_frame<'a, L: devarena::DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered>(
     graph: ArenaGraph<'a, L, B>,
     call: &str,
