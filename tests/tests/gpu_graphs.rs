@@ -487,64 +487,72 @@ mod gpu {
         );
     }
 
-    /// `capture_on_own_stream` queues nothing on the arena's stream before its capture ends,
-    /// and refuses to start where that stream is being captured by someone else (its upload
-    /// would be recorded there) or where cudarc would synchronize the whole device to make
-    /// the capture's stream (an arena on a borrowed stream of a `CudaContext` that cudarc made
-    /// no stream in). `record` does not run; the arena is as it was.
+    /// `capture_on_own_stream` queues nothing on the arena's stream before its capture ends
+    /// and makes its stream without cudarc: it works while someone else captures the arena's
+    /// stream (whose capture gets nothing of it), and on a stream borrowed from another library
+    /// in a `CudaContext` cudarc made no stream in (which cudarc's `new_stream` would have
+    /// synchronized the whole device for, and which stays without a counted stream).
     #[test]
-    fn a_capture_on_its_own_stream_is_refused_where_it_would_disturb_the_device() {
+    fn a_capture_on_its_own_stream_leaves_the_arenas_stream_and_context_alone() {
         use devarena_kernels::cudarc::driver::sys::{
             CUgraphInstantiate_flags, CUstreamCaptureMode,
         };
         let Some(stream) = gpu_stream() else { return };
         let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
-        stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .unwrap();
-        let mut ran = false;
-        // SAFETY: the work reaches the arena's views alone (and does not run here).
-        let refused = unsafe {
-            arena.capture_on_own_stream(|c| {
-                ran = true;
-                c.views_mut().output.fill_bytes(1)
-            })
-        }
-        .expect_err("refused while the arena's stream is captured");
-        assert!(!ran);
-        assert!(
-            refused.to_string().contains("is capturing a graph"),
-            "{refused}"
+        arena.views_mut().output.fill_bytes(9).unwrap();
+        // Another thread captures the arena's stream meanwhile (a thread-local capture, begun
+        // and ended on that thread).
+        let (begun, done) = (
+            Arc::new(std::sync::Barrier::new(2)),
+            Arc::new(std::sync::Barrier::new(2)),
         );
-        // The other capture is intact: nothing of the refused call was recorded into it.
-        let other = stream.end_capture(CUgraphInstantiate_flags(0)).unwrap();
-        assert!(other.is_none_or(|g| g.launch().is_ok()));
-
-        // A borrowed stream in a `CudaContext` of its own that has made no stream.
-        let fresh = devarena::backend::cuda::CudaContext::new(stream.context().ordinal()).unwrap();
-        assert!(!devarena::backend::cuda::makes_streams_without_synchronizing(&fresh));
-        // SAFETY: `stream`, a live stream of the same (primary) context, outlives the wrapper
-        // and everything made with it in this test; work on both is ordered by the arena.
-        let borrowed = unsafe { fresh.wrap_borrowed_stream(stream.cu_stream()) };
-        let mut on_borrowed = Arena::<Pair, _>::new_in(CudaBackend::new(borrowed)).unwrap();
-        // SAFETY: as above.
-        let refused =
-            unsafe { on_borrowed.capture_on_own_stream(|c| c.views_mut().output.fill_bytes(1)) }
-                .expect_err("refused where cudarc would synchronize the device");
-        assert!(refused.to_string().contains("synchronize"), "{refused}");
-        assert!(!devarena::backend::cuda::makes_streams_without_synchronizing(&fresh));
-        // Both arenas still capture: on its own stream, and on the borrowed stream.
-        // SAFETY: as above.
-        let mut graph =
-            unsafe { arena.capture_on_own_stream(|c| c.views_mut().output.fill_bytes(2)) }.unwrap();
+        let other = {
+            let (stream, begun, done) = (stream.clone(), begun.clone(), done.clone());
+            std::thread::spawn(move || {
+                stream
+                    .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                    .unwrap();
+                begun.wait();
+                done.wait();
+                // Ended intact, and replayed: it must leave the arena as it was.
+                let other = stream.end_capture(CUgraphInstantiate_flags(0))?;
+                if let Some(other) = other {
+                    other.launch()?;
+                }
+                stream.synchronize()
+            })
+        };
+        begun.wait();
+        assert!(is_capturing(&stream).unwrap());
+        // SAFETY: the work reaches the arena's views alone.
+        let graph = unsafe { arena.capture_on_own_stream(|c| c.views_mut().output.fill_bytes(1)) };
+        done.wait();
+        other.join().unwrap().unwrap();
+        let mut graph = graph.unwrap();
+        assert_eq!(graph.nodes(), 1);
+        assert_eq!(
+            graph.views_mut().output.to_vec().unwrap(),
+            vec![0x0909_0909; N]
+        );
         graph.launch().unwrap();
         assert_eq!(
             graph.views_mut().output.to_vec().unwrap(),
-            vec![0x0202_0202; N]
+            vec![0x0101_0101; N]
         );
-        // SAFETY: as above.
+        drop(graph);
+
+        // A borrowed stream in a `CudaContext` of its own that has made no stream.
+        let fresh = devarena::backend::cuda::CudaContext::new(stream.context().ordinal()).unwrap();
+        assert!(!fresh.is_in_multi_stream_mode());
+        // SAFETY: `stream`, a live stream of the same (primary) context, outlives the wrapper
+        // and everything made with it in this test.
+        let borrowed = unsafe { fresh.wrap_borrowed_stream(stream.cu_stream()) };
+        let mut on_borrowed = Arena::<Pair, _>::new_in(CudaBackend::new(borrowed)).unwrap();
+        // SAFETY: the work reaches the arena's views alone.
         let mut graph =
-            unsafe { on_borrowed.capture(|c| c.views_mut().output.fill_bytes(3)) }.unwrap();
+            unsafe { on_borrowed.capture_on_own_stream(|c| c.views_mut().output.fill_bytes(3)) }
+                .unwrap();
+        assert!(!fresh.is_in_multi_stream_mode());
         graph.launch().unwrap();
         assert_eq!(
             graph.views_mut().output.to_vec().unwrap(),

@@ -564,17 +564,17 @@ mod gpu {
     }
 
     /// An arena on a stream borrowed from another library, in a `CudaContext` that cudarc made
-    /// no stream in, cannot get a capture stream of its own without a device-wide
-    /// synchronize: `capture_frame` captures on the arena's stream there, and its replays
-    /// match the eager frame all the same.
+    /// no stream in: `capture_frame` makes its capture's stream without cudarc (which would
+    /// synchronize the whole device for that context's first stream), and its replays match
+    /// the eager frame.
     #[test]
-    fn capture_frame_on_a_borrowed_stream_captures_on_that_stream() {
+    fn capture_frame_on_a_borrowed_stream_of_a_context_without_streams() {
         let Some(stream) = stream() else { return };
         let fresh = devarena::backend::cuda::CudaContext::new(stream.context().ordinal()).unwrap();
         // SAFETY: `stream`, a live stream of the same (primary) context, outlives the wrapper
         // and everything made with it in this test.
         let borrowed = unsafe { fresh.wrap_borrowed_stream(stream.cu_stream()) };
-        assert!(!devarena::backend::cuda::makes_streams_without_synchronizing(&fresh));
+        assert!(!fresh.is_in_multi_stream_mode());
         let kernels = PipelineKernels::load(&fresh).unwrap();
         let mut arena = Arena::<Frame, _>::new_in(CudaBackend::new(borrowed.clone())).unwrap();
         let size = ImageSize::new(67, 45);
@@ -582,8 +582,8 @@ mod gpu {
         let eager = eager_frame(&kernels, &mut arena, size, &input);
         let mut graph = kernels.capture_frame(&mut arena, size).unwrap();
         assert_eq!(graph.nodes(), 8);
-        // Still no stream made in that context: nothing synchronized the device.
-        assert!(!devarena::backend::cuda::makes_streams_without_synchronizing(&fresh));
+        // Still no stream counted in that context: nothing synchronized the device.
+        assert!(!fresh.is_in_multi_stream_mode());
         upload_input(&mut graph, size, &input).unwrap();
         graph.launch().unwrap();
         let mut out = FrameOutputs::new(size);

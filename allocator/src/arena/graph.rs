@@ -8,7 +8,7 @@ use core::marker::PhantomData;
 use super::{Arena, Disjoint, Stage};
 use crate::backend::DirectViews;
 use crate::backend::cuda::{
-    CudaMut, CudaStream, GraphExec, ManagedBackend, StreamCapture, StreamOrdered,
+    CudaMut, CudaStream, GraphExec, ManagedBackend, PrivateStream, StreamCapture, StreamOrdered,
 };
 use crate::error::Error;
 use crate::layout::{DeviceLayout, HostMut};
@@ -121,22 +121,15 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
     /// ([`Capture::stream`]); [`Capture::views_mut_on`] for the arena's own stream records on
     /// the capture's stream too, so that the arena's stream does not join the capture. Nothing
     /// is queued on the arena's stream before the capture ends; the graph is then uploaded to
-    /// it and replays on it, as for [`capture`](Self::capture). An arena on the legacy
-    /// default stream can capture this way (the capture's stream is a non-blocking one).
+    /// it (unless it is being captured by someone else by then: the first replay then pays for
+    /// the upload) and replays on it, as for [`capture`](Self::capture). An arena on the
+    /// legacy default stream, or on a stream borrowed from another library, captures this way
+    /// too.
     ///
-    /// Errors as [`capture`](Self::capture), and:
-    /// * an error before anything is recorded where cudarc would synchronize the whole context
-    ///   to make the capture's stream
-    ///   ([`makes_streams_without_synchronizing`](crate::backend::cuda::makes_streams_without_synchronizing)
-    ///   says no: an arena on a stream of another library, wrapped with cudarc's
-    ///   `wrap_borrowed_stream`, in a `CudaContext` cudarc has made no stream in; streams of
-    ///   [`cuda_stream`](crate::backend::cuda::cuda_stream) never are), or where the arena's
-    ///   stream is capturing a graph itself (someone else's capture);
-    /// * `cuStreamCreate`'s error where the driver refuses a new stream (while another thread
-    ///   of the process captures in global mode, as PyTorch does).
-    ///
-    /// The upload is skipped where the arena's stream began capturing meanwhile (the first
-    /// replay then pays for it).
+    /// The capture's stream is a non-blocking one made with the driver (`cuStreamCreate`, an
+    /// error of that name where it fails), not through cudarc, which would synchronize the
+    /// whole device to make the first stream it counts in a context; it is destroyed on
+    /// return (kept, where a clone of a view's stream outlives the call).
     ///
     /// # Safety
     ///
@@ -153,24 +146,10 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
         F: FnOnce(&mut Capture<'_, L, B>) -> Result<(), Error>,
     {
         let arena_stream = self.backend.stream().clone();
-        let ctx = arena_stream.context();
-        if !crate::backend::cuda::makes_streams_without_synchronizing(ctx) {
-            return Err(Error::invalid(alloc::format!(
-                "arena of `{}`: a capture on a stream of its own needs a new stream in the                  arena's context, and cudarc would synchronize the whole device to make it                  (its `CudaContext` has no stream that cudarc made: the arena is on a borrowed                  stream); make a stream there first (`CudaContext::new_stream`), or capture on                  the arena's stream (`capture`)",
-                L::NAME
-            )));
-        }
-        if crate::backend::cuda::is_capturing(&arena_stream)? {
-            return Err(Error::invalid(alloc::format!(
-                "arena of `{}`: its stream is capturing a graph (a capture begun outside                  devarena): a capture of the arena is made while its stream is not captured",
-                L::NAME
-            )));
-        }
-        // `new_stream` of a context in which cudarc has made streams: no synchronize, and
-        // nothing queued on the arena's stream.
-        let stream = ctx
-            .new_stream()
-            .map_err(|e| crate::backend::cuda::driver_error("cuStreamCreate", e))?;
+        // Declared first: dropped last, after the capture is ended and every handle to the
+        // stream that this call made is gone.
+        let own = PrivateStream::new(&arena_stream)?;
+        let stream = own.stream().clone();
         // Declared before the capture handle, so that during a panic in `record` it is dropped
         // after it and ends the capture (before the stream goes).
         let session = StreamCapture::begin(&stream)?;
@@ -181,9 +160,11 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
             _thread: PhantomData,
         };
         let recorded = record(&mut capture);
+        drop(capture);
         // Uploaded to and replayed on the arena's stream, ordered with every view of the
         // arena.
         let exec = session.finish_for(recorded, Some(arena_stream))?;
+        drop(own);
         Ok(ArenaGraph { arena: self, exec })
     }
 }

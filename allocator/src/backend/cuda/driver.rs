@@ -4,7 +4,6 @@
 use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::sync::Arc;
-use alloc::vec::Vec;
 
 use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
 
@@ -57,64 +56,36 @@ pub fn device_count() -> Result<usize, Error> {
 }
 
 /// The primary context of device `ordinal`, or [`Error::NoDevice`] when there is no driver or
-/// no such device: one cudarc `CudaContext` for the process, made at the first call.
-///
-/// cudarc's `CudaContext::new_stream` synchronizes the whole context (`cuCtxSynchronize`)
-/// when it counts no stream of its own in that `CudaContext`, and a `CudaContext` made anew
-/// counts none: a context made for each call would have every [`cuda_stream`] wait for all
-/// the device's work, and fail (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) while any thread of
-/// the process captures a graph, which the refused synchronize invalidates. So the context is
-/// kept, with an anchor stream that keeps cudarc's count above zero for the process's life;
-/// the anchor is made with `fork` of the legacy default stream, which queues an event there
-/// instead of synchronizing the context.
+/// no such device.
 fn device_context(ordinal: usize) -> Result<Arc<CudaContext>, Error> {
-    /// Each device's context and its anchor stream, as made.
-    type Kept = (Arc<CudaContext>, Arc<CudaStream>);
-    static CONTEXTS: std::sync::Mutex<Vec<Option<Kept>>> = std::sync::Mutex::new(Vec::new());
     let n = device_count()?;
     if ordinal >= n {
         return Err(Error::NoDevice {
             reason: format!("device {ordinal} was asked for; the driver reports {n} device(s)"),
         });
     }
-    // (Nothing below panics with the lock held; a poisoned lock is taken all the same.)
-    let mut kept = CONTEXTS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(Some((ctx, _))) = kept.get(ordinal) {
-        return Ok(ctx.clone());
-    }
-    let ctx = CudaContext::new(ordinal).map_err(drv("cuDevicePrimaryCtxRetain"))?;
-    // `fork` counts the stream without the synchronize that `new_stream` would make here.
-    // That synchronize is what keeps cudarc's event tracking right when a context that ran
-    // work untracked (one stream only) gets a second stream; this `CudaContext` is new and
-    // has run nothing.
-    let anchor = ctx.default_stream().fork().map_err(drv("cuStreamCreate"))?;
-    if kept.len() <= ordinal {
-        kept.resize(ordinal + 1, None);
-    }
-    kept[ordinal] = Some((ctx.clone(), anchor));
-    Ok(ctx)
-}
-
-/// Whether cudarc's `CudaContext::new_stream` makes a stream in `ctx` without synchronizing
-/// the whole context first: it synchronizes when it counts no stream of its own in that
-/// `CudaContext` (one made with `CudaContext::new` that has only the legacy default stream or
-/// streams of another library, wrapped with `wrap_borrowed_stream`) and tracks events. Such a
-/// synchronize waits for all of the device's work and fails while any stream of the context
-/// captures a graph. Contexts of [`cuda_stream`] and [`default_stream`] always answer yes.
-pub fn makes_streams_without_synchronizing(ctx: &CudaContext) -> bool {
-    ctx.is_in_multi_stream_mode() || !ctx.is_event_tracking()
+    CudaContext::new(ordinal).map_err(drv("cuDevicePrimaryCtxRetain"))
 }
 
 /// A new non-blocking stream on device `ordinal` (its primary context), or
-/// [`Error::NoDevice`] when there is no driver or no such device. Every stream of a device
-/// comes from one `CudaContext` (`stream.context()`), and making one waits for nothing: it
-/// neither synchronizes the device nor disturbs a graph another thread is capturing.
+/// [`Error::NoDevice`] when there is no driver or no such device.
+///
+/// Making it waits for nothing: cudarc's `CudaContext::new_stream` synchronizes the whole
+/// context (`cuCtxSynchronize`) to make the first stream of a `CudaContext`, which would wait
+/// for all of the device's work and fail (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, disturbing
+/// the capture) while any thread of the process captures a graph. That synchronize puts in
+/// order the work a `CudaContext` ran before it tracked events; the `CudaContext` made here is
+/// new and has run nothing, so its first stream is made without it.
 pub fn cuda_stream(ordinal: usize) -> Result<Arc<CudaStream>, Error> {
-    device_context(ordinal)?
-        .new_stream()
-        .map_err(drv("cuStreamCreate"))
+    let ctx = device_context(ordinal)?;
+    // SAFETY: `ctx` is this call's alone and has made no `CudaSlice` and run no work, so no
+    // use needs the tracking that is off for the one call below (which makes no slice); it is
+    // back on before `ctx` is handed out.
+    unsafe { ctx.disable_event_tracking() };
+    let stream = ctx.new_stream();
+    // SAFETY: as above.
+    unsafe { ctx.enable_event_tracking() };
+    stream.map_err(drv("cuStreamCreate"))
 }
 
 /// The legacy default stream (handle `0`) of device `ordinal`'s primary context: the context

@@ -191,6 +191,77 @@ fn error_name(e: DriverError) -> alloc::string::String {
         .unwrap_or_else(|_| format!("CUresult {}", e.0 as u32))
 }
 
+/// A non-blocking stream made for one capture, outside cudarc's count of the context's streams:
+/// cudarc's `new_stream` synchronizes the whole context to make the first stream it counts
+/// (waiting for all of the device's work, and refused, with the capture disturbed, while any
+/// thread captures a graph), and `fork` queues an event on the stream it forks from. Made and
+/// destroyed in relaxed capture mode (neither touches a capturing stream).
+///
+/// Destroyed on drop where this value holds the only handle to it; a clone of its `Arc` kept
+/// elsewhere (a view's `stream()`, cloned) keeps the stream alive for good instead (leaked, a
+/// stream) rather than leave a handle to a destroyed stream.
+pub(crate) struct PrivateStream {
+    stream: Arc<CudaStream>,
+}
+
+impl PrivateStream {
+    /// A new non-blocking stream in `like`'s context.
+    pub(crate) fn new(like: &CudaStream) -> Result<Self, Error> {
+        make_current(like).map_err(drv("cuCtxSetCurrent"))?;
+        trace_call("cuStreamCreate", format_args!("non-blocking"));
+        let raw =
+            relaxed_capture(|| result::stream::create(result::stream::StreamKind::NonBlocking))
+                .map_err(drv("cuStreamCreate"))?;
+        // SAFETY: `raw` is a live stream of `like`'s context (made current above); this value
+        // destroys it, and only once no wrapper of it but its own is left (see `drop`).
+        let stream = unsafe { like.context().wrap_borrowed_stream(raw) };
+        Ok(PrivateStream { stream })
+    }
+
+    /// The stream (cudarc's wrapper, which does not destroy it).
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl Drop for PrivateStream {
+    fn drop(&mut self) {
+        // No other handle to the wrapper: none can be made any more (that takes one), so
+        // nothing can name the stream after it is destroyed.
+        if Arc::strong_count(&self.stream) != 1 || Arc::weak_count(&self.stream) != 0 {
+            log::debug!(
+                target: "devarena::driver",
+                "a capture's stream is kept: a handle to it is still held"
+            );
+            return;
+        }
+        let raw = self.stream.cu_stream();
+        if let Err(e) = make_current(&self.stream) {
+            log::warn!(
+                target: "devarena::driver",
+                "a capture's stream is kept: its context could not be made current ({})",
+                error_name(e)
+            );
+            return;
+        }
+        trace_call(
+            "cuStreamDestroy",
+            format_args!("stream {:#x}", raw as usize),
+        );
+        // SAFETY: the stream was made by `new` and is destroyed once, here, with no handle
+        // to it left but this value's (checked above). Work still queued on it finishes first
+        // (the driver defers the release).
+        let destroyed = relaxed_capture(|| unsafe { result::stream::destroy(raw) });
+        if let Err(e) = destroyed {
+            log::warn!(
+                target: "devarena::driver",
+                "a capture's stream could not be destroyed: {}",
+                error_name(e)
+            );
+        }
+    }
+}
+
 /// A capture open on a stream, in thread-local mode. [`end`](Self::end) turns it into a
 /// [`GraphExec`]; dropping it instead ends the capture and discards the graph.
 ///

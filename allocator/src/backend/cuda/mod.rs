@@ -75,11 +75,11 @@ pub use device::{CudaBackend, DeviceAlloc};
 pub(crate) use driver::synchronize;
 pub use driver::{
     PointerInfo, PointerMemory, cuda_stream, default_stream, describe_device, device_count,
-    driver_error, driver_present, makes_streams_without_synchronizing, mem_info, pointer_info,
+    driver_error, driver_present, mem_info, pointer_info,
 };
 pub use event::{StreamOrdered, order_streams};
 pub use graph::{CaptureStatus, capture_status_raw, is_capturing};
-pub(crate) use graph::{GraphExec, StreamCapture, is_capturing_raw};
+pub(crate) use graph::{GraphExec, PrivateStream, StreamCapture, is_capturing_raw};
 pub use managed::ManagedBackend;
 pub use pinned::PinnedBackend;
 pub use view::{CudaBase, CudaMut, CudaRef, DeviceView, DeviceViewMut, TrustedDevicePtr};

@@ -3,7 +3,6 @@
 //! outputs' download between replays.
 
 use super::*;
-use devarena::backend::cuda::makes_streams_without_synchronizing;
 
 impl PipelineKernels {
     /// Runs every stage on one frame of `size`, queued on `stream` (nothing waits for it).
@@ -78,37 +77,20 @@ impl PipelineKernels {
     /// module its kernel nodes run stays loaded for every replay. The capture runs on a stream
     /// of its own ([`Arena::capture_on_own_stream`]), which no other thread holds: work other
     /// threads queue on the arena's stream meanwhile runs as usual and stays out of the graph.
-    /// That needs a context in which a stream is made without synchronizing the device
-    /// ([`makes_streams_without_synchronizing`]: every context of [`cuda_stream`] and
-    /// [`default_stream`]); an arena on a borrowed stream of a context cudarc made no stream
-    /// in is captured on its own stream instead ([`Arena::capture`]), where another thread's
-    /// work queued on that stream during the capture would be recorded: capture such an arena
-    /// while no other thread uses its stream. Either way a graph whose operations are not the
-    /// frame's [`FRAME_GRAPH_NODES`] in number is discarded unlaunched, with an error.
-    ///
-    /// [`makes_streams_without_synchronizing`]: devarena::backend::cuda::makes_streams_without_synchronizing
-    /// [`cuda_stream`]: devarena::backend::cuda::cuda_stream
-    /// [`default_stream`]: devarena::backend::cuda::default_stream
+    /// (As a second guard, a graph whose operations are not the frame's
+    /// [`FRAME_GRAPH_NODES`] in number is discarded unlaunched, with an error.)
     pub fn capture_frame<'a, B: DirectViews<Mut = CudaMut> + StreamOrdered>(
         &'a self,
         arena: &'a mut Arena<Frame, B>,
         size: ImageSize,
     ) -> Result<ArenaGraph<'a, Frame, B>, Error> {
-        let own = makes_streams_without_synchronizing(arena.backend().stream().context());
         // SAFETY: `record_frame` queues this crate's kernels on the capture's views of the
         // arena and nothing else (no events, no outputs); the kernels' module is `self`'s,
-        // borrowed for the graph's life (`'a`). Work of other threads: on a stream of the
-        // capture's own, none reaches the graph; on the arena's stream (a borrowed stream, see
-        // above), it would add operations, and `only_the_frame` hands out only a graph with
-        // the frame's number of them. So the graph reaches the arena's allocation alone, which
-        // it borrows.
-        let graph = unsafe {
-            if own {
-                arena.capture_on_own_stream(|capture| self.record_frame(capture, size))
-            } else {
-                arena.capture(|capture| self.record_frame(capture, size))
-            }
-        }?;
+        // borrowed for the graph's life (`'a`). The capture's stream is its own: no other
+        // thread's work reaches the graph (and `only_the_frame` checks the number of its
+        // operations), so the graph reaches the arena's allocation alone, which it borrows.
+        let graph =
+            unsafe { arena.capture_on_own_stream(|capture| self.record_frame(capture, size)) }?;
         only_the_frame(graph, "capture_frame")
     }
 
@@ -179,16 +161,11 @@ impl PipelineKernels {
         arena: &'a mut Arena<FrameStaged, B>,
         size: ImageSize,
     ) -> Result<ArenaGraph<'a, FrameStaged, B>, Error> {
-        let own = makes_streams_without_synchronizing(arena.backend().stream().context());
         // SAFETY: as in `capture_frame`: `record_frame_staged` queues this crate's kernels on
-        // the capture's stage views of the arena alone (no events, no outputs), and other
-        // threads' work cannot reach the graph or is caught by `only_the_frame`.
+        // the capture's stage views of the arena alone (no events, no outputs), on a stream
+        // of the capture's own, and `only_the_frame` checks the number of its operations.
         let graph = unsafe {
-            if own {
-                arena.capture_on_own_stream(|capture| self.record_frame_staged(capture, size))
-            } else {
-                arena.capture(|capture| self.record_frame_staged(capture, size))
-            }
+            arena.capture_on_own_stream(|capture| self.record_frame_staged(capture, size))
         }?;
         only_the_frame(graph, "capture_frame_staged")
     }
@@ -465,8 +442,8 @@ impl FrameSlices {
 pub const FRAME_GRAPH_NODES: usize = 8;
 
 /// `graph`, where its operations are the frame's in number; an error otherwise (the graph is
-/// dropped unlaunched): another thread's work was recorded with the frame, on the arena's own
-/// stream (a capture on a stream of the call's own records none).
+/// dropped unlaunched). (The capture's stream is the call's own, so no other thread's work can
+/// be in it: a guard, not a path expected to run.)
 fn only_the_frame<'a, L: devarena::DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered>(
     graph: ArenaGraph<'a, L, B>,
     call: &str,
