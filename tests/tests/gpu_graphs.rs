@@ -286,16 +286,12 @@ mod gpu {
         graph.views_mut().input.upload(&input(1)).unwrap();
         graph.launch().unwrap();
         let gate = super::gpu_common::StreamGate::block(&other);
+        let open_later = gate.open_after(std::time::Duration::from_millis(200));
         // The next input, queued on `other` behind the gate.
         graph
             .views_mut_on(&other, |mut v| v.input.fill_bytes(0x01))
             .unwrap();
         graph.launch().unwrap();
-        let opener = gate.opener();
-        let open_later = std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(200));
-            opener.open();
-        });
         let out = graph.arena().views().output.to_vec().unwrap();
         open_later.join().unwrap();
         assert!(
@@ -553,6 +549,55 @@ mod gpu {
             unsafe { on_borrowed.capture_on_own_stream(|c| c.views_mut().output.fill_bytes(3)) }
                 .unwrap();
         assert!(!fresh.is_in_multi_stream_mode());
+        graph.launch().unwrap();
+        assert_eq!(
+            graph.views_mut().output.to_vec().unwrap(),
+            vec![0x0303_0303; N]
+        );
+    }
+
+    /// The capture's stream of `capture_on_own_stream` stays usable where a handle to it
+    /// outlives the call (it is then never destroyed), and a panic in `record` ends the
+    /// capture: the arena and its stream work on.
+    #[test]
+    fn a_capture_streams_kept_handle_stays_usable_and_a_panic_ends_the_capture() {
+        let Some(stream) = gpu_stream() else { return };
+        let mut arena = Arena::<Pair, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        let mut kept = None;
+        // SAFETY: the work reaches the arena's views alone.
+        let mut graph = unsafe {
+            arena.capture_on_own_stream(|c| {
+                kept = Some(c.stream().clone());
+                c.views_mut().output.fill_bytes(1)
+            })
+        }
+        .unwrap();
+        graph.launch().unwrap();
+        drop(graph);
+        let kept = kept.unwrap();
+        assert!(!is_capturing(&kept).unwrap());
+        kept.synchronize().unwrap();
+        arena
+            .views_mut_on(&kept, |mut v| v.output.fill_bytes(5))
+            .unwrap();
+        assert_eq!(arena.views().output.to_vec().unwrap(), vec![0x0505_0505; N]);
+
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // SAFETY: as above.
+            let _ = unsafe {
+                arena.capture_on_own_stream(|c| {
+                    c.views_mut().output.fill_bytes(7)?;
+                    panic!("a bug in the recording code");
+                })
+            };
+        }));
+        assert!(unwound.is_err());
+        assert!(!is_capturing(&stream).unwrap());
+        arena.views_mut().output.fill_bytes(2).unwrap();
+        assert_eq!(arena.views().output.to_vec().unwrap(), vec![0x0202_0202; N]);
+        // SAFETY: as above.
+        let mut graph =
+            unsafe { arena.capture_on_own_stream(|c| c.views_mut().output.fill_bytes(3)) }.unwrap();
         graph.launch().unwrap();
         assert_eq!(
             graph.views_mut().output.to_vec().unwrap(),

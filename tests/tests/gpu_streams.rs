@@ -208,7 +208,7 @@ mod gpu {
         arena
             .views_mut_on(&other, |mut on| on.data.fill_bytes(0x5a))
             .unwrap();
-        let stale = stale_words_after_opening_later(&arena, &gate);
+        let stale = stale_words_after_opening_later(&arena, gate);
         assert_eq!(
             stale, 0,
             "the host views were handed out before the memset queued on the other stream ran \
@@ -230,7 +230,7 @@ mod gpu {
             })
         }));
         assert!(panicked.is_err(), "the closure's panic reaches the caller");
-        let stale = stale_words_after_opening_later(&arena, &gate);
+        let stale = stale_words_after_opening_later(&arena, gate);
         assert_eq!(
             stale, 0,
             "after a panic in the closure, the host views were handed out before the memset \
@@ -244,7 +244,7 @@ mod gpu {
         std::sync::MutexGuard<'static, ()>,
         std::sync::Arc<devarena::backend::cuda::CudaStream>,
         Arena<Big, ManagedBackend>,
-        super::gpu_common::StreamGate,
+        (super::gpu_common::StreamGate, std::thread::JoinHandle<()>),
     );
 
     fn gated_arena() -> Option<Gated> {
@@ -253,20 +253,17 @@ mod gpu {
         let mut arena = Arena::<Big, _>::new_in(ManagedBackend::new(stream.clone())).unwrap();
         arena.host_views_mut().unwrap().data.fill(0);
         let gate = super::gpu_common::StreamGate::block(&other);
-        Some((device, other, arena, gate))
+        // Opened 200 ms from now by a thread of its own (see `open_after`).
+        let open_later = gate.open_after(Duration::from_millis(200));
+        Some((device, other, arena, (gate, open_later)))
     }
 
-    /// Opens `gate` from another thread 200 ms from now, takes the host views (which must wait
-    /// for it) and counts the words of `data` not yet 0x5a5a5a5a.
+    /// Takes the host views (which must wait for the gate, opened 200 ms after it closed) and
+    /// counts the words of `data` not yet 0x5a5a5a5a.
     fn stale_words_after_opening_later(
         arena: &Arena<Big, ManagedBackend>,
-        gate: &super::gpu_common::StreamGate,
+        (_gate, open_later): (super::gpu_common::StreamGate, std::thread::JoinHandle<()>),
     ) -> usize {
-        let opener = gate.opener();
-        let open_later = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(200));
-            opener.open();
-        });
         let host = arena.host_views().unwrap();
         let stale = host.data.iter().filter(|&&x| x != 0x5a5a_5a5a).count();
         open_later.join().unwrap();

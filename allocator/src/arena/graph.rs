@@ -25,7 +25,8 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
     /// [`Error::Driver`] naming the CUDA error (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`,
     /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`). The stream is out of capture mode whenever
     /// this returns, and also when `record` panics. An arena on the legacy default stream
-    /// cannot capture (`default_stream`): use a stream of its own (`cuda_stream`).
+    /// cannot capture this way (`default_stream`): use a stream of its own (`cuda_stream`), or
+    /// [`capture_on_own_stream`](Self::capture_on_own_stream).
     ///
     /// See [`ArenaGraph`] for what the borrow guarantees and why the input is
     /// uploaded between replays.
@@ -126,10 +127,17 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
     /// legacy default stream, or on a stream borrowed from another library, captures this way
     /// too.
     ///
+    /// Queue the work on the capture's stream: through the views [`Capture`] hands out (their
+    /// `stream()`) or on [`Capture::stream`]. Work queued on the arena's own stream is not
+    /// recorded, and a view's device pointer taken for the arena's stream (cudarc's
+    /// `device_ptr` with that stream) orders the capture's stream with it, which the driver
+    /// refuses (the capture is then invalidated and the call fails with the CUDA error).
+    ///
     /// The capture's stream is a non-blocking one made with the driver (`cuStreamCreate`, an
     /// error of that name where it fails), not through cudarc, which would synchronize the
-    /// whole device to make the first stream it counts in a context; it is destroyed on
-    /// return (kept, where a clone of a view's stream outlives the call).
+    /// whole device to make the first stream it counts in a context. It is destroyed on
+    /// return; where a clone of its `Arc` outlives the call, it is leaked instead (never
+    /// destroyed, so the clone stays usable).
     ///
     /// # Safety
     ///

@@ -84,6 +84,20 @@ mod gpu {
             cv.notify_all();
         }
 
+        /// Opens the gate from a thread of its own `after` from now. Started right after
+        /// [`block`](Self::block), before the test makes any other CUDA call: with the gate
+        /// closed, a call of this thread may wait inside the driver for another thread's
+        /// device-wide wait (a `cuMemFree` of a test running in parallel), which waits for the
+        /// gated stream.
+        #[allow(dead_code)]
+        pub fn open_after(&self, after: std::time::Duration) -> std::thread::JoinHandle<()> {
+            let opener = self.opener();
+            std::thread::spawn(move || {
+                std::thread::sleep(after);
+                opener.open();
+            })
+        }
+
         /// A handle that opens the gate from another thread.
         pub fn opener(&self) -> StreamGate {
             StreamGate {

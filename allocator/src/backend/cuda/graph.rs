@@ -197,9 +197,10 @@ fn error_name(e: DriverError) -> alloc::string::String {
 /// thread captures a graph), and `fork` queues an event on the stream it forks from. Made and
 /// destroyed in relaxed capture mode (neither touches a capturing stream).
 ///
-/// Destroyed on drop where this value holds the only handle to it; a clone of its `Arc` kept
-/// elsewhere (a view's `stream()`, cloned) keeps the stream alive for good instead (leaked, a
-/// stream) rather than leave a handle to a destroyed stream.
+/// Destroyed on drop where this value holds the only handle to it and it is not capturing;
+/// otherwise (a clone of its `Arc` kept elsewhere, a view's `stream()` cloned; a capture that
+/// could not be ended) it is leaked, never destroyed, rather than leave a handle to a destroyed
+/// stream.
 pub(crate) struct PrivateStream {
     stream: Arc<CudaStream>,
 }
@@ -226,21 +227,26 @@ impl PrivateStream {
 
 impl Drop for PrivateStream {
     fn drop(&mut self) {
-        // No other handle to the wrapper: none can be made any more (that takes one), so
-        // nothing can name the stream after it is destroyed.
-        if Arc::strong_count(&self.stream) != 1 || Arc::weak_count(&self.stream) != 0 {
+        // No other handle to the wrapper, strong or weak (`get_mut` checks both at once, as
+        // `Arc::make_mut` does, and orders every other handle's last use before this): none
+        // can be made any more (that takes one), so nothing can name the stream after it is
+        // destroyed.
+        if Arc::get_mut(&mut self.stream).is_none() {
             log::debug!(
                 target: "devarena::driver",
-                "a capture's stream is kept: a handle to it is still held"
+                "a capture's stream is leaked: a handle to it is still held"
             );
             return;
         }
         let raw = self.stream.cu_stream();
-        if let Err(e) = make_current(&self.stream) {
+        // A capture that could not be ended leaves the stream capturing: not destroyed then.
+        // SAFETY: a live stream (held), of the context bound below or already current.
+        let capturing =
+            make_current(&self.stream).and_then(|()| unsafe { result::stream::is_capturing(raw) });
+        if capturing != Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) {
             log::warn!(
                 target: "devarena::driver",
-                "a capture's stream is kept: its context could not be made current ({})",
-                error_name(e)
+                "a capture's stream is leaked: it is still capturing, or the driver cannot say"
             );
             return;
         }
