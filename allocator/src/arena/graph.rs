@@ -100,18 +100,35 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
                 L::NAME
             )));
         }
+        let exec = self.record_on(stream, false, None, record)?;
+        Ok(ArenaGraph { arena: self, exec })
+    }
+
+    /// Captures `record`'s work on `stream` (`own`: a stream made for the capture, see
+    /// [`Capture::views_mut`]) into a graph uploaded to and replayed on `replay` (the
+    /// capturing stream where `None`).
+    fn record_on<F>(
+        &mut self,
+        stream: Arc<CudaStream>,
+        own: bool,
+        replay: Option<Arc<CudaStream>>,
+        record: F,
+    ) -> Result<GraphExec, Error>
+    where
+        F: FnOnce(&mut Capture<'_, L, B>) -> Result<(), Error>,
+    {
         // Declared before the capture handle, so that during a panic in `record` it is dropped
         // after it and ends the capture.
         let session = StreamCapture::begin(&stream)?;
         let mut capture = Capture {
             arena: &mut *self,
             stream,
-            own: false,
+            own,
             _thread: PhantomData,
         };
         let recorded = record(&mut capture);
-        let exec = session.finish(recorded)?;
-        Ok(ArenaGraph { arena: self, exec })
+        drop(capture);
+        session.finish_for(recorded, replay)
     }
 
     /// [`capture`](Self::capture) on a stream made for this capture alone, in the arena's
@@ -157,21 +174,9 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
         // Declared first: dropped last, after the capture is ended and every handle to the
         // stream that this call made is gone.
         let own = PrivateStream::new(&arena_stream)?;
-        let stream = own.stream().clone();
-        // Declared before the capture handle, so that during a panic in `record` it is dropped
-        // after it and ends the capture (before the stream goes).
-        let session = StreamCapture::begin(&stream)?;
-        let mut capture = Capture {
-            arena: &mut *self,
-            stream,
-            own: true,
-            _thread: PhantomData,
-        };
-        let recorded = record(&mut capture);
-        drop(capture);
         // Uploaded to and replayed on the arena's stream, ordered with every view of the
-        // arena.
-        let exec = session.finish_for(recorded, Some(arena_stream))?;
+        // arena. (The capture is ended, also during a panic in `record`, before `own` goes.)
+        let exec = self.record_on(own.stream().clone(), true, Some(arena_stream), record)?;
         drop(own);
         Ok(ArenaGraph { arena: self, exec })
     }
