@@ -58,6 +58,13 @@ mod gpu {
 
     /// The device, or `None` after printing `skipped: no CUDA device`; fails instead when
     /// `DEVARENA_REQUIRE_GPU=1`.
+    /// An arena of another thread's on the same stream, for work that must stay out of a
+    /// capture of the frame.
+    #[derive(DeviceLayout)]
+    struct Scratch {
+        buf: [u8; 4096],
+    }
+
     fn stream() -> Option<Arc<CudaStream>> {
         devarena_tests::gpu_stream()
     }
@@ -482,10 +489,6 @@ mod gpu {
     fn another_threads_work_during_a_capture_lands_in_the_graph_and_in_its_node_count() {
         use devarena_kernels::pipeline::cuda::FRAME_GRAPH_NODES;
 
-        #[derive(DeviceLayout)]
-        struct Scratch {
-            buf: [u8; 4096],
-        }
         let Some(stream) = stream() else { return };
         let kernels = PipelineKernels::load(stream.context()).unwrap();
         let mut arena = Arena::<Frame, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
@@ -524,10 +527,6 @@ mod gpu {
 
         use devarena_kernels::pipeline::cuda::FRAME_GRAPH_NODES;
 
-        #[derive(DeviceLayout)]
-        struct Scratch {
-            buf: [u8; 4096],
-        }
         let Some(stream) = stream() else { return };
         let kernels = PipelineKernels::load(stream.context()).unwrap();
         let mut arena = Arena::<Frame, _>::new_in(CudaBackend::new(stream.clone())).unwrap();

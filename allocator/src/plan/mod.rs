@@ -274,6 +274,14 @@ pub struct Totals {
     pub peak_live_bound: usize,
 }
 
+impl Totals {
+    /// Whether aliasing may make a plan smaller than the declaration-order one: not where
+    /// that plan meets the lower bound already (every field live at once somewhere, say).
+    pub(crate) const fn aliasing_may_help(&self) -> bool {
+        self.unaliased_size > self.peak_live_bound
+    }
+}
+
 /// A complete plan of `N` fields, as the derive stores it in a constant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Plan<const N: usize> {

@@ -296,7 +296,7 @@ const fn alias_prepared(
     // already meets the lower bound (every field live at once somewhere, say), none can do
     // better, and they are not run: with many fields live together they take their
     // pairwise conflicts' time (10,000 fields live in one stage: 16 s) for nothing.
-    if layout.stages > 0 && totals.size > totals.peak_live_bound {
+    if layout.stages > 0 && totals.aliasing_may_help() {
         let (best, rest) = scratch.split_at_mut(n);
         let end = match greedy(strategies, specs, out, lo, hi, count, best, rest) {
             Ok(e) => e,

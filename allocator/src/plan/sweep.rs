@@ -51,7 +51,7 @@ pub(crate) fn plan_within(
     drop(work);
     // Without stages, or with the declaration-order plan at the lower bound already, the
     // unaliased plan is the plan, as in `plan_into`.
-    if layout.stages == 0 || totals.unaliased_size <= totals.peak_live_bound {
+    if layout.stages == 0 || !totals.aliasing_may_help() {
         return Ok(Within {
             slots,
             totals,

@@ -151,10 +151,11 @@ pub(super) struct State {
     /// (given back as they are, or once the home stream waits for their stream): blocks that
     /// another stream may use only after waiting for the home stream.
     pub(super) home_epoch: u64,
-    /// How many trims wait for the home stream now, outside the lock (see
-    /// [`trim_to`](Shared::trim_to)): while any does, a free on the home stream parks its
-    /// block behind an event recorded there instead of returning it to the free lists, so that
-    /// the free blocks the trim unmaps afterwards are those its wait covered.
+    /// How many waits for the home stream run now outside the lock (a trim's, a graph's
+    /// allocation's: see [`Shared::wait_for_home_fenced`]): while any does, a free on the home
+    /// stream parks its block behind an event recorded there instead of returning it to the
+    /// free lists, so that the free blocks the waiting side uses afterwards are those its wait
+    /// covered.
     pub(super) home_fences: u32,
     /// For each other stream: the `home_epoch` at its last wait on the home stream.
     waited: Vec<(StreamId, u64)>,

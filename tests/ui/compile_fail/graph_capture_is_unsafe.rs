@@ -15,6 +15,7 @@ fn main() {
     let mut arena = Arena::<Frame, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
     let mut other = Arena::<Frame, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
     let _graph = arena.capture(|_| other.views_mut().output.fill_bytes(1));
+    let _own = arena.capture_on_own_stream(|_| other.views_mut().output.fill_bytes(1));
     let pool = Pool::cuda(stream.clone(), 1 << 20).unwrap();
     let _pool_graph = pool.capture(&stream, |_| Ok(()));
 }

@@ -111,7 +111,7 @@ unsafe impl Backend for ManagedBackend {
 
     fn allocate(&self, bytes: usize, align: usize) -> Result<Allocation, Error> {
         self.core
-            .allocate("cuda-managed", bytes, align, CUDA_ALIGN, |total| {
+            .allocate(self.name(), bytes, align, CUDA_ALIGN, |total| {
                 let attach = sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL;
                 // SAFETY: the context is bound; views hold `Element`s only.
                 let raw = unsafe { result::malloc_managed(total, attach) }

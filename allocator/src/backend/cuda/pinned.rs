@@ -95,7 +95,7 @@ unsafe impl Backend for PinnedBackend {
 
     fn allocate(&self, bytes: usize, align: usize) -> Result<Allocation, Error> {
         self.core.allocate(
-            "cuda-pinned",
+            self.name(),
             bytes,
             align,
             PINNED_GUARANTEED_ALIGN,
