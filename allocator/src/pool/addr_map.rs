@@ -42,6 +42,8 @@ struct Entry {
 pub(crate) struct AddrMap {
     entries: Vec<Entry>,
     len: usize,
+    /// The most keys before the map grows: `entries.len() / SLOTS_PER_KEY`.
+    max_len: usize,
     shift: u32,
 }
 
@@ -58,6 +60,7 @@ impl AddrMap {
                 slots
             ],
             len: 0,
+            max_len: slots / SLOTS_PER_KEY,
             shift: 64 - slots.trailing_zeros(),
         }
     }
@@ -80,6 +83,13 @@ impl AddrMap {
     /// The slot holding `key`.
     #[inline]
     pub(crate) fn find(&self, key: u64) -> Option<usize> {
+        self.find_entry(key).map(|(slot, _)| slot)
+    }
+
+    /// The slot holding `key` and its value (read with the key: no second bounds check, as
+    /// [`value_at`](Self::value_at) makes).
+    #[inline]
+    pub(crate) fn find_entry(&self, key: u64) -> Option<(usize, u32)> {
         if key == EMPTY {
             return None;
         }
@@ -88,7 +98,7 @@ impl AddrMap {
         loop {
             let e = self.entries[i];
             if e.key == key {
-                return Some(i);
+                return Some((i, e.value));
             }
             if e.key == EMPTY {
                 return None;
@@ -105,14 +115,14 @@ impl AddrMap {
 
     /// The value of `key`.
     pub(crate) fn get(&self, key: u64) -> Option<u32> {
-        self.find(key).map(|slot| self.value_at(slot))
+        self.find_entry(key).map(|(_, value)| value)
     }
 
     /// Inserts `key`, which must not be in the map.
     #[inline(always)]
     pub(crate) fn insert_new(&mut self, key: u64, value: u32) {
         debug_assert!(key != EMPTY && self.find(key).is_none());
-        if (self.len + 1) * SLOTS_PER_KEY > self.entries.len() {
+        if self.len >= self.max_len {
             self.grow();
         }
         let mask = self.mask();
@@ -126,8 +136,7 @@ impl AddrMap {
 
     /// Removes `key`; returns its value.
     pub(crate) fn remove(&mut self, key: u64) -> Option<u32> {
-        let slot = self.find(key)?;
-        let value = self.value_at(slot);
+        let (slot, value) = self.find_entry(key)?;
         self.remove_at(slot);
         Some(value)
     }

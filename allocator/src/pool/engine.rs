@@ -19,7 +19,7 @@ use super::region::{Region, RegionOwner};
 use super::stats::{ClientStats, Leak, LeakReport, PoolStats, Tracking};
 use super::stream::{HeldEvent, StreamEvent, StreamId, StreamSync};
 use super::thread_heap::{self, HeapEntry, SpanDirectory, ThreadHeap};
-use super::tlsf::Tlsf;
+use super::tlsf::{self, Tlsf};
 use super::vmm::{ChunkMap, Mapping};
 use super::{BLOCK_GRANULE, DEFAULT_REUSE_BLOCKS};
 use crate::backend::MemoryKind;
@@ -249,6 +249,9 @@ pub(super) struct Shared {
     pub(super) this: Weak<Shared>,
     pub(super) name: String,
     pub(super) capacity: usize,
+    /// The largest request the capacity holds ([`tlsf::largest_request`]): a thread heap's
+    /// fast path compares the request's size with it, then rounds without overflow checks.
+    pub(super) max_request: u64,
     pub(super) base: u64,
     pub(super) memory: MemoryKind,
     pub(super) backend: &'static str,
@@ -396,6 +399,7 @@ impl Shared {
             this,
             name: settings.name,
             capacity,
+            max_request: tlsf::largest_request(capacity as u64),
             base,
             memory,
             backend,
@@ -1003,6 +1007,14 @@ impl Shared {
 #[inline(never)]
 pub(super) fn grow_meta(meta: &mut Vec<Live>, slot: usize) {
     meta.resize(slot + 1, Live::default());
+}
+
+/// [`grow_meta`], and `meta[slot]`.
+#[cold]
+#[inline(never)]
+pub(super) fn grown_meta(meta: &mut Vec<Live>, slot: usize) -> &mut Live {
+    grow_meta(meta, slot);
+    &mut meta[slot]
 }
 
 /// Keeps what tracking recorded for the allocation in block `slot`.

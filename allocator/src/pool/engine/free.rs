@@ -271,10 +271,9 @@ impl Shared {
         let mut guard = heap.state.lock_wait();
         let h = &mut *guard;
         // The heap's thread may have freed it, and allocated there again, meanwhile.
-        let Some(slot) = h.live.find(addr) else {
+        let Some((slot, block)) = h.live.find_entry(addr) else {
             return unknown(state);
         };
-        let block = h.live.value_at(slot);
         let live = h.meta[block as usize];
         self.check_free(state, caller, addr, size, &live, from_slice)?;
         h.live.remove_at(slot);

@@ -24,7 +24,7 @@ impl Shared {
         ask: &Ask,
         owned: bool,
     ) -> Option<u64> {
-        let (mut guard, reserved) = self.heap_guard(heap, ask)?;
+        let (mut guard, reserved, class) = self.heap_guard(heap, ask)?;
         let h = &mut *guard;
         let share = h.clients.get_mut(ask.client as usize)?;
         if h.serials.0 == h.serials.1 {
@@ -34,7 +34,9 @@ impl Shared {
         if !(fits || self.refill(&mut h.lease, share, h.shard, reserved)) {
             return None;
         }
-        let (block, addr) = h.tlsf.allocate(reserved as u64, ask.align as u64)?;
+        let (block, addr) = h
+            .tlsf
+            .allocate_in_class(reserved as u64, class, ask.align as u64)?;
         // A growable region: memory behind the block, or the slow path maps it under the
         // pool's lock (a block split off a free one: merged back, the index as it was).
         if self.growable && !self.chunks.covers(addr, reserved as u64) {
@@ -54,8 +56,9 @@ impl Shared {
         &self,
         heap: &'h ThreadHeap,
         ask: &Ask,
-    ) -> Option<(LockGuard<'h, HeapState>, usize)> {
-        let reserved = reserved_bytes(ask.size).filter(|&r| r <= self.capacity)?;
+    ) -> Option<(LockGuard<'h, HeapState>, usize, usize)> {
+        // (`reserved_bytes` within the capacity, and the class's index.)
+        let (reserved, class) = tlsf::request_class(ask.size as u64, self.max_request)?;
         // Held by another thread only while it takes leases back or gives spans back.
         let guard = heap.state.try_guard()?;
         // Checked again under the heap's lock: a sink switched on since is seen here, and a
@@ -63,7 +66,7 @@ impl Shared {
         if self.flags.load(Ordering::Relaxed) & (HEAP_SLOW | PAUSE) != 0 {
             return None;
         }
-        Some((guard, reserved))
+        Some((guard, reserved as usize, class))
     }
 
     /// With exact peaks: takes what the heap's leases (the pool's, `share`'s) lack for
@@ -145,7 +148,7 @@ impl Shared {
     #[cold]
     #[inline(never)]
     fn heap_allocate_merging(&self, heap: &ThreadHeap, ask: &Ask, owned: bool) -> Option<u64> {
-        let (mut guard, reserved) = self.heap_guard(heap, ask)?;
+        let (mut guard, reserved, _) = self.heap_guard(heap, ask)?;
         let h = &mut *guard;
         let share = h.clients.get_mut(ask.client as usize)?;
         if h.retired || h.serials.0 == h.serials.1 || h.tlsf.cached().1 == 0 {
@@ -433,8 +436,7 @@ impl Shared {
         if self.flags.load(Ordering::Relaxed) & (SINK | PAUSE) != 0 {
             return None;
         }
-        let slot = h.live.find(addr)?;
-        let block = h.live.value_at(slot);
+        let (slot, block) = h.live.find_entry(addr)?;
         let live = h.meta[block as usize];
         if (live.owned && !from_slice) || caller.is_some_and(|caller| caller != live.client) {
             return None;

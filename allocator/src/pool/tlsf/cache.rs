@@ -19,15 +19,19 @@ use super::{FL_ROWS, GRANULE_SHIFT, NIL, SL_COUNT, Slots, Tlsf, class, mapping_i
 pub(super) struct Cache {
     /// Head of each class's list of cached blocks (linked through `prev_free`/`next_free`).
     pub(super) heads: [u32; FL_ROWS * SL_COUNT],
+    // (In this order: the fields a take or a release of a block updates together, `bytes`,
+    // `blocks` and `hits` or `pos`, are not neighbours, which the compiler packed into vector
+    // operations of 5 instructions for 2.)
+    /// Bytes cached now.
+    pub(super) bytes: u64,
+    /// The most bytes cached at once (0 when there is no ring).
+    pub(super) byte_limit: u64,
+    /// Blocks cached now.
+    pub(super) blocks: usize,
     /// The last blocks cached with their generations, oldest at `pos` ([`NIL`] where none was
     /// yet); a power of two long (0: no cache).
     pub(super) ring: Vec<(u32, u32)>,
     pub(super) pos: usize,
-    /// Bytes and blocks cached now.
-    pub(super) bytes: u64,
-    pub(super) blocks: usize,
-    /// The most bytes cached at once (0 when there is no ring).
-    pub(super) byte_limit: u64,
     /// Blocks taken from the cache so far.
     pub(super) hits: u64,
 }
@@ -37,7 +41,18 @@ impl Tlsf {
     #[inline(always)]
     pub(super) fn take_cached(&mut self, size: u64, align: u64) -> Option<(u32, u64)> {
         let (fl, sl) = mapping_insert(size >> GRANULE_SHIFT);
-        let class = class(fl, sl);
+        self.take_cached_in(class(fl, sl), size, align)
+    }
+
+    /// [`take_cached`](Self::take_cached) from class `class` (`size`'s, masked as by `class`).
+    #[inline(always)]
+    pub(super) fn take_cached_in(
+        &mut self,
+        class: usize,
+        size: u64,
+        align: u64,
+    ) -> Option<(u32, u64)> {
+        let class = class & (FL_ROWS * SL_COUNT - 1);
         let block = self.cache.heads[class];
         if block == NIL {
             return None;

@@ -173,6 +173,45 @@ pub(crate) fn class_size(bytes: u64) -> Option<u64> {
     rounded.checked_mul(GRANULE)
 }
 
+/// A request of `bytes` bytes at most `max` (the largest class size a request may have, see
+/// [`largest_request`]): its [`class_size`] (of `bytes` rounded up to a [`GRANULE`], at least
+/// one) and that class's index, what [`Tlsf::allocate_in_class`] takes; `None` above `max`.
+/// One computation for both, without overflow checks: every figure stays at most `max`.
+#[inline(always)]
+pub(crate) fn request_class(bytes: u64, max: u64) -> Option<(u64, usize)> {
+    if bytes > max {
+        return None;
+    }
+    let units = (bytes.max(1) + (GRANULE - 1)) >> GRANULE_SHIFT;
+    let shift = 63 - (units | SL_COUNT as u64).leading_zeros() - SL_SHIFT;
+    let step = (1u64 << shift) - 1;
+    let rounded = (units + step) & !step;
+    // `(fl << SL_SHIFT) + sl` of `rounded`: where the rounding carried into the next power of
+    // two, `rounded >> shift` is `2 * SL_COUNT`, the next first level's first class.
+    let class = ((shift as usize) << SL_SHIFT) + (rounded >> shift) as usize;
+    debug_assert_eq!(
+        rounded << GRANULE_SHIFT,
+        class_size(units << GRANULE_SHIFT).unwrap()
+    );
+    debug_assert_eq!(class, size_class(rounded << GRANULE_SHIFT));
+    Some((rounded << GRANULE_SHIFT, class))
+}
+
+/// The largest class size of at most `capacity` bytes (at least a [`GRANULE`]): the largest
+/// request of a region of `capacity` bytes, for [`request_class`].
+pub(crate) fn largest_request(capacity: u64) -> u64 {
+    // Class sizes grow with the size they are of: the largest size whose class size fits.
+    let (mut fits, mut over) = (0u64, capacity.saturating_add(1));
+    while over - fits > 1 {
+        let mid = fits + (over - fits) / 2;
+        match mid.checked_next_multiple_of(GRANULE).and_then(class_size) {
+            Some(size) if size <= capacity => fits = mid,
+            _ => over = mid,
+        }
+    }
+    fits
+}
+
 impl Tlsf {
     /// One free block spanning `base..base + size`. `base` and `size` must be multiples of
     /// [`GRANULE`] and `size` non-zero. Freed blocks wait unmerged in a cache of at most
@@ -318,6 +357,22 @@ impl Tlsf {
         debug_assert!(size % GRANULE == 0 && size > 0 && align.is_power_of_two());
         // A cached block already carries its size's class.
         if let Some(taken) = self.take_cached(size, align) {
+            return Some(taken);
+        }
+        self.allocate_from_lists(size, align)
+    }
+
+    /// As [`allocate`](Self::allocate), `size` a [`class_size`] whose class's index
+    /// [`request_class`] gave: the class is not worked out again.
+    #[inline(always)]
+    pub(crate) fn allocate_in_class(
+        &mut self,
+        size: u64,
+        class: usize,
+        align: u64,
+    ) -> Option<(u32, u64)> {
+        debug_assert!(size % GRANULE == 0 && size > 0 && align.is_power_of_two());
+        if let Some(taken) = self.take_cached_in(class, size, align) {
             return Some(taken);
         }
         self.allocate_from_lists(size, align)

@@ -539,3 +539,43 @@ fn allocate_where_takes_the_lowest_start_offered_and_checks_it() {
     t.check();
     assert_eq!(t.largest_free(), 64 * GRANULE);
 }
+
+/// `request_class` within `largest_request` of a capacity is `reserved_bytes` within that
+/// capacity, with the class's index: sizes around every class boundary, for capacities small
+/// and large.
+#[test]
+fn request_class_is_reserved_bytes_within_the_capacity() {
+    let capacities = [
+        256u64,
+        511,
+        4096,
+        (1 << 20) + 3 * 256,
+        (64 << 30) - 1,
+        1 << 40,
+        u64::MAX,
+    ];
+    for capacity in capacities {
+        let max = largest_request(capacity);
+        let mut sizes = alloc::vec![0u64, 1, 255, 256, 257, max, max.saturating_add(1), capacity];
+        for log2 in 8..63 {
+            for sl in 0..SL_COUNT as u64 {
+                let edge = (1u64 << log2) + (1u64 << log2) / SL_COUNT as u64 * sl;
+                sizes.extend([edge - 1, edge, edge + 1]);
+            }
+        }
+        for size in sizes {
+            let expected = crate::pool::reserved_bytes(size as usize)
+                .map(|r| r as u64)
+                .filter(|&r| r <= capacity);
+            let got = request_class(size, max);
+            assert_eq!(
+                got.map(|(r, _)| r),
+                expected,
+                "size {size}, capacity {capacity}"
+            );
+            if let Some((reserved, class)) = got {
+                assert_eq!(class, size_class(reserved), "size {size}");
+            }
+        }
+    }
+}
