@@ -193,9 +193,14 @@ impl<T> Lock<T> {
 
     #[inline]
     fn try_lock(&self) -> bool {
+        // Strong: a lock that is free is taken. A weak exchange may fail spuriously where the
+        // CPU offers load-linked/store-conditional (an Arm without LSE atomics), and every
+        // `try_guard` caller reads a failure as another thread holding the lock: its request
+        // would take the contended path (a thread heap where none was needed) for nothing.
+        // (On x86-64 both compile to the same `lock cmpxchg`.)
         self.locked
             .0
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
     }
 

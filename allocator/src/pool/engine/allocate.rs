@@ -20,6 +20,7 @@ use crate::pool::lock::LockGuard;
 use crate::pool::lock::logged;
 use crate::pool::stats::Tracking;
 use crate::pool::stream::{StreamId, StreamSync};
+use crate::pool::tlsf;
 use crate::pool::{
     AllocRequest, DEFAULT_POOL_ALIGN, MAX_POOL_ALIGN, effective_align, reserved_bytes,
 };
@@ -399,7 +400,9 @@ impl Shared {
         // Under the lock the flags are exact for a sink, parked blocks and thread heaps: all
         // three are set and cleared under it.
         let flags = self.flags.load(Ordering::Relaxed);
-        let reserved = reserved_bytes(ask.size).filter(|&r| r <= self.capacity)?;
+        // (`reserved_bytes` within the capacity, and the class's index.)
+        let (reserved, class) = tlsf::request_class(ask.size as u64, self.max_request)?;
+        let reserved = reserved as usize;
         let client = &state.clients[ask.client as usize];
         if !client.allows(reserved) {
             return None;
@@ -413,7 +416,10 @@ impl Shared {
         {
             return None;
         }
-        let (block, addr) = state.tlsf.allocate(reserved as u64, ask.align as u64)?;
+        let (block, addr) =
+            state
+                .tlsf
+                .allocate_in_class(reserved as u64, class, ask.align as u64)?;
         // Memory behind the block: mapped already (all of a classic region, which needs no
         // look), or the general path maps it.
         if self.growable && !self.chunks.covers(addr, reserved as u64) {
