@@ -160,6 +160,18 @@ pub mod plan;
 pub mod pool;
 pub mod report;
 
+/// How many times a test's loop runs: `n`, or a hundredth of it (at least once) under Miri
+/// (`scripts/miri.sh`), which runs code thousands of times slower while it checks every
+/// memory access and every interleaving it picks for data races.
+#[cfg(test)]
+pub(crate) const fn test_iterations(n: usize) -> usize {
+    if cfg!(miri) {
+        if n / 100 > 0 { n / 100 } else { 1 }
+    } else {
+        n
+    }
+}
+
 pub use arena::{Arena, Disjoint, Stage};
 #[cfg(feature = "cuda")]
 pub use arena::{ArenaGraph, Capture};

@@ -806,6 +806,13 @@ fn slices_of_a_device_pool_are_not_host_memory() {
 
 #[test]
 fn threads_share_a_pool_without_overlap() {
+    // Under Miri (`scripts/miri.sh`), which checks every access to the blocks' bytes for a
+    // data race, fewer and smaller steps.
+    let (steps, sizes) = if cfg!(miri) {
+        (60, 2000)
+    } else {
+        (3000, 20_000)
+    };
     let pool = Pool::host(16 << 20).unwrap();
     let shared = pool.client("shared", 2 << 20);
     std::thread::scope(|s| {
@@ -815,11 +822,11 @@ fn threads_share_a_pool_without_overlap() {
             s.spawn(move || {
                 let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ t as u64;
                 let mut live: Vec<(PoolSlice<u8>, u8)> = Vec::new();
-                for step in 0..3000u32 {
+                for step in 0..steps {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    let size = 1 + (x % 20_000) as usize;
+                    let size = 1 + (x % sizes) as usize;
                     let client = if x % 3 == 0 { &shared } else { &own };
                     if live.len() < 40 && x % 5 != 0 {
                         if let Ok(mut slice) = client.alloc_slice::<u8>(size) {

@@ -609,6 +609,34 @@ fn panics_whose_payloads_panic_when_dropped_stay_inside_the_pool() {
     assert_eq!((stats.pending, stats.live, stats.in_use), (0, 0, 0));
 }
 
+/// A payload whose `Drop` panics with a payload like itself, for ever: the pool drops a few
+/// of the chain and forgets the rest, and its call returns. (A payload whose `Drop` panics
+/// with a message, as `Bomb`'s does, has that message dropped too: Miri finds no leak.)
+#[test]
+fn a_chain_of_payloads_that_panic_when_dropped_ends() {
+    static DROPS: AtomicUsize = AtomicUsize::new(0);
+    struct Chain;
+    impl Drop for Chain {
+        fn drop(&mut self) {
+            DROPS.fetch_add(1, Ordering::SeqCst);
+            std::panic::panic_any(Chain);
+        }
+    }
+    capture_logs();
+    let pool = Pool::builder(1 << 20)
+        .name("chain-sink")
+        .events(Arc::new(|_: &PoolEvent<'_>| std::panic::panic_any(Chain)))
+        .build_host()
+        .unwrap();
+    let a = pool.allocate(1000, 0).unwrap();
+    // One event, one caught panic: its payload and three more of the chain dropped, the
+    // fifth forgotten.
+    assert_eq!(DROPS.load(Ordering::SeqCst), 4);
+    pool.deallocate(a).unwrap();
+    assert_eq!(DROPS.load(Ordering::SeqCst), 8);
+    assert_eq!(pool.stats().in_use, 0);
+}
+
 /// Statistics, reports and settings return plain values, so from inside a callback of their
 /// own pool (where waiting for the lock would be for ever) they have no error to return: the
 /// call unwinds out of the callback, and the pool call that ran it fails, naming what was

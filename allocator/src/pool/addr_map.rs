@@ -193,6 +193,7 @@ mod tests {
     /// Each growth doubles the slots (it once made sixteen times as many: 4 KiB of slots per
     /// key instead of 256 bytes).
     #[test]
+    #[cfg_attr(miri, ignore = "safe code only, and too long for Miri")]
     fn grows_twofold_and_stays_a_sixteenth_full_at_most() {
         let mut map = AddrMap::with_capacity(8);
         assert_eq!(map.entries.len(), 8 * SLOTS_PER_KEY);
@@ -215,6 +216,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "safe code only, and too long for Miri")]
     fn agrees_with_a_hash_map() {
         let mut map = AddrMap::with_capacity(4);
         let mut reference = HashMap::new();

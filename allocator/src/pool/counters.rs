@@ -312,7 +312,7 @@ mod tests {
                 let (spare, running) = (&spare, &running);
                 s.spawn(move || {
                     let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ t as u64;
-                    for _ in 0..100_000 {
+                    for _ in 0..crate::test_iterations(100_000) {
                         x ^= x << 13;
                         x ^= x >> 7;
                         x ^= x << 17;

@@ -118,9 +118,10 @@ pub(crate) fn logged_unlocked(log: impl FnOnce()) {
 /// backend): its payload, dropped without letting a panic of the payload's own `Drop` unwind
 /// out of the pool. User code may panic with any payload (`std::panic::panic_any`), and a
 /// payload whose destructor panics, dropped as usual, would unwind from wherever the pool
-/// dropped it, with its lock or a half-done change in hand. A second payload from that
-/// destructor is forgotten (leaked, a few bytes), never dropped: its own `Drop` could panic
-/// in turn.
+/// dropped it, with its lock or a half-done change in hand. The payload of that destructor's
+/// panic is dropped the same way in turn (a panic's usual payload, its message, drops
+/// quietly), up to [`PAYLOAD_DROPS`] payloads in all; one beyond them is forgotten (leaked, a
+/// few bytes) rather than dropped, so that a chain of destructors that panic ends.
 pub(crate) struct Caught(Option<Box<dyn core::any::Any + Send>>);
 
 impl Caught {
@@ -134,14 +135,20 @@ impl Caught {
     }
 }
 
+/// How many payloads in a row [`Caught`] drops, each from the panic of the one before's
+/// destructor, before it forgets the next.
+const PAYLOAD_DROPS: usize = 4;
+
 impl Drop for Caught {
     fn drop(&mut self) {
-        let payload = self.0.take();
-        if let Err(again) =
-            std::panic::catch_unwind(core::panic::AssertUnwindSafe(move || drop(payload)))
-        {
-            core::mem::forget(again);
+        let mut payload = self.0.take();
+        for _ in 0..PAYLOAD_DROPS {
+            match std::panic::catch_unwind(core::panic::AssertUnwindSafe(move || drop(payload))) {
+                Ok(()) => return,
+                Err(again) => payload = Some(again),
+            }
         }
+        core::mem::forget(payload);
     }
 }
 
@@ -342,7 +349,7 @@ mod tests {
             .map(|_| {
                 let lock = lock.clone();
                 std::thread::spawn(move || {
-                    for _ in 0..20_000 {
+                    for _ in 0..crate::test_iterations(20_000) {
                         let mut g = lock.lock().unwrap();
                         let (a, b) = *g;
                         *g = (a + 1, b + 2);
@@ -353,7 +360,8 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        assert_eq!(*lock.lock().unwrap(), (160_000, 320_000));
+        let n = 8 * crate::test_iterations(20_000) as u64;
+        assert_eq!(*lock.lock().unwrap(), (n, 2 * n));
     }
 
     #[test]

@@ -89,7 +89,7 @@ fn agree_while_threads_run(exact_peaks: bool) {
             s.spawn(move || {
                 let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ t;
                 let mut live = Vec::new();
-                for _ in 0..20_000 {
+                for _ in 0..crate::test_iterations(20_000) {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;

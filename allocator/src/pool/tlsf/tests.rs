@@ -86,7 +86,7 @@ fn guaranteed_fit_is_found() {
     let mut t = Tlsf::new(0, 1 << 26, 0, 0);
     let mut live = Vec::new();
     let mut x = 0x2545_f491_4f6c_dd1d_u64;
-    for _ in 0..2000 {
+    for _ in 0..crate::test_iterations(2000) {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
@@ -150,7 +150,7 @@ fn random_sequences(cache_blocks: usize, cache_bytes: u64, seed: u64) {
     };
     let (mut fast, mut aligned, mut edge, mut reused, mut flushes) = (0, 0, 0, 0, 0);
     let (mut described, mut with_runs) = (0, 0);
-    for _ in 0..20_000 {
+    for _ in 0..crate::test_iterations(20_000) {
         let r = next();
         if r % 5 < 3 || live.is_empty() {
             let align = 1u64 << (8 + (r >> 8) % 5);
@@ -230,11 +230,12 @@ fn random_sequences(cache_blocks: usize, cache_bytes: u64, seed: u64) {
             with_runs += usize::from(t.cached().1 > 0 && truth.2 < t.free_blocks() + t.cached().1);
         }
     }
+    // (Which paths ran: too few steps under Miri to say.)
     assert!(
-        fast > 1000 && aligned > 1000 && edge > 50,
+        cfg!(miri) || (fast > 1000 && aligned > 1000 && edge > 50),
         "{fast} {aligned} {edge}"
     );
-    if cached {
+    if cached && !cfg!(miri) {
         assert!(reused > 300 && flushes > 0, "{reused} {flushes}");
         // Descriptions where cached blocks touched others, so that runs were merged.
         assert!(
@@ -356,7 +357,7 @@ fn spans_move_between_indices_whole_or_in_pieces() {
     let (mut whole, mut cut, mut carried) = (0, 0, 0);
     let mut pieces = Vec::new();
     let mut carved = Vec::new();
-    for step in 0..6000 {
+    for step in 0..crate::test_iterations(6000) {
         let r = next();
         match r % 10 {
             0..=4 => {
@@ -441,7 +442,7 @@ fn spans_move_between_indices_whole_or_in_pieces() {
         assert_eq!(pool.free_bytes(), region - in_heap - used_pool);
     }
     assert!(
-        whole > 0 && cut > 50 && carried > 200,
+        cfg!(miri) || (whole > 0 && cut > 50 && carried > 200),
         "{whole} {cut} {carried}"
     );
     // Everything back: the pool's index is one free block again.
