@@ -679,6 +679,12 @@ impl RuntimeLayout {
         self.fields.iter().find(|f| f.name == name)
     }
 
+    /// The fields, to corrupt in tests of the code that must not trust them.
+    #[cfg(test)]
+    pub(crate) fn fields_mut(&mut self) -> &mut [RuntimeField] {
+        &mut self.fields
+    }
+
     /// The layout table and memory map.
     pub fn report(&self) -> LayoutReport {
         LayoutReport::from_parts(

@@ -81,6 +81,19 @@ impl<B: Backend> DynArena<B> {
                 self.layout.name()
             ))
         })?;
+        // The planner places every field inside the allocation; checked here all the same,
+        // so that the views below stay in bounds whatever a layout says.
+        let end = field.offset.checked_add(field.size);
+        if end.is_none_or(|end| end > self.allocation.bytes) {
+            return Err(Error::invalid(format!(
+                "field `{name}` of layout `{}`: {} bytes at offset {} end past the arena's {} \
+                 bytes",
+                self.layout.name(),
+                field.size,
+                field.offset,
+                self.allocation.bytes
+            )));
+        }
         let elem = core::mem::size_of::<T>();
         let align = core::mem::align_of::<T>();
         let ty = core::any::type_name::<T>();
@@ -118,8 +131,7 @@ impl<B: Backend> DynArena<B> {
         let offset = field.offset;
         self.backend.ready(&self.allocation)?;
         // SAFETY: the allocation is live and exclusively borrowed, and ready; the field lies
-        // inside it (the planner's guarantee) and its address is aligned for `T` (checked
-        // above).
+        // inside it and its address is aligned for `T` (both checked by `field`).
         unsafe {
             let base = self.backend.base_mut(&self.allocation);
             Ok(<B::Mut as ViewKind>::slice::<T>(base, offset, len))
@@ -134,7 +146,8 @@ impl<B: Backend> DynArena<B> {
         let (field, len) = self.field::<T>(name)?;
         self.backend.ready(&self.allocation)?;
         // SAFETY: the allocation is live and ready; a shared borrow lets nothing write it
-        // through the arena; the field lies inside it and is aligned for `T`.
+        // through the arena; the field lies inside it and is aligned for `T` (checked by
+        // `field`).
         unsafe {
             let base = self.backend.base_ref(&self.allocation);
             Ok(<B::Ref as ViewKind>::slice::<T>(base, field.offset, len))
@@ -168,8 +181,8 @@ impl<B: Backend> DynArena<B> {
         }
         self.backend.ready(&self.allocation)?;
         // SAFETY: the allocation is live, ready and exclusively borrowed for the views'
-        // lifetime; each field lies inside it, is aligned for `T`, and no two of them share a
-        // byte (checked).
+        // lifetime; each field lies inside it and is aligned for `T` (checked by `field`), and
+        // no two of them share a byte (checked above).
         let base = unsafe { self.backend.base_mut(&self.allocation) };
         Ok(spans.map(|(offset, _, len)| {
             // SAFETY: as above.
@@ -194,5 +207,54 @@ impl<B: Backend + fmt::Debug> fmt::Debug for DynArena<B> {
             .field("addr", &format_args!("{:#x}", self.allocation.addr))
             .field("size", &self.allocation.bytes)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::LayoutBuilder;
+    use alloc::string::ToString;
+
+    /// A layout whose field reaches past the allocation (no planner makes one) gets an error,
+    /// not a view out of bounds.
+    #[test]
+    fn a_field_past_the_allocation_is_an_error_not_a_view() {
+        let mut layout = LayoutBuilder::new("Frame")
+            .array::<u32>("a", 16)
+            .array::<u32>("b", 16)
+            .build()
+            .unwrap();
+        let size = layout.size();
+        let b = layout
+            .fields_mut()
+            .iter_mut()
+            .find(|f| f.name == "b")
+            .unwrap();
+        b.offset = size - 32;
+        b.size = 64;
+        let mut arena = DynArena::new(layout).unwrap();
+        let err = arena.view_mut::<u32>("b").unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("field `b` of layout `Frame`: 64 bytes at offset {} end past the arena's {size} bytes", size - 32)),
+            "{err}"
+        );
+        assert!(arena.view::<u32>("b").is_err());
+        assert!(arena.views_mut::<u32, 2>(["a", "b"]).is_err());
+        // An offset whose end overflows.
+        let mut layout = LayoutBuilder::new("Frame")
+            .array::<u32>("a", 16)
+            .build()
+            .unwrap();
+        layout.fields_mut()[0].offset = usize::MAX - 8;
+        let arena = DynArena::new(layout).unwrap();
+        assert!(arena.view::<u32>("a").is_err());
+        // The fields as planned still view.
+        let layout = LayoutBuilder::new("Frame")
+            .array::<u32>("a", 16)
+            .build()
+            .unwrap();
+        let mut arena = DynArena::new(layout).unwrap();
+        assert_eq!(arena.view_mut::<u32>("a").unwrap().len(), 16);
     }
 }
