@@ -16,6 +16,24 @@ mod gpu {
     use devarena_kernels::pipeline::Frame;
     use devarena_kernels::verify::{Region, TmaCheck, Verifier, tag_byte};
     use devarena_tests::{Many, gpu_stream};
+    use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+    /// The `footprint_*` tests compare readings of the device's free memory: they run alone,
+    /// the binary's other tests (which allocate GiBs) beside one another. So `cargo test` runs
+    /// this file with its default parallel tests.
+    static DEVICE_MEMORY: RwLock<()> = RwLock::new(());
+
+    /// For a test that allocates: it may run beside the others but not beside a footprint test.
+    fn shared() -> RwLockReadGuard<'static, ()> {
+        DEVICE_MEMORY.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// For a test that reads the device's free memory: it runs alone.
+    fn alone() -> RwLockWriteGuard<'static, ()> {
+        DEVICE_MEMORY
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
 
     #[derive(DeviceLayout)]
     struct Params {
@@ -89,6 +107,7 @@ mod gpu {
 
     #[test]
     fn pipeline_frame_is_one_allocation_and_passes_the_verifier() {
+        let _memory = shared();
         let Some(stream) = gpu_stream() else { return };
         let backend = CudaBackend::new(stream.clone());
         let mut arena = Arena::<Frame, _>::new_in(backend.clone()).unwrap();
@@ -103,6 +122,7 @@ mod gpu {
 
     #[test]
     fn thousand_mixed_fields_pass_the_verifier() {
+        let _memory = shared();
         let Some(stream) = gpu_stream() else { return };
         assert_eq!(Many::FIELDS.len(), 1000);
         assert!(Many::FIELDS.iter().any(|f| f.align == 4096));
@@ -120,6 +140,7 @@ mod gpu {
 
     #[test]
     fn nested_and_mixed_alignments_pass_the_verifier_on_both_device_backends() {
+        let _memory = shared();
         let Some(stream) = gpu_stream() else { return };
         for backend in [
             CudaBackend::new(stream.clone()),
@@ -134,6 +155,7 @@ mod gpu {
 
     #[test]
     fn views_upload_download_and_launch_as_kernel_arguments() {
+        let _memory = shared();
         let Some(stream) = gpu_stream() else { return };
         let mut arena = Arena::<Mixed, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
         let base = arena.addr();
@@ -199,6 +221,7 @@ mod gpu {
 
     #[test]
     fn footprint_an_arena_of_several_gib() {
+        let _memory = alone();
         let Some(stream) = gpu_stream() else { return };
         const { assert!(Huge::SIZE > 3 << 30) };
         let (free, _) = mem_info(&stream).unwrap();
@@ -229,6 +252,7 @@ mod gpu {
     // scripts/gpu-sanitize.sh skips it.
     #[test]
     fn deliberate_oom_is_an_error_and_the_device_stays_usable() {
+        let _memory = shared();
         let Some(stream) = gpu_stream() else { return };
         let backend = CudaBackend::new(stream.clone());
         let err = Arena::<TooBig, _>::new_in(backend.clone()).unwrap_err();
@@ -259,6 +283,7 @@ mod gpu {
 
     #[test]
     fn footprint_dropping_an_arena_gives_its_memory_back() {
+        let _memory = alone();
         let Some(stream) = gpu_stream() else { return };
         #[derive(DeviceLayout)]
         struct GiB {
@@ -309,6 +334,7 @@ mod gpu {
 
     #[test]
     fn managed_arena_host_writes_prefetch_device_reads() {
+        let _memory = shared();
         let Some(stream) = gpu_stream() else { return };
         let backend = ManagedBackend::new(stream.clone());
         let mut arena = Arena::<Small, _>::new_in(backend.clone()).unwrap();
@@ -348,6 +374,7 @@ mod gpu {
     /// its promise where a driver does not.
     #[test]
     fn a_new_managed_arena_reads_zeros() {
+        let _memory = shared();
         let Some(stream) = gpu_stream() else { return };
         let backend = ManagedBackend::new(stream.clone());
         for round in 0..4 {
@@ -367,6 +394,7 @@ mod gpu {
 
     #[test]
     fn pinned_arena_stages_copies_and_maps_into_kernels() {
+        let _memory = shared();
         let Some(stream) = gpu_stream() else { return };
         let mut staging = Arena::<Small, _>::new_in(PinnedBackend::new(stream.clone())).unwrap();
         let mut device = Arena::<Small, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
@@ -395,6 +423,7 @@ mod gpu {
 
     #[test]
     fn a_verifier_on_another_stream_waits_for_the_arenas_stream() {
+        let _memory = shared();
         let Some(stream) = gpu_stream() else { return };
         let other = stream.context().new_stream().unwrap();
         let mut arena = Arena::<Mixed, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
@@ -411,6 +440,7 @@ mod gpu {
 
     #[test]
     fn the_verifier_reports_an_overlapping_pair() {
+        let _memory = shared();
         let Some(stream) = gpu_stream() else { return };
         let arena = Arena::<Small, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
         let base = arena.addr();
