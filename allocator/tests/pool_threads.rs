@@ -395,7 +395,7 @@ fn bytes_in_an_idle_threads_heap_count_for_the_cap_and_the_quotas() {
         let other = s.spawn(move || {
             let mut rng = Rng(99);
             let mut live = Vec::new();
-            for _ in 0..3000 {
+            for _ in 0..if cfg!(miri) { 300 } else { 3000 } {
                 let c = rng.below(3) as usize;
                 if let Ok(addr) = other_clients[c].allocate(rng.size(64 << 10), 0) {
                     live.push((addr, c));
@@ -451,7 +451,7 @@ fn bytes_in_an_idle_threads_heap_count_for_the_cap_and_the_quotas() {
         let other_clients = clients.clone();
         let other = s.spawn(move || {
             let mut rng = Rng(7);
-            for _ in 0..2000 {
+            for _ in 0..if cfg!(miri) { 200 } else { 2000 } {
                 let c = 1 + rng.below(2) as usize;
                 let a = other_clients[c].allocate(rng.size(256 << 10), 0).unwrap();
                 let b = other_clients[c].allocate(rng.size(256 << 10), 0).unwrap();
@@ -567,7 +567,9 @@ fn million_with(eager: bool, exact_peaks: bool, memory: Memory) {
     // back). A shared model sees each block between the pool's
     // answer and its free: two live blocks never overlap. After joining, every count is exact.
     const THREADS: usize = 4;
-    const OPS: usize = 250_000;
+    // (A hundredth under Miri, which runs each step thousands of times slower.)
+    const SCALE: usize = if cfg!(miri) { 100 } else { 1 };
+    const OPS: usize = 250_000 / SCALE;
     let capacity = 24 << 20;
     let builder = Pool::builder(capacity)
         .name("million")
@@ -695,7 +697,7 @@ fn million_with(eager: bool, exact_peaks: bool, memory: Memory) {
                             clients[c].deallocate(addr).unwrap();
                             counts[c][1] += 1;
                         }
-                        if vm.is_some() && op % 20_000 == 19_999 {
+                        if vm.is_some() && op % (20_000 / SCALE) == 20_000 / SCALE - 1 {
                             // Memory back while the other threads allocate on their heaps.
                             match t {
                                 0 => drop(pool.trim().unwrap()),
@@ -703,7 +705,7 @@ fn million_with(eager: bool, exact_peaks: bool, memory: Memory) {
                                 _ => {}
                             }
                         }
-                        if op % 60_000 == 59_999 {
+                        if op % (60_000 / SCALE) == 60_000 / SCALE - 1 {
                             if t % 2 == 0 {
                                 let s = pool.stats();
                                 assert!(s.in_use <= capacity && s.peak <= capacity);
@@ -2369,7 +2371,7 @@ fn a_sink_switched_on_and_off_never_gives_a_thread_two_heaps_for_one_stream() {
     let stop = std::sync::atomic::AtomicBool::new(false);
     let heaps = std::thread::scope(|s| {
         s.spawn(|| {
-            for _ in 0..50_000 {
+            for _ in 0..if cfg!(miri) { 500 } else { 50_000 } {
                 pool.set_events(Some(Arc::new(|_: &PoolEvent<'_>| {})));
                 pool.set_events(None);
             }
@@ -2563,7 +2565,7 @@ fn four_threads_on_their_own_streams_reuse_blocks_only_in_stream_order() {
     // wait for it (directly or through others) since. After joining and draining, every count
     // is exact.
     const THREADS: usize = 4;
-    const OPS: usize = 60_000;
+    const OPS: usize = if cfg!(miri) { 600 } else { 60_000 };
     let stream = |t: usize| StreamId(10 + t as u64);
     let clocked = Arc::new(Clocked::default());
     let capacity = 24 << 20;
