@@ -55,14 +55,17 @@ MIRIFLAGS="$MIRIFLAGS -Zmiri-ignore-leaks" miri -p devarena --test pool -- "${on
 MIRIFLAGS="$MIRIFLAGS -Zmiri-ignore-leaks" miri -p devarena --test pool_callbacks -- "${only[@]}"
 # Thread heaps under threads: other threads' frees, heaps given back at thread exit and while
 # the pool looks at them, leases passed between heaps. Left out as too long there: the
-# million-operation model checks, the model checks of one thread, the storms, and two tests
-# that loop over thousands of requests for a model.
+# million-operation model checks, the model checks of one thread, the storms, and five tests
+# that loop over thousands of requests.
 THREADS_LONG=(
     --skip four_threads_
     --skip _matches_the_model_exactly
     --skip storm
     --skip bytes_in_an_idle_threads_heap_count_for_the_cap_and_the_quotas
     --skip peaks_that_count_leases_are_bounds_and_every_other_count_stays_exact
+    --skip the_event_log_sees_every_allocation_of_every_heap_in_order
+    --skip trim_gives_every_heap_back_and_keeps_what_live_blocks_touch
+    --skip without_reuse_and_without_heaps
 )
 # Its scoped threads give their heaps back in thread-local destructors after the scope's join,
 # which Miri reports as threads still running when the test ends.
