@@ -3,8 +3,9 @@
 //! their blocks, `trim` giving the device its memory back (seen in `cuMemGetInfo`), `trim` waiting for the home stream, and a map that fails
 //! under real device exhaustion leaving the pool unchanged and serving.
 //!
-//! Each test runs in well under a minute on an H200; they share the device one at a time and
-//! compare free-memory readings, so run them with `--test-threads=1` (the GPU runner does).
+//! Each test runs in well under a minute on an H200. They compare free-memory readings, so they
+//! take the device one at a time (each holds `gpu_common`'s device lock), also under `cargo
+//! test`'s parallel tests.
 
 mod gpu_common;
 
