@@ -206,7 +206,8 @@ impl PoolBuilder {
 
     /// How many free bytes the thread heaps may keep, all together (`0`: no thread heaps,
     /// every thread uses the pool's own index under its lock); each heap keeps its share. By
-    /// default half the capacity ([`DEFAULT_THREAD_HEAP_SHARE`](super::DEFAULT_THREAD_HEAP_SHARE)).
+    /// default the capacity ([`DEFAULT_THREAD_HEAP_SHARE`](super::DEFAULT_THREAD_HEAP_SHARE)); a
+    /// heap's reuse cache holds up to half its share.
     /// On a growable region a heap maps memory as the pool does, as its blocks reach new chunks,
     /// and its reuse cache holds no more than the most the heap has had in use, so that the
     /// memory a heap maps follows its use rather than its share of the capacity.
