@@ -344,7 +344,12 @@ mod gpu {
         let Some((_device, home)) = gpu() else { return };
         let other = home.context().new_stream().unwrap();
         let capacity = 4 << 20;
-        let pool = Pool::cuda(home.clone(), capacity).unwrap();
+        // The pool's own index (a heap for the other stream would reuse its free there at
+        // once, with nothing parked: `a_heap_for_another_stream_…` tests that path).
+        let pool = Pool::builder(capacity)
+            .thread_heaps(0)
+            .build_cuda(home.clone())
+            .unwrap();
         pool.register_stream(&other).unwrap();
 
         // The home stream is busy, yet its own free is reusable at once: later work on the
