@@ -16,6 +16,10 @@ use devarena::pool::{
 };
 use devarena::{Error, Pool, PoolClient};
 
+/// Loops run a hundredth of their steps under Miri (`scripts/miri.sh`), which runs each step
+/// thousands of times slower.
+const MIRI_SCALE: usize = if cfg!(miri) { 100 } else { 1 };
+
 mod rng;
 use rng::Rng;
 
@@ -395,7 +399,7 @@ fn bytes_in_an_idle_threads_heap_count_for_the_cap_and_the_quotas() {
         let other = s.spawn(move || {
             let mut rng = Rng(99);
             let mut live = Vec::new();
-            for _ in 0..if cfg!(miri) { 300 } else { 3000 } {
+            for _ in 0..3000 {
                 let c = rng.below(3) as usize;
                 if let Ok(addr) = other_clients[c].allocate(rng.size(64 << 10), 0) {
                     live.push((addr, c));
@@ -451,7 +455,7 @@ fn bytes_in_an_idle_threads_heap_count_for_the_cap_and_the_quotas() {
         let other_clients = clients.clone();
         let other = s.spawn(move || {
             let mut rng = Rng(7);
-            for _ in 0..if cfg!(miri) { 200 } else { 2000 } {
+            for _ in 0..2000 {
                 let c = 1 + rng.below(2) as usize;
                 let a = other_clients[c].allocate(rng.size(256 << 10), 0).unwrap();
                 let b = other_clients[c].allocate(rng.size(256 << 10), 0).unwrap();
@@ -567,9 +571,7 @@ fn million_with(eager: bool, exact_peaks: bool, memory: Memory) {
     // back). A shared model sees each block between the pool's
     // answer and its free: two live blocks never overlap. After joining, every count is exact.
     const THREADS: usize = 4;
-    // (A hundredth under Miri, which runs each step thousands of times slower.)
-    const SCALE: usize = if cfg!(miri) { 100 } else { 1 };
-    const OPS: usize = 250_000 / SCALE;
+    const OPS: usize = 250_000 / MIRI_SCALE;
     let capacity = 24 << 20;
     let builder = Pool::builder(capacity)
         .name("million")
@@ -697,7 +699,7 @@ fn million_with(eager: bool, exact_peaks: bool, memory: Memory) {
                             clients[c].deallocate(addr).unwrap();
                             counts[c][1] += 1;
                         }
-                        if vm.is_some() && op % (20_000 / SCALE) == 20_000 / SCALE - 1 {
+                        if vm.is_some() && op % (20_000 / MIRI_SCALE) == 20_000 / MIRI_SCALE - 1 {
                             // Memory back while the other threads allocate on their heaps.
                             match t {
                                 0 => drop(pool.trim().unwrap()),
@@ -705,7 +707,7 @@ fn million_with(eager: bool, exact_peaks: bool, memory: Memory) {
                                 _ => {}
                             }
                         }
-                        if op % (60_000 / SCALE) == 60_000 / SCALE - 1 {
+                        if op % (60_000 / MIRI_SCALE) == 60_000 / MIRI_SCALE - 1 {
                             if t % 2 == 0 {
                                 let s = pool.stats();
                                 assert!(s.in_use <= capacity && s.peak <= capacity);
@@ -756,7 +758,7 @@ fn million_with(eager: bool, exact_peaks: bool, memory: Memory) {
     // blocks the other threads hold at that moment (handed-off blocks wait for a thread that
     // may not be running), which on a busy machine reached 195,000 of about 490,000.
     assert!(
-        allocations + failures > 400_000 / SCALE as u64 && handed > 0,
+        allocations + failures > 400_000 / MIRI_SCALE as u64 && handed > 0,
         "{allocations} + {failures} {handed}"
     );
     assert_eq!((s.in_use, s.requested, s.live), (0, 0, 0));
@@ -2371,7 +2373,7 @@ fn a_sink_switched_on_and_off_never_gives_a_thread_two_heaps_for_one_stream() {
     let stop = std::sync::atomic::AtomicBool::new(false);
     let heaps = std::thread::scope(|s| {
         s.spawn(|| {
-            for _ in 0..if cfg!(miri) { 500 } else { 50_000 } {
+            for _ in 0..50_000 / MIRI_SCALE {
                 pool.set_events(Some(Arc::new(|_: &PoolEvent<'_>| {})));
                 pool.set_events(None);
             }
@@ -2565,7 +2567,7 @@ fn four_threads_on_their_own_streams_reuse_blocks_only_in_stream_order() {
     // wait for it (directly or through others) since. After joining and draining, every count
     // is exact.
     const THREADS: usize = 4;
-    const OPS: usize = if cfg!(miri) { 600 } else { 60_000 };
+    const OPS: usize = 60_000 / MIRI_SCALE;
     let stream = |t: usize| StreamId(10 + t as u64);
     let clocked = Arc::new(Clocked::default());
     let capacity = 24 << 20;
