@@ -40,6 +40,8 @@
 //!          --passes N (every column and thread count runs N times in turn, its rounds
 //!          pooled: N × rounds)  --per-round (each pass's rounds on stderr)
 //!          --pin 0,1,… (thread t of every column on the t-th CPU of the list, cyclically)
+//!          --capacity-mib N (the shared pools' capacity, instead of room for every thread's
+//!          live set at the largest size twice over: to see them near their cap)
 //!          --stats-every-us N (a monitoring thread reads each pool's statistics every N µs
 //!          while the threads run; how long each read took is printed after the table)
 //! (columns whose name contains NAME, or one of `A|B|…`; ratios need the baselines,
@@ -155,12 +157,14 @@ impl AllocatorUnderTest for DevarenaPool {
         (s.allocations > 0).then(|| {
             let mut line = format!(
                 "{}: {} of {} allocations ({:.1}%) took a freed block whole from a reuse \
-                 cache; up to {} thread heaps at once",
+                 cache; up to {} thread heaps at once; peak {} MiB of {} MiB",
                 self.name(),
                 s.reused,
                 s.allocations,
                 100.0 * s.reused as f64 / s.allocations as f64,
                 self.heaps.load(Ordering::Relaxed),
+                s.peak >> 20,
+                s.capacity >> 20,
             );
             if s.maps > 0 {
                 // Every chunk mapped once and never unmapped: mapping happened on growth only.
@@ -1090,6 +1094,7 @@ fn main() {
     let mut per_round = false;
     let mut passes = 1usize;
     let mut only: Option<String> = None;
+    let mut capacity_mib: Option<usize> = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = |name: &str| {
@@ -1113,6 +1118,9 @@ fn main() {
                     .expect("--stats-every-us N")
             }
             "--only" => only = Some(value("--only")),
+            "--capacity-mib" => {
+                capacity_mib = Some(value("--capacity-mib").parse().expect("--capacity-mib N"))
+            }
             "--rounds" => cfg.rounds = value("--rounds").parse().expect("--rounds N"),
             "--passes" => passes = value("--passes").parse().expect("--passes N"),
             "--ops" => cfg.ops = value("--ops").parse().expect("--ops N"),
@@ -1132,8 +1140,12 @@ fn main() {
         "rounds, ops, live and passes must be > 0"
     );
     let max_threads = threads.iter().copied().max().unwrap_or(1);
-    // Room for every thread's live set at the largest size, twice over (fragmentation).
-    let capacity = (2 * max_threads * cfg.live * (4 << 20)).next_power_of_two();
+    // Room for every thread's live set at the largest size, twice over (fragmentation);
+    // `--capacity-mib` sets it instead, to see the shared pools near their cap.
+    let capacity = capacity_mib.map_or_else(
+        || (2 * max_threads * cfg.live * (4 << 20)).next_power_of_two(),
+        |mib| mib << 20,
+    );
     let mut notes = Vec::new();
     notes.push(cpu_topology());
     let allocators = allocators(capacity, cfg.live, &mut notes);
