@@ -232,6 +232,17 @@ impl PoolBuilder {
     /// stream wait for that stream instead (a stream capturing a graph cannot be waited for:
     /// there they stay `pending` until the capture ends). See the [module docs](super#threads).
     ///
+    /// **Near the capacity, heaps cost more than they save.** Heaps split the free memory
+    /// among themselves and the pool's index, and each part fragments on its own: where the
+    /// index has no room left for a span, a heap merges its reuse cache again and again, and
+    /// before a request fails every heap gives its spans back, to take them again at once. A
+    /// heap pays off while each one's share is several times what its thread has in use: in
+    /// the pool benchmark (sizes up to 4 MiB, two threads, peak in use about 100 MiB) a pair
+    /// took 36 ns with a capacity of 1 GiB, 79–86 ns with 256 MiB and 340–370 ns with
+    /// 192 MiB, where the same pool with `thread_heaps(0)` took 74, 78–79 and 86–100 ns (see
+    /// `BENCHMARKS.md`). For a pool that runs close to its capacity with several threads at
+    /// once, measure both, and turn heaps off where they lose.
+    ///
     /// ```
     /// use devarena::Pool;
     ///
