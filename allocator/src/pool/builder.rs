@@ -232,16 +232,19 @@ impl PoolBuilder {
     /// stream wait for that stream instead (a stream capturing a graph cannot be waited for:
     /// there they stay `pending` until the capture ends). See the [module docs](super#threads).
     ///
-    /// **Near the capacity, heaps cost more than they save.** Heaps split the free memory
-    /// among themselves and the pool's index, and each part fragments on its own: where the
-    /// index has no room left for a span, a heap merges its reuse cache again and again, and
-    /// before a request fails every heap gives its spans back, to take them again at once. A
-    /// heap pays off while each one's share is several times what its thread has in use: in
-    /// the pool benchmark (sizes up to 4 MiB, two threads, peak in use about 100 MiB) a pair
-    /// took 36 ns with a capacity of 1 GiB, 79–86 ns with 256 MiB and 340–370 ns with
-    /// 192 MiB, where the same pool with `thread_heaps(0)` took 74, 78–79 and 86–100 ns (see
-    /// `BENCHMARKS.md`). For a pool that runs close to its capacity with several threads at
-    /// once, measure both, and turn heaps off where they lose.
+    /// **Near the capacity, heaps step aside.** Heaps split the free memory among themselves
+    /// and the pool's index, and each part fragments on its own. Where a heap of the home
+    /// stream finds nothing for a request, even after merging its reuse cache, and the pool's
+    /// index has no room left for a span, every home-stream heap is given back and the pool's
+    /// index serves the home stream alone for a while (4,096 allocations, twice as long for
+    /// each time it happens again within a second, up to about four million), as in a pool
+    /// without heaps; then heaps come back. In the pool benchmark (sizes up to 4 MiB, two
+    /// threads, peak in use about 100 MiB) a pair took 35–36 ns with a capacity of 1 GiB
+    /// (heaps never step aside there; 74 ns with `thread_heaps(0)`), and with 192 MiB 87–92 ns,
+    /// as with `thread_heaps(0)`, where heaps that stayed took 355–385 ns (see
+    /// `BENCHMARKS.md`). Heaps serve best while each one's share is several times what its
+    /// thread has in use: below that, a pool with heaps is as fast as one without, not faster.
+    /// Pools with [`eager_thread_heaps`](Self::eager_thread_heaps) keep their heaps.
     ///
     /// ```
     /// use devarena::Pool;

@@ -172,6 +172,9 @@ pub(super) struct State {
     pub(super) next_serial: u64,
     /// Blocks that heaps given back had taken whole from their caches.
     pub(super) reused: u64,
+    /// Home-stream heaps stepped aside near the capacity (see
+    /// [`HeapBar`](super::thread_heap::HeapBar)).
+    pub(super) heap_bar: super::thread_heap::HeapBar,
     /// Graph reservations: the blocks graphs own and hold (`pool/graph.rs`).
     graphs: Graphs,
 }
@@ -376,6 +379,7 @@ impl Shared {
             spans: BTreeMap::new(),
             next_serial: 1,
             reused: 0,
+            heap_bar: Default::default(),
             sink: settings.sink,
         };
         let heap_bytes = settings.heap_bytes;

@@ -118,7 +118,11 @@
 //! * **The cap.** Before a request fails, every heap, other threads' included, gives its spans
 //!   back: spans nothing uses go back whole, the others are cut into the blocks they hold, the
 //!   free ones merged with their free neighbours, live ones carrying on at their addresses. A
-//!   request that would succeed with every heap given back succeeds.
+//!   request that would succeed with every heap given back succeeds. Near the capacity, where
+//!   a home-stream heap finds nothing for a request and the pool's index has no room left for
+//!   a span, the home-stream heaps step aside: given back for good, they leave the home
+//!   stream to the pool's index for a while, as in a pool without heaps (see
+//!   [`PoolBuilder::thread_heaps`]), instead of splitting what little is free.
 //! * **Quotas and peaks.** A heap allocates within leases of the pool's bytes and of each
 //!   client's, taken from the headroom below the peak (and the quota). Headroom no heap holds
 //!   waits in a spare that heaps take from and give back to without the pool's lock (one

@@ -279,7 +279,7 @@ impl Shared {
     /// [`thread_heap`]) unless they are off or the stream can have none.
     #[cold]
     #[inline(never)]
-    pub(super) fn allocate_contended(
+    pub(in crate::pool) fn allocate_contended(
         &self,
         req: &AllocRequest<'_>,
         ask: &Ask,
@@ -300,11 +300,17 @@ impl Shared {
         owned: bool,
     ) -> Result<u64, Error> {
         let mut state = self.lock()?;
-        if self.heap_bytes > 0 {
+        // (Home-stream heaps stay away for a while after they stepped aside near the
+        // capacity: see `HeapBar`.)
+        let barred = || {
+            self.heap_stream(ask.stream) == self.heap_stream(self.home)
+                && state.heap_bar.on(state.next_serial)
+        };
+        if self.heap_bytes > 0 && !barred() {
             // The thread's heap for the stream where it has one (a sink or tracking switched
             // off since the caller looked sends it here too), else a new one.
             let heap = self
-                .thread_heap(ask.stream)
+                .usable_thread_heap(ask.stream)
                 .or_else(|| self.new_thread_heap(&mut state, ask.stream));
             if let Some(heap) = heap {
                 let result = self.heap_allocate_locked(&mut state, &heap, ask, owned);

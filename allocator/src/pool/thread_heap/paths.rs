@@ -8,7 +8,7 @@ use core::sync::atomic::Ordering;
 use super::{ClientShare, HeapState, SERIAL_BATCH, Span, ThreadHeap, keep};
 use crate::error::Error;
 use crate::pool::counters::Lease;
-use crate::pool::engine::{Ask, HEAP_SLOW, PAUSE, SINK, Shared, State};
+use crate::pool::engine::{Ask, EAGER, HEAP_SLOW, PAUSE, SINK, Shared, State};
 use crate::pool::lock::LockGuard;
 use crate::pool::tlsf::{self, GRANULE};
 use crate::pool::{AllocRequest, reserved_bytes};
@@ -125,7 +125,7 @@ impl Shared {
             self.reclaim_parked(&mut state);
         }
         let req = AllocRequest::new(ask.size, ask.align).on(ask.stream);
-        let result = match self.thread_heap(ask.stream) {
+        let result = match self.usable_thread_heap(ask.stream) {
             Some(heap) => self.heap_allocate_locked(&mut state, &heap, ask, owned),
             None => self.allocate_general(&mut state, ask.client, &req, ask.stream, owned, None),
         };
@@ -249,17 +249,26 @@ impl Shared {
         let mut taken = h.tlsf.allocate(size, align);
         // Within its bound a heap grows (a span: one visit here); at its bound it merges what
         // waits in its cache, the oldest half at a time, and looks again.
+        // Home-stream heaps step aside where nothing serves the request and the pool's index
+        // has no room for a span (see `HeapBar`), unless every thread gets a heap: such a
+        // heap takes no smaller span, and after merging its cache does not look again.
+        let step_aside = heap.stream == self.heap_stream(self.home)
+            && self.flags.load(Ordering::Relaxed) & EAGER == 0;
+        let mut short = false;
         if taken.is_none() && h.tlsf.free_bytes() + self.span_bytes(bound) <= bound {
-            taken = self.add_span(state, heap, h, size, align);
+            taken = self.add_span(state, heap, h, size, align, step_aside, &mut short);
         }
         if taken.is_none() {
             taken = merge_cache_for(h, size, align);
         }
-        if taken.is_none() {
-            taken = self.add_span(state, heap, h, size, align);
+        if taken.is_none() && !short {
+            taken = self.add_span(state, heap, h, size, align, step_aside, &mut short);
         }
         let Some((block, addr)) = taken else {
             drop(guard);
+            if short {
+                self.step_aside(state);
+            }
             return general(state);
         };
         // A growable region: memory behind the block before anything is counted (a request
@@ -358,7 +367,10 @@ impl Shared {
     }
 
     /// Takes a span for `heap` from the pool's index, large enough for `size` bytes at
-    /// `align`, and allocates those there.
+    /// `align`, and allocates those there. Where the index has no room for a span of the
+    /// usual size, a heap that may step aside (`step_aside`, see `HeapBar`) sets `short` and
+    /// takes none; any other takes one just large enough for the request, if there is room.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn add_span(
         &self,
         state: &mut State,
@@ -366,6 +378,8 @@ impl Shared {
         h: &mut HeapState,
         size: u64,
         align: u64,
+        step_aside: bool,
+        short: &mut bool,
     ) -> Option<(u32, u64)> {
         let fit = tlsf::guaranteed_fit(size, align)?;
         // A heap of another stream hands the span's blocks out on its stream: as for any block
@@ -384,6 +398,12 @@ impl Shared {
         if taken.is_none() {
             state.tlsf.flush();
             taken = state.tlsf.allocate(span, GRANULE);
+        }
+        // A heap that may step aside takes no smaller span: the index is short (see
+        // `HeapBar`).
+        if taken.is_none() && step_aside {
+            *short = true;
+            return None;
         }
         if taken.is_none() && span > fit {
             span = fit;

@@ -1,5 +1,5 @@
 use super::*;
-use crate::pool::Pool;
+use crate::pool::{AllocRequest, Pool};
 
 impl Shared {
     /// Every invariant of the pool's index, the heaps' indices and the spans between them,
@@ -59,26 +59,34 @@ impl Shared {
 
 #[test]
 fn heaps_and_the_pool_agree_while_threads_run() {
-    agree_while_threads_run(true);
+    let pool = Pool::builder(16 << 20)
+        .eager_thread_heaps(true)
+        .thread_heaps(1 << 20);
+    agree_while_threads_run(pool, false);
 }
 
 #[test]
 fn heaps_and_the_pool_agree_while_threads_run_with_peaks_that_count_leases() {
-    agree_while_threads_run(false);
+    let pool = Pool::builder(16 << 20)
+        .eager_thread_heaps(true)
+        .thread_heaps(1 << 20)
+        .exact_peaks(false);
+    agree_while_threads_run(pool, false);
 }
 
-fn agree_while_threads_run(exact_peaks: bool) {
+#[test]
+fn heaps_that_step_aside_near_the_capacity_agree_with_the_pool_while_threads_run() {
+    // A pool of 4 MiB that the threads' blocks (up to 50 each, up to 512 KiB) would overfill:
+    // the heaps' spans often find no room in the pool's index, and the heaps step aside.
+    agree_while_threads_run(Pool::builder(4 << 20), true);
+}
+
+fn agree_while_threads_run(builder: crate::pool::PoolBuilder, step_aside: bool) {
     // Three threads with heaps allocate and free (sizes that make spans come and go, a
     // client under a quota, frees of each other's blocks); the main thread checks every
     // invariant between the indices, the spans and the leases as they run, and gives the
     // heaps back now and then.
-    let pool = Pool::builder(16 << 20)
-        .eager_thread_heaps(true)
-        .thread_heaps(1 << 20)
-        .exact_peaks(exact_peaks)
-        .log_leaks_on_drop(false)
-        .build_host()
-        .unwrap();
+    let pool = builder.log_leaks_on_drop(false).build_host().unwrap();
     let quota = pool.client("quota", 3 << 20);
     let shared = pool.shared().clone();
     let mailbox: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
@@ -89,6 +97,8 @@ fn agree_while_threads_run(exact_peaks: bool) {
             s.spawn(move || {
                 let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ t;
                 let mut live = Vec::new();
+                // A heap for the thread now, as for one that found the pool's lock taken.
+                live.push((allocate_contended(pool.shared(), 1024), false));
                 for _ in 0..crate::test_iterations(20_000) {
                     x ^= x << 13;
                     x ^= x >> 7;
@@ -135,6 +145,12 @@ fn agree_while_threads_run(exact_peaks: bool) {
     let s = pool.stats();
     assert_eq!((s.in_use, s.live, s.free_blocks), (0, 0, 1));
     assert_eq!(s.allocations, s.frees);
+    if step_aside {
+        assert!(
+            shared.lock_wait("a test").heap_bar.since.is_some(),
+            "no heap stepped aside"
+        );
+    }
 }
 
 /// The high-water mark of this thread's home-stream heap of `pool`.
@@ -642,4 +658,124 @@ fn with_pause_set_a_heaps_own_paths_let_go_of_its_lock_and_the_pools_lock_serves
     shared.check_heaps();
     let s = pool.stats();
     assert_eq!((s.live, s.in_use), (0, 0));
+}
+
+/// A request of `size` bytes on the calling thread, made as by a thread that found the pool's
+/// lock taken (where a thread without a heap gets one).
+fn allocate_contended(shared: &Shared, size: usize) -> u64 {
+    let ask = Ask {
+        client: 0,
+        size,
+        align: 256,
+        stream: shared.home,
+    };
+    shared
+        .allocate_contended(&AllocRequest::new(size, 256), &ask, false)
+        .unwrap()
+}
+
+#[test]
+fn near_the_capacity_home_heaps_step_aside_and_come_back_after_the_bar() {
+    // A pool of 8 MiB whose heap takes spans of 512 KiB (a sixteenth). The thread's heap
+    // fills 15 spans with 64 KiB blocks, then asks for 768 KiB, for which it needs a span
+    // the pool's index (one span's room left) cannot give: the heap steps aside (given back
+    // for good, its blocks kept live at their addresses) and the index serves the request.
+    let pool = Pool::builder(8 << 20)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let shared = pool.shared().clone();
+    let mut blocks = alloc::vec![allocate_contended(&shared, 64 << 10)];
+    assert_eq!(
+        pool.thread_heaps(),
+        1,
+        "a request that found the lock taken made a heap"
+    );
+    blocks.extend((1..120).map(|_| pool.allocate(64 << 10, 0).unwrap()));
+    {
+        let heap = shared.thread_heap(shared.home).expect("the thread's heap");
+        let h = heap.state.lock_wait();
+        assert_eq!((h.spans.len(), h.live.len()), (15, 120));
+    }
+    // The last span's blocks, freed: into the heap's reuse cache, 512 KiB free beside the
+    // index's last 512 KiB.
+    for addr in blocks.drain(112..) {
+        pool.deallocate(addr).unwrap();
+    }
+    shared.check_heaps();
+    let big = pool.allocate(768 << 10, 0).unwrap();
+    assert_eq!(pool.thread_heaps(), 0, "the heap stepped aside");
+    {
+        let state = shared.lock_wait("a test");
+        assert!(state.heap_bar.on(state.next_serial));
+        assert_eq!(state.heap_bar.len, BAR_MIN);
+        // Every block is the pool's own now, at its address.
+        assert_eq!(state.live.len(), 113);
+        assert!(state.spans.is_empty());
+    }
+    let retired = shared
+        .thread_heap(shared.home)
+        .expect("the thread keeps it, retired");
+    assert!(retired.state.lock_wait().retired);
+    shared.check_heaps();
+    let stats = pool.stats();
+    assert_eq!((stats.allocations, stats.frees, stats.live), (121, 8, 113));
+    assert_eq!(stats.in_use, 112 * (64 << 10) + (768 << 10));
+    // While the bar lasts, a request that finds the lock taken gets no heap.
+    let first = allocate_contended(&shared, 4 << 10);
+    assert_eq!(pool.thread_heaps(), 0);
+    pool.deallocate(first).unwrap();
+    pool.deallocate(big).unwrap();
+    for addr in blocks.drain(60..) {
+        pool.deallocate(addr).unwrap();
+    }
+    for _ in 0..BAR_MIN {
+        let a = pool.allocate(4 << 10, 0).unwrap();
+        pool.deallocate(a).unwrap();
+    }
+    // The bar is over: the next such request gets a heap again.
+    let after = allocate_contended(&shared, 4 << 10);
+    assert_eq!(pool.thread_heaps(), 1);
+    let heap = shared.thread_heap(shared.home).expect("a new heap");
+    assert!(!Arc::ptr_eq(&heap, &retired) && !heap.state.lock_wait().retired);
+    assert_eq!(heap.state.lock_wait().live.len(), 1);
+    {
+        let state = shared.lock_wait("a test");
+        assert!(!state.heap_bar.on(state.next_serial));
+    }
+    pool.deallocate(after).unwrap();
+    for addr in blocks {
+        pool.deallocate(addr).unwrap();
+    }
+    shared.check_heaps();
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.allocations, stats.frees, stats.in_use, stats.live),
+        (121 + 2 + BAR_MIN, 121 + 2 + BAR_MIN, 0, 0)
+    );
+    assert_eq!(stats.largest_free, 8 << 20);
+}
+
+#[test]
+fn a_second_bar_soon_after_the_first_is_twice_as_long() {
+    let pool = Pool::builder(8 << 20)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let shared = pool.shared().clone();
+    let mut state = shared.lock_wait("a test");
+    shared.step_aside(&mut state);
+    assert_eq!(state.heap_bar.len, BAR_MIN);
+    let first = state.heap_bar.until;
+    shared.step_aside(&mut state);
+    assert_eq!(state.heap_bar.len, 2 * BAR_MIN);
+    assert_eq!(state.heap_bar.until, first + BAR_MIN);
+    for _ in 0..30 {
+        shared.step_aside(&mut state);
+    }
+    assert_eq!(state.heap_bar.len, BAR_MAX);
+    // Heaps that ran a while without one start from the shortest again.
+    state.heap_bar.since = Some(std::time::Instant::now() - 2 * BAR_QUIET);
+    shared.step_aside(&mut state);
+    assert_eq!(state.heap_bar.len, BAR_MIN);
 }
