@@ -674,16 +674,22 @@ fn allocate_contended(shared: &Shared, size: usize) -> u64 {
         .unwrap()
 }
 
+/// A host pool of 8 MiB with the default settings: heaps only for threads that find the lock
+/// taken, spans of 512 KiB.
+fn pool_of_8_mib() -> Pool {
+    Pool::builder(8 << 20)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap()
+}
+
 #[test]
 fn near_the_capacity_home_heaps_step_aside_and_come_back_after_the_bar() {
     // A pool of 8 MiB whose heap takes spans of 512 KiB (a sixteenth). The thread's heap
     // fills 15 spans with 64 KiB blocks, then asks for 768 KiB, for which it needs a span
     // the pool's index (one span's room left) cannot give: the heap steps aside (given back
     // for good, its blocks kept live at their addresses) and the index serves the request.
-    let pool = Pool::builder(8 << 20)
-        .log_leaks_on_drop(false)
-        .build_host()
-        .unwrap();
+    let pool = pool_of_8_mib();
     let shared = pool.shared().clone();
     let mut blocks = alloc::vec![allocate_contended(&shared, 64 << 10)];
     assert_eq!(
@@ -758,10 +764,7 @@ fn near_the_capacity_home_heaps_step_aside_and_come_back_after_the_bar() {
 
 #[test]
 fn a_second_bar_soon_after_the_first_is_twice_as_long() {
-    let pool = Pool::builder(8 << 20)
-        .log_leaks_on_drop(false)
-        .build_host()
-        .unwrap();
+    let pool = pool_of_8_mib();
     let shared = pool.shared().clone();
     let mut state = shared.lock_wait("a test");
     shared.step_aside(&mut state);
