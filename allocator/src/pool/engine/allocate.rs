@@ -302,11 +302,12 @@ impl Shared {
         let mut state = self.lock()?;
         // (Home-stream heaps stay away for a while after they stepped aside near the
         // capacity: see `HeapBar`.)
-        let barred = || {
-            self.heap_stream(ask.stream) == self.heap_stream(self.home)
-                && state.heap_bar.on(state.next_serial)
-        };
-        if self.heap_bytes > 0 && !barred() {
+        let home_heap = self.heap_stream(ask.stream) == self.heap_stream(self.home);
+        let barred = home_heap && state.heap_bar.on(state.next_serial);
+        if home_heap && !barred {
+            state.heap_bar.note_over();
+        }
+        if self.heap_bytes > 0 && !barred {
             // The thread's heap for the stream where it has one (a sink or tracking switched
             // off since the caller looked sends it here too), else a new one.
             let heap = self

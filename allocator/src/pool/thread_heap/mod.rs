@@ -137,7 +137,8 @@ const MAX_SPAN: usize = 1 << 30;
 
 /// Home-stream heaps step aside near the capacity. Where a heap of the home stream can serve a
 /// request neither from its spans, nor after merging its reuse cache, nor from a new span,
-/// because the pool's index has no room left for one, every heap of the home stream is given
+/// because the pool's index has no room left for one and fewer free bytes than
+/// [`SHORT_SPANS`] spans (or no room even for a span just large enough for the request), every heap of the home stream is given
 /// back for good (as at its thread's exit: live blocks stay at their addresses, in the pool's
 /// index) and the request goes to the pool's index. For the next `len` allocations (serial
 /// numbers: one each while no heap takes batches) no thread gets a heap for the home stream,
@@ -152,17 +153,17 @@ const MAX_SPAN: usize = 1 << 30;
 /// in use about 100 MiB), a pool of 256 MiB took 97–104 ns a pair and one of 192 MiB 355–385
 /// ns, where the same pool without heaps took 78 and 91–104 ns; stepping aside, 81–90 and
 /// 87–92 ns (`BENCHMARKS.md`). A bar doubles the last one ([`BAR_MIN`]`..=`[`BAR_MAX`]
-/// allocations) unless the last one began more than [`BAR_QUIET`] ago; then it is the
-/// shortest again. Pools that give every thread a heap (`eager_thread_heaps`) keep them, and
+/// allocations) unless the heaps ran more than [`BAR_QUIET`] since the last one ended (as a
+/// thread that asked for a heap found); then it is the shortest again. Pools that give every thread a heap (`eager_thread_heaps`) keep them, and
 /// heaps of other streams stay (a free there without a heap records an event).
 #[derive(Default)]
 pub(in crate::pool) struct HeapBar {
     /// The serial number up to which home-stream heaps stay away (none below it).
     pub(super) until: u64,
-    /// How long the last bar was, in allocations.
+    /// How long the last bar was, in allocations (0: there was none).
     pub(super) len: u64,
-    /// When the last bar began.
-    pub(super) since: Option<std::time::Instant>,
+    /// When a thread that asked for a heap first found the last bar over.
+    pub(super) ended: Option<std::time::Instant>,
 }
 
 /// The shortest and longest [`HeapBar`], in allocations, and how long heaps must run without
@@ -170,11 +171,23 @@ pub(in crate::pool) struct HeapBar {
 const BAR_MIN: u64 = 1 << 12;
 const BAR_MAX: u64 = 1 << 22;
 const BAR_QUIET: std::time::Duration = std::time::Duration::from_secs(1);
+/// Heaps that may step aside do so only while the pool's index holds fewer free bytes than
+/// this many spans (see [`HeapBar`]): with more, in pieces smaller than a span, the pool is
+/// fragmented, not full, and a heap takes a span just large enough for its request.
+pub(super) const SHORT_SPANS: u64 = 4;
 
 impl HeapBar {
     /// Whether home-stream heaps stay away for now.
     pub(in crate::pool) fn on(&self, next_serial: u64) -> bool {
         next_serial < self.until
+    }
+
+    /// A thread asks for a home-stream heap while no bar is on: notes when the last bar was
+    /// first found over.
+    pub(in crate::pool) fn note_over(&mut self) {
+        if self.len > 0 && self.ended.is_none() {
+            self.ended = Some(std::time::Instant::now());
+        }
     }
 }
 
@@ -718,16 +731,16 @@ impl Shared {
     #[cold]
     #[inline(never)]
     pub(super) fn step_aside(&self, state: &mut State) {
-        let now = std::time::Instant::now();
         let bar = &mut state.heap_bar;
-        let quiet = bar.since.is_none_or(|t| now.duration_since(t) > BAR_QUIET);
+        // (A bar not yet found over has just ended: no heap asked in between.)
+        let quiet = bar.len == 0 || bar.ended.is_some_and(|t| t.elapsed() > BAR_QUIET);
         bar.len = if quiet {
             BAR_MIN
         } else {
             (bar.len * 2).clamp(BAR_MIN, BAR_MAX)
         };
-        bar.since = Some(now);
-        bar.until = state.next_serial + bar.len;
+        bar.ended = None;
+        bar.until = state.next_serial.saturating_add(bar.len);
         let home = self.heap_stream(self.home);
         let heaps: Vec<Arc<ThreadHeap>> = state
             .heaps

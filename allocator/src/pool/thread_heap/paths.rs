@@ -5,7 +5,7 @@
 use alloc::sync::Arc;
 use core::sync::atomic::Ordering;
 
-use super::{ClientShare, HeapState, SERIAL_BATCH, Span, ThreadHeap, keep};
+use super::{ClientShare, HeapState, SERIAL_BATCH, SHORT_SPANS, Span, ThreadHeap, keep};
 use crate::error::Error;
 use crate::pool::counters::Lease;
 use crate::pool::engine::{Ask, EAGER, HEAP_SLOW, PAUSE, SINK, Shared, State};
@@ -368,8 +368,10 @@ impl Shared {
 
     /// Takes a span for `heap` from the pool's index, large enough for `size` bytes at
     /// `align`, and allocates those there. Where the index has no room for a span of the
-    /// usual size, a heap that may step aside (`step_aside`, see `HeapBar`) sets `short` and
-    /// takes none; any other takes one just large enough for the request, if there is room.
+    /// usual size, it takes one just large enough for the request, if there is room; but a
+    /// heap that may step aside (`step_aside`, see `HeapBar`) sets `short` instead when the
+    /// index has fewer free bytes than [`SHORT_SPANS`] such spans, and when the smaller one
+    /// does not fit either.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn add_span(
         &self,
@@ -399,9 +401,10 @@ impl Shared {
             state.tlsf.flush();
             taken = state.tlsf.allocate(span, GRANULE);
         }
-        // A heap that may step aside takes no smaller span: the index is short (see
-        // `HeapBar`).
-        if taken.is_none() && step_aside {
+        // Near the capacity (the index's free bytes under `SHORT_SPANS` spans), a heap that
+        // may step aside takes no smaller span: the index is short (see `HeapBar`). Elsewhere
+        // (free bytes in pieces smaller than a span) it takes one just large enough.
+        if taken.is_none() && step_aside && state.tlsf.free_bytes() < SHORT_SPANS * span {
             *short = true;
             return None;
         }
@@ -410,7 +413,11 @@ impl Shared {
             // A block taken from the pool's index, for a thread heap.
             taken = state.tlsf.allocate(span, GRANULE);
         }
-        let (block, addr) = taken?;
+        let Some((block, addr)) = taken else {
+            // Not even that: short too.
+            *short = step_aside;
+            return None;
+        };
         let first = h.tlsf.add_span(addr, span);
         h.spans.push(Span {
             addr,

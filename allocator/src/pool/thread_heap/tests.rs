@@ -81,12 +81,33 @@ fn heaps_that_step_aside_near_the_capacity_agree_with_the_pool_while_threads_run
     agree_while_threads_run(Pool::builder(4 << 20), true);
 }
 
+#[test]
+fn heaps_that_step_aside_agree_with_the_pool_with_peaks_that_count_leases() {
+    agree_while_threads_run(Pool::builder(4 << 20).exact_peaks(false), true);
+}
+
+#[test]
+fn heaps_that_step_aside_on_a_growable_region_agree_with_the_pool() {
+    let vm = crate::backend::HostVirtualMemory::new(64 << 10).unwrap();
+    let pool = Pool::builder(4 << 20)
+        .log_leaks_on_drop(false)
+        .build_mapped(vm)
+        .unwrap();
+    agree_with(pool, true);
+}
+
 fn agree_while_threads_run(builder: crate::pool::PoolBuilder, step_aside: bool) {
+    agree_with(
+        builder.log_leaks_on_drop(false).build_host().unwrap(),
+        step_aside,
+    );
+}
+
+fn agree_with(pool: Pool, step_aside: bool) {
     // Three threads with heaps allocate and free (sizes that make spans come and go, a
     // client under a quota, frees of each other's blocks); the main thread checks every
     // invariant between the indices, the spans and the leases as they run, and gives the
     // heaps back now and then.
-    let pool = builder.log_leaks_on_drop(false).build_host().unwrap();
     let quota = pool.client("quota", 3 << 20);
     let shared = pool.shared().clone();
     let mailbox: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
@@ -147,7 +168,7 @@ fn agree_while_threads_run(builder: crate::pool::PoolBuilder, step_aside: bool) 
     assert_eq!(s.allocations, s.frees);
     if step_aside {
         assert!(
-            shared.lock_wait("a test").heap_bar.since.is_some(),
+            shared.lock_wait("a test").heap_bar.len > 0,
             "no heap stepped aside"
         );
     }
@@ -778,7 +799,80 @@ fn a_second_bar_soon_after_the_first_is_twice_as_long() {
     }
     assert_eq!(state.heap_bar.len, BAR_MAX);
     // Heaps that ran a while without one start from the shortest again.
-    state.heap_bar.since = Some(std::time::Instant::now() - 2 * BAR_QUIET);
+    state.heap_bar.ended = Some(std::time::Instant::now() - 2 * BAR_QUIET);
     shared.step_aside(&mut state);
     assert_eq!(state.heap_bar.len, BAR_MIN);
+}
+
+#[test]
+fn a_pool_with_room_in_pieces_smaller_than_a_span_keeps_its_heaps() {
+    // Half of 8 MiB free, in holes of 256 KiB (half a span): fragmented, not full. A heap
+    // then takes a span just large enough for its request and stays.
+    let pool = pool_of_8_mib();
+    let shared = pool.shared().clone();
+    let blocks: Vec<u64> = (0..32)
+        .map(|_| pool.allocate(256 << 10, 0).unwrap())
+        .collect();
+    for &addr in blocks.iter().step_by(2) {
+        pool.deallocate(addr).unwrap();
+    }
+    assert_eq!(pool.stats().in_use, 4 << 20);
+    let small = allocate_contended(&shared, 4 << 10);
+    assert_eq!(pool.thread_heaps(), 1);
+    assert_eq!(shared.lock_wait("a test").heap_bar.len, 0, "no step aside");
+    pool.deallocate(small).unwrap();
+    for &addr in blocks.iter().skip(1).step_by(2) {
+        pool.deallocate(addr).unwrap();
+    }
+    shared.check_heaps();
+    assert_eq!(pool.stats().in_use, 0);
+}
+
+#[test]
+fn home_heaps_step_aside_while_a_heap_of_another_stream_stays() {
+    // A heap of another stream on the main thread keeps `HEAPS` set through every step
+    // aside: the home-stream threads' retired heaps are then looked up, and left, on their
+    // calls. Three threads crowd a pool of 4 MiB on the home stream.
+    let streams = Arc::new(crate::pool::ManualStreams::new());
+    let pool = Pool::builder(4 << 20)
+        .streams(streams.clone(), StreamId(1))
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let other = pool.allocate_on(4096, 0, StreamId(7)).unwrap();
+    assert_eq!(pool.thread_heaps(), 1);
+    let shared = pool.shared().clone();
+    std::thread::scope(|s| {
+        for t in 0..3u64 {
+            let (pool, shared) = (&pool, &shared);
+            s.spawn(move || {
+                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ t;
+                let mut live = alloc::vec![allocate_contended(shared, 1024)];
+                for _ in 0..crate::test_iterations(20_000) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let size = 1 + (x % (1 << (8 + x % 12))) as usize;
+                    if live.len() < 50 && x % 3 != 0 {
+                        if let Ok(addr) = pool.allocate(size, 0) {
+                            live.push(addr);
+                        }
+                    } else if let Some(addr) = live.pop() {
+                        pool.deallocate(addr).unwrap();
+                    }
+                }
+                for addr in live {
+                    pool.deallocate(addr).unwrap();
+                }
+            });
+        }
+    });
+    shared.check_heaps();
+    assert!(shared.lock_wait("a test").heap_bar.len > 0, "no step aside");
+    pool.deallocate_on(other, StreamId(7)).unwrap();
+    streams.complete_all();
+    shared.check_heaps();
+    let stats = pool.stats();
+    assert_eq!((stats.in_use, stats.live), (0, 0));
+    assert_eq!(stats.allocations, stats.frees);
 }
