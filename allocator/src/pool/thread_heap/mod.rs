@@ -453,7 +453,9 @@ fn with_current<R>(
     // entry stays in the list while `f` runs: entries leave it only in `lookup`, for pools
     // that are gone (this one is not: the caller is a call on it; pool ids are never reused
     // and never 0), in `take_current`, which resets `LAST` before it takes an entry out and
-    // runs only when a graph reservation is opened, a call of its own that no `f` makes (the
+    // runs only when a graph reservation is opened or a thread's heap is given back, and
+    // when a slow path under the pool's lock drops a heap the pool retired
+    // (`usable_thread_heap`, outside any `f`): calls of their own that no `f` makes (the
     // paths run as `f` call no user code but the global allocator, whose own calls on a pool
     // may look up and register heaps, which takes no entry of a live pool out of the list and
     // moves no heap: an entry holds its heap behind an `Arc`), and when the thread exits (the list's destructor
