@@ -235,9 +235,12 @@ impl PoolBuilder {
     /// **Near the capacity, heaps step aside.** Heaps split the free memory among themselves
     /// and the pool's index, and each part fragments on its own. Where a heap of the home
     /// stream finds nothing for a request, even after merging its reuse cache, and the pool's
-    /// index has no room left for a span, every home-stream heap is given back and the pool's
+    /// index has no room left for a span and holds fewer free bytes than four spans (a pool
+    /// with room in smaller pieces is fragmented, not full: there a heap takes a smaller
+    /// span), every home-stream heap is given back and the pool's
     /// index serves the home stream alone for a while (4,096 allocations, twice as long for
-    /// each time it happens again within a second, up to about four million), as in a pool
+    /// each time it happens again within a second of the last one's end, up to about four
+    /// million), as in a pool
     /// without heaps; then heaps come back. In the pool benchmark (sizes up to 4 MiB, two
     /// threads, peak in use about 100 MiB) a pair took 35–36 ns with a capacity of 1 GiB
     /// (heaps never step aside there; 74 ns with `thread_heaps(0)`), and with 192 MiB 87–92 ns,
