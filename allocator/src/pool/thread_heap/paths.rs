@@ -5,7 +5,9 @@
 use alloc::sync::Arc;
 use core::sync::atomic::Ordering;
 
-use super::{ClientShare, HeapState, SERIAL_BATCH, SHORT_SPANS, Span, ThreadHeap, keep};
+use super::{
+    ClientShare, HeapState, SERIAL_BATCH, SHORT_SPANS, STEP_ASIDE_HEAPS, Span, ThreadHeap, keep,
+};
 use crate::error::Error;
 use crate::pool::counters::Lease;
 use crate::pool::engine::{Ask, EAGER, HEAP_SLOW, PAUSE, SINK, Shared, State};
@@ -252,8 +254,10 @@ impl Shared {
         // Home-stream heaps step aside where nothing serves the request and the pool's index
         // has no room for a span (see `HeapBar`), unless every thread gets a heap: such a
         // heap takes no smaller span, and after merging its cache does not look again.
-        let step_aside = heap.stream == self.heap_stream(self.home)
-            && self.flags.load(Ordering::Relaxed) & EAGER == 0;
+        let home = self.heap_stream(self.home);
+        let step_aside = heap.stream == home
+            && self.flags.load(Ordering::Relaxed) & EAGER == 0
+            && state.heap_bar.most <= STEP_ASIDE_HEAPS;
         let mut short = false;
         if taken.is_none() && h.tlsf.free_bytes() + self.span_bytes(bound) <= bound {
             taken = self.add_span(state, heap, h, size, align, step_aside, &mut short);

@@ -62,7 +62,7 @@ fn heaps_and_the_pool_agree_while_threads_run() {
     let pool = Pool::builder(16 << 20)
         .eager_thread_heaps(true)
         .thread_heaps(1 << 20);
-    agree_while_threads_run(pool, false);
+    agree_while_threads_run(pool, 3, false);
 }
 
 #[test]
@@ -71,19 +71,25 @@ fn heaps_and_the_pool_agree_while_threads_run_with_peaks_that_count_leases() {
         .eager_thread_heaps(true)
         .thread_heaps(1 << 20)
         .exact_peaks(false);
-    agree_while_threads_run(pool, false);
+    agree_while_threads_run(pool, 3, false);
 }
 
 #[test]
 fn heaps_that_step_aside_near_the_capacity_agree_with_the_pool_while_threads_run() {
     // A pool of 4 MiB that the threads' blocks (up to 50 each, up to 512 KiB) would overfill:
-    // the heaps' spans often find no room in the pool's index, and the heaps step aside.
-    agree_while_threads_run(Pool::builder(4 << 20), true);
+    // the heaps' spans often find no room in the pool's index, and the heaps (two) step aside.
+    agree_while_threads_run(Pool::builder(4 << 20), 2, true);
+}
+
+#[test]
+fn three_heaps_near_the_capacity_stay() {
+    // The same with three threads: more than `STEP_ASIDE_HEAPS` heaps never step aside.
+    agree_while_threads_run(Pool::builder(4 << 20), 3, false);
 }
 
 #[test]
 fn heaps_that_step_aside_agree_with_the_pool_with_peaks_that_count_leases() {
-    agree_while_threads_run(Pool::builder(4 << 20).exact_peaks(false), true);
+    agree_while_threads_run(Pool::builder(4 << 20).exact_peaks(false), 2, true);
 }
 
 #[test]
@@ -93,33 +99,36 @@ fn heaps_that_step_aside_on_a_growable_region_agree_with_the_pool() {
         .log_leaks_on_drop(false)
         .build_mapped(vm)
         .unwrap();
-    agree_with(pool, true);
+    agree_with(pool, 2, true);
 }
 
-fn agree_while_threads_run(builder: crate::pool::PoolBuilder, step_aside: bool) {
-    agree_with(
-        builder.log_leaks_on_drop(false).build_host().unwrap(),
-        step_aside,
-    );
+fn agree_while_threads_run(builder: crate::pool::PoolBuilder, threads: u64, step_aside: bool) {
+    let pool = builder.log_leaks_on_drop(false).build_host().unwrap();
+    agree_with(pool, threads, step_aside);
 }
 
-fn agree_with(pool: Pool, step_aside: bool) {
-    // Three threads with heaps allocate and free (sizes that make spans come and go, a
+/// `step_aside`: whether the heaps must have stepped aside at least once (else never).
+fn agree_with(pool: Pool, threads: u64, step_aside: bool) {
+    // Threads with heaps allocate and free (sizes that make spans come and go, a
     // client under a quota, frees of each other's blocks); the main thread checks every
     // invariant between the indices, the spans and the leases as they run, and gives the
     // heaps back now and then.
     let quota = pool.client("quota", 3 << 20);
     let shared = pool.shared().clone();
     let mailbox: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
-    let running = core::sync::atomic::AtomicUsize::new(3);
+    let running = core::sync::atomic::AtomicUsize::new(threads as usize);
+    let started = std::sync::Barrier::new(threads as usize);
     std::thread::scope(|s| {
-        for t in 0..3u64 {
+        for t in 0..threads {
             let (pool, quota, mailbox, running) = (&pool, &quota, &mailbox, &running);
+            let started = &started;
             s.spawn(move || {
                 let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ t;
                 let mut live = Vec::new();
-                // A heap for the thread now, as for one that found the pool's lock taken.
+                // A heap for the thread now, as for one that found the pool's lock taken;
+                // every thread has one before any goes on.
                 live.push((allocate_contended(pool.shared(), 1024), false));
+                started.wait();
                 for _ in 0..crate::test_iterations(20_000) {
                     x ^= x << 13;
                     x ^= x >> 7;
@@ -166,11 +175,11 @@ fn agree_with(pool: Pool, step_aside: bool) {
     let s = pool.stats();
     assert_eq!((s.in_use, s.live, s.free_blocks), (0, 0, 1));
     assert_eq!(s.allocations, s.frees);
+    let bars = shared.lock_wait("a test").heap_bar.len;
     if step_aside {
-        assert!(
-            shared.lock_wait("a test").heap_bar.len > 0,
-            "no heap stepped aside"
-        );
+        assert!(bars > 0, "no heap stepped aside");
+    } else {
+        assert_eq!(bars, 0, "a heap stepped aside");
     }
 }
 
@@ -832,7 +841,7 @@ fn a_pool_with_room_in_pieces_smaller_than_a_span_keeps_its_heaps() {
 fn home_heaps_step_aside_while_a_heap_of_another_stream_stays() {
     // A heap of another stream on the main thread keeps `HEAPS` set through every step
     // aside: the home-stream threads' retired heaps are then looked up, and left, on their
-    // calls. Three threads crowd a pool of 4 MiB on the home stream.
+    // calls. Two threads crowd a pool of 4 MiB on the home stream.
     let streams = Arc::new(crate::pool::ManualStreams::new());
     let pool = Pool::builder(4 << 20)
         .streams(streams.clone(), StreamId(1))
@@ -843,7 +852,7 @@ fn home_heaps_step_aside_while_a_heap_of_another_stream_stays() {
     assert_eq!(pool.thread_heaps(), 1);
     let shared = pool.shared().clone();
     std::thread::scope(|s| {
-        for t in 0..3u64 {
+        for t in 0..2u64 {
             let (pool, shared) = (&pool, &shared);
             s.spawn(move || {
                 let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ t;
