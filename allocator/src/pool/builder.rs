@@ -247,7 +247,11 @@ impl PoolBuilder {
     /// as with `thread_heaps(0)`, where heaps that stayed took 355–385 ns (see
     /// `BENCHMARKS.md`). Heaps serve best while each one's share is several times what its
     /// thread has in use: below that, a pool with heaps is as fast as one without, not faster.
-    /// Pools with [`eager_thread_heaps`](Self::eager_thread_heaps) keep their heaps.
+    /// Only pools that have never had more than two home-stream heaps at once step aside:
+    /// with more threads one lock costs more than heaps lose (on an H100 host, eight threads
+    /// near the capacity took 2.5 µs a pair on one lock and 1.1 µs on heaps that stayed, both
+    /// far from the 55 ns they take with room: give such a pool room). Pools with
+    /// [`eager_thread_heaps`](Self::eager_thread_heaps) keep their heaps.
     ///
     /// ```
     /// use devarena::Pool;
