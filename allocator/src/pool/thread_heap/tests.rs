@@ -130,10 +130,7 @@ fn agree_with(pool: Pool, threads: u64, step_aside: bool) {
                 live.push((allocate_contended(pool.shared(), 1024), false));
                 started.wait();
                 for _ in 0..crate::test_iterations(20_000) {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let size = 1 + (x % (1 << (8 + x % 12))) as usize;
+                    let size = next_size(&mut x);
                     if live.len() < 50 && x % 3 != 0 {
                         let client = if x % 5 == 0 { quota } else { pool.own_client() };
                         if let Ok(addr) = client.allocate(size, 256 << ((x >> 60) % 5)) {
@@ -181,6 +178,15 @@ fn agree_with(pool: Pool, threads: u64, step_aside: bool) {
     } else {
         assert_eq!(bars, 0, "a heap stepped aside");
     }
+}
+
+/// The next step of a thread's xorshift sequence `x`, and a size for it: 1 byte to 512 KiB,
+/// small ones far more often.
+fn next_size(x: &mut u64) -> usize {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    1 + (*x % (1 << (8 + *x % 12))) as usize
 }
 
 /// The high-water mark of this thread's home-stream heap of `pool`.
@@ -858,10 +864,7 @@ fn home_heaps_step_aside_while_a_heap_of_another_stream_stays() {
                 let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ t;
                 let mut live = alloc::vec![allocate_contended(shared, 1024)];
                 for _ in 0..crate::test_iterations(20_000) {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let size = 1 + (x % (1 << (8 + x % 12))) as usize;
+                    let size = next_size(&mut x);
                     if live.len() < 50 && x % 3 != 0 {
                         if let Ok(addr) = pool.allocate(size, 0) {
                             live.push(addr);
