@@ -22,10 +22,12 @@
 //!   the pool's index into the blocks the heap made, live ones at their addresses, free ones
 //!   merged with their free neighbours. Afterwards the pool's index is what it would be had it
 //!   made every block itself, so a request that would succeed with every heap given back does
-//!   succeed. Near the capacity the home-stream heaps step aside for a while ([`HeapBar`]). (A heap of a stream other than the home stream gives its free blocks back once
-//!   the home stream waits for its stream; the free blocks such heaps gave back parked before,
-//!   see the stream order below, are taken the same way, [`Shared::order_given_back`]. Only
-//!   where that wait cannot be made, a stream capturing a graph, do they stay parked.)
+//!   succeed. Near the capacity the home-stream heaps of a pool of one or two threads step
+//!   aside for a while ([`HeapBar`]). (A heap of a stream other than the home stream gives its
+//!   free blocks back once the home stream waits for its stream; the free blocks such heaps
+//!   gave back parked before, see the stream order below, are taken the same way,
+//!   [`Shared::order_given_back`]. Only where that wait cannot be made, a stream capturing a
+//!   graph, do they stay parked.)
 //! * **Quotas and the peak.** A heap allocates within *leases*, one for the pool and one per
 //!   client ([`Lease`]): bytes it may hold without asking. The pool counts leases as in use
 //!   and keeps `in_use ≤ peak` (and `peak ≤ quota` for a client), so an allocation within a
@@ -138,12 +140,12 @@ const MAX_SPAN: usize = 1 << 30;
 /// Home-stream heaps step aside near the capacity. Where a heap of the home stream can serve a
 /// request neither from its spans, nor after merging its reuse cache, nor from a new span,
 /// because the pool's index has no room left for one and fewer free bytes than
-/// [`SHORT_SPANS`] spans (or no room even for a span just large enough for the request), every heap of the home stream is given
-/// back for good (as at its thread's exit: live blocks stay at their addresses, in the pool's
-/// index) and the request goes to the pool's index. For the next `len` allocations (serial
-/// numbers: one each while no heap takes batches) no thread gets a heap for the home stream,
-/// and the pool's index serves them, as in a pool without heaps (with no heap left at all, a
-/// request takes the pool's own fast path at once). Afterwards a thread finds its old heap
+/// [`SHORT_SPANS`] spans (or no room even for a span just large enough for the request),
+/// every heap of the home stream is given back for good (as at its thread's exit: live blocks
+/// stay at their addresses, in the pool's index) and the request goes to the pool's index.
+/// For the next `len` allocations (serial numbers: one each while no heap takes batches) no
+/// thread gets a heap for the home stream, and the pool's index serves them, as in a pool
+/// without heaps (with no heap left at all, a request takes the pool's own fast path at once). Afterwards a thread finds its old heap
 /// retired when it next asks for one, and gets a new one.
 ///
 /// Why: heaps split the free memory among themselves and the pool's index, and each part
@@ -182,9 +184,8 @@ const BAR_QUIET: std::time::Duration = std::time::Duration::from_secs(1);
 pub(super) const SHORT_SPANS: u64 = 4;
 /// Heaps step aside only where the home stream has never had more than this many at once (see
 /// [`HeapBar`]): one lock serves two threads about as well as heaps near the capacity, not
-/// eight. On an H100
-/// host, eight threads near the capacity (768 MiB, peak about 400 MiB) took 2.5 µs a pair on
-/// the pool's one index, and 1.1 µs on heaps that stayed.
+/// eight. On an H100 host, eight threads near the capacity (768 MiB, peak about 400 MiB) took
+/// 2.5 µs a pair on the pool's one index, and 1.1 µs on heaps that stayed.
 pub(super) const STEP_ASIDE_HEAPS: usize = 2;
 
 impl HeapBar {
