@@ -260,13 +260,27 @@ impl Shared {
             && state.heap_bar.most <= STEP_ASIDE_HEAPS;
         let mut short = false;
         if taken.is_none() && h.tlsf.free_bytes() + self.span_bytes(bound) <= bound {
-            taken = self.add_span(state, heap, h, size, align, step_aside, &mut short);
+            taken = self.add_span(
+                state,
+                heap,
+                h,
+                size,
+                align,
+                step_aside.then_some(&mut short),
+            );
         }
         if taken.is_none() {
             taken = merge_cache_for(h, size, align);
         }
         if taken.is_none() && !short {
-            taken = self.add_span(state, heap, h, size, align, step_aside, &mut short);
+            taken = self.add_span(
+                state,
+                heap,
+                h,
+                size,
+                align,
+                step_aside.then_some(&mut short),
+            );
         }
         let Some((block, addr)) = taken else {
             drop(guard);
@@ -373,10 +387,9 @@ impl Shared {
     /// Takes a span for `heap` from the pool's index, large enough for `size` bytes at
     /// `align`, and allocates those there. Where the index has no room for a span of the
     /// usual size, it takes one just large enough for the request, if there is room; but a
-    /// heap that may step aside (`step_aside`, see `HeapBar`) sets `short` instead when the
-    /// index has fewer free bytes than [`SHORT_SPANS`] such spans, and when the smaller one
-    /// does not fit either.
-    #[allow(clippy::too_many_arguments)]
+    /// heap that may step aside (`short` given, see `HeapBar`) sets it instead when the index
+    /// has fewer free bytes than [`SHORT_SPANS`] such spans, and when the smaller one does
+    /// not fit either.
     pub(super) fn add_span(
         &self,
         state: &mut State,
@@ -384,8 +397,7 @@ impl Shared {
         h: &mut HeapState,
         size: u64,
         align: u64,
-        step_aside: bool,
-        short: &mut bool,
+        short: Option<&mut bool>,
     ) -> Option<(u32, u64)> {
         let fit = tlsf::guaranteed_fit(size, align)?;
         // A heap of another stream hands the span's blocks out on its stream: as for any block
@@ -408,9 +420,11 @@ impl Shared {
         // Near the capacity (the index's free bytes under `SHORT_SPANS` spans), a heap that
         // may step aside takes no smaller span: the index is short (see `HeapBar`). Elsewhere
         // (free bytes in pieces smaller than a span) it takes one just large enough.
-        if taken.is_none() && step_aside && state.tlsf.free_bytes() < SHORT_SPANS * span {
-            *short = true;
-            return None;
+        if taken.is_none() && state.tlsf.free_bytes() < SHORT_SPANS * span {
+            if let Some(short) = short {
+                *short = true;
+                return None;
+            }
         }
         if taken.is_none() && span > fit {
             span = fit;
@@ -419,7 +433,9 @@ impl Shared {
         }
         let Some((block, addr)) = taken else {
             // Not even that: short too.
-            *short = step_aside;
+            if let Some(short) = short {
+                *short = true;
+            }
             return None;
         };
         let first = h.tlsf.add_span(addr, span);
