@@ -249,6 +249,8 @@ impl Shared {
         let Some(heap) = Self::span_owner(state, addr) else {
             return unknown(state);
         };
+        // A free of a heap's block here: the next ones find the heap without this lock.
+        self.refresh_span_directory(state);
         let found = {
             let h = heap.state.lock_wait();
             h.live.get(addr).map(|block| h.meta[block as usize])

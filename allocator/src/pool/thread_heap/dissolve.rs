@@ -82,7 +82,7 @@ impl Shared {
                 .unwrap_or(0);
             self.dissolve_span(state, heap, h, i, &mode);
         }
-        self.publish_spans(state);
+        self.spans_changed();
         if self.streams.is_some() && matches!(mode, GiveBack::Free) {
             // Blocks freed on the home stream (or ordered before it) reach the pool's index.
             state.home_epoch += 1;
@@ -314,7 +314,7 @@ impl Shared {
         for (heap, guard) in heaps.iter().zip(guards.iter_mut()) {
             self.dissolve(state, heap, guard, order);
         }
-        self.publish_spans(state);
+        self.spans_changed();
         then(self, state);
         drop(guards);
     }

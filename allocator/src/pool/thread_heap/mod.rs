@@ -775,7 +775,7 @@ impl Shared {
             self.dissolve(state, heap, guard, false);
             guard.retired = true;
         }
-        self.publish_spans(state);
+        self.spans_changed();
         state
             .heaps
             .retain(|e| !heaps.iter().any(|h| Arc::ptr_eq(h, &e.heap)));
@@ -797,7 +797,7 @@ impl Shared {
                 return;
             }
             self.dissolve(&mut state, heap, &mut guard, false);
-            self.publish_spans(&state);
+            self.spans_changed();
             guard.retired = true;
         }
         state.heaps.retain(|e| !Arc::ptr_eq(&e.heap, heap));
@@ -822,7 +822,7 @@ impl Shared {
             guard.clients = Vec::new();
         }
         state.spans.clear();
-        self.publish_spans(&state);
+        self.spans_changed();
     }
 }
 

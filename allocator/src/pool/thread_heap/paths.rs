@@ -446,7 +446,7 @@ impl Shared {
             block,
         });
         state.spans.insert(addr, (span, heap.clone()));
-        self.publish_spans(state);
+        self.spans_changed();
         h.tlsf.allocate(size, align)
     }
 

@@ -383,6 +383,12 @@ fn another_threads_frees_of_a_heaps_blocks_take_no_pool_lock() {
     std::thread::scope(|s| {
         let (blocks, finish) = allocate_and_wait(&clients, 64, s);
         assert_eq!(pool.thread_heaps(), 1);
+        // The heap took a span: the span directory is out of date (and empty) until a free
+        // of a heap's block reaches the pool's lock, which rebuilds it.
+        let (addr, c) = blocks[0];
+        assert!(!shared.deallocate_remote(None, addr, shared.home, false));
+        clients[c].deallocate(addr).unwrap();
+        assert!(!shared.span_dir.stale.load(Ordering::Relaxed));
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         let freed = {
             let _state = shared.lock_wait("a test");
@@ -390,7 +396,7 @@ fn another_threads_frees_of_a_heaps_blocks_take_no_pool_lock() {
             let shared = shared.clone();
             s.spawn(move || {
                 // Half through the clients, half through the pool.
-                for &(addr, c) in &blocks[..32] {
+                for &(addr, c) in &blocks[1..32] {
                     clients[c].deallocate(addr).unwrap();
                 }
                 for &(addr, _) in &blocks[32..] {
@@ -526,6 +532,9 @@ fn a_thread_that_frees_another_heaps_blocks_asks_the_directory_first_until_it_fr
             done_tx.send((hints, mine)).unwrap();
         });
         ready_rx.recv().unwrap();
+        // Both heaps took their spans: the directory is rebuilt, as the first free of a heap's
+        // block through the pool's lock would.
+        shared.refresh_span_directory(&shared.lock_wait("a test"));
         let done = {
             let _state = shared.lock_wait("a test");
             go_tx.send(()).unwrap();

@@ -136,5 +136,11 @@ impl Tlsf {
         assert_eq!((cache.bytes, cache.blocks), (cached_bytes, cached_blocks));
         assert!(cache.bytes <= cache.byte_limit);
         assert!(cache.byte_limit == 0 || !cache.ring.is_empty());
+        // The oldest `stale` entries are cleared.
+        assert!(cache.stale <= cache.ring.len());
+        for i in 0..cache.stale {
+            let at = cache.pos.wrapping_add(i) & (cache.ring.len() - 1);
+            assert_eq!(cache.ring[at], (NIL, 0), "ring entry {at} is cleared");
+        }
     }
 }

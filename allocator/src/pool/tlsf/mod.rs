@@ -238,6 +238,7 @@ impl Tlsf {
                 heads: [NIL; FL_ROWS * SL_COUNT],
                 ring,
                 pos: 0,
+                stale: 0,
                 bytes: 0,
                 blocks: 0,
                 byte_limit: cache_bytes,

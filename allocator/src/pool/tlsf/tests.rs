@@ -491,6 +491,76 @@ fn a_lower_cache_limit_merges_the_oldest_and_evicting_stops_at_its_bytes() {
 }
 
 #[test]
+fn merging_the_oldest_again_and_again_goes_on_where_the_last_merge_stopped() {
+    // Against a model: the cached blocks in the order they were cached. Between merges of
+    // the oldest, blocks are cached (which overwrites the ring's oldest entries), taken from
+    // the cache (which leaves their entries stale) and merged; each merge takes the oldest
+    // cached blocks, whole, until it has the bytes asked for, wherever the last one stopped.
+    let mut t = Tlsf::new(0, 1 << 24, 16, 1 << 24);
+    let mut cached: std::collections::VecDeque<u32> = Default::default();
+    let mut live = Vec::new();
+    let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let (mut merges, mut skipped) = (0, 0);
+    for step in 0..4000 {
+        match next() % 8 {
+            // A release: cached, and the ring's oldest entry, if its block is still cached
+            // by it, is merged.
+            0..=3 if !live.is_empty() => {
+                let i = (next() % live.len() as u64) as usize;
+                let block = live.swap_remove(i);
+                t.release(block);
+                cached.push_back(block);
+            }
+            // A merge of the oldest, up to 1 to 3 blocks' worth.
+            6 => {
+                let want = (GRANULE << 3) * (1 + next() % 3);
+                let stale = t.cache.stale;
+                // (Sizes read before: a merged block's slot describes what it merged into.)
+                let sizes: Vec<u64> = cached.iter().map(|&b| t.blocks[b as usize].size).collect();
+                let merged = t.evict_oldest(want);
+                merges += 1;
+                skipped += usize::from(stale > 0);
+                let mut expected = 0;
+                for size in sizes {
+                    if expected >= want {
+                        break;
+                    }
+                    let block = cached.pop_front().unwrap();
+                    assert!(
+                        !t.blocks[block as usize].cached,
+                        "step {step}: the oldest merged"
+                    );
+                    expected += size;
+                }
+                assert_eq!(merged, expected, "step {step}");
+                assert!(cached.iter().all(|&b| t.blocks[b as usize].cached));
+            }
+            // A request, of a class some cached block may have: taken from the cache.
+            _ => live.push(t.allocate(GRANULE << (next() % 4), GRANULE).unwrap().0),
+        }
+        // (What the step took from the cache, or merged as the ring's oldest: out of it.)
+        cached.retain(|&b| t.blocks[b as usize].cached);
+        assert_eq!(t.cached().1, cached.len(), "step {step}");
+        if step % 997 == 0 {
+            t.flush();
+            cached.clear();
+        }
+        t.check();
+    }
+    // Merges did start past entries an earlier one had cleared.
+    assert!(
+        merges > 300 && skipped > merges / 4,
+        "{merges} merges, {skipped} skipped"
+    );
+}
+
+#[test]
 fn allocate_where_takes_the_lowest_start_offered_and_checks_it() {
     let base = 1u64 << 20;
     let mut t = Tlsf::new(base, 64 * GRANULE, 0, 0);
