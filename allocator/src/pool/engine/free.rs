@@ -249,8 +249,15 @@ impl Shared {
         let Some(heap) = Self::span_owner(state, addr) else {
             return unknown(state);
         };
-        // A free of a heap's block here: the next ones find the heap without this lock.
-        self.refresh_span_directory(state);
+        // Another thread's heap: with the span directory up to date, the next such frees find
+        // it without this lock. The caller's own (its lock was busy, or the thread asked the
+        // directory first): its next free tries its heap first again, and the directory,
+        // which serves other threads, is left as it is.
+        if crate::pool::thread_heap::is_current(self.id, stream, Arc::as_ptr(&heap)) {
+            heap.frees_elsewhere.set(false);
+        } else {
+            self.refresh_span_directory(state);
+        }
         let found = {
             let h = heap.state.lock_wait();
             h.live.get(addr).map(|block| h.meta[block as usize])

@@ -83,9 +83,10 @@
 //!   data-loader thread allocates, a consumer frees) finds the heap in a copy of the pool's
 //!   map of spans readable without the pool's lock ([`SpanDirectory`]) and frees the block
 //!   under that heap's lock alone, with the checks and counts of the general path; the copy
-//!   is only a hint, checked against the heap's live allocations (see [`remote`]). Frees the
-//!   copy cannot place, and every free a heap cannot take (a sink, another stream, a refusal),
-//!   go to the pool's lock as before.
+//!   is only a hint, checked against the heap's live allocations (see [`remote`]), and is
+//!   rebuilt lazily: after spans change, the first such free goes to the pool's lock, which
+//!   brings the copy up to date. Frees the copy cannot place, and every free a heap cannot
+//!   take (a sink, another stream, a refusal), go to the pool's lock as before.
 //! * **Thread exit and pool drop.** The thread's heaps live in a thread-local list that holds
 //!   each pool weakly: when the thread exits, each heap of a pool still alive is given back. A
 //!   pool dropped first empties its heaps; the list then holds only an empty heap, dropped when

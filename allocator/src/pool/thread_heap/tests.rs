@@ -500,6 +500,45 @@ fn a_span_directory_that_names_the_wrong_heap_frees_nothing_there() {
 }
 
 #[test]
+fn a_free_of_its_own_heaps_block_through_the_pools_lock_clears_the_hint_and_rebuilds_nothing() {
+    // The span directory serves frees of other threads' blocks: a thread whose free of its
+    // own heap's block reaches the pool's lock (it asked the directory first, which was out
+    // of date) goes back to its own heap first, and the directory stays as it is.
+    let pool = eager_heaps_pool();
+    let shared = pool.shared().clone();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let (pool, shared) = (&pool, &shared);
+        s.spawn(move || {
+            let mine: Vec<u64> = (0..3).map(|_| pool.allocate(4096, 0).unwrap()).collect();
+            let heap = shared.thread_heap(shared.home).expect("a heap");
+            // The heap took a span; the thread's last free was (say) of another heap's block.
+            assert!(shared.span_dir.stale.load(Ordering::Relaxed));
+            heap.frees_elsewhere.set(true);
+            pool.deallocate(mine[0]).unwrap();
+            assert!(!heap.frees_elsewhere.get());
+            assert!(shared.span_dir.stale.load(Ordering::Relaxed));
+            ready_tx.send(()).unwrap();
+            // Its own heap again, without the pool's lock (held by the test meanwhile).
+            go_rx.recv().unwrap();
+            done_tx.send(pool.deallocate(mine[1])).unwrap();
+            pool.deallocate(mine[2]).unwrap();
+        });
+        ready_rx.recv().unwrap();
+        let done = {
+            let _state = shared.lock_wait("a test");
+            go_tx.send(()).unwrap();
+            done_rx.recv_timeout(std::time::Duration::from_secs(60))
+        };
+        done.expect("the free waited for the pool's lock").unwrap();
+    });
+    assert_eq!(pool.stats().live, 0);
+    shared.check_heaps();
+}
+
+#[test]
 fn a_thread_that_frees_another_heaps_blocks_asks_the_directory_first_until_it_frees_its_own() {
     let pool = eager_heaps_pool();
     let shared = pool.shared().clone();
