@@ -500,6 +500,74 @@ fn a_span_directory_that_names_the_wrong_heap_frees_nothing_there() {
 }
 
 #[test]
+fn a_heap_that_found_the_index_short_merges_its_cache_without_the_pools_lock() {
+    // 16 MiB, every thread a heap: spans of 1 MiB. Heap A caches four 256 KiB blocks, then
+    // heap B takes every span that is left. A's request for 512 KiB merges A's cache under
+    // the pool's lock (the index had no span for it) and marks A short of spans; from then on
+    // A merges its cache under its own lock alone, within its bound or not.
+    let pool = Pool::builder(16 << 20)
+        .eager_thread_heaps(true)
+        .log_leaks_on_drop(false)
+        .build_host()
+        .unwrap();
+    let shared = pool.shared().clone();
+    let (to_a, a_rx) = std::sync::mpsc::channel::<()>();
+    let (a_tx, from_a) = std::sync::mpsc::channel::<&str>();
+    let k256 = 256 << 10;
+    std::thread::scope(|s| {
+        let (pool, shared) = (&pool, &shared);
+        s.spawn(move || {
+            let quarter: Vec<u64> = (0..4).map(|_| pool.allocate(k256, 0).unwrap()).collect();
+            for addr in quarter {
+                pool.deallocate(addr).unwrap();
+            }
+            let heap = shared.thread_heap(shared.home).expect("a heap");
+            assert_eq!(heap.state.lock_wait().tlsf.cached().1, 4);
+            a_tx.send("cached").unwrap();
+            a_rx.recv().unwrap();
+            // The index is empty now.
+            let halves = [pool.allocate(2 * k256, 0), pool.allocate(2 * k256, 0)];
+            assert!(heap.state.lock_wait().short_of_spans);
+            for addr in halves {
+                pool.deallocate(addr.unwrap()).unwrap();
+            }
+            a_tx.send("short").unwrap();
+            a_rx.recv().unwrap();
+            // Two cached halves, nothing free in the lists: a quarter needs a merge.
+            let addr = pool.allocate(k256, 0);
+            a_tx.send(if addr.is_ok() { "merged" } else { "failed" })
+                .unwrap();
+            pool.deallocate(addr.unwrap()).unwrap();
+        });
+        assert_eq!(from_a.recv().unwrap(), "cached");
+        let filler = std::thread::scope(|s| {
+            s.spawn(|| {
+                (0..15)
+                    .map(|_| pool.allocate(1 << 20, 0).unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .join()
+            .unwrap()
+        });
+        assert_eq!(shared.lock_wait("a test").tlsf.free_bytes(), 0);
+        to_a.send(()).unwrap();
+        assert_eq!(from_a.recv().unwrap(), "short");
+        let merged = {
+            let _state = shared.lock_wait("a test");
+            to_a.send(()).unwrap();
+            from_a.recv_timeout(std::time::Duration::from_secs(60))
+        };
+        assert_eq!(merged, Ok("merged"), "the merge waited for the pool's lock");
+        for addr in filler {
+            pool.deallocate(addr).unwrap();
+        }
+    });
+    let stats = pool.stats();
+    assert_eq!((stats.live, stats.in_use, stats.failures), (0, 0, 0));
+    shared.check_heaps();
+}
+
+#[test]
 fn a_free_of_its_own_heaps_block_through_the_pools_lock_clears_the_hint_and_rebuilds_nothing() {
     // The span directory serves frees of other threads' blocks: a thread whose free of its
     // own heap's block reaches the pool's lock (it asked the directory first, which was out
