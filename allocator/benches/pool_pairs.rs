@@ -860,6 +860,19 @@ struct SpinBarrier {
     threads: usize,
     arrived: AtomicUsize,
     generation: AtomicUsize,
+    /// A thread of the run panicked (an allocation failed): the others stop waiting for it.
+    broken: AtomicBool,
+}
+
+/// Marks the barrier broken when its thread unwinds, so that no other thread waits for ever.
+struct BreakOnPanic<'a>(&'a SpinBarrier);
+
+impl Drop for BreakOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.broken.store(true, Ordering::Release);
+        }
+    }
 }
 
 impl SpinBarrier {
@@ -868,6 +881,7 @@ impl SpinBarrier {
             threads,
             arrived: AtomicUsize::new(0),
             generation: AtomicUsize::new(0),
+            broken: AtomicBool::new(false),
         }
     }
 
@@ -881,6 +895,9 @@ impl SpinBarrier {
         }
         let mut spins = 0u32;
         while self.generation.load(Ordering::Acquire) == generation {
+            if self.broken.load(Ordering::Acquire) {
+                panic!("another thread of the run failed before the start");
+            }
             if spins < 1 << 20 {
                 core::hint::spin_loop();
                 spins += 1;
@@ -893,6 +910,7 @@ impl SpinBarrier {
 
 /// Runs one thread's script on `worker`; returns the time of the timed part.
 fn run_script(worker: &mut dyn Worker, script: &Script, start: &SpinBarrier) -> Timing {
+    let _break_on_panic = BreakOnPanic(start);
     let mut live: Vec<(u64, usize)> = script
         .initial
         .iter()
