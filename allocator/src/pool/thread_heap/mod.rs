@@ -304,11 +304,6 @@ pub(super) struct HeapState {
     /// it made (what bounds its reuse cache on a growable region, see
     /// [`Shared::heap_cache_limit`]).
     pub(super) high_water: u64,
-    /// The pool's index had no room for a span of the usual size when the heap last asked
-    /// ([`add_span`](Shared::add_span)): until it finds room again, the heap merges its reuse
-    /// cache under its own lock before it asks the pool's lock for a span, even within its
-    /// bound (see [`heap_allocate_merging`](Shared::heap_allocate_merging)).
-    pub(super) short_of_spans: bool,
 }
 
 impl HeapState {
@@ -330,7 +325,6 @@ impl HeapState {
             serials: (0, 0),
             retired: false,
             high_water: 0,
-            short_of_spans: false,
         }
     }
 

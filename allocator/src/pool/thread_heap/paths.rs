@@ -145,12 +145,8 @@ impl Shared {
     /// lock it made the other heaps' slow paths (leases, serial numbers, spans) wait for it:
     /// with eight threads in the pool benchmark, merges took about 85% of the instructions run
     /// under that lock. `None` (the heap as it was, but for what was merged) where the heap
-    /// is within its bound (it takes a new span instead) while the pool's index had room for a
-    /// span at its last look ([`HeapState::short_of_spans`]), needs more lease or serial
-    /// numbers, or finds nothing after merging: the locked path decides. (Where the index had
-    /// no room, the locked path merged the cache under the pool's lock before it took a span
-    /// the size of the request: with eight threads near the capacity in the pool benchmark,
-    /// three times as many visits to the pool's lock.)
+    /// is within its bound (it takes a new span instead), needs more lease or serial numbers,
+    /// or finds nothing after merging: the locked path decides.
     #[cold]
     #[inline(never)]
     fn heap_allocate_merging(&self, heap: &ThreadHeap, ask: &Ask, owned: bool) -> Option<u64> {
@@ -168,7 +164,7 @@ impl Shared {
         // (The bound changes under the pool's lock only as heaps come and go; a stale one
         // decides no more than whether to merge or to ask for a span.)
         let bound = self.heap_bound() as u64;
-        if !h.short_of_spans && h.tlsf.free_bytes() + self.span_bytes(bound) <= bound {
+        if h.tlsf.free_bytes() + self.span_bytes(bound) <= bound {
             return None;
         }
         let (size, align) = (reserved as u64, ask.align as u64);
@@ -421,8 +417,6 @@ impl Shared {
             state.tlsf.flush();
             taken = state.tlsf.allocate(span, GRANULE);
         }
-        // Until a span of the usual size fits again, the heap merges its own cache first.
-        h.short_of_spans = taken.is_none();
         // Near the capacity (the index's free bytes under `SHORT_SPANS` spans), a heap that
         // may step aside takes no smaller span: the index is short (see `HeapBar`). Elsewhere
         // (free bytes in pieces smaller than a span) it takes one just large enough.
