@@ -258,29 +258,19 @@ impl Shared {
         let step_aside = heap.stream == home
             && self.flags.load(Ordering::Relaxed) & EAGER == 0
             && state.heap_bar.most <= STEP_ASIDE_HEAPS;
+        // A span from the pool's index for the request; `short`: whether heaps step aside.
+        let span = |state: &mut State, h: &mut HeapState, short: &mut bool| {
+            self.add_span(state, heap, h, size, align, step_aside.then_some(short))
+        };
         let mut short = false;
         if taken.is_none() && h.tlsf.free_bytes() + self.span_bytes(bound) <= bound {
-            taken = self.add_span(
-                state,
-                heap,
-                h,
-                size,
-                align,
-                step_aside.then_some(&mut short),
-            );
+            taken = span(state, h, &mut short);
         }
         if taken.is_none() {
             taken = merge_cache_for(h, size, align);
         }
         if taken.is_none() && !short {
-            taken = self.add_span(
-                state,
-                heap,
-                h,
-                size,
-                align,
-                step_aside.then_some(&mut short),
-            );
+            taken = span(state, h, &mut short);
         }
         let Some((block, addr)) = taken else {
             drop(guard);
