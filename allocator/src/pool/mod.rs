@@ -120,7 +120,7 @@
 //!   free ones merged with their free neighbours, live ones carrying on at their addresses. A
 //!   request that would succeed with every heap given back succeeds. Near the capacity, where
 //!   a home-stream heap finds nothing for a request and the pool's index has little free and
-//!   no room for a span, the home-stream heaps of a pool of one or two threads step aside:
+//!   no room for a span, the home-stream heaps step aside:
 //!   given back for good, they leave the home stream to the pool's index for a while, as in a
 //!   pool without heaps (see [`PoolBuilder::thread_heaps`]), instead of splitting what little
 //!   is free.

@@ -22,7 +22,7 @@
 //!   the pool's index into the blocks the heap made, live ones at their addresses, free ones
 //!   merged with their free neighbours. Afterwards the pool's index is what it would be had it
 //!   made every block itself, so a request that would succeed with every heap given back does
-//!   succeed. Near the capacity the home-stream heaps of a pool of one or two threads step
+//!   succeed. Near the capacity the home-stream heaps step
 //!   aside for a while ([`HeapBar`]). (A heap of a stream other than the home stream gives its
 //!   free blocks back once the home stream waits for its stream; the free blocks such heaps
 //!   gave back parked before, see the stream order below, are taken the same way,
@@ -159,9 +159,14 @@ const MAX_SPAN: usize = 1 << 30;
 /// allocations) unless the heaps ran more than [`BAR_QUIET`] since the last one ended (as a
 /// thread that asked for a heap found); then it is the shortest again. Pools that give every
 /// thread a heap (`eager_thread_heaps`) keep them, and heaps of other streams stay (a free
-/// there without a heap records an event). So do the heaps of a pool that has had more than
-/// [`STEP_ASIDE_HEAPS`] home-stream heaps at once: that many threads wait longer for one lock
-/// than heaps lose near the capacity.
+/// there without a heap records an event).
+///
+/// Any number of threads step aside. With many threads one lock costs more than heaps near
+/// the capacity do, but heaps that stay fail requests that the pool's one index serves: in
+/// `pool_pairs` with eight threads (peak in use about 260 MiB) on the development machine, a
+/// pool of 384 MiB failed an allocation in 12 of 12 runs with heaps that stayed, in 2 of 12
+/// with heaps that step aside, and never with `thread_heaps(0)`; at 400 MiB in 8 of 12
+/// against none (`BENCHMARKS.md`). A failed request is worse than a slow one.
 #[derive(Default)]
 pub(in crate::pool) struct HeapBar {
     /// The serial number up to which home-stream heaps stay away (none below it).
@@ -170,8 +175,6 @@ pub(in crate::pool) struct HeapBar {
     pub(super) len: u64,
     /// When a thread that asked for a heap first found the last bar over.
     pub(super) ended: Option<std::time::Instant>,
-    /// The most home-stream heaps the pool has had at once.
-    pub(super) most: usize,
 }
 
 /// The shortest and longest [`HeapBar`], in allocations, and how long heaps must run without
@@ -183,12 +186,6 @@ const BAR_QUIET: std::time::Duration = std::time::Duration::from_secs(1);
 /// this many spans (see [`HeapBar`]): with more, in pieces smaller than a span, the pool is
 /// fragmented, not full, and a heap takes a span just large enough for its request.
 pub(super) const SHORT_SPANS: u64 = 4;
-/// Heaps step aside only where the home stream has never had more than this many at once (see
-/// [`HeapBar`]): one lock serves two threads about as well as heaps near the capacity, not
-/// eight. On an H100 host, eight threads near the capacity (768 MiB, peak about 400 MiB) took
-/// 2.5 µs a pair on the pool's one index, and 1.1 µs on heaps that stayed (0.5 µs since
-/// merges of a cache's oldest blocks and the span directory got cheaper).
-pub(super) const STEP_ASIDE_HEAPS: usize = 2;
 
 impl HeapBar {
     /// Whether home-stream heaps stay away for now.
@@ -710,14 +707,6 @@ impl Shared {
             heap: heap.clone(),
             clients: Vec::new(),
         });
-        if stream == self.heap_stream(self.home) {
-            let home = state
-                .heaps
-                .iter()
-                .filter(|e| e.heap.stream == stream)
-                .count();
-            state.heap_bar.most = state.heap_bar.most.max(home);
-        }
         self.share_heap_bytes(state);
         self.flags.fetch_or(HEAPS, Ordering::Relaxed);
         Some(heap)
