@@ -247,14 +247,15 @@ impl PoolBuilder {
     /// as with `thread_heaps(0)`, where heaps that stayed took 355–385 ns (see
     /// `BENCHMARKS.md`). Heaps serve best while each one's share is several times what its
     /// thread has in use: below that, a pool with heaps is as fast as one without, not faster.
-    /// Heaps step aside however many threads there are. With many threads one lock is slower
-    /// than heaps near the capacity, but heaps that stay fail requests the pool's one index
-    /// would serve: with eight threads (peak in use about 260 MiB), a pool of 384 MiB failed
-    /// an allocation in 12 of 12 runs of the benchmark with heaps that stayed, in 2 of 12 with
-    /// heaps that step aside, and in none without heaps. Near the capacity a pool shared by
-    /// many threads is slow either way (on an H100 host, eight threads at 768 MiB for a
-    /// peak of about 300–400 MiB took 2.5 µs a pair on one lock and 0.5 µs on heaps that
-    /// stayed, against 60 ns with room): give such a pool room. Pools with
+    /// A pool that has had more than two home-stream heaps at once steps aside only once its
+    /// peak has passed half its capacity: with many threads one lock is slower than heaps
+    /// near the capacity, but heaps that stay there fail requests the pool's one index would
+    /// serve (eight threads, peak in use about 260 MiB: a pool of 384 MiB failed an
+    /// allocation in 9–12 of 10–12 runs of the benchmark with heaps that stayed, in 2 of 10
+    /// with heaps that step aside, and in none without heaps). Near the capacity a pool
+    /// shared by many threads is slow either way (on an H100 host, eight threads at 768 MiB
+    /// for a peak of about 300–400 MiB took 2.5 µs a pair on one lock and 0.5 µs on heaps,
+    /// against 60 ns with room): give such a pool room. Pools with
     /// [`eager_thread_heaps`](Self::eager_thread_heaps) keep their heaps.
     ///
     /// ```

@@ -120,7 +120,8 @@
 //!   free ones merged with their free neighbours, live ones carrying on at their addresses. A
 //!   request that would succeed with every heap given back succeeds. Near the capacity, where
 //!   a home-stream heap finds nothing for a request and the pool's index has little free and
-//!   no room for a span, the home-stream heaps step aside:
+//!   no room for a span, the home-stream heaps step aside (with more than two threads, once
+//!   the pool's peak has passed half its capacity):
 //!   given back for good, they leave the home stream to the pool's index for a while, as in a
 //!   pool without heaps (see [`PoolBuilder::thread_heaps`]), instead of splitting what little
 //!   is free.

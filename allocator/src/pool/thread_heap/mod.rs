@@ -22,8 +22,8 @@
 //!   the pool's index into the blocks the heap made, live ones at their addresses, free ones
 //!   merged with their free neighbours. Afterwards the pool's index is what it would be had it
 //!   made every block itself, so a request that would succeed with every heap given back does
-//!   succeed. Near the capacity the home-stream heaps step
-//!   aside for a while ([`HeapBar`]). (A heap of a stream other than the home stream gives its
+//!   succeed. Near the capacity the home-stream heaps step aside for a while ([`HeapBar`];
+//!   with more than [`FEW_HEAPS`] of them, once the peak has passed half the capacity). (A heap of a stream other than the home stream gives its
 //!   free blocks back once the home stream waits for its stream; the free blocks such heaps
 //!   gave back parked before, see the stream order below, are taken the same way,
 //!   [`Shared::order_given_back`]. Only where that wait cannot be made, a stream capturing a
@@ -161,12 +161,16 @@ const MAX_SPAN: usize = 1 << 30;
 /// thread a heap (`eager_thread_heaps`) keep them, and heaps of other streams stay (a free
 /// there without a heap records an event).
 ///
-/// Any number of threads step aside. With many threads one lock costs more than heaps near
-/// the capacity do, but heaps that stay fail requests that the pool's one index serves: in
+/// A pool that has had more than [`FEW_HEAPS`] home-stream heaps at once steps aside only
+/// once its peak has passed half its capacity. Its threads then share one
+/// lock for a while, which costs more than heaps near the capacity do; but heaps that stay
+/// there fragment the free memory until requests fail that the pool's one index serves: in
 /// `pool_pairs` with eight threads (peak in use about 260 MiB) on the development machine, a
-/// pool of 384 MiB failed an allocation in 12 of 12 runs with heaps that stayed, in 2 of 12
-/// with heaps that step aside, and never with `thread_heaps(0)`; at 400 MiB in 8 of 12
-/// against none (`BENCHMARKS.md`). A failed request is worse than a slow one.
+/// pool of 384 MiB failed an allocation in 9–12 of 10–12 runs with heaps that stayed, in 2 of
+/// 10 with heaps that step aside, and never with `thread_heaps(0)`; at 400 MiB in 7–8 against
+/// none (`BENCHMARKS.md`). A pool whose use never reached half its capacity has room: where
+/// its index looks short there, heaps hold the free memory in their spans, nothing fails, and
+/// stepping aside would only make eight threads wait for one lock.
 #[derive(Default)]
 pub(in crate::pool) struct HeapBar {
     /// The serial number up to which home-stream heaps stay away (none below it).
@@ -175,6 +179,8 @@ pub(in crate::pool) struct HeapBar {
     pub(super) len: u64,
     /// When a thread that asked for a heap first found the last bar over.
     pub(super) ended: Option<std::time::Instant>,
+    /// The most home-stream heaps the pool has had at once.
+    pub(super) most: usize,
 }
 
 /// The shortest and longest [`HeapBar`], in allocations, and how long heaps must run without
@@ -186,6 +192,10 @@ const BAR_QUIET: std::time::Duration = std::time::Duration::from_secs(1);
 /// this many spans (see [`HeapBar`]): with more, in pieces smaller than a span, the pool is
 /// fragmented, not full, and a heap takes a span just large enough for its request.
 pub(super) const SHORT_SPANS: u64 = 4;
+/// A pool that has had more home-stream heaps than this at once steps aside only once its
+/// peak has passed half its capacity, see [`HeapBar`]: two threads wait for
+/// one lock about as long as heaps near the capacity take, eight far longer.
+pub(super) const FEW_HEAPS: usize = 2;
 
 impl HeapBar {
     /// Whether home-stream heaps stay away for now.
@@ -707,6 +717,14 @@ impl Shared {
             heap: heap.clone(),
             clients: Vec::new(),
         });
+        if stream == self.heap_stream(self.home) {
+            let home = state
+                .heaps
+                .iter()
+                .filter(|e| e.heap.stream == stream)
+                .count();
+            state.heap_bar.most = state.heap_bar.most.max(home);
+        }
         self.share_heap_bytes(state);
         self.flags.fetch_or(HEAPS, Ordering::Relaxed);
         Some(heap)

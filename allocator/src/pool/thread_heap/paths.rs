@@ -5,7 +5,7 @@
 use alloc::sync::Arc;
 use core::sync::atomic::Ordering;
 
-use super::{ClientShare, HeapState, SERIAL_BATCH, SHORT_SPANS, Span, ThreadHeap, keep};
+use super::{ClientShare, FEW_HEAPS, HeapState, SERIAL_BATCH, SHORT_SPANS, Span, ThreadHeap, keep};
 use crate::error::Error;
 use crate::pool::counters::Lease;
 use crate::pool::engine::{Ask, EAGER, HEAP_SLOW, PAUSE, SINK, Shared, State};
@@ -253,7 +253,9 @@ impl Shared {
         // has no room for a span (see `HeapBar`), unless every thread gets a heap: such a
         // heap takes no smaller span, and after merging its cache does not look again.
         let home = self.heap_stream(self.home);
-        let step_aside = heap.stream == home && self.flags.load(Ordering::Relaxed) & EAGER == 0;
+        let step_aside = heap.stream == home
+            && self.flags.load(Ordering::Relaxed) & EAGER == 0
+            && (state.heap_bar.most <= FEW_HEAPS || state.counts.peak > self.capacity / 2);
         // A span from the pool's index for the request; `short`: whether heaps step aside.
         let span = |state: &mut State, h: &mut HeapState, short: &mut bool| {
             self.add_span(state, heap, h, size, align, step_aside.then_some(short))

@@ -83,7 +83,8 @@ fn heaps_that_step_aside_near_the_capacity_agree_with_the_pool_while_threads_run
 
 #[test]
 fn more_heaps_near_the_capacity_step_aside_too() {
-    // The same with four threads: any number of heaps steps aside.
+    // The same with four threads (more than `FEW_HEAPS`): their blocks take more than half
+    // the capacity (the peak passes it), and they step aside too.
     agree_while_threads_run(Pool::builder(4 << 20), 4, true);
 }
 
@@ -844,6 +845,89 @@ fn near_the_capacity_home_heaps_step_aside_and_come_back_after_the_bar() {
         (121 + 2 + BAR_MIN, 121 + 2 + BAR_MIN, 0, 0)
     );
     assert_eq!(stats.largest_free, 8 << 20);
+}
+
+#[test]
+fn many_heaps_stay_near_the_capacity_while_the_peak_is_below_half_of_it() {
+    // Three helper threads, one after the other, each take four spans of 512 KiB for 2 MiB
+    // of 64 KiB blocks and free them: their heaps keep the spans, free. This thread's heap
+    // then holds 1.5 MiB in three spans, and the pool's index has 512 KiB left, no room for
+    // a span of 768 KiB. Four home-stream heaps (more than `FEW_HEAPS`) and a peak of 2 MiB
+    // (a quarter of the capacity): the heap does not step aside. The request gives every
+    // heap back instead, as any request that finds no room does, and the index serves it;
+    // the heaps stay with their threads and no bar is set.
+    let pool = pool_of_8_mib();
+    let shared = pool.shared().clone();
+    let turn = std::sync::Mutex::new(());
+    let ready = std::sync::Barrier::new(4);
+    // Set when this thread is done, also by a failed assertion: the helpers keep their heaps
+    // until then.
+    let done = core::sync::atomic::AtomicBool::new(false);
+    struct Done<'a>(&'a core::sync::atomic::AtomicBool);
+    impl Drop for Done<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            let (pool, shared, turn, ready, done) = (&pool, &shared, &turn, &ready, &done);
+            s.spawn(move || {
+                {
+                    let _turn = turn.lock().unwrap();
+                    let mut blocks = alloc::vec![allocate_contended(shared, 64 << 10)];
+                    blocks.extend((1..32).map(|_| pool.allocate(64 << 10, 0).unwrap()));
+                    for addr in blocks {
+                        pool.deallocate(addr).unwrap();
+                    }
+                }
+                ready.wait();
+                while !done.load(Ordering::SeqCst) {
+                    std::thread::yield_now();
+                }
+            });
+        }
+        let _done = Done(&done);
+        ready.wait();
+        assert_eq!(pool.thread_heaps(), 3);
+        let mut kept = alloc::vec![allocate_contended(&shared, 64 << 10)];
+        kept.extend((1..24).map(|_| pool.allocate(64 << 10, 0).unwrap()));
+        assert_eq!(pool.thread_heaps(), 4);
+        let heap = shared.thread_heap(shared.home).expect("this thread's heap");
+        assert_eq!(heap.state.lock_wait().spans.len(), 3);
+        {
+            let state = shared.lock_wait("a test");
+            assert!(state.heap_bar.most > FEW_HEAPS);
+            assert!(state.counts.peak <= (8 << 20) / 2);
+            assert!(
+                state.tlsf.largest_free() < 768 << 10,
+                "no room for the span"
+            );
+        }
+        let big = pool.allocate(768 << 10, 0).unwrap();
+        {
+            let state = shared.lock_wait("a test");
+            assert_eq!(state.heap_bar.len, 0, "no bar");
+        }
+        assert!(!heap.state.lock_wait().retired, "the heap stayed");
+        assert_eq!(pool.thread_heaps(), 4);
+        shared.check_heaps();
+        let stats = pool.stats();
+        assert_eq!(stats.live, 25);
+        assert_eq!(stats.in_use, 24 * (64 << 10) + (768 << 10));
+        // The heap serves its thread again.
+        let next = pool.allocate(64 << 10, 0).unwrap();
+        assert!(heap.state.lock_wait().live.len() >= 1);
+        for addr in kept.into_iter().chain([big, next]) {
+            pool.deallocate(addr).unwrap();
+        }
+    });
+    shared.check_heaps();
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.in_use, stats.live, stats.largest_free),
+        (0, 0, 8 << 20)
+    );
 }
 
 #[test]
