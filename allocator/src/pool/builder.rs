@@ -253,9 +253,10 @@ impl PoolBuilder {
     /// serve (eight threads, peak in use about 260 MiB: a pool of 384 MiB failed an
     /// allocation in 9–12 of 10–12 runs of the benchmark with heaps that stayed, in 2 of 10
     /// with heaps that step aside, and in none without heaps). Near the capacity a pool
-    /// shared by many threads is slow either way (on an H100 host, eight threads at 768 MiB
-    /// for a peak of about 300–400 MiB took 2.5 µs a pair on one lock and 0.5 µs on heaps,
-    /// against 60 ns with room): give such a pool room. Pools with
+    /// shared by many threads is slow either way (on an H100 host, eight threads at 416–448
+    /// MiB took 2.5–3.3 µs a pair stepping aside and 2.0–5.0 µs on heaps that stayed, which
+    /// failed 2 runs of 8; 0.5–0.9 µs at 768 MiB; 60 ns with room): give such a pool room.
+    /// Pools with
     /// [`eager_thread_heaps`](Self::eager_thread_heaps) keep their heaps.
     ///
     /// ```

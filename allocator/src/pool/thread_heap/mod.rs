@@ -23,8 +23,9 @@
 //!   merged with their free neighbours. Afterwards the pool's index is what it would be had it
 //!   made every block itself, so a request that would succeed with every heap given back does
 //!   succeed. Near the capacity the home-stream heaps step aside for a while ([`HeapBar`];
-//!   with more than [`FEW_HEAPS`] of them, once the peak has passed half the capacity). (A heap of a stream other than the home stream gives its
-//!   free blocks back once the home stream waits for its stream; the free blocks such heaps
+//!   with more than [`FEW_HEAPS`] of them, once the peak has passed half the capacity). (A
+//!   heap of a stream other than the home stream gives its free blocks back once the home
+//!   stream waits for its stream; the free blocks such heaps
 //!   gave back parked before, see the stream order below, are taken the same way,
 //!   [`Shared::order_given_back`]. Only where that wait cannot be made, a stream capturing a
 //!   graph, do they stay parked.)
@@ -162,15 +163,17 @@ const MAX_SPAN: usize = 1 << 30;
 /// there without a heap records an event).
 ///
 /// A pool that has had more than [`FEW_HEAPS`] home-stream heaps at once steps aside only
-/// once its peak has passed half its capacity. Its threads then share one
-/// lock for a while, which costs more than heaps near the capacity do; but heaps that stay
-/// there fragment the free memory until requests fail that the pool's one index serves: in
+/// once its peak has passed half its capacity. Its threads then share one lock for a while
+/// (on an H100 host no slower than heaps near the capacity: eight threads at 416–448 MiB took
+/// 2.5–3.3 µs a pair, against 2.0–5.0 µs on heaps that stayed); heaps that stay there
+/// fragment the free memory until requests fail that the pool's one index serves: in
 /// `pool_pairs` with eight threads (peak in use about 260 MiB) on the development machine, a
 /// pool of 384 MiB failed an allocation in 9–12 of 10–12 runs with heaps that stayed, in 2 of
 /// 10 with heaps that step aside, and never with `thread_heaps(0)`; at 400 MiB in 7–8 against
 /// none (`BENCHMARKS.md`). A pool whose use never reached half its capacity has room: where
-/// its index looks short there, heaps hold the free memory in their spans, nothing fails, and
-/// stepping aside would only make eight threads wait for one lock.
+/// its index looks short there, heaps hold the free memory in their spans and nothing fails
+/// (eight threads at 768 MiB for a peak of 260–310 MiB would step aside three or four times a
+/// run, for nothing).
 #[derive(Default)]
 pub(in crate::pool) struct HeapBar {
     /// The serial number up to which home-stream heaps stay away (none below it).
@@ -193,8 +196,8 @@ const BAR_QUIET: std::time::Duration = std::time::Duration::from_secs(1);
 /// fragmented, not full, and a heap takes a span just large enough for its request.
 pub(super) const SHORT_SPANS: u64 = 4;
 /// A pool that has had more home-stream heaps than this at once steps aside only once its
-/// peak has passed half its capacity, see [`HeapBar`]: two threads wait for
-/// one lock about as long as heaps near the capacity take, eight far longer.
+/// peak has passed half its capacity, see [`HeapBar`]: many threads' heaps hold so much of
+/// the free memory in their spans that the index looks short long before anything fails.
 pub(super) const FEW_HEAPS: usize = 2;
 
 impl HeapBar {
