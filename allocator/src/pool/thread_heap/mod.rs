@@ -25,8 +25,8 @@
 //!   succeed. Near the capacity the home-stream heaps step aside for a while ([`HeapBar`];
 //!   with more than [`FEW_HEAPS`] of them, once the peak has passed half the capacity). (A
 //!   heap of a stream other than the home stream gives its free blocks back once the home
-//!   stream waits for its stream; the free blocks such heaps
-//!   gave back parked before, see the stream order below, are taken the same way,
+//!   stream waits for its stream; the free blocks such heaps gave back parked before, see
+//!   the stream order below, are taken the same way,
 //!   [`Shared::order_given_back`]. Only where that wait cannot be made, a stream capturing a
 //!   graph, do they stay parked.)
 //! * **Quotas and the peak.** A heap allocates within *leases*, one for the pool and one per
@@ -170,10 +170,10 @@ const MAX_SPAN: usize = 1 << 30;
 /// `pool_pairs` with eight threads (peak in use about 260 MiB) on the development machine, a
 /// pool of 384 MiB failed an allocation in 26 of 32 runs with heaps that stayed, in 7 of 32
 /// with heaps that step aside, and in none of 6 with `thread_heaps(0)`; at 400 MiB in 21 of
-/// 32 against 1 of 32 (`BENCHMARKS.md`). A pool whose use never reached half its capacity has room: where
-/// its index looks short there, heaps hold the free memory in their spans and nothing fails
-/// (eight threads at 768 MiB for a peak of 260–310 MiB would step aside three or four times a
-/// run, for nothing).
+/// 32 against 1 of 32 (`BENCHMARKS.md`). A pool whose use never reached half its capacity
+/// has room: where its index looks short there, heaps hold the free memory in their spans and
+/// nothing fails (eight threads at 768 MiB for a peak of 260–310 MiB would step aside three
+/// or four times a run, for nothing).
 #[derive(Default)]
 pub(in crate::pool) struct HeapBar {
     /// The serial number up to which home-stream heaps stay away (none below it).
