@@ -860,18 +860,14 @@ fn many_heaps_stay_near_the_capacity_while_the_peak_is_below_half_of_it() {
     let shared = pool.shared().clone();
     let turn = std::sync::Mutex::new(());
     let ready = std::sync::Barrier::new(4);
-    // Set when this thread is done, also by a failed assertion: the helpers keep their heaps
-    // until then.
-    let done = core::sync::atomic::AtomicBool::new(false);
-    struct Done<'a>(&'a core::sync::atomic::AtomicBool);
-    impl Drop for Done<'_> {
-        fn drop(&mut self) {
-            self.0.store(true, Ordering::SeqCst);
-        }
-    }
     std::thread::scope(|s| {
+        // The helpers keep their heaps until these are dropped: at the end, or by a failed
+        // assertion.
+        let mut release = Vec::new();
         for _ in 0..3 {
-            let (pool, shared, turn, ready, done) = (&pool, &shared, &turn, &ready, &done);
+            let (pool, shared, turn, ready) = (&pool, &shared, &turn, &ready);
+            let (tx, rx) = std::sync::mpsc::channel::<()>();
+            release.push(tx);
             s.spawn(move || {
                 {
                     let _turn = turn.lock().unwrap();
@@ -882,12 +878,9 @@ fn many_heaps_stay_near_the_capacity_while_the_peak_is_below_half_of_it() {
                     }
                 }
                 ready.wait();
-                while !done.load(Ordering::SeqCst) {
-                    std::thread::yield_now();
-                }
+                let _ = rx.recv();
             });
         }
-        let _done = Done(&done);
         ready.wait();
         assert_eq!(pool.thread_heaps(), 3);
         let mut kept = alloc::vec![allocate_contended(&shared, 64 << 10)];
