@@ -252,7 +252,7 @@ impl PoolBuilder {
     /// near the capacity, but heaps that stay there fail requests the pool's one index would
     /// serve (eight threads, peak in use about 260 MiB: a pool of 384 MiB failed an
     /// allocation in 26 of 32 runs of the benchmark with heaps that stayed, in 7 of 32 with
-    /// heaps that step aside, and in none of 6 without heaps). Near the capacity a pool
+    /// heaps that step aside, as often as without heaps: 8 of 30). Near the capacity a pool
     /// shared by many threads is slow either way (on an H100 host, eight threads at 416–448
     /// MiB took 2.5–3.3 µs a pair stepping aside and 2.0–5.0 µs on heaps that stayed, which
     /// failed 2 runs of 8; 0.5–0.9 µs at 768 MiB; 60 ns with room): give such a pool room.

@@ -168,9 +168,10 @@ const MAX_SPAN: usize = 1 << 30;
 /// 2.5–3.3 µs a pair, against 2.0–5.0 µs on heaps that stayed); heaps that stay there
 /// fragment the free memory until requests fail that the pool's one index serves: in
 /// `pool_pairs` with eight threads (peak in use about 260 MiB) on the development machine, a
-/// pool of 384 MiB failed an allocation in 26 of 32 runs with heaps that stayed, in 7 of 32
-/// with heaps that step aside, and in none of 6 with `thread_heaps(0)`; at 400 MiB in 21 of
-/// 32 against 1 of 32 (`BENCHMARKS.md`). A pool whose use never reached half its capacity
+/// pool of 384 MiB failed an allocation in 26 of 32 runs with heaps that stayed and in 7 of
+/// 32 with heaps that step aside; at 400 MiB in 21 of 32 against 1 of 32. Stepping aside
+/// fails no more often than the pool's one index alone (`thread_heaps(0)`): 7 against 8 of 30
+/// runs at 384 MiB, 1 against 2 of 30 at 400 MiB (`BENCHMARKS.md`). A pool whose use never reached half its capacity
 /// has room: where its index looks short there, heaps hold the free memory in their spans and
 /// nothing fails (eight threads at 768 MiB for a peak of 260–310 MiB would step aside three
 /// or four times a run, for nothing).
