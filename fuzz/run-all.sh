@@ -9,7 +9,7 @@ cd "$(dirname "$0")"
 seconds=${1:-660}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(pool_ops layout torch_abi csv_log)
+[ ${#targets[@]} -gt 0 ] || targets=(pool_ops heap_ops layout torch_abi csv_log)
 mkdir -p logs
 for t in "${targets[@]}"; do
   mkdir -p "corpus/$t"

@@ -150,7 +150,7 @@ fn injected() -> Error {
 
 /// The alignment a request gets, as the pool documents it: `0` is 256, a power of two up to
 /// 4096 is itself, anything else is invalid.
-fn effective_align(align: usize) -> Option<usize> {
+pub(crate) fn effective_align(align: usize) -> Option<usize> {
     match align {
         0 => Some(256),
         a if a.is_power_of_two() && a <= POOL_MAX_ALIGN => Some(a),
@@ -906,7 +906,7 @@ impl World {
 }
 
 /// Writes `signature` into the first and last bytes of a host block of `size` bytes.
-fn write_signature(addr: u64, size: usize, signature: u8) {
+pub(crate) fn write_signature(addr: u64, size: usize, signature: u8) {
     for (offset, len) in signature_spans(size) {
         // SAFETY: the block at `addr` is live in a host pool, held by the caller alone, and
         // `offset + len <= size` bytes of it are requested memory inside its reservation.

@@ -1,0 +1,832 @@
+//! Fuzz target `heap_ops`: a sequence of pool operations made by several threads in turn, on a
+//! host pool whose threads get heaps of their own, checked step by step against a reference
+//! model.
+//!
+//! The input chooses the pool (capacity, a classic or a growable region, heaps for every
+//! thread or only on contention, exact or leased peaks, the heaps' bound, reuse cache
+//! settings), extra clients with quotas and up to four worker threads, then operations, each
+//! made on one worker thread (or the input's own thread) and waited for before the next:
+//! allocations of any size and alignment by any client, frees of live blocks by their client
+//! or the pool (blocks of other threads' heaps included), frees by the wrong client and of
+//! addresses that are not live, runs of allocate-and-free on one thread, a worker thread that
+//! exits (its heaps go back) and a new one in its place, the event sink and tracking switched
+//! on and off (heaps serve only while both are off), trims, and full comparisons of the
+//! statistics.
+//!
+//! Operations never overlap, so the model knows the pool's state exactly whatever the heaps
+//! do: which calls must succeed (a request whose guaranteed fit is at most the largest gap
+//! between live blocks: the hard cap holds with blocks sitting in other threads' heaps and
+//! caches), which must fail and how (an alignment, the capacity, a quota), every counter of
+//! the pool and its clients, the free bytes, the largest free block and the number of free
+//! blocks (as if every heap were given back), the leak report and the event counts. Every
+//! block handed out is checked to be aligned, inside the region and disjoint from every live
+//! block; signature bytes written into it must be intact when it is freed.
+
+use std::collections::BTreeMap;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use devarena::backend::HostVirtualMemory;
+use devarena::pool::{EventSink, PoolAction, PoolEvent, Tracking, guaranteed_fit, reserved_bytes};
+use devarena::{Error, Pool, PoolClient};
+
+use super::input::Input;
+use super::pool_ops::{check_signature, effective_align, write_signature};
+
+/// Operations per input at most (keeps one input fast).
+const MAX_OPS: usize = 1000;
+/// The most worker threads.
+const MAX_WORKERS: usize = 4;
+
+/// Runs one input.
+pub fn run(data: &[u8]) {
+    let mut input = Input::new(data);
+    let mut world = World::new(&mut input);
+    let mut ops = 0;
+    while !input.is_empty() && ops < MAX_OPS {
+        world.step(&mut input);
+        ops += 1;
+    }
+    world.check_everything();
+    world.free_everything();
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// A thread that runs the jobs it is sent, one at a time.
+struct Worker {
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    fn spawn() -> Worker {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let thread = std::thread::spawn(move || {
+            for job in queue {
+                job();
+            }
+        });
+        Worker {
+            jobs: Some(jobs),
+            thread: Some(thread),
+        }
+    }
+
+    /// Runs `f` on the worker and waits for it; a panic there panics here.
+    fn run<R: Send + 'static>(&self, f: impl FnOnce() -> R + Send + 'static) -> R {
+        finish(self.start(f))
+    }
+
+    /// Starts `f` on the worker; [`finish`] waits for it.
+    fn start<R: Send + 'static>(&self, f: impl FnOnce() -> R + Send + 'static) -> Pending<R> {
+        let (done, result) = mpsc::sync_channel(1);
+        let job: Job = Box::new(move || {
+            let _ = done.send(catch_unwind(AssertUnwindSafe(f)));
+        });
+        self.jobs
+            .as_ref()
+            .expect("a running worker")
+            .send(job)
+            .expect("the worker takes jobs");
+        result
+    }
+
+    /// Lets the thread end (its thread-locals, heaps among them, are dropped) and waits for it.
+    fn exit(&mut self) {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            if let Err(payload) = thread.join() {
+                resume_unwind(payload);
+            }
+        }
+    }
+}
+
+/// A job's result to come.
+type Pending<R> = mpsc::Receiver<std::thread::Result<R>>;
+
+/// Waits for a job [`Worker::start`] started; a panic there panics here.
+fn finish<R>(pending: Pending<R>) -> R {
+    match pending.recv().expect("the worker answers") {
+        Ok(value) => value,
+        Err(payload) => resume_unwind(payload),
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A live block as the model sees it.
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    reserved: usize,
+    size: usize,
+    client: usize,
+    signature: u8,
+}
+
+#[derive(Debug, Clone, Default)]
+struct ClientModel {
+    quota: usize,
+    in_use: usize,
+    requested: usize,
+    peak: usize,
+    allocations: u64,
+    frees: u64,
+    failures: u64,
+}
+
+/// Event counts seen by the sink: allocate, free, failure.
+#[derive(Debug, Default)]
+struct SinkCounts([AtomicU64; 3]);
+
+impl SinkCounts {
+    fn get(&self) -> [u64; 3] {
+        [0, 1, 2].map(|i| self.0[i].load(Ordering::Relaxed))
+    }
+}
+
+/// What an allocation must do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Succeed,
+    /// May fail, for want of a gap.
+    MayFail,
+    /// Must fail: a bad alignment, more than the capacity, or the client's quota.
+    Fail(&'static str),
+}
+
+struct World {
+    pool: Arc<Pool>,
+    clients: Vec<PoolClient>,
+    workers: Vec<Worker>,
+    base: u64,
+    capacity: usize,
+    exact_peaks: bool,
+    growable: bool,
+    sink: Arc<SinkCounts>,
+    sink_on: bool,
+    expected_events: [u64; 3],
+    tracking: Tracking,
+    // The model.
+    live: BTreeMap<u64, Block>,
+    freed: Vec<u64>,
+    client_models: Vec<ClientModel>,
+    in_use: usize,
+    requested: usize,
+    peak: usize,
+    allocations: u64,
+    frees: u64,
+    failures: u64,
+    next_signature: u8,
+}
+
+impl World {
+    fn new(input: &mut Input<'_>) -> Self {
+        let growable = input.u8() % 4 == 0;
+        // Growable regions are whole chunks of 64 KiB.
+        let capacity = match growable {
+            true => (64 << 10) * (1 + input.below(64)),
+            false => 256 * (1 + input.below(16384)),
+        };
+        let eager = input.u8() % 4 != 0;
+        let exact_peaks = input.u8() % 4 != 0;
+        let mut builder = Pool::builder(capacity)
+            .name("fuzz-heaps")
+            .eager_thread_heaps(eager)
+            .exact_peaks(exact_peaks)
+            .log_leaks_on_drop(false);
+        if input.bool() {
+            builder = builder.thread_heaps(input.pick(&[
+                0,
+                256,
+                64 << 10,
+                capacity / 8,
+                capacity / 2,
+                capacity,
+                usize::MAX,
+            ]));
+        }
+        if input.u8() % 4 == 0 {
+            let blocks = input.pick(&[0, 1, 2, 7, 64, 2048]);
+            let bytes = input.pick(&[0, 256, 4096, capacity / 2, usize::MAX]);
+            builder = builder.reuse(blocks, bytes);
+        }
+        let pool = match growable {
+            true => builder.build_mapped(HostVirtualMemory::new(64 << 10).expect("64 KiB chunks")),
+            false => builder.build_host(),
+        }
+        .expect("a host pool of at most 4 MiB");
+        assert_eq!(pool.capacity(), capacity);
+        let base = pool.base();
+        let mut clients = vec![pool.own_client().clone()];
+        let mut client_models = vec![ClientModel {
+            quota: usize::MAX,
+            ..Default::default()
+        }];
+        for i in 0..input.below(3) {
+            let quota = input.size(capacity * 2);
+            clients.push(pool.client(&format!("client{i}"), quota));
+            client_models.push(ClientModel {
+                quota,
+                ..Default::default()
+            });
+        }
+        let workers = (0..1 + input.below(MAX_WORKERS))
+            .map(|_| Worker::spawn())
+            .collect();
+        World {
+            pool: Arc::new(pool),
+            clients,
+            workers,
+            base,
+            capacity,
+            exact_peaks,
+            growable,
+            sink: Arc::new(SinkCounts::default()),
+            sink_on: false,
+            expected_events: [0; 3],
+            tracking: Tracking::Off,
+            live: BTreeMap::new(),
+            freed: Vec::new(),
+            client_models,
+            in_use: 0,
+            requested: 0,
+            peak: 0,
+            allocations: 0,
+            frees: 0,
+            failures: 0,
+            next_signature: 1,
+        }
+    }
+
+    /// Runs `f` on worker `w`, or on this thread where `w` is past the workers.
+    fn on<R: Send + 'static>(&self, w: usize, f: impl FnOnce() -> R + Send + 'static) -> R {
+        match self.workers.get(w) {
+            Some(worker) => worker.run(f),
+            None => f(),
+        }
+    }
+
+    /// A thread for the next operation: a worker, or sometimes this thread.
+    fn thread(&self, input: &mut Input<'_>) -> usize {
+        input.below(self.workers.len() + 1 + self.workers.len() / 4)
+    }
+
+    /// The free gaps between live blocks: (largest, count).
+    fn gaps(&self) -> (usize, usize) {
+        let mut at = self.base;
+        let (mut largest, mut count) = (0u64, 0usize);
+        let end = self.base + self.capacity as u64;
+        let ranges = self.live.iter().map(|(&a, b)| (a, a + b.reserved as u64));
+        for (start, stop) in ranges.chain([(end, end)]) {
+            assert!(start >= at, "live blocks overlap at {start:#x}");
+            if start > at {
+                largest = largest.max(start - at);
+                count += 1;
+            }
+            at = stop;
+        }
+        (largest as usize, count)
+    }
+
+    fn event(&mut self, i: usize) {
+        if self.sink_on {
+            self.expected_events[i] += 1;
+        }
+    }
+
+    fn signature(&mut self) -> u8 {
+        self.next_signature = self.next_signature.wrapping_add(1).max(1);
+        self.next_signature
+    }
+
+    fn verdict(&self, client: usize, size: usize, align: usize) -> Verdict {
+        let Some(align) = effective_align(align) else {
+            return Verdict::Fail("align");
+        };
+        let reserved = match reserved_bytes(size) {
+            Some(r) if r <= self.capacity => r,
+            _ => return Verdict::Fail("capacity"),
+        };
+        let c = &self.client_models[client];
+        if reserved > c.quota - c.in_use.min(c.quota) {
+            return Verdict::Fail("quota");
+        }
+        match guaranteed_fit(size, align) {
+            Some(fit) if fit <= self.gaps().0 => Verdict::Succeed,
+            _ => Verdict::MayFail,
+        }
+    }
+
+    /// Checks a failed allocation against the verdict and counts it.
+    fn failed(&mut self, verdict: Verdict, client: usize, size: usize, error: &Error) {
+        match (verdict, error) {
+            (Verdict::Succeed, e) => panic!(
+                "allocation of {size} bytes must succeed (largest gap {}, {} thread heaps): {e}",
+                self.gaps().0,
+                self.pool.thread_heaps()
+            ),
+            (Verdict::Fail("align"), Error::InvalidArgument { what }) => {
+                assert!(what.contains("alignment"), "{what}")
+            }
+            (Verdict::Fail(limit), Error::PoolExhausted { limit: l, .. }) => {
+                assert_eq!(limit, *l, "{error}")
+            }
+            (
+                Verdict::MayFail,
+                Error::PoolExhausted {
+                    limit: "capacity", ..
+                },
+            ) => {}
+            (verdict, e) => panic!("expected {verdict:?}, got {e:?}"),
+        }
+        self.failures += 1;
+        self.client_models[client].failures += 1;
+        self.event(2);
+    }
+
+    /// Counts an allocation of `reserved` bytes for `client` (its block is checked and
+    /// recorded by the caller, or already freed in a run).
+    fn count_allocation(&mut self, client: usize, size: usize, reserved: usize) {
+        self.allocations += 1;
+        self.in_use += reserved;
+        self.requested += size;
+        self.peak = self.peak.max(self.in_use);
+        let c = &mut self.client_models[client];
+        c.in_use += reserved;
+        c.requested += size;
+        c.peak = c.peak.max(c.in_use);
+        c.allocations += 1;
+        self.event(0);
+    }
+
+    fn count_free(&mut self, client: usize, size: usize, reserved: usize) {
+        self.in_use -= reserved;
+        self.requested -= size;
+        self.frees += 1;
+        let c = &mut self.client_models[client];
+        c.in_use -= reserved;
+        c.requested -= size;
+        c.frees += 1;
+        self.event(1);
+    }
+
+    /// Checks a block the pool just handed out and records it.
+    fn take(&mut self, addr: u64, align: usize, client: usize, size: usize) {
+        let reserved = self.check_placement(addr, align, size);
+        self.count_allocation(client, size, reserved);
+        let signature = self.signature();
+        write_signature(addr, size, signature);
+        self.live.insert(
+            addr,
+            Block {
+                reserved,
+                size,
+                client,
+                signature,
+            },
+        );
+        self.freed.retain(|&a| a != addr);
+    }
+
+    /// Checks that a block the pool handed out is aligned, inside the region and clear of
+    /// every live block; its reserved bytes.
+    fn check_placement(&self, addr: u64, align: usize, size: usize) -> usize {
+        let reserved = reserved_bytes(size).expect("a block that was handed out");
+        let end = self.base + self.capacity as u64;
+        assert_eq!(
+            addr % align.max(256) as u64,
+            0,
+            "{addr:#x} breaks align {align}"
+        );
+        assert!(
+            addr >= self.base && addr + reserved as u64 <= end,
+            "block {addr:#x}+{reserved} outside the region {:#x}+{}",
+            self.base,
+            self.capacity
+        );
+        let before = self.live.range(..addr).next_back();
+        let after = self.live.range(addr..).next();
+        if let Some((&a, b)) = before {
+            assert!(a + b.reserved as u64 <= addr, "{addr:#x} overlaps {a:#x}");
+        }
+        if let Some((&a, _)) = after {
+            assert!(
+                addr + reserved as u64 <= a,
+                "{addr:#x}+{reserved} overlaps {a:#x}"
+            );
+        }
+        reserved
+    }
+
+    fn step(&mut self, input: &mut Input<'_>) {
+        match input.u8() % 16 {
+            0..=5 => self.op_allocate(input),
+            6..=9 => self.op_free_live(input),
+            10 => self.op_free_wrong(input),
+            11 => match input.bool() {
+                true => self.op_run(input),
+                false => self.op_burst(input),
+            },
+            12 => self.op_exit(input),
+            13 => self.op_switch(input),
+            14 => {
+                // A trim gives every heap back: nothing any statistic shows may change.
+                let w = self.thread(input);
+                let pool = self.pool.clone();
+                let trimmed = self.on(w, move || pool.trim());
+                let trimmed = trimmed.expect("a host region trims");
+                if !self.growable {
+                    assert_eq!(trimmed, 0, "a classic region has nothing to unmap");
+                }
+                self.check_everything();
+            }
+            _ => self.check_everything(),
+        }
+    }
+
+    fn op_allocate(&mut self, input: &mut Input<'_>) {
+        let w = self.thread(input);
+        let client = input.below(self.clients.len());
+        let size = input.size(self.capacity / 4);
+        let align = input.align();
+        let verdict = self.verdict(client, size, align);
+        let c = self.clients[client].clone();
+        match self.on(w, move || c.allocate(size, align)) {
+            Ok(addr) => {
+                assert!(
+                    !matches!(verdict, Verdict::Fail(_)),
+                    "allocation must fail ({verdict:?}) but returned {addr:#x}"
+                );
+                self.take(addr, effective_align(align).expect("valid"), client, size);
+            }
+            Err(error) => self.failed(verdict, client, size, &error),
+        }
+    }
+
+    /// Frees a live block on some thread, by its client or by the pool.
+    fn op_free_live(&mut self, input: &mut Input<'_>) {
+        if self.live.is_empty() {
+            return self.op_allocate(input);
+        }
+        let i = input.below(self.live.len());
+        let (&addr, &block) = self.live.iter().nth(i).expect("index below len");
+        let w = self.thread(input);
+        let by_pool = input.u8() % 4 == 0;
+        check_signature(addr, block.size, block.signature);
+        let result = match by_pool {
+            true => {
+                let pool = self.pool.clone();
+                self.on(w, move || pool.deallocate(addr))
+            }
+            false => {
+                let c = self.clients[block.client].clone();
+                self.on(w, move || c.deallocate(addr))
+            }
+        };
+        result.unwrap_or_else(|e| panic!("freeing live {addr:#x}: {e}"));
+        self.live.remove(&addr);
+        self.count_free(block.client, block.size, block.reserved);
+        self.freed.push(addr);
+        if self.freed.len() > 64 {
+            self.freed.remove(0);
+        }
+    }
+
+    /// A free that must fail and change nothing: by another client than the block's, or of an
+    /// address that is not live (freed before, inside a block, anywhere).
+    fn op_free_wrong(&mut self, input: &mut Input<'_>) {
+        let w = self.thread(input);
+        let live = !self.live.is_empty() && self.clients.len() > 1 && input.bool();
+        if live {
+            let i = input.below(self.live.len());
+            let (&addr, &block) = self.live.iter().nth(i).expect("index below len");
+            let other =
+                (block.client + 1 + input.below(self.clients.len() - 1)) % self.clients.len();
+            let c = self.clients[other].clone();
+            match self.on(w, move || c.deallocate(addr)) {
+                Err(Error::InvalidArgument { .. }) => {}
+                other => panic!("freeing {addr:#x} by another client gave {other:?}"),
+            }
+            return;
+        }
+        let addr = match input.u8() % 3 {
+            0 if !self.freed.is_empty() => self.freed[input.below(self.freed.len())],
+            1 if !self.live.is_empty() => {
+                let i = input.below(self.live.len());
+                let (&a, b) = self.live.iter().nth(i).expect("index below len");
+                a + 1 + input.below(b.reserved - 1) as u64
+            }
+            _ => self.base + input.below(self.capacity) as u64,
+        };
+        if self.live.contains_key(&addr) {
+            return;
+        }
+        let c = self.clients[input.below(self.clients.len())].clone();
+        match self.on(w, move || c.deallocate(addr)) {
+            Err(Error::UnknownAddress { addr: a, .. }) => assert_eq!(a, addr),
+            other => panic!("freeing {addr:#x}, not live, gave {other:?}"),
+        }
+    }
+
+    /// A run of allocate-and-free of one size on one thread (what reuse caches serve).
+    fn op_run(&mut self, input: &mut Input<'_>) {
+        let w = self.thread(input);
+        let client = input.below(self.clients.len());
+        let size = input.size(self.capacity / 16);
+        let align = input.pick(&[0, 256, 512, 4096]);
+        let count = 1 + input.below(64);
+        let verdict = self.verdict(client, size, align);
+        let c = self.clients[client].clone();
+        let results = self.on(w, move || {
+            (0..count)
+                .map(|_| {
+                    let result = c.allocate(size, align);
+                    if let Ok(addr) = result {
+                        write_signature(addr, size, 0xA5);
+                        check_signature(addr, size, 0xA5);
+                        c.deallocate(addr).map_err(|e| format!("{e}"))?;
+                    }
+                    Ok(result)
+                })
+                .collect::<Result<Vec<Result<u64, Error>>, String>>()
+        });
+        let results = results.unwrap_or_else(|e| panic!("freeing a block just allocated: {e}"));
+        for result in results {
+            match result {
+                Ok(addr) => {
+                    assert!(
+                        !matches!(verdict, Verdict::Fail(_)),
+                        "allocation must fail ({verdict:?}) but returned {addr:#x}"
+                    );
+                    let align = effective_align(align).expect("valid");
+                    let reserved = self.check_placement(addr, align, size);
+                    self.count_allocation(client, size, reserved);
+                    self.count_free(client, size, reserved);
+                }
+                Err(error) => self.failed(verdict, client, size, &error),
+            }
+        }
+    }
+
+    /// Runs of allocate-and-free on several workers at once, started together: they meet on
+    /// the pool's lock (a pool without eager heaps gives its threads heaps then) and on the
+    /// spare headroom. What each run gets cannot be foreseen (the others hold a block at a
+    /// time), so only the failures that must be are checked; afterwards every count is exact
+    /// again, and a peak lies between the model's with one run's block and with every run's.
+    fn op_burst(&mut self, input: &mut Input<'_>) {
+        if self.workers.len() < 2 {
+            return self.op_run(input);
+        }
+        let n = 2 + input.below(self.workers.len() - 1);
+        let runs: Vec<(usize, usize, usize, usize)> = (0..n)
+            .map(|_| {
+                let client = input.below(self.clients.len());
+                let size = input.size(self.capacity / 8);
+                let align = input.pick(&[0, 256, 1024, 4096]);
+                let count = 1 + input.below(200);
+                (client, size, align, count)
+            })
+            .collect();
+        let start = Arc::new(std::sync::Barrier::new(n));
+        let pending: Vec<_> = runs
+            .iter()
+            .enumerate()
+            .map(|(w, &(client, size, align, count))| {
+                let c = self.clients[client].clone();
+                let start = start.clone();
+                let signature = 0x10 + w as u8;
+                self.workers[w].start(move || {
+                    start.wait();
+                    let mut results = Vec::with_capacity(count);
+                    for _ in 0..count {
+                        let result = c.allocate(size, align);
+                        if let Ok(addr) = result {
+                            write_signature(addr, size, signature);
+                            check_signature(addr, size, signature);
+                            if let Err(e) = c.deallocate(addr) {
+                                return Err(format!("freeing {addr:#x}, just allocated: {e}"));
+                            }
+                        }
+                        results.push(result);
+                    }
+                    Ok(results)
+                })
+            })
+            .collect();
+        let outcomes: Vec<_> = pending.into_iter().map(finish).collect();
+        let (mut lo, mut hi) = (self.in_use, self.in_use);
+        let mut client_hi: Vec<usize> = self.client_models.iter().map(|c| c.in_use).collect();
+        let mut client_lo = client_hi.clone();
+        for (outcome, &(client, size, align, _)) in outcomes.into_iter().zip(&runs) {
+            let results = outcome.unwrap_or_else(|e| panic!("{e}"));
+            let verdict = self.verdict(client, size, align);
+            for result in results {
+                match result {
+                    Ok(addr) => {
+                        assert!(
+                            !matches!(verdict, Verdict::Fail(_)),
+                            "allocation must fail ({verdict:?}) but returned {addr:#x}"
+                        );
+                        let align = effective_align(align).expect("valid");
+                        let reserved = self.check_placement(addr, align, size);
+                        self.count_allocation(client, size, reserved);
+                        self.count_free(client, size, reserved);
+                        lo = lo.max(self.in_use + reserved);
+                        client_lo[client] =
+                            client_lo[client].max(self.client_models[client].in_use + reserved);
+                    }
+                    Err(error) => {
+                        let verdict = match verdict {
+                            Verdict::Fail(why) => Verdict::Fail(why),
+                            _ => Verdict::MayFail,
+                        };
+                        // Other runs' blocks count for the quota too.
+                        if let (Verdict::MayFail, Error::PoolExhausted { limit: "quota", .. }) =
+                            (verdict, &error)
+                        {
+                            self.failures += 1;
+                            self.client_models[client].failures += 1;
+                            self.event(2);
+                            continue;
+                        }
+                        self.failed(verdict, client, size, &error);
+                    }
+                }
+            }
+            // (A run whose requests the pool could serve holds a block of at most the
+            // capacity at a time.)
+            if let Some(reserved) = reserved_bytes(size).filter(|&r| r <= self.capacity) {
+                hi += reserved;
+                client_hi[client] += reserved;
+            }
+        }
+        // The peaks: at least one run's block over what the model holds, at most every run's.
+        let stats = self.pool.stats();
+        if self.exact_peaks && lo > self.peak {
+            assert!(
+                lo.max(self.peak) <= stats.peak && stats.peak <= hi.max(self.peak),
+                "peak {} outside {lo}..={hi} (was {})",
+                stats.peak,
+                self.peak
+            );
+        }
+        if self.exact_peaks {
+            assert!(stats.peak >= self.peak, "the peak went down");
+            self.peak = stats.peak;
+            for (i, c) in self.pool.client_stats().into_iter().enumerate() {
+                let model = &mut self.client_models[i];
+                let (lo, hi) = (client_lo[i].max(model.peak), client_hi[i].max(model.peak));
+                assert!(
+                    lo <= c.peak && c.peak <= hi,
+                    "peak of client `{}` {} outside {lo}..={hi}",
+                    c.name,
+                    c.peak
+                );
+                model.peak = c.peak;
+            }
+        } else {
+            // Leased peaks are bounds: the model keeps what certainly was in use.
+            self.peak = self.peak.max(lo);
+            for (model, lo) in self.client_models.iter_mut().zip(client_lo) {
+                model.peak = model.peak.max(lo);
+            }
+        }
+        self.check_everything();
+    }
+
+    /// A worker thread exits (its heaps go back) and a new one takes its place.
+    fn op_exit(&mut self, input: &mut Input<'_>) {
+        let w = input.below(self.workers.len());
+        self.workers[w].exit();
+        self.workers[w] = Worker::spawn();
+        if input.bool() {
+            self.check_everything();
+        }
+    }
+
+    /// The event sink or tracking switched (heaps serve only while both are off).
+    fn op_switch(&mut self, input: &mut Input<'_>) {
+        if input.bool() {
+            self.sink_on = !self.sink_on;
+            let counts = self.sink.clone();
+            self.pool.set_events(self.sink_on.then(|| {
+                Arc::new(move |e: &PoolEvent<'_>| {
+                    let i = match e.action {
+                        PoolAction::Allocate => 0,
+                        PoolAction::Free => 1,
+                        PoolAction::AllocateFailure => 2,
+                    };
+                    counts.0[i].fetch_add(1, Ordering::Relaxed);
+                }) as Arc<dyn EventSink>
+            }));
+        } else {
+            self.tracking = match self.tracking {
+                Tracking::Off => Tracking::Tags,
+                _ => Tracking::Off,
+            };
+            self.pool.set_tracking(self.tracking);
+        }
+    }
+
+    /// Compares every counter, the free space, the leak report and every signature with the
+    /// model.
+    fn check_everything(&mut self) {
+        let stats = self.pool.stats();
+        let (largest, gaps) = self.gaps();
+        assert_eq!(stats.capacity, self.capacity);
+        assert_eq!(stats.in_use, self.in_use, "in_use");
+        assert_eq!(stats.requested, self.requested, "requested");
+        if self.exact_peaks {
+            assert_eq!(stats.peak, self.peak, "peak");
+        } else {
+            assert!(
+                self.peak <= stats.peak && stats.peak <= self.capacity,
+                "peak {} against {} in use at most",
+                stats.peak,
+                self.peak
+            );
+        }
+        assert_eq!(stats.allocations, self.allocations, "allocations");
+        assert_eq!(stats.frees, self.frees, "frees");
+        assert_eq!(stats.failures, self.failures, "failures");
+        assert_eq!(stats.live, self.live.len() as u64, "live");
+        assert_eq!(stats.free, self.capacity - self.in_use, "free");
+        assert_eq!(stats.largest_free, largest, "largest free block");
+        assert_eq!(stats.free_blocks, gaps, "free blocks");
+        for (model, stats) in self.client_models.iter().zip(self.pool.client_stats()) {
+            assert_eq!(stats.quota, model.quota);
+            assert_eq!(
+                (stats.in_use, stats.requested),
+                (model.in_use, model.requested),
+                "client `{}`",
+                stats.name
+            );
+            if self.exact_peaks {
+                assert_eq!(stats.peak, model.peak, "peak of client `{}`", stats.name);
+            } else {
+                assert!(model.peak <= stats.peak, "peak of client `{}`", stats.name);
+            }
+            assert_eq!(
+                (stats.allocations, stats.frees, stats.failures),
+                (model.allocations, model.frees, model.failures),
+                "client `{}`",
+                stats.name
+            );
+            assert_eq!(stats.live, model.allocations - model.frees);
+        }
+        assert_eq!(self.sink.get(), self.expected_events, "events");
+        let report = self.pool.leak_report();
+        assert_eq!(report.leaks.len(), self.live.len());
+        for (leak, (&addr, block)) in report.leaks.iter().zip(&self.live) {
+            assert_eq!(leak.addr, addr);
+            assert_eq!(
+                (leak.size, leak.reserved),
+                (block.size, block.reserved),
+                "leak {addr:#x}"
+            );
+            assert_eq!(leak.client, self.clients[block.client].name());
+        }
+        for (&addr, block) in &self.live {
+            check_signature(addr, block.size, block.signature);
+        }
+    }
+
+    /// Frees every block from the threads that hold none of them, lets every worker exit: the
+    /// pool must end empty and whole.
+    fn free_everything(mut self) {
+        let addrs: Vec<u64> = self.live.keys().copied().collect();
+        for (i, addr) in addrs.into_iter().enumerate() {
+            let block = self.live.remove(&addr).expect("live");
+            check_signature(addr, block.size, block.signature);
+            let c = self.clients[block.client].clone();
+            self.on(i % (self.workers.len() + 1), move || c.deallocate(addr))
+                .unwrap_or_else(|e| panic!("freeing live {addr:#x}: {e}"));
+            self.count_free(block.client, block.size, block.reserved);
+        }
+        for worker in &mut self.workers {
+            worker.exit();
+        }
+        self.check_everything();
+        let stats = self.pool.stats();
+        assert_eq!((stats.in_use, stats.live), (0, 0));
+        assert_eq!(stats.largest_free, self.capacity, "the region merges whole");
+        // Every worker's heaps went with its thread; this thread may keep one.
+        assert!(
+            self.pool.thread_heaps() <= 1,
+            "{} heaps",
+            self.pool.thread_heaps()
+        );
+    }
+}
