@@ -25,15 +25,15 @@
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
 use devarena::backend::HostVirtualMemory;
-use devarena::pool::{EventSink, PoolAction, PoolEvent, Tracking, guaranteed_fit, reserved_bytes};
+use devarena::pool::{Tracking, guaranteed_fit, reserved_bytes};
 use devarena::{Error, Pool, PoolClient};
 
 use super::input::Input;
+use super::model::{self, ClientModel, SinkCounts, gaps};
 use super::pool_ops::{check_signature, effective_align, write_signature};
 
 /// Operations per input at most (keeps one input fast).
@@ -43,15 +43,14 @@ const MAX_WORKERS: usize = 4;
 
 /// Runs one input.
 pub fn run(data: &[u8]) {
-    let mut input = Input::new(data);
-    let mut world = World::new(&mut input);
-    let mut ops = 0;
-    while !input.is_empty() && ops < MAX_OPS {
-        world.step(&mut input);
-        ops += 1;
-    }
-    world.check_everything();
-    world.free_everything();
+    model::drive(
+        data,
+        MAX_OPS,
+        World::new,
+        World::step,
+        World::check_everything,
+        World::free_everything,
+    );
 }
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -135,27 +134,6 @@ struct Block {
     signature: u8,
 }
 
-#[derive(Debug, Clone, Default)]
-struct ClientModel {
-    quota: usize,
-    in_use: usize,
-    requested: usize,
-    peak: usize,
-    allocations: u64,
-    frees: u64,
-    failures: u64,
-}
-
-/// Event counts seen by the sink: allocate, free, failure.
-#[derive(Debug, Default)]
-struct SinkCounts([AtomicU64; 3]);
-
-impl SinkCounts {
-    fn get(&self) -> [u64; 3] {
-        [0, 1, 2].map(|i| self.0[i].load(Ordering::Relaxed))
-    }
-}
-
 /// What an allocation must do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Verdict {
@@ -164,6 +142,9 @@ enum Verdict {
     MayFail,
     /// Must fail: a bad alignment, more than the capacity, or the client's quota.
     Fail(&'static str),
+    /// May fail for want of a gap or for the client's quota: other threads' requests run
+    /// at the same time.
+    Contended,
 }
 
 struct World {
@@ -229,19 +210,7 @@ impl World {
         .expect("a host pool of at most 4 MiB");
         assert_eq!(pool.capacity(), capacity);
         let base = pool.base();
-        let mut clients = vec![pool.own_client().clone()];
-        let mut client_models = vec![ClientModel {
-            quota: usize::MAX,
-            ..Default::default()
-        }];
-        for i in 0..input.below(3) {
-            let quota = input.size(capacity * 2);
-            clients.push(pool.client(&format!("client{i}"), quota));
-            client_models.push(ClientModel {
-                quota,
-                ..Default::default()
-            });
-        }
+        let (clients, client_models) = model::clients(&pool, input, 2);
         let workers = (0..1 + input.below(MAX_WORKERS))
             .map(|_| Worker::spawn())
             .collect();
@@ -285,19 +254,8 @@ impl World {
 
     /// The free gaps between live blocks: (largest, count).
     fn gaps(&self) -> (usize, usize) {
-        let mut at = self.base;
-        let (mut largest, mut count) = (0u64, 0usize);
-        let end = self.base + self.capacity as u64;
-        let ranges = self.live.iter().map(|(&a, b)| (a, a + b.reserved as u64));
-        for (start, stop) in ranges.chain([(end, end)]) {
-            assert!(start >= at, "live blocks overlap at {start:#x}");
-            if start > at {
-                largest = largest.max(start - at);
-                count += 1;
-            }
-            at = stop;
-        }
-        (largest as usize, count)
+        let live = self.live.iter().map(|(&a, b)| (a, a + b.reserved as u64));
+        gaps(self.base, self.capacity, live)
     }
 
     fn event(&mut self, i: usize) {
@@ -307,8 +265,7 @@ impl World {
     }
 
     fn signature(&mut self) -> u8 {
-        self.next_signature = self.next_signature.wrapping_add(1).max(1);
-        self.next_signature
+        model::next_signature(&mut self.next_signature)
     }
 
     fn verdict(&self, client: usize, size: usize, align: usize) -> Verdict {
@@ -344,11 +301,12 @@ impl World {
                 assert_eq!(limit, *l, "{error}")
             }
             (
-                Verdict::MayFail,
+                Verdict::MayFail | Verdict::Contended,
                 Error::PoolExhausted {
                     limit: "capacity", ..
                 },
             ) => {}
+            (Verdict::Contended, Error::PoolExhausted { limit: "quota", .. }) => {}
             (verdict, e) => panic!("expected {verdict:?}, got {e:?}"),
         }
         self.failures += 1;
@@ -564,18 +522,35 @@ impl World {
         });
         let results = results.unwrap_or_else(|e| panic!("freeing a block just allocated: {e}"));
         for result in results {
-            match result {
-                Ok(addr) => {
-                    assert!(
-                        !matches!(verdict, Verdict::Fail(_)),
-                        "allocation must fail ({verdict:?}) but returned {addr:#x}"
-                    );
-                    let align = effective_align(align).expect("valid");
-                    let reserved = self.check_placement(addr, align, size);
-                    self.count_allocation(client, size, reserved);
-                    self.count_free(client, size, reserved);
-                }
-                Err(error) => self.failed(verdict, client, size, &error),
+            self.ran(verdict, client, size, align, result);
+        }
+    }
+
+    /// Checks and counts one allocation of a run, whose block was freed at once; its reserved
+    /// bytes where it succeeded.
+    fn ran(
+        &mut self,
+        verdict: Verdict,
+        client: usize,
+        size: usize,
+        align: usize,
+        result: Result<u64, Error>,
+    ) -> Option<usize> {
+        match result {
+            Ok(addr) => {
+                assert!(
+                    !matches!(verdict, Verdict::Fail(_)),
+                    "allocation must fail ({verdict:?}) but returned {addr:#x}"
+                );
+                let align = effective_align(align).expect("valid");
+                let reserved = self.check_placement(addr, align, size);
+                self.count_allocation(client, size, reserved);
+                self.count_free(client, size, reserved);
+                Some(reserved)
+            }
+            Err(error) => {
+                self.failed(verdict, client, size, &error);
+                None
             }
         }
     }
@@ -631,38 +606,16 @@ impl World {
         let mut client_lo = client_hi.clone();
         for (outcome, &(client, size, align, _)) in outcomes.into_iter().zip(&runs) {
             let results = outcome.unwrap_or_else(|e| panic!("{e}"));
-            let verdict = self.verdict(client, size, align);
+            // Other runs' blocks count for the capacity and the quotas too.
+            let verdict = match self.verdict(client, size, align) {
+                Verdict::Fail(why) => Verdict::Fail(why),
+                _ => Verdict::Contended,
+            };
             for result in results {
-                match result {
-                    Ok(addr) => {
-                        assert!(
-                            !matches!(verdict, Verdict::Fail(_)),
-                            "allocation must fail ({verdict:?}) but returned {addr:#x}"
-                        );
-                        let align = effective_align(align).expect("valid");
-                        let reserved = self.check_placement(addr, align, size);
-                        self.count_allocation(client, size, reserved);
-                        self.count_free(client, size, reserved);
-                        lo = lo.max(self.in_use + reserved);
-                        client_lo[client] =
-                            client_lo[client].max(self.client_models[client].in_use + reserved);
-                    }
-                    Err(error) => {
-                        let verdict = match verdict {
-                            Verdict::Fail(why) => Verdict::Fail(why),
-                            _ => Verdict::MayFail,
-                        };
-                        // Other runs' blocks count for the quota too.
-                        if let (Verdict::MayFail, Error::PoolExhausted { limit: "quota", .. }) =
-                            (verdict, &error)
-                        {
-                            self.failures += 1;
-                            self.client_models[client].failures += 1;
-                            self.event(2);
-                            continue;
-                        }
-                        self.failed(verdict, client, size, &error);
-                    }
+                if let Some(reserved) = self.ran(verdict, client, size, align, result) {
+                    lo = lo.max(self.in_use + reserved);
+                    let c = &self.client_models[client];
+                    client_lo[client] = client_lo[client].max(c.in_use + reserved);
                 }
             }
             // (A run whose requests the pool could serve holds a block of at most the
@@ -720,17 +673,8 @@ impl World {
     fn op_switch(&mut self, input: &mut Input<'_>) {
         if input.bool() {
             self.sink_on = !self.sink_on;
-            let counts = self.sink.clone();
-            self.pool.set_events(self.sink_on.then(|| {
-                Arc::new(move |e: &PoolEvent<'_>| {
-                    let i = match e.action {
-                        PoolAction::Allocate => 0,
-                        PoolAction::Free => 1,
-                        PoolAction::AllocateFailure => 2,
-                    };
-                    counts.0[i].fetch_add(1, Ordering::Relaxed);
-                }) as Arc<dyn EventSink>
-            }));
+            self.pool
+                .set_events(self.sink_on.then(|| SinkCounts::sink(&self.sink)));
         } else {
             self.tracking = match self.tracking {
                 Tracking::Off => Tracking::Tags,
@@ -766,25 +710,7 @@ impl World {
         assert_eq!(stats.largest_free, largest, "largest free block");
         assert_eq!(stats.free_blocks, gaps, "free blocks");
         for (model, stats) in self.client_models.iter().zip(self.pool.client_stats()) {
-            assert_eq!(stats.quota, model.quota);
-            assert_eq!(
-                (stats.in_use, stats.requested),
-                (model.in_use, model.requested),
-                "client `{}`",
-                stats.name
-            );
-            if self.exact_peaks {
-                assert_eq!(stats.peak, model.peak, "peak of client `{}`", stats.name);
-            } else {
-                assert!(model.peak <= stats.peak, "peak of client `{}`", stats.name);
-            }
-            assert_eq!(
-                (stats.allocations, stats.frees, stats.failures),
-                (model.allocations, model.frees, model.failures),
-                "client `{}`",
-                stats.name
-            );
-            assert_eq!(stats.live, model.allocations - model.frees);
+            model.check(&stats, self.exact_peaks);
         }
         assert_eq!(self.sink.get(), self.expected_events, "events");
         let report = self.pool.leak_report();

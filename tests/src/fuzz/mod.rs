@@ -18,6 +18,7 @@ pub mod csv_log;
 pub mod heap_ops;
 pub mod input;
 pub mod layout;
+mod model;
 pub mod pool_ops;
 pub mod torch_abi;
 

@@ -19,15 +19,14 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use devarena::pool::{
-    AllocRequest, ManualStreams, PoolAction, PoolEvent, StreamId, Tracking, guaranteed_fit,
-    reserved_bytes,
+    AllocRequest, ManualStreams, StreamId, Tracking, guaranteed_fit, reserved_bytes,
 };
 use devarena::{Error, Pool, PoolClient, PoolSlice};
 
 use super::input::Input;
+use super::model::{self, ClientModel, SinkCounts, gaps};
 
 /// Operations per input at most (keeps one input fast).
 const MAX_OPS: usize = 3000;
@@ -44,15 +43,14 @@ const SIGNATURE_BYTES: usize = 64;
 
 /// Runs one input.
 pub fn run(data: &[u8]) {
-    let mut input = Input::new(data);
-    let mut world = World::new(&mut input);
-    let mut ops = 0;
-    while !input.is_empty() && ops < MAX_OPS {
-        world.step(&mut input);
-        ops += 1;
-    }
-    world.check_everything();
-    world.free_everything();
+    model::drive(
+        data,
+        MAX_OPS,
+        World::new,
+        World::step,
+        World::check_everything,
+        World::free_everything,
+    );
 }
 
 /// Who holds a live block.
@@ -86,27 +84,6 @@ struct ParkedBlock {
     /// Parked behind an event that could not be recorded (a slice's free while the stream
     /// runtime fails): its query fails, and a reclaim sets it aside for good.
     unrecorded: bool,
-}
-
-#[derive(Debug, Clone, Default)]
-struct ClientModel {
-    quota: usize,
-    in_use: usize,
-    requested: usize,
-    peak: usize,
-    allocations: u64,
-    frees: u64,
-    failures: u64,
-}
-
-/// Event counts seen by the sink: allocate, free, failure.
-#[derive(Debug, Default)]
-struct SinkCounts([AtomicU64; 3]);
-
-impl SinkCounts {
-    fn get(&self) -> [u64; 3] {
-        [0, 1, 2].map(|i| self.0[i].load(Ordering::Relaxed))
-    }
 }
 
 struct World {
@@ -168,7 +145,6 @@ impl World {
         };
         let streams = input.bool().then(|| Arc::new(ManualStreams::new()));
         let sink = Arc::new(SinkCounts::default());
-        let counts = sink.clone();
         // The pool's own index, which the model describes block for block (with a stream
         // runtime, thread heaps would serve other streams' requests in spans of their own).
         let mut builder = Pool::builder(capacity)
@@ -176,14 +152,7 @@ impl World {
             .thread_heaps(0)
             .tracking(tracking)
             .log_leaks_on_drop(false)
-            .events(Arc::new(move |e: &PoolEvent<'_>| {
-                let i = match e.action {
-                    PoolAction::Allocate => 0,
-                    PoolAction::Free => 1,
-                    PoolAction::AllocateFailure => 2,
-                };
-                counts.0[i].fetch_add(1, Ordering::Relaxed);
-            }));
+            .events(SinkCounts::sink(&sink));
         if input.bool() {
             // Block counts past `MAX_REUSE_BLOCKS` (once an overflow or a ring of terabytes,
             // see `tests/extremes.rs`) must be refused at build, naming the count; the run
@@ -222,19 +191,7 @@ impl World {
         assert_eq!(pool.capacity(), capacity);
         let base = pool.base();
         assert_eq!(base % 256, 0, "the region starts on a block boundary");
-        let mut clients = vec![pool.own_client().clone()];
-        let mut client_models = vec![ClientModel {
-            quota: usize::MAX,
-            ..Default::default()
-        }];
-        for i in 0..input.below(4) {
-            let quota = input.size(capacity * 2);
-            clients.push(pool.client(&format!("client{i}"), quota));
-            client_models.push(ClientModel {
-                quota,
-                ..Default::default()
-            });
-        }
+        let (clients, client_models) = model::clients(&pool, input, 3);
         World {
             pool,
             clients,
@@ -328,18 +285,7 @@ impl World {
 
     /// The free gaps between occupied ranges: (largest, count).
     fn gaps(&self) -> (usize, usize) {
-        let mut at = self.base;
-        let (mut largest, mut count) = (0u64, 0usize);
-        let end = self.base + self.capacity as u64;
-        for (start, stop) in self.occupied().into_iter().chain([(end, end)]) {
-            assert!(start >= at, "occupied ranges overlap at {start:#x}");
-            if start > at {
-                largest = largest.max(start - at);
-                count += 1;
-            }
-            at = stop;
-        }
-        (largest as usize, count)
+        gaps(self.base, self.capacity, self.occupied())
     }
 
     fn event(&mut self, i: usize) {
@@ -349,8 +295,7 @@ impl World {
     }
 
     fn signature(&mut self) -> u8 {
-        self.next_signature = self.next_signature.wrapping_add(1).max(1);
-        self.next_signature
+        model::next_signature(&mut self.next_signature)
     }
 
     /// Checks a block the pool just handed out and records it.
@@ -518,17 +463,8 @@ impl World {
             17 => {
                 // The sink off and on again: events while it is off are not counted.
                 self.sink_on = !self.sink_on;
-                let counts = self.sink.clone();
-                self.pool.set_events(self.sink_on.then(|| {
-                    Arc::new(move |e: &PoolEvent<'_>| {
-                        let i = match e.action {
-                            PoolAction::Allocate => 0,
-                            PoolAction::Free => 1,
-                            PoolAction::AllocateFailure => 2,
-                        };
-                        counts.0[i].fetch_add(1, Ordering::Relaxed);
-                    }) as Arc<dyn devarena::pool::EventSink>
-                }));
+                self.pool
+                    .set_events(self.sink_on.then(|| SinkCounts::sink(&self.sink)));
             }
             18 => {
                 if let Some(streams) = &self.streams {
@@ -793,20 +729,7 @@ impl World {
         assert_eq!(stats.largest_free, largest, "largest free block");
         assert_eq!(stats.free_blocks, gaps, "free blocks");
         for (model, stats) in self.client_models.iter().zip(self.pool.client_stats()) {
-            assert_eq!(stats.quota, model.quota);
-            assert_eq!(
-                (stats.in_use, stats.requested, stats.peak),
-                (model.in_use, model.requested, model.peak),
-                "client `{}`",
-                stats.name
-            );
-            assert_eq!(
-                (stats.allocations, stats.frees, stats.failures),
-                (model.allocations, model.frees, model.failures),
-                "client `{}`",
-                stats.name
-            );
-            assert_eq!(stats.live, model.allocations - model.frees);
+            model.check(&stats, true);
         }
         if let Some(streams) = &self.streams {
             assert_eq!(

@@ -1,0 +1,144 @@
+//! What the pool targets' reference models share: per-client counts, an event sink that counts,
+//! and the free gaps between occupied ranges.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use devarena::Pool;
+use devarena::PoolClient;
+use devarena::pool::{ClientStats, EventSink, PoolAction, PoolEvent};
+
+use super::input::Input;
+
+/// Runs one input through a target's world: `new` builds it from the front of the input,
+/// then at most `max_ops` calls of `step` (one checked operation each), `check` (everything
+/// the pool reports against the model) and `finish` (frees what is live; the pool must end
+/// empty and whole).
+pub(crate) fn drive<W>(
+    data: &[u8],
+    max_ops: usize,
+    new: impl FnOnce(&mut Input<'_>) -> W,
+    step: impl Fn(&mut W, &mut Input<'_>),
+    check: impl FnOnce(&mut W),
+    finish: impl FnOnce(W),
+) {
+    let mut input = Input::new(data);
+    let mut world = new(&mut input);
+    let mut ops = 0;
+    while !input.is_empty() && ops < max_ops {
+        step(&mut world, &mut input);
+        ops += 1;
+    }
+    check(&mut world);
+    finish(world);
+}
+
+/// The pool's own client (no quota) and up to `most` more with quotas from the input, with
+/// their models.
+pub(crate) fn clients(
+    pool: &Pool,
+    input: &mut Input<'_>,
+    most: usize,
+) -> (Vec<PoolClient>, Vec<ClientModel>) {
+    let capacity = pool.capacity();
+    let mut clients = vec![pool.own_client().clone()];
+    let mut models = vec![ClientModel {
+        quota: usize::MAX,
+        ..Default::default()
+    }];
+    for i in 0..input.below(most + 1) {
+        let quota = input.size(capacity * 2);
+        clients.push(pool.client(&format!("client{i}"), quota));
+        models.push(ClientModel {
+            quota,
+            ..Default::default()
+        });
+    }
+    (clients, models)
+}
+
+/// The next signature byte after `last` (never 0).
+pub(crate) fn next_signature(last: &mut u8) -> u8 {
+    *last = last.wrapping_add(1).max(1);
+    *last
+}
+
+/// A client as a model sees it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ClientModel {
+    pub(crate) quota: usize,
+    pub(crate) in_use: usize,
+    pub(crate) requested: usize,
+    pub(crate) peak: usize,
+    pub(crate) allocations: u64,
+    pub(crate) frees: u64,
+    pub(crate) failures: u64,
+}
+
+impl ClientModel {
+    /// Compares the pool's statistics of the client with the model; `exact_peak`: whether the
+    /// peak must equal the model's (else it may only be higher).
+    pub(crate) fn check(&self, stats: &ClientStats, exact_peak: bool) {
+        let name = &stats.name;
+        assert_eq!(stats.quota, self.quota, "quota of client `{name}`");
+        assert_eq!(
+            (stats.in_use, stats.requested),
+            (self.in_use, self.requested),
+            "client `{name}`"
+        );
+        match exact_peak {
+            true => assert_eq!(stats.peak, self.peak, "peak of client `{name}`"),
+            false => assert!(self.peak <= stats.peak, "peak of client `{name}`"),
+        }
+        assert_eq!(
+            (stats.allocations, stats.frees, stats.failures),
+            (self.allocations, self.frees, self.failures),
+            "client `{name}`"
+        );
+        assert_eq!(stats.live, self.allocations - self.frees, "client `{name}`");
+    }
+}
+
+/// Event counts seen by a sink: allocate, free, failure.
+#[derive(Debug, Default)]
+pub(crate) struct SinkCounts([AtomicU64; 3]);
+
+impl SinkCounts {
+    pub(crate) fn get(&self) -> [u64; 3] {
+        [0, 1, 2].map(|i| self.0[i].load(Ordering::Relaxed))
+    }
+
+    /// A sink that counts every event into `counts`.
+    pub(crate) fn sink(counts: &Arc<SinkCounts>) -> Arc<dyn EventSink> {
+        let counts = counts.clone();
+        Arc::new(move |e: &PoolEvent<'_>| {
+            let i = match e.action {
+                PoolAction::Allocate => 0,
+                PoolAction::Free => 1,
+                PoolAction::AllocateFailure => 2,
+            };
+            counts.0[i].fetch_add(1, Ordering::Relaxed);
+        })
+    }
+}
+
+/// The free gaps of the region `base..base + capacity` between `occupied` ranges `(start,
+/// end)`, sorted and disjoint: (the largest, how many).
+pub(crate) fn gaps(
+    base: u64,
+    capacity: usize,
+    occupied: impl IntoIterator<Item = (u64, u64)>,
+) -> (usize, usize) {
+    let mut at = base;
+    let (mut largest, mut count) = (0u64, 0usize);
+    let end = base + capacity as u64;
+    for (start, stop) in occupied.into_iter().chain([(end, end)]) {
+        assert!(start >= at, "occupied ranges overlap at {start:#x}");
+        if start > at {
+            largest = largest.max(start - at);
+            count += 1;
+        }
+        at = stop;
+    }
+    (largest as usize, count)
+}
