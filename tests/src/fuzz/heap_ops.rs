@@ -1,4 +1,4 @@
-//! Fuzz target `heap_ops`: a sequence of pool operations made by several threads in turn, on a
+//! Fuzz target `heap_ops`: a sequence of pool operations made by several threads, on a
 //! host pool whose threads get heaps of their own, checked step by step against a reference
 //! model.
 //!
@@ -11,10 +11,13 @@
 //! addresses that are not live, runs of allocate-and-free on one thread, a worker thread that
 //! exits (its heaps go back) and a new one in its place, the event sink and tracking switched
 //! on and off (heaps serve only while both are off), trims, and full comparisons of the
-//! statistics.
+//! statistics; and bursts: runs of allocate-and-free on two to four workers at once, which
+//! meet on the pool's lock (a pool without eager heaps gives its threads heaps then, and near
+//! the capacity they step aside).
 //!
-//! Operations never overlap, so the model knows the pool's state exactly whatever the heaps
-//! do: which calls must succeed (a request whose guaranteed fit is at most the largest gap
+//! Apart from bursts, operations never overlap, so the model knows the pool's state exactly
+//! whatever the heaps do (after a burst, every count is exact again and the peaks lie in
+//! bounds the model checks): which calls must succeed (a request whose guaranteed fit is at most the largest gap
 //! between live blocks: the hard cap holds with blocks sitting in other threads' heaps and
 //! caches), which must fail and how (an alignment, the capacity, a quota), every counter of
 //! the pool and its clients, the free bytes, the largest free block and the number of free
@@ -389,8 +392,9 @@ impl World {
     }
 
     fn step(&mut self, input: &mut Input<'_>) {
-        match input.u8() % 16 {
+        match input.u8() % 17 {
             0..=5 => self.op_allocate(input),
+            16 => self.op_fill(input),
             6..=9 => self.op_free_live(input),
             10 => self.op_free_wrong(input),
             11 => match input.bool() {
@@ -419,6 +423,11 @@ impl World {
         let client = input.below(self.clients.len());
         let size = input.size(self.capacity / 4);
         let align = input.align();
+        self.allocate(w, client, size, align);
+    }
+
+    /// An allocation on thread `w`, checked and recorded; whether it succeeded.
+    fn allocate(&mut self, w: usize, client: usize, size: usize, align: usize) -> bool {
         let verdict = self.verdict(client, size, align);
         let c = self.clients[client].clone();
         match self.on(w, move || c.allocate(size, align)) {
@@ -428,8 +437,26 @@ impl World {
                     "allocation must fail ({verdict:?}) but returned {addr:#x}"
                 );
                 self.take(addr, effective_align(align).expect("valid"), client, size);
+                true
             }
-            Err(error) => self.failed(verdict, client, size, &error),
+            Err(error) => {
+                self.failed(verdict, client, size, &error);
+                false
+            }
+        }
+    }
+
+    /// Allocations of one size on one thread until one fails (or 256 succeeded): the pool
+    /// near its capacity, where heaps that cannot take a span step aside.
+    fn op_fill(&mut self, input: &mut Input<'_>) {
+        let w = self.thread(input);
+        let client = input.below(self.clients.len());
+        let size = input.size(self.capacity / 16);
+        let align = input.align();
+        for _ in 0..256 {
+            if !self.allocate(w, client, size, align) {
+                return;
+            }
         }
     }
 
