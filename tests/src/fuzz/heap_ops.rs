@@ -344,7 +344,7 @@ impl World {
     }
 
     /// Checks a block the pool just handed out and records it.
-    fn take(&mut self, addr: u64, align: usize, client: usize, size: usize) {
+    fn take(&mut self, addr: u64, align: usize, client: usize, size: usize) -> usize {
         let reserved = self.check_placement(addr, align, size);
         self.count_allocation(client, size, reserved);
         let signature = self.signature();
@@ -359,6 +359,7 @@ impl World {
             },
         );
         self.freed.retain(|&a| a != addr);
+        reserved
     }
 
     /// Checks that a block the pool handed out is aligned, inside the region and clear of
@@ -426,37 +427,73 @@ impl World {
         self.allocate(w, client, size, align);
     }
 
-    /// An allocation on thread `w`, checked and recorded; whether it succeeded.
-    fn allocate(&mut self, w: usize, client: usize, size: usize, align: usize) -> bool {
+    /// An allocation on thread `w`, checked and recorded.
+    fn allocate(&mut self, w: usize, client: usize, size: usize, align: usize) {
         let verdict = self.verdict(client, size, align);
         let c = self.clients[client].clone();
-        match self.on(w, move || c.allocate(size, align)) {
+        let result = self.on(w, move || c.allocate(size, align));
+        self.allocated(verdict, (client, size, align), result, false);
+    }
+
+    /// Checks an allocation's result against the verdict and counts it; records the block, or
+    /// where its thread `freed` it at once, counts that free. Its reserved bytes, where it
+    /// succeeded.
+    fn allocated(
+        &mut self,
+        verdict: Verdict,
+        (client, size, align): (usize, usize, usize),
+        result: Result<u64, Error>,
+        freed: bool,
+    ) -> Option<usize> {
+        match result {
             Ok(addr) => {
                 assert!(
                     !matches!(verdict, Verdict::Fail(_)),
                     "allocation must fail ({verdict:?}) but returned {addr:#x}"
                 );
-                self.take(addr, effective_align(align).expect("valid"), client, size);
-                true
+                let align = effective_align(align).expect("valid");
+                let reserved = match freed {
+                    false => self.take(addr, align, client, size),
+                    true => {
+                        let reserved = self.check_placement(addr, align, size);
+                        self.count_allocation(client, size, reserved);
+                        self.count_free(client, size, reserved);
+                        reserved
+                    }
+                };
+                Some(reserved)
             }
             Err(error) => {
                 self.failed(verdict, client, size, &error);
-                false
+                None
             }
         }
     }
 
-    /// Allocations of one size on one thread until one fails (or 256 succeeded): the pool
-    /// near its capacity, where heaps that cannot take a span step aside.
+    /// Allocations of one size on one thread until one fails (or 256 succeeded), in one job:
+    /// the pool near its capacity, where heaps that cannot take a span step aside.
     fn op_fill(&mut self, input: &mut Input<'_>) {
         let w = self.thread(input);
         let client = input.below(self.clients.len());
         let size = input.size(self.capacity / 16);
         let align = input.align();
-        for _ in 0..256 {
-            if !self.allocate(w, client, size, align) {
-                return;
+        let c = self.clients[client].clone();
+        let results = self.on(w, move || {
+            let mut results = Vec::new();
+            while results.len() < 256 {
+                let result = c.allocate(size, align);
+                let failed = result.is_err();
+                results.push(result);
+                if failed {
+                    break;
+                }
             }
+            results
+        });
+        // Nothing else ran meanwhile: each result is checked against the model as it stood.
+        for result in results {
+            let verdict = self.verdict(client, size, align);
+            self.allocated(verdict, (client, size, align), result, false);
         }
     }
 
@@ -549,36 +586,7 @@ impl World {
         });
         let results = results.unwrap_or_else(|e| panic!("freeing a block just allocated: {e}"));
         for result in results {
-            self.ran(verdict, client, size, align, result);
-        }
-    }
-
-    /// Checks and counts one allocation of a run, whose block was freed at once; its reserved
-    /// bytes where it succeeded.
-    fn ran(
-        &mut self,
-        verdict: Verdict,
-        client: usize,
-        size: usize,
-        align: usize,
-        result: Result<u64, Error>,
-    ) -> Option<usize> {
-        match result {
-            Ok(addr) => {
-                assert!(
-                    !matches!(verdict, Verdict::Fail(_)),
-                    "allocation must fail ({verdict:?}) but returned {addr:#x}"
-                );
-                let align = effective_align(align).expect("valid");
-                let reserved = self.check_placement(addr, align, size);
-                self.count_allocation(client, size, reserved);
-                self.count_free(client, size, reserved);
-                Some(reserved)
-            }
-            Err(error) => {
-                self.failed(verdict, client, size, &error);
-                None
-            }
+            self.allocated(verdict, (client, size, align), result, true);
         }
     }
 
@@ -639,7 +647,8 @@ impl World {
                 _ => Verdict::Contended,
             };
             for result in results {
-                if let Some(reserved) = self.ran(verdict, client, size, align, result) {
+                if let Some(reserved) = self.allocated(verdict, (client, size, align), result, true)
+                {
                     lo = lo.max(self.in_use + reserved);
                     let c = &self.client_models[client];
                     client_lo[client] = client_lo[client].max(c.in_use + reserved);
