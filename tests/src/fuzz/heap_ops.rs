@@ -663,16 +663,13 @@ impl World {
         }
         // The peaks: at least one run's block over what the model holds, at most every run's.
         let stats = self.pool.stats();
-        if self.exact_peaks && lo > self.peak {
-            assert!(
-                lo.max(self.peak) <= stats.peak && stats.peak <= hi.max(self.peak),
-                "peak {} outside {lo}..={hi} (was {})",
-                stats.peak,
-                self.peak
-            );
-        }
         if self.exact_peaks {
-            assert!(stats.peak >= self.peak, "the peak went down");
+            let (lo, hi) = (lo.max(self.peak), hi.max(self.peak));
+            assert!(
+                lo <= stats.peak && stats.peak <= hi,
+                "peak {} outside {lo}..={hi}",
+                stats.peak
+            );
             self.peak = stats.peak;
             for (i, c) in self.pool.client_stats().into_iter().enumerate() {
                 let model = &mut self.client_models[i];
