@@ -256,8 +256,7 @@ impl PoolBuilder {
     /// shared by many threads is slow either way (on an H100 host, eight threads at 416–448
     /// MiB took 2.5–3.3 µs a pair stepping aside and 2.0–5.0 µs on heaps that stayed, which
     /// failed 2 runs of 8; 0.5–0.9 µs at 768 MiB; 60 ns with room): give such a pool room.
-    /// Pools with
-    /// [`eager_thread_heaps`](Self::eager_thread_heaps) keep their heaps.
+    /// Pools with [`eager_thread_heaps`](Self::eager_thread_heaps) keep their heaps.
     ///
     /// ```
     /// use devarena::Pool;

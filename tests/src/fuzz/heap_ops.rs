@@ -36,8 +36,9 @@ use devarena::pool::{Tracking, guaranteed_fit, reserved_bytes};
 use devarena::{Error, Pool, PoolClient};
 
 use super::input::Input;
-use super::model::{self, ClientModel, SinkCounts, gaps};
-use super::pool_ops::{check_signature, effective_align, write_signature};
+use super::model::{
+    self, ClientModel, SinkCounts, check_signature, effective_align, gaps, write_signature,
+};
 
 /// Operations per input at most (keeps one input fast).
 const MAX_OPS: usize = 1000;
@@ -395,7 +396,6 @@ impl World {
     fn step(&mut self, input: &mut Input<'_>) {
         match input.u8() % 17 {
             0..=5 => self.op_allocate(input),
-            16 => self.op_fill(input),
             6..=9 => self.op_free_live(input),
             10 => self.op_free_wrong(input),
             11 => match input.bool() {
@@ -415,7 +415,8 @@ impl World {
                 }
                 self.check_everything();
             }
-            _ => self.check_everything(),
+            15 => self.check_everything(),
+            _ => self.op_fill(input),
         }
     }
 

@@ -1,5 +1,5 @@
-//! What the pool targets' reference models share: per-client counts, an event sink that counts,
-//! and the free gaps between occupied ranges.
+//! What the pool targets' reference models share: the driver, per-client counts, an event sink
+//! that counts, the free gaps between occupied ranges, alignments and signature bytes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -141,4 +141,48 @@ pub(crate) fn gaps(
         at = stop;
     }
     (largest as usize, count)
+}
+
+/// The alignment a request gets, as the pool documents it: `0` is 256, a power of two up to
+/// 4096 is itself, anything else is invalid.
+pub(crate) fn effective_align(align: usize) -> Option<usize> {
+    match align {
+        0 => Some(256),
+        a if a.is_power_of_two() && a <= devarena::pool::MAX_POOL_ALIGN => Some(a),
+        _ => None,
+    }
+}
+
+/// Bytes of signature written at each end of a block.
+const SIGNATURE_BYTES: usize = 64;
+
+/// Writes `signature` into the first and last bytes of a host block of `size` bytes.
+pub(crate) fn write_signature(addr: u64, size: usize, signature: u8) {
+    for (offset, len) in signature_spans(size) {
+        // SAFETY: the block at `addr` is live in a host pool, held by the caller alone, and
+        // `offset + len <= size` bytes of it are requested memory inside its reservation.
+        unsafe {
+            std::ptr::write_bytes((addr as usize + offset) as *mut u8, signature, len);
+        }
+    }
+}
+
+/// Checks the bytes [`write_signature`] wrote.
+pub(crate) fn check_signature(addr: u64, size: usize, signature: u8) {
+    for (offset, len) in signature_spans(size) {
+        // SAFETY: as in `write_signature`; reading `len` initialised bytes of a live block.
+        let bytes =
+            unsafe { std::slice::from_raw_parts((addr as usize + offset) as *const u8, len) };
+        assert!(
+            bytes.iter().all(|&b| b == signature),
+            "signature of the block at {addr:#x} ({size} bytes) overwritten at +{offset}"
+        );
+    }
+}
+
+/// Where the signature goes: the first and the last [`SIGNATURE_BYTES`] of the block.
+fn signature_spans(size: usize) -> [(usize, usize); 2] {
+    let head = size.min(SIGNATURE_BYTES);
+    let tail = (size - head).min(SIGNATURE_BYTES);
+    [(0, head), (size - tail, tail)]
 }

@@ -26,7 +26,9 @@ use devarena::pool::{
 use devarena::{Error, Pool, PoolClient, PoolSlice};
 
 use super::input::Input;
-use super::model::{self, ClientModel, SinkCounts, gaps};
+use super::model::{
+    self, ClientModel, SinkCounts, check_signature, effective_align, gaps, write_signature,
+};
 
 /// Operations per input at most (keeps one input fast).
 const MAX_OPS: usize = 3000;
@@ -34,12 +36,8 @@ const MAX_OPS: usize = 3000;
 const HOME: StreamId = StreamId(1);
 /// The streams operations choose from (the home stream among them).
 const STREAMS: [StreamId; 3] = [StreamId(1), StreamId(2), StreamId(3)];
-/// The pool's largest alignment.
-const POOL_MAX_ALIGN: usize = devarena::pool::MAX_POOL_ALIGN;
 /// The pool's largest reuse-cache block count.
 const MAX_REUSE_BLOCKS: usize = devarena::pool::MAX_REUSE_BLOCKS;
-/// Bytes of signature written at each end of a block.
-const SIGNATURE_BYTES: usize = 64;
 
 /// Runs one input.
 pub fn run(data: &[u8]) {
@@ -122,16 +120,6 @@ struct World {
 fn injected() -> Error {
     Error::NoDevice {
         reason: "injected stream runtime failure".into(),
-    }
-}
-
-/// The alignment a request gets, as the pool documents it: `0` is 256, a power of two up to
-/// 4096 is itself, anything else is invalid.
-pub(crate) fn effective_align(align: usize) -> Option<usize> {
-    match align {
-        0 => Some(256),
-        a if a.is_power_of_two() && a <= POOL_MAX_ALIGN => Some(a),
-        _ => None,
     }
 }
 
@@ -826,37 +814,6 @@ impl World {
             self.pool.deallocate(all).expect("free the whole region");
         }
     }
-}
-
-/// Writes `signature` into the first and last bytes of a host block of `size` bytes.
-pub(crate) fn write_signature(addr: u64, size: usize, signature: u8) {
-    for (offset, len) in signature_spans(size) {
-        // SAFETY: the block at `addr` is live in a host pool, held by the caller alone, and
-        // `offset + len <= size` bytes of it are requested memory inside its reservation.
-        unsafe {
-            std::ptr::write_bytes((addr as usize + offset) as *mut u8, signature, len);
-        }
-    }
-}
-
-/// Checks the bytes [`write_signature`] wrote.
-pub(crate) fn check_signature(addr: u64, size: usize, signature: u8) {
-    for (offset, len) in signature_spans(size) {
-        // SAFETY: as in `write_signature`; reading `len` initialised bytes of a live block.
-        let bytes =
-            unsafe { std::slice::from_raw_parts((addr as usize + offset) as *const u8, len) };
-        assert!(
-            bytes.iter().all(|&b| b == signature),
-            "signature of the block at {addr:#x} ({size} bytes) overwritten at +{offset}"
-        );
-    }
-}
-
-/// Where the signature goes: the first and the last [`SIGNATURE_BYTES`] of the block.
-fn signature_spans(size: usize) -> [(usize, usize); 2] {
-    let head = size.min(SIGNATURE_BYTES);
-    let tail = (size - head).min(SIGNATURE_BYTES);
-    [(0, head), (size - tail, tail)]
 }
 
 fn fill_slice(slice: &mut PoolSlice<u32>, signature: u8) {

@@ -171,10 +171,10 @@ const MAX_SPAN: usize = 1 << 30;
 /// pool of 384 MiB failed an allocation in 26 of 32 runs with heaps that stayed and in 7 of
 /// 32 with heaps that step aside; at 400 MiB in 21 of 32 against 1 of 32. Stepping aside
 /// fails no more often than the pool's one index alone (`thread_heaps(0)`): 7 against 8 of 30
-/// runs at 384 MiB, 1 against 2 of 30 at 400 MiB (`BENCHMARKS.md`). A pool whose use never reached half its capacity
-/// has room: where its index looks short there, heaps hold the free memory in their spans and
-/// nothing fails (eight threads at 768 MiB for a peak of 260–310 MiB would step aside three
-/// or four times a run, for nothing).
+/// runs at 384 MiB, 1 against 2 of 30 at 400 MiB (`BENCHMARKS.md`). A pool whose use never
+/// reached half its capacity has room: where its index looks short there, heaps hold the free
+/// memory in their spans and nothing fails (eight threads at 768 MiB for a peak of 260–310
+/// MiB would step aside three or four times a run, for nothing).
 #[derive(Default)]
 pub(in crate::pool) struct HeapBar {
     /// The serial number up to which home-stream heaps stay away (none below it).
