@@ -2,37 +2,49 @@
 //! host pool whose threads get heaps of their own, checked step by step against a reference
 //! model.
 //!
-//! The input chooses the pool (capacity, a classic or a growable region, heaps for every
-//! thread or only on contention, exact or leased peaks, the heaps' bound, reuse cache
-//! settings), extra clients with quotas and up to four worker threads, then operations, each
-//! made on one worker thread (or the input's own thread) and waited for before the next:
-//! allocations of any size and alignment by any client, frees of live blocks by their client
-//! or the pool (blocks of other threads' heaps included), frees by the wrong client and of
-//! addresses that are not live, runs of allocate-and-free on one thread, a worker thread that
-//! exits (its heaps go back) and a new one in its place, the event sink and tracking switched
-//! on and off (heaps serve only while both are off), trims, and full comparisons of the
-//! statistics; and bursts: runs of allocate-and-free on two to four workers at once, which
-//! meet on the pool's lock (a pool without eager heaps gives its threads heaps then, and near
-//! the capacity they step aside).
+//! The input chooses the pool (capacity, a classic or a growable region, a stream runtime or
+//! none, heaps for every thread or only on contention, exact or leased peaks, the heaps'
+//! bound, reuse cache settings), extra clients with quotas and up to four worker threads, then
+//! operations, each made on one worker thread (or the input's own thread) and waited for
+//! before the next: allocations of any size and alignment by any client, on any of three
+//! streams (a thread gets a heap for each stream it allocates on), frees of live blocks by
+//! their client or the pool on any stream (blocks of other threads' heaps included), frees by
+//! the wrong client and of addresses that are not live, runs of allocate-and-free on one
+//! thread, a worker thread that exits (its heaps go back) and a new one in its place, the
+//! event sink and tracking switched on and off (heaps serve only while both are off), trims,
+//! streams that finish their work, and full comparisons of the statistics; and bursts: runs of
+//! allocate-and-free on two to four workers at once, which meet on the pool's lock (a pool
+//! without eager heaps gives its threads heaps then, and near the capacity they step aside).
 //!
 //! Apart from bursts, operations never overlap, so the model knows the pool's state exactly
 //! whatever the heaps do (after a burst, every count is exact again and the peaks lie in
-//! bounds the model checks): which calls must succeed (a request whose guaranteed fit is at most the largest gap
-//! between live blocks: the hard cap holds with blocks sitting in other threads' heaps and
-//! caches), which must fail and how (an alignment, the capacity, a quota), every counter of
-//! the pool and its clients, the free bytes, the largest free block and the number of free
-//! blocks (as if every heap were given back), the leak report and the event counts. Every
-//! block handed out is checked to be aligned, inside the region and disjoint from every live
-//! block; signature bytes written into it must be intact when it is freed.
+//! bounds the model checks): which calls must succeed (a request whose guaranteed fit is at
+//! most the largest gap between live blocks: the hard cap holds with blocks sitting in other
+//! threads' heaps and caches), which must fail and how (an alignment, the capacity, a quota),
+//! every counter of the pool and its clients, the free bytes, the largest free block and the
+//! number of free blocks (as if every heap were given back), the leak report and the event
+//! counts. Every block handed out is checked to be aligned, inside the region and disjoint
+//! from every live block; signature bytes written into it must be intact when it is freed.
+//!
+//! With a stream runtime, memory freed on a stream is reused on another only in stream order:
+//! every block handed out for a stream that overlaps memory freed on another stream must have
+//! a chain of waits from that stream to its own made since the free, or a stream of that
+//! chain must have finished since (checked against one log of the runtime's waits and
+//! synchronizations and the model's completions). Bytes freed on another stream wait for
+//! their events (the statistics' `pending`), so until every stream has finished and the pool
+//! has reclaimed, only what they cannot change is checked exactly (the counts; free and
+//! pending bytes together), and only home-stream requests are held to the hard cap.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::Arc;
-use std::sync::mpsc;
+use std::sync::{Mutex, mpsc};
 use std::thread::JoinHandle;
 
 use devarena::backend::HostVirtualMemory;
-use devarena::pool::{Tracking, guaranteed_fit, reserved_bytes};
+use devarena::pool::{
+    ManualStreams, StreamEvent, StreamId, StreamSync, Tracking, guaranteed_fit, reserved_bytes,
+};
 use devarena::{Error, Pool, PoolClient};
 
 use super::input::Input;
@@ -44,6 +56,10 @@ use super::model::{
 const MAX_OPS: usize = 1000;
 /// The most worker threads.
 const MAX_WORKERS: usize = 4;
+/// The pool's home stream when it has a stream runtime.
+const HOME: StreamId = StreamId(1);
+/// The streams operations choose from (the home stream among them).
+const STREAMS: [StreamId; 3] = [HOME, StreamId(2), StreamId(3)];
 
 /// Runs one input.
 pub fn run(data: &[u8]) {
@@ -109,6 +125,121 @@ impl Worker {
     }
 }
 
+/// A start line for a burst's workers: they spin (yielding now and then, for machines with
+/// fewer cores than workers) rather than sleep, so that they start closer together and their
+/// runs meet on the pool's lock more often (which gives threads of a pool without eager heaps
+/// heaps of their own). Replaying the corpus of 1,047 inputs on the 2-core development
+/// machine, 102 inputs gave a thread such a heap and 68 had heaps step aside, against 85 and
+/// 54 with `std::sync::Barrier`.
+struct SpinBarrier {
+    arrived: std::sync::atomic::AtomicUsize,
+    n: usize,
+}
+
+impl SpinBarrier {
+    fn new(n: usize) -> Self {
+        SpinBarrier {
+            arrived: std::sync::atomic::AtomicUsize::new(0),
+            n,
+        }
+    }
+
+    fn wait(&self) {
+        use std::sync::atomic::Ordering;
+        self.arrived.fetch_add(1, Ordering::AcqRel);
+        let mut spins = 0u32;
+        while self.arrived.load(Ordering::Acquire) < self.n {
+            spins += 1;
+            if spins % 64 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+/// What the stream runtime was asked to do, in the order it was asked, with the streams the
+/// model completed: what orders a block's free on one stream before its reuse on another.
+#[derive(Debug, Clone, Copy)]
+enum Order {
+    /// Work queued on `waiter` from then on waits for what was queued on `producer`.
+    Wait {
+        waiter: StreamId,
+        producer: StreamId,
+    },
+    /// Everything queued on the stream so far has finished (completed by the model, or a
+    /// synchronize by the pool).
+    Done(StreamId),
+}
+
+/// [`ManualStreams`] with one log of every wait and every completion, in order.
+#[derive(Debug, Default)]
+struct LoggedStreams {
+    inner: ManualStreams,
+    log: Mutex<Vec<Order>>,
+}
+
+impl LoggedStreams {
+    fn push(&self, order: Order) {
+        self.log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(order);
+    }
+
+    fn log_len(&self) -> usize {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Completes every event recorded so far, on every stream.
+    fn complete_all(&self) {
+        self.inner.complete_all();
+        for stream in STREAMS {
+            self.push(Order::Done(stream));
+        }
+    }
+
+    /// Whether work queued on `on` from now on runs after what `freed_on` had queued when the
+    /// log was `since` long: the same stream, or a chain of waits from `freed_on` to `on`
+    /// made since, or a stream of such a chain that finished everything since.
+    fn ordered(&self, freed_on: StreamId, since: usize, on: StreamId) -> bool {
+        if freed_on == on {
+            return true;
+        }
+        let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reached = BTreeSet::from([freed_on]);
+        for order in &log[since..] {
+            match *order {
+                Order::Wait { waiter, producer } if reached.contains(&producer) => {
+                    reached.insert(waiter);
+                }
+                Order::Done(stream) if reached.contains(&stream) => return true,
+                _ => {}
+            }
+        }
+        reached.contains(&on)
+    }
+}
+
+impl StreamSync for LoggedStreams {
+    fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
+        self.inner.record(stream)
+    }
+
+    fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
+        self.inner.order_after(waiter, producer)?;
+        self.push(Order::Wait { waiter, producer });
+        Ok(())
+    }
+
+    fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
+        self.inner.synchronize(stream)?;
+        self.push(Order::Done(stream));
+        Ok(())
+    }
+}
+
 /// A job's result to come.
 type Pending<R> = mpsc::Receiver<std::thread::Result<R>>;
 
@@ -136,6 +267,8 @@ struct Block {
     size: usize,
     client: usize,
     signature: u8,
+    /// The stream it was allocated for.
+    stream: StreamId,
 }
 
 /// What an allocation must do.
@@ -161,6 +294,16 @@ struct World {
     growable: bool,
     sink: Arc<SinkCounts>,
     sink_on: bool,
+    /// The stream runtime, where the pool has one.
+    streams: Option<Arc<LoggedStreams>>,
+    /// Whether no bytes can be pending (freed on a stream other than the home stream, or
+    /// given back by a heap of one, and not reclaimed since every stream finished): then the
+    /// free space is exactly what the model says, and a home-stream request that fits a gap
+    /// must succeed. Otherwise only what pending bytes cannot change is checked.
+    settled: bool,
+    /// Freed ranges not handed out since: start -> (end, the stream of the free, the length
+    /// of the stream log then).
+    freed_ranges: BTreeMap<u64, (u64, StreamId, usize)>,
     expected_events: [u64; 3],
     tracking: Tracking,
     // The model.
@@ -178,7 +321,10 @@ struct World {
 
 impl World {
     fn new(input: &mut Input<'_>) -> Self {
-        let growable = input.u8() % 4 == 0;
+        // (One byte chooses the region and a stream runtime.)
+        let kind = input.u8();
+        let growable = kind % 4 == 0;
+        let streams = (kind / 4 % 3 == 0).then(|| Arc::new(LoggedStreams::default()));
         // Growable regions are whole chunks of 64 KiB.
         let capacity = match growable {
             true => (64 << 10) * (1 + input.below(64)),
@@ -201,6 +347,9 @@ impl World {
                 capacity,
                 usize::MAX,
             ]));
+        }
+        if let Some(streams) = &streams {
+            builder = builder.streams(streams.clone(), HOME);
         }
         if input.u8() % 4 == 0 {
             let blocks = input.pick(&[0, 1, 2, 7, 64, 2048]);
@@ -228,6 +377,9 @@ impl World {
             growable,
             sink: Arc::new(SinkCounts::default()),
             sink_on: false,
+            streams,
+            settled: true,
+            freed_ranges: BTreeMap::new(),
             expected_events: [0; 3],
             tracking: Tracking::Off,
             live: BTreeMap::new(),
@@ -272,7 +424,29 @@ impl World {
         model::next_signature(&mut self.next_signature)
     }
 
-    fn verdict(&self, client: usize, size: usize, align: usize) -> Verdict {
+    /// A stream for a request or a free: the home stream without a stream runtime.
+    fn stream(&self, input: &mut Input<'_>) -> StreamId {
+        match self.streams {
+            Some(_) => input.pick(&STREAMS),
+            None => HOME,
+        }
+    }
+
+    /// The length of the stream log (0 without a stream runtime).
+    fn log_len(&self) -> usize {
+        self.streams.as_ref().map_or(0, |s| s.log_len())
+    }
+
+    /// Nothing may be pending any more: every stream finishes, and the pool reclaims.
+    fn settle(&mut self) {
+        if let Some(streams) = &self.streams {
+            streams.complete_all();
+            self.pool.reclaim().expect("a reclaim");
+            self.settled = true;
+        }
+    }
+
+    fn verdict(&self, client: usize, size: usize, align: usize, stream: StreamId) -> Verdict {
         let Some(align) = effective_align(align) else {
             return Verdict::Fail("align");
         };
@@ -284,8 +458,12 @@ impl World {
         if reserved > c.quota - c.in_use.min(c.quota) {
             return Verdict::Fail("quota");
         }
+        // With a stream runtime, only a home-stream request while nothing is pending: a
+        // request on another stream may find the free memory it needs in another stream's
+        // heap, which gives it back behind an event on that stream.
+        let sure = self.settled && stream == HOME;
         match guaranteed_fit(size, align) {
-            Some(fit) if fit <= self.gaps().0 => Verdict::Succeed,
+            Some(fit) if fit <= self.gaps().0 && sure => Verdict::Succeed,
             _ => Verdict::MayFail,
         }
     }
@@ -345,8 +523,14 @@ impl World {
     }
 
     /// Checks a block the pool just handed out and records it.
-    fn take(&mut self, addr: u64, align: usize, client: usize, size: usize) -> usize {
+    fn take(
+        &mut self,
+        addr: u64,
+        align: usize,
+        (client, size, stream): (usize, usize, StreamId),
+    ) -> usize {
         let reserved = self.check_placement(addr, align, size);
+        self.check_order(addr, reserved, stream);
         self.count_allocation(client, size, reserved);
         let signature = self.signature();
         write_signature(addr, size, signature);
@@ -357,6 +541,7 @@ impl World {
                 size,
                 client,
                 signature,
+                stream,
             },
         );
         self.freed.retain(|&a| a != addr);
@@ -393,6 +578,51 @@ impl World {
         reserved
     }
 
+    /// Checks that a block handed out for `stream` reuses memory only in stream order: every
+    /// range it overlaps that was freed on another stream was ordered before `stream` since
+    /// (see [`LoggedStreams::ordered`]). Forgets those ranges.
+    fn check_order(&mut self, addr: u64, reserved: usize, stream: StreamId) {
+        let end = addr + reserved as u64;
+        let first = match self.freed_ranges.range(..=addr).next_back() {
+            Some((&a, &(e, _, _))) if e > addr => a,
+            _ => addr,
+        };
+        let overlapping: Vec<(u64, (u64, StreamId, usize))> = self
+            .freed_ranges
+            .range(first..end)
+            .map(|(&a, &v)| (a, v))
+            .collect();
+        for (a, (e, freed_on, since)) in overlapping {
+            if let Some(streams) = &self.streams {
+                assert!(
+                    streams.ordered(freed_on, since, stream),
+                    "{addr:#x}+{reserved} handed out for stream {stream} overlaps \
+                     {a:#x}..{e:#x}, freed on stream {freed_on}, with nothing ordering \
+                     {stream} after that free"
+                );
+            }
+            self.freed_ranges.remove(&a);
+            if a < addr {
+                self.freed_ranges.insert(a, (addr, freed_on, since));
+            }
+            if e > end {
+                self.freed_ranges.insert(end, (e, freed_on, since));
+            }
+        }
+    }
+
+    /// Records a free of `block` at `addr` on `stream`, made.
+    fn freed_on(&mut self, addr: u64, block: Block, stream: StreamId) {
+        if self.streams.is_some() {
+            if stream != HOME || block.stream != HOME {
+                self.settled = false;
+            }
+            let since = self.log_len();
+            self.freed_ranges
+                .insert(addr, (addr + block.reserved as u64, stream, since));
+        }
+    }
+
     fn step(&mut self, input: &mut Input<'_>) {
         match input.u8() % 17 {
             0..=5 => self.op_allocate(input),
@@ -413,9 +643,26 @@ impl World {
                 if !self.growable {
                     assert_eq!(trimmed, 0, "a classic region has nothing to unmap");
                 }
+                // (Heaps of other streams give their free blocks back behind events.)
+                self.settled &= self.streams.is_none();
                 self.check_everything();
             }
-            15 => self.check_everything(),
+            15 => {
+                // With a stream runtime: one stream finishes its work, or all do and the pool
+                // reclaims (nothing is pending then).
+                if let Some(streams) = self.streams.clone() {
+                    match input.u8() % 3 {
+                        0 => {}
+                        1 => {
+                            let stream = input.pick(&STREAMS);
+                            streams.inner.complete(stream);
+                            streams.push(Order::Done(stream));
+                        }
+                        _ => self.settle(),
+                    }
+                }
+                self.check_everything();
+            }
             _ => self.op_fill(input),
         }
     }
@@ -425,15 +672,20 @@ impl World {
         let client = input.below(self.clients.len());
         let size = input.size(self.capacity / 4);
         let align = input.align();
-        self.allocate(w, client, size, align);
+        let stream = self.stream(input);
+        self.allocate(w, client, size, align, stream);
     }
 
-    /// An allocation on thread `w`, checked and recorded.
-    fn allocate(&mut self, w: usize, client: usize, size: usize, align: usize) {
-        let verdict = self.verdict(client, size, align);
+    /// An allocation on thread `w` for `stream`, checked and recorded.
+    fn allocate(&mut self, w: usize, client: usize, size: usize, align: usize, stream: StreamId) {
+        let verdict = self.verdict(client, size, align, stream);
         let c = self.clients[client].clone();
-        let result = self.on(w, move || c.allocate(size, align));
-        self.allocated(verdict, (client, size, align), result, false);
+        let on_stream = self.streams.is_some();
+        let result = self.on(w, move || match on_stream {
+            true => c.allocate_on(size, align, stream),
+            false => c.allocate(size, align),
+        });
+        self.allocated(verdict, (client, size, align, stream), result, false);
     }
 
     /// Checks an allocation's result against the verdict and counts it; records the block, or
@@ -442,10 +694,15 @@ impl World {
     fn allocated(
         &mut self,
         verdict: Verdict,
-        (client, size, align): (usize, usize, usize),
+        (client, size, align, stream): (usize, usize, usize, StreamId),
         result: Result<u64, Error>,
         freed: bool,
     ) -> Option<usize> {
+        if stream != HOME {
+            // (Another stream's request may take other streams' heaps' memory, which then
+            // waits behind their events.)
+            self.settled = false;
+        }
         match result {
             Ok(addr) => {
                 assert!(
@@ -454,7 +711,7 @@ impl World {
                 );
                 let align = effective_align(align).expect("valid");
                 let reserved = match freed {
-                    false => self.take(addr, align, client, size),
+                    false => self.take(addr, align, (client, size, stream)),
                     true => {
                         let reserved = self.check_placement(addr, align, size);
                         self.count_allocation(client, size, reserved);
@@ -478,11 +735,16 @@ impl World {
         let client = input.below(self.clients.len());
         let size = input.size(self.capacity / 16);
         let align = input.align();
+        let stream = self.stream(input);
         let c = self.clients[client].clone();
+        let on_stream = self.streams.is_some();
         let results = self.on(w, move || {
             let mut results = Vec::new();
             while results.len() < 256 {
-                let result = c.allocate(size, align);
+                let result = match on_stream {
+                    true => c.allocate_on(size, align, stream),
+                    false => c.allocate(size, align),
+                };
                 let failed = result.is_err();
                 results.push(result);
                 if failed {
@@ -491,10 +753,11 @@ impl World {
             }
             results
         });
-        // Nothing else ran meanwhile: each result is checked against the model as it stood.
+        // Nothing else ran meanwhile: each result is checked against the model as it stood
+        // (the stream order against every wait of the whole fill).
         for result in results {
-            let verdict = self.verdict(client, size, align);
-            self.allocated(verdict, (client, size, align), result, false);
+            let verdict = self.verdict(client, size, align, stream);
+            self.allocated(verdict, (client, size, align, stream), result, false);
         }
     }
 
@@ -507,18 +770,36 @@ impl World {
         let (&addr, &block) = self.live.iter().nth(i).expect("index below len");
         let w = self.thread(input);
         let by_pool = input.u8() % 4 == 0;
+        // Without a stream runtime, or for the home stream by `deallocate`: `None`.
+        let stream = match self.streams {
+            Some(_) => match input.u8() % 4 {
+                0 => None,
+                1 => Some(block.stream),
+                _ => Some(input.pick(&STREAMS)),
+            },
+            None => None,
+        };
         check_signature(addr, block.size, block.signature);
-        let result = match by_pool {
-            true => {
+        let result = match (by_pool, stream) {
+            (true, None) => {
                 let pool = self.pool.clone();
                 self.on(w, move || pool.deallocate(addr))
             }
-            false => {
+            (true, Some(stream)) => {
+                let pool = self.pool.clone();
+                self.on(w, move || pool.deallocate_on(addr, stream))
+            }
+            (false, None) => {
                 let c = self.clients[block.client].clone();
                 self.on(w, move || c.deallocate(addr))
             }
+            (false, Some(stream)) => {
+                let c = self.clients[block.client].clone();
+                self.on(w, move || c.deallocate_on(addr, stream))
+            }
         };
         result.unwrap_or_else(|e| panic!("freeing live {addr:#x}: {e}"));
+        self.freed_on(addr, block, stream.unwrap_or(HOME));
         self.live.remove(&addr);
         self.count_free(block.client, block.size, block.reserved);
         self.freed.push(addr);
@@ -570,7 +851,7 @@ impl World {
         let size = input.size(self.capacity / 16);
         let align = input.pick(&[0, 256, 512, 4096]);
         let count = 1 + input.below(64);
-        let verdict = self.verdict(client, size, align);
+        let verdict = self.verdict(client, size, align, HOME);
         let c = self.clients[client].clone();
         let results = self.on(w, move || {
             (0..count)
@@ -587,7 +868,7 @@ impl World {
         });
         let results = results.unwrap_or_else(|e| panic!("freeing a block just allocated: {e}"));
         for result in results {
-            self.allocated(verdict, (client, size, align), result, true);
+            self.allocated(verdict, (client, size, align, HOME), result, true);
         }
     }
 
@@ -610,7 +891,7 @@ impl World {
                 (client, size, align, count)
             })
             .collect();
-        let start = Arc::new(std::sync::Barrier::new(n));
+        let start = Arc::new(SpinBarrier::new(n));
         let pending: Vec<_> = runs
             .iter()
             .enumerate()
@@ -643,12 +924,13 @@ impl World {
         for (outcome, &(client, size, align, _)) in outcomes.into_iter().zip(&runs) {
             let results = outcome.unwrap_or_else(|e| panic!("{e}"));
             // Other runs' blocks count for the capacity and the quotas too.
-            let verdict = match self.verdict(client, size, align) {
+            let verdict = match self.verdict(client, size, align, HOME) {
                 Verdict::Fail(why) => Verdict::Fail(why),
                 _ => Verdict::Contended,
             };
             for result in results {
-                if let Some(reserved) = self.allocated(verdict, (client, size, align), result, true)
+                if let Some(reserved) =
+                    self.allocated(verdict, (client, size, align, HOME), result, true)
                 {
                     lo = lo.max(self.in_use + reserved);
                     let c = &self.client_models[client];
@@ -698,6 +980,8 @@ impl World {
         let w = input.below(self.workers.len());
         self.workers[w].exit();
         self.workers[w] = Worker::spawn();
+        // (Its heaps of other streams give their free blocks back behind events.)
+        self.settled &= self.streams.is_none();
         if input.bool() {
             self.check_everything();
         }
@@ -740,9 +1024,21 @@ impl World {
         assert_eq!(stats.frees, self.frees, "frees");
         assert_eq!(stats.failures, self.failures, "failures");
         assert_eq!(stats.live, self.live.len() as u64, "live");
-        assert_eq!(stats.free, self.capacity - self.in_use, "free");
-        assert_eq!(stats.largest_free, largest, "largest free block");
-        assert_eq!(stats.free_blocks, gaps, "free blocks");
+        assert_eq!(stats.quarantined, 0, "quarantined");
+        if self.settled {
+            assert_eq!(stats.pending, 0, "pending");
+            assert_eq!(stats.free, self.capacity - self.in_use, "free");
+            assert_eq!(stats.largest_free, largest, "largest free block");
+            assert_eq!(stats.free_blocks, gaps, "free blocks");
+        } else {
+            // Pending bytes are neither in use nor free.
+            assert_eq!(
+                stats.free + stats.pending,
+                self.capacity - self.in_use,
+                "free and pending"
+            );
+            assert!(stats.largest_free <= largest, "largest free block");
+        }
         for (model, stats) in self.client_models.iter().zip(self.pool.client_stats()) {
             model.check(&stats, self.exact_peaks);
         }
@@ -778,13 +1074,20 @@ impl World {
         for worker in &mut self.workers {
             worker.exit();
         }
+        self.settle();
         self.check_everything();
         let stats = self.pool.stats();
         assert_eq!((stats.in_use, stats.live), (0, 0));
         assert_eq!(stats.largest_free, self.capacity, "the region merges whole");
-        // Every worker's heaps went with its thread; this thread may keep one.
+        // Every worker's heaps went with its thread; this thread may keep one for each
+        // stream.
+        let streams = if self.streams.is_some() {
+            STREAMS.len()
+        } else {
+            1
+        };
         assert!(
-            self.pool.thread_heaps() <= 1,
+            self.pool.thread_heaps() <= streams,
             "{} heaps",
             self.pool.thread_heaps()
         );
