@@ -2,7 +2,8 @@
 //! the stable toolchain: every input that the fuzzers kept, checked on every CI run. A quick
 //! pass, not a fuzzing run (that is `cargo +nightly fuzz run <target>`, see `fuzz/README.md`).
 //!
-//! `DEVARENA_FUZZ_INPUT=<target>:<file>` runs one input alone (to debug a crash artifact).
+//! `DEVARENA_FUZZ_INPUT=<target>:<file>` runs one input alone (to debug a crash artifact);
+//! `DEVARENA_FUZZ_TARGET=<target>` replays that target's corpus alone (under a sanitizer, say).
 
 use std::path::{Path, PathBuf};
 
@@ -37,7 +38,17 @@ fn every_corpus_input_passes() {
         run(&std::fs::read(file).unwrap_or_else(|e| panic!("{file}: {e}")));
         return;
     }
+    let only = std::env::var("DEVARENA_FUZZ_TARGET").ok();
+    if let Some(only) = &only {
+        assert!(
+            TARGETS.iter().any(|(name, _)| name == only),
+            "no fuzz target `{only}`"
+        );
+    }
     for (target, run) in TARGETS {
+        if only.as_deref().is_some_and(|only| only != target) {
+            continue;
+        }
         let files = inputs(&corpus_dir(target));
         assert!(!files.is_empty(), "fuzz/corpus/{target}/ is empty");
         for file in &files {
