@@ -27,10 +27,11 @@
 //! from every live block; signature bytes written into it must be intact when it is freed.
 //!
 //! With a stream runtime, memory freed on a stream is reused on another only in stream order:
-//! every block handed out for a stream that overlaps memory freed on another stream must have
-//! a chain of waits from that stream to its own made since the free, or a stream of that
-//! chain must have finished since (checked against one log of the runtime's waits and
-//! synchronizations and the model's completions). Bytes freed on another stream wait for
+//! every block the model records (allocations and fills; runs and bursts free theirs at once
+//! and are not followed) that overlaps memory freed on another stream must have a chain of
+//! waits from that stream to its own made since the free, or a stream of that chain must have
+//! finished since (checked against one log of the runtime's waits and synchronizations and
+//! the model's completions; for a fill, against the log at the fill's end). Bytes freed on another stream wait for
 //! their events (the statistics' `pending`), so until every stream has finished and the pool
 //! has reclaimed, only what they cannot change is checked exactly (the counts; free and
 //! pending bytes together), and only home-stream requests are held to the hard cap.
