@@ -1313,6 +1313,8 @@ fn out_of_device_memory_gives_back_no_chunk_of_a_graph_or_a_parked_block() {
 struct HostFunctions {
     inner: ManualStreams,
     queue: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
+    /// How many times `synchronize` was called.
+    waits: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for HostFunctions {
@@ -1332,6 +1334,7 @@ impl StreamSync for HostFunctions {
         self.inner.is_capturing(stream)
     }
     fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
+        self.waits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let work: Vec<_> = std::mem::take(&mut *self.queue.lock().unwrap());
         if !work.is_empty() {
             std::thread::spawn(move || work.into_iter().for_each(|f| f()))
@@ -1347,6 +1350,7 @@ fn host_functions() -> Arc<HostFunctions> {
     Arc::new(HostFunctions {
         inner: ManualStreams::new(),
         queue: Mutex::new(Vec::new()),
+        waits: std::sync::atomic::AtomicUsize::new(0),
     })
 }
 
@@ -1556,19 +1560,48 @@ fn queue_heap_give_backs(rt: &Arc<HostFunctions>, pool: &Arc<Pool>, n: usize) {
     }));
 }
 
-/// A graph's allocation whose wait for the home stream (outside the lock) is overtaken, each
-/// of three times, by thread heaps giving blocks freed there back to the pool fails with an
-/// error rather than waiting a fourth time with the pool's lock held.
-#[test]
-fn a_capture_allocation_whose_waits_keep_being_overtaken_fails_instead_of_waiting_locked() {
+/// Queues on `rt`'s home stream `n` host functions in turn, each of which frees a block of
+/// `bytes` on the home stream and then asks for `bytes` there again, which the pool of
+/// `pool_bytes` serves only with that block: during a wait for the home stream the free
+/// parks the block behind an event there, and the request takes it back at once (the home
+/// stream's own order covers the reuse), without an event of its own.
+fn queue_home_take_backs(rt: &Arc<HostFunctions>, pool: &Arc<Pool>, n: usize, bytes: usize) {
+    if n == 0 {
+        return;
+    }
+    let (next_rt, p) = (rt.clone(), pool.clone());
+    rt.queue.lock().unwrap().push(Box::new(move || {
+        let a = p.allocate(bytes, 0).unwrap();
+        p.deallocate(a).unwrap();
+        let b = p.allocate(bytes, 0).unwrap();
+        p.deallocate(b).unwrap();
+        queue_home_take_backs(&next_rt, &p, n - 1, bytes);
+    }));
+}
+
+/// What [`capture_allocation_overtaken`] returns.
+type Overtaken = (
+    Result<u64, String>,
+    u64,
+    Vec<(&'static str, StreamId)>,
+    usize,
+);
+
+/// A graph's allocation, waiting for the home stream (outside the lock) after a free there,
+/// with its wait made `overtaken` (see below) each time by work queued on the home stream;
+/// the result, the pool's failures, what the capturing stream was refused and how many
+/// times the home stream was waited for.
+fn capture_allocation_overtaken(
+    overtaken: impl FnOnce(&Arc<HostFunctions>, &Arc<Pool>) + Send + 'static,
+    builder: devarena::pool::PoolBuilder,
+) -> Overtaken {
     const HOME: StreamId = StreamId(1);
     const GRAPH: StreamId = StreamId(7);
     let r = within(10, || {
         let rt = host_functions();
         let pool = Arc::new(
-            Pool::builder(MIB)
+            builder
                 .streams(rt.clone(), HOME)
-                .eager_thread_heaps(true)
                 .log_leaks_on_drop(false)
                 .build_host()
                 .unwrap(),
@@ -1580,39 +1613,72 @@ fn a_capture_allocation_whose_waits_keep_being_overtaken_fails_instead_of_waitin
             .allocate_for_capture(devarena::pool::AllocRequest::new(4096, 0).on(HOME))
             .unwrap();
         pool.deallocate(x).unwrap();
-        queue_heap_give_backs(&rt, &pool, 8);
+        overtaken(&rt, &pool);
         rt.inner.begin_capture(GRAPH);
         let r = graph.allocate(4096, 0).map_err(|e| e.to_string());
         rt.inner.end_capture(GRAPH);
-        (r, pool.stats().failures, rt.inner.refused())
+        let waits = rt.waits.load(std::sync::atomic::Ordering::SeqCst);
+        (r, pool.stats().failures, rt.inner.refused(), waits)
     });
-    let (r, failures, refused) =
-        r.expect("the graph's allocation never returned: it waited with the lock held");
+    r.expect("the graph's allocation never returned: it waited with the lock held")
+}
+
+/// A graph's allocation whose wait for the home stream (outside the lock) is overtaken, each
+/// of three times, by blocks freed there that the home stream takes back for requests that
+/// would fail without them fails with an error rather than waiting a fourth time with the
+/// pool's lock held.
+#[test]
+fn a_capture_allocation_whose_waits_keep_being_overtaken_fails_instead_of_waiting_locked() {
+    let (r, failures, refused, waits) = capture_allocation_overtaken(
+        |rt, pool| queue_home_take_backs(rt, pool, 8, 768 * KIB),
+        Pool::builder(MIB).thread_heaps(0),
+    );
     let error = r.unwrap_err();
     assert!(error.contains("kept reaching the pool"), "{error}");
-    assert_eq!(failures, 1);
+    assert_eq!((failures, waits), (1, 3));
     assert!(refused.is_empty(), "{refused:?}");
 }
 
-/// A trim whose waits for the home stream are overtaken, each of three times, by thread heaps
-/// giving blocks freed there back to the pool gives up (unmaps nothing) rather than waiting a
-/// fourth time with the pool's lock held; the next trim, with nothing overtaking it, gives the
-/// free chunks back.
+/// Thread heaps given back during the waits of a graph's allocation (their threads exit,
+/// eight times over) park their free blocks behind an event on the home stream instead of
+/// overtaking the wait: the allocation is served after one wait. (Before, it failed after
+/// three.)
 #[test]
-fn a_trim_whose_waits_keep_being_overtaken_gives_up_instead_of_waiting_locked() {
+fn a_capture_allocation_is_served_while_heaps_are_given_back_during_its_wait() {
+    let (r, failures, refused, waits) = capture_allocation_overtaken(
+        |rt, pool| queue_heap_give_backs(rt, pool, 8),
+        Pool::builder(MIB).eager_thread_heaps(true),
+    );
+    r.unwrap();
+    assert_eq!((failures, waits), (0, 1));
+    assert!(refused.is_empty(), "{refused:?}");
+}
+
+/// A pool on a growable region of 64 MiB with the stream runtime `rt` (home stream 1), as
+/// `builder` makes it, with a block of four chunks allocated and freed.
+fn trim_pool(rt: &Arc<HostFunctions>, builder: devarena::pool::PoolBuilder) -> Arc<Pool> {
     let vm = Arc::new(HostVirtualMemory::new(CHUNK).unwrap());
-    let rt = host_functions();
     let pool = Arc::new(
-        Pool::builder(64 * MIB)
+        builder
             .streams(rt.clone(), StreamId(1))
-            .eager_thread_heaps(true)
             .log_leaks_on_drop(false)
-            .build_mapped(vm.clone())
+            .build_mapped(vm)
             .unwrap(),
     );
     let a = pool.allocate(4 * CHUNK, 0).unwrap();
     pool.deallocate(a).unwrap();
-    queue_heap_give_backs(&rt, &pool, 3);
+    pool
+}
+
+/// A trim whose waits for the home stream are overtaken, each of three times, by blocks freed
+/// there that the home stream takes back for requests that would fail without them gives up
+/// (unmaps nothing) rather than waiting a fourth time with the pool's lock held; the next
+/// trim, with nothing overtaking it, gives the free chunks back.
+#[test]
+fn a_trim_whose_waits_keep_being_overtaken_gives_up_instead_of_waiting_locked() {
+    let rt = host_functions();
+    let pool = trim_pool(&rt, Pool::builder(64 * MIB).thread_heaps(0));
+    queue_home_take_backs(&rt, &pool, 3, 48 * MIB);
     let p = pool.clone();
     let trimmed = within(10, move || p.trim().map_err(|e| e.to_string()))
         .expect("the trim never returned: it waited for the home stream with the lock held");
@@ -1622,6 +1688,36 @@ fn a_trim_whose_waits_keep_being_overtaken_gives_up_instead_of_waiting_locked() 
     let trimmed = within(10, move || p.trim().unwrap()).expect("the second trim never returned");
     assert!(trimmed >= 4 * CHUNK, "{trimmed}");
     assert_eq!(pool.stats().live, 0);
+}
+
+/// A thread heap given back during a trim's wait (its thread exits) parks its free blocks
+/// behind an event on the home stream instead of overtaking the wait: the trim waits once and
+/// unmaps what was free when its wait began (before, it looked again, three times, and gave
+/// up); what the heap gave back comes back once its event completes, and a later trim gives
+/// it back too.
+#[test]
+fn a_trim_waits_once_while_heaps_are_given_back_during_its_wait() {
+    let rt = host_functions();
+    let pool = trim_pool(&rt, Pool::builder(64 * MIB).eager_thread_heaps(true));
+    queue_heap_give_backs(&rt, &pool, 3);
+    let p = pool.clone();
+    let first = within(10, move || p.trim().map_err(|e| e.to_string()))
+        .expect("the trim never returned: it waited for the home stream with the lock held")
+        .unwrap();
+    let waits = rt.waits.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(waits, 1, "the trim waited {waits} times");
+    let parked = pool.stats().pending;
+    assert!(parked > 0, "nothing the heap gave back was parked");
+    pool.reclaim().unwrap();
+    let mut trimmed = first;
+    while !rt.queue.lock().unwrap().is_empty() {
+        trimmed += pool.trim().unwrap();
+        pool.reclaim().unwrap();
+    }
+    trimmed += pool.trim().unwrap();
+    assert!(trimmed >= 4 * CHUNK, "{trimmed}");
+    let s = pool.stats();
+    assert_eq!((s.live, s.pending, s.mapped), (0, 0, 0), "{s:?}");
 }
 
 /// How [`Flaky`]'s `synchronize` or `is_capturing` misbehaves.

@@ -154,8 +154,8 @@ pub(super) struct State {
     /// How many waits for the home stream run now outside the lock (a trim's, a graph's
     /// allocation's: see [`Shared::wait_for_home_fenced`]): while any does, a free on the home
     /// stream parks its block behind an event recorded there instead of returning it to the
-    /// free lists, so that the free blocks the waiting side uses afterwards are those its wait
-    /// covered.
+    /// free lists, and so do the free blocks a home-stream thread heap gives back, so that the
+    /// free blocks the waiting side uses afterwards are those its wait covered.
     pub(super) home_fences: u32,
     /// For each other stream: the `home_epoch` at its last wait on the home stream.
     waited: Vec<(StreamId, u64)>,

@@ -176,9 +176,10 @@ impl Shared {
     /// The lock, once the host has waited for the home stream past its last free (nothing to
     /// wait for on the home stream itself or without a stream runtime). The wait happens
     /// outside the lock; a free on the home stream meanwhile parks its block behind an event
-    /// recorded there (as during a trim's wait, see [`State::home_fences`]), while free blocks
-    /// of thread heaps that reach the pool's index send it round again, and after
-    /// [`TRIM_TRIES`] tries the allocation fails with an error.
+    /// recorded there, and so do the free blocks a home-stream thread heap gives back (as
+    /// during a trim's wait, see [`State::home_fences`]). Blocks that reach the pool's index
+    /// meanwhile without an event of their own (see [`trim_to`](Self::trim_to)) send it round
+    /// again, and after [`TRIM_TRIES`] tries the allocation fails with an error.
     fn lock_drained(&self, stream: StreamId) -> Result<LockGuard<'_, State>, Error> {
         if self.streams.is_none() || stream == self.home {
             return self.lock_made();

@@ -25,10 +25,13 @@ impl Shared {
     /// completes, so it is safe once free. The home stream is therefore synchronized before
     /// anything is unmapped, outside the lock so that other threads keep allocating and work
     /// queued there that calls into the pool runs. While the trim waits, a free on the home
-    /// stream parks its block behind an event recorded there ([`State::home_fences`]): what
-    /// is free when the wait ends is what was free when it began, or came back through events
-    /// that completed. Free blocks of thread heaps that reach the pool's index meanwhile
-    /// (given back without an event of their own) move the home stream's epoch, and the trim
+    /// stream parks its block behind an event recorded there ([`State::home_fences`]), and so
+    /// do the free blocks a home-stream thread heap gives back (its thread exits, it
+    /// shrinks): what is free when the wait ends is what was free when it began, or came back
+    /// through events that completed. Blocks that reach the pool's index meanwhile without an
+    /// event of their own (taken back by the home stream for a request that would fail
+    /// without them, given back by a heap of another stream once the home stream waits for
+    /// it, or where no event could be recorded) move the home stream's epoch, and the trim
     /// looks again; after [`TRIM_TRIES`] tries it gives up and unmaps nothing more (never a
     /// wait with the lock held: a host function queued on the home stream that calls into
     /// the pool would wait for it for ever).
@@ -134,7 +137,8 @@ impl Shared {
 
     /// Waits for the home stream ([`synchronize_home`](Self::synchronize_home)) with the lock,
     /// `state`, released, and takes it again with `relock`; frees on the home stream made
-    /// meanwhile park behind an event recorded there ([`State::home_fences`]). Returns the
+    /// meanwhile, and the free blocks home-stream thread heaps give back meanwhile, park
+    /// behind an event recorded there ([`State::home_fences`]). Returns the
     /// home stream's epoch when the wait began, and the lock.
     pub(super) fn wait_for_home_fenced<'a>(
         &'a self,

@@ -6,7 +6,7 @@ use alloc::vec::Vec;
 
 use super::{ClientShare, HeapState, ThreadHeap};
 use crate::pool::counters::Lease;
-use crate::pool::engine::{Shared, State, grow_meta};
+use crate::pool::engine::{Parked, Shared, State, grow_meta};
 use crate::pool::stream::{SharedEvent, StreamId};
 use crate::pool::tlsf::Piece;
 
@@ -17,6 +17,15 @@ pub(super) enum GiveBack {
     Free,
     /// Parked until the event, on the heap's stream, completes.
     Park(SharedEvent),
+    /// A home-stream heap's free blocks given back while a wait for the home stream runs
+    /// outside the lock ([`State::home_fences`](crate::pool::engine::State)): parked behind an
+    /// event recorded on the home stream now, which that wait does not cover, as a free on the
+    /// home stream is then; the home stream takes them back at once where a request there
+    /// would fail without them (its own order covers the reuse). Freed at once instead, they
+    /// would move the home stream's epoch and send the waiting side round again: an
+    /// allocation for a capturing stream failed after three waits in each of which a thread
+    /// exited.
+    Fenced(SharedEvent),
 }
 
 impl Shared {
@@ -63,7 +72,7 @@ impl Shared {
             return;
         }
         h.tlsf.flush();
-        let mode = self.give_back_mode(heap, false, true);
+        let mode = self.give_back_mode(heap, false, true, state.home_fences > 0);
         let target = bound / 2;
         let mut i = 0;
         while i < h.spans.len() && h.tlsf.free_bytes() > target {
@@ -99,10 +108,28 @@ impl Shared {
     /// are parked until an event on the heap's stream completes, recorded now, or at the first
     /// look once the stream no longer captures.
     /// (`free`: whether the spans hold free bytes; without them nothing needs either.)
-    pub(super) fn give_back_mode(&self, heap: &ThreadHeap, order: bool, free: bool) -> GiveBack {
+    /// `fenced`: a wait for the home stream runs outside the lock (see [`GiveBack::Fenced`]).
+    pub(super) fn give_back_mode(
+        &self,
+        heap: &ThreadHeap,
+        order: bool,
+        free: bool,
+        fenced: bool,
+    ) -> GiveBack {
         let Some(streams) = &self.streams else {
             return GiveBack::Free;
         };
+        if heap.stream == self.home && free && fenced {
+            // (Where no event can be recorded, they are freed: the waiting side looks again.)
+            if let Ok(event) = self.record_event(&**streams, self.home) {
+                return GiveBack::Fenced(SharedEvent::new(
+                    streams.clone(),
+                    self.home,
+                    Some(event),
+                    self.state.id(),
+                ));
+            }
+        }
         if heap.stream == self.home || !free {
             return GiveBack::Free;
         }
@@ -142,6 +169,14 @@ impl Shared {
                 let parked = event.park(block, size as usize);
                 self.park_entry(state, heap.stream, parked);
             }
+            GiveBack::Fenced(event) => {
+                let parked = Parked {
+                    given_back: false,
+                    fenced: true,
+                    ..event.park(block, size as usize)
+                };
+                self.park_entry(state, self.home, parked);
+            }
         }
     }
 
@@ -163,7 +198,7 @@ impl Shared {
         h.tlsf.export_span(span.first, &mut pieces);
         debug_assert_eq!(pieces.iter().map(|p| p.size).sum::<u64>(), span.size);
         // Free pieces to be parked are carved as used blocks.
-        let parking = matches!(mode, GiveBack::Park(_));
+        let parking = matches!(mode, GiveBack::Park(_) | GiveBack::Fenced(_));
         let park: Vec<bool> = pieces
             .iter_mut()
             .map(|p| {
@@ -242,7 +277,8 @@ impl Shared {
     ) {
         if !h.spans.is_empty() {
             h.tlsf.flush();
-            let mode = self.give_back_mode(heap, order, h.tlsf.free_bytes() > 0);
+            let fenced = state.home_fences > 0;
+            let mode = self.give_back_mode(heap, order, h.tlsf.free_bytes() > 0, fenced);
             while !h.spans.is_empty() {
                 let last = h.spans.len() - 1;
                 self.dissolve_span(state, heap, h, last, &mode);
