@@ -730,3 +730,49 @@ fn a_block_freed_on_the_home_stream_during_a_graphs_wait_serves_the_home_stream_
     );
     pool.deallocate(again).unwrap();
 }
+
+/// The same for a request on a third stream, which is not capturing: it takes the block
+/// freed on the home stream during the graph's wait once it is ordered after the home
+/// stream. (Before, only the home stream took such blocks back: the request failed for the
+/// whole wait.)
+#[test]
+fn a_block_freed_on_the_home_stream_during_a_graphs_wait_serves_another_stream_after_a_wait() {
+    let rt = Arc::new(Gate::default());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let pool = Arc::new(
+        Pool::builder(4 << 10)
+            .streams(rt.clone(), HOME)
+            .thread_heaps(0)
+            .log_leaks_on_drop(false)
+            .build_host()
+            .unwrap(),
+    );
+    let x = pool.allocate(4 << 10, 0).unwrap();
+    pool.deallocate(x).unwrap();
+    let graph = pool.graph_reservation(StreamId(2)).unwrap();
+    *rt.entered.lock().unwrap() = Some(tx);
+    let waiter = std::thread::spawn(move || {
+        let r = graph.allocate(256, 0).map(drop).map_err(|e| e.to_string());
+        drop(graph);
+        r
+    });
+    rx.recv().unwrap();
+    let y = pool.allocate(4 << 10, 0).unwrap();
+    pool.deallocate(y).unwrap();
+    let waits = rt.inner.wait_count();
+    let other = pool
+        .allocate_on(4 << 10, 0, THIRD)
+        .map_err(|e| e.to_string());
+    let ordered = rt.inner.waits_since(waits);
+    rt.open();
+    let waited = waiter.join().unwrap();
+    let other = other.expect("a block freed on the home stream is not reusable on another");
+    assert_eq!(other, y);
+    assert!(ordered.contains(&(THIRD, HOME)), "{ordered:?}");
+    assert_eq!(
+        pool.stats().failures,
+        u64::from(waited.is_err()),
+        "{waited:?}"
+    );
+    pool.deallocate_on(other, THIRD).unwrap();
+}

@@ -576,10 +576,16 @@ impl Shared {
             };
             match result {
                 Ok(addr) => return Ok(addr),
-                // Blocks freed on the home stream while a wait for it runs outside the lock
-                // wait behind events there; a request on the home stream takes them back first.
+                // Blocks freed on the home stream (or given back by its heaps) while a wait for
+                // it runs outside the lock wait behind events there; a request that would fail
+                // without them takes them back first: the home stream's own order covers their
+                // reuse there, and another stream is ordered after the home stream before it
+                // gets them (one that captures a graph has the host wait instead).
                 Err(Refusal::Capacity | Refusal::Error(Error::OutOfMemory { .. }))
-                    if ask.stream == self.home && self.take_fenced(state) => {}
+                    if self.take_fenced(state) =>
+                {
+                    self.drain_home_for_capture(ask.stream)?;
+                }
                 // Out of memory for new chunks of a growable region: the heaps' mapped free
                 // memory may serve (as for capacity, a request fails only after they gave it
                 // back once).
