@@ -74,8 +74,8 @@ pub(super) struct Parked {
     /// and take it (see [`Shared::order_given_back`]).
     pub(super) given_back: bool,
     /// A block freed on the home stream while a wait for it ran outside the lock (see
-    /// [`State::home_fences`]): the home stream itself may take it back at once (its own
-    /// order covers it) where a request there would fail without it.
+    /// [`State::home_fences`]), or given back then by a home-stream thread heap: a request
+    /// that would fail without it may take it back at once ([`Shared::take_fenced`]).
     pub(super) fenced: bool,
 }
 

@@ -376,10 +376,12 @@ impl Shared {
         self.count_free(state, live, addr, reserved, stream, tag);
     }
 
-    /// For a request on the home stream that would fail without them: the blocks freed there
-    /// while a wait ran outside the lock ([`Parked::fenced`]) go back to the free lists (the
-    /// home stream's own order covers their reuse there), and the home stream's epoch moves,
-    /// so that the waiting side looks again; whether there were any.
+    /// For a request that would fail without them: the blocks freed on the home stream (or
+    /// given back by its heaps) while a wait for it ran outside the lock ([`Parked::fenced`])
+    /// go back to the free lists, and the home stream's epoch moves, so that the waiting side
+    /// looks again; whether there were any. (The home stream's own order covers their reuse
+    /// there; another stream is ordered after the home stream before it gets them, as for any
+    /// block freed there, and one that captures a graph has the host wait instead.)
     #[cold]
     #[inline(never)]
     pub(super) fn take_fenced(&self, state: &mut State) -> bool {

@@ -20,8 +20,8 @@ pub(super) enum GiveBack {
     /// A home-stream heap's free blocks given back while a wait for the home stream runs
     /// outside the lock ([`State::home_fences`](crate::pool::engine::State)): parked behind an
     /// event recorded on the home stream now, which that wait does not cover, as a free on the
-    /// home stream is then; the home stream takes them back at once where a request there
-    /// would fail without them (its own order covers the reuse). Freed at once instead, they
+    /// home stream is then; a request that would fail without them takes them back at once
+    /// (see [`Shared::take_fenced`]). Freed at once instead, they
     /// would move the home stream's epoch and send the waiting side round again: an
     /// allocation for a capturing stream failed after three waits in each of which a thread
     /// exited.
