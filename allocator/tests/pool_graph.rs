@@ -688,11 +688,12 @@ impl devarena::pool::StreamSync for Gate {
 
 /// While a graph's allocation waits for the home stream (outside the lock), a block freed on
 /// the home stream waits behind an event there, so that the wait covers what the capture may
-/// get; the home stream itself takes it back at once where a request there would fail without
-/// it (its own order covers the reuse). (Before, a full pool refused the home stream's request
-/// for the whole wait.)
-#[test]
-fn a_block_freed_on_the_home_stream_during_a_graphs_wait_serves_the_home_stream_at_once() {
+/// get; a request that would fail without it takes it back at once: on the home stream (its
+/// own order covers the reuse), or on `on`, another stream that is not capturing, once that
+/// stream is ordered after the home stream. (Before, a full pool refused the home stream's
+/// request for the whole wait, and later still another stream's.) Runs the request made
+/// during the wait on `on` and checks it.
+fn a_block_freed_during_a_graphs_wait_serves(on: StreamId) {
     let rt = Arc::new(Gate::default());
     let (tx, rx) = std::sync::mpsc::channel();
     let pool = Arc::new(
@@ -717,62 +718,31 @@ fn a_block_freed_on_the_home_stream_during_a_graphs_wait_serves_the_home_stream_
     rx.recv().unwrap();
     let y = pool.allocate(4 << 10, 0).unwrap();
     pool.deallocate(y).unwrap();
-    let again = pool.allocate(4 << 10, 0).map_err(|e| e.to_string());
+    let waits = rt.inner.wait_count();
+    let again = pool.allocate_on(4 << 10, 0, on).map_err(|e| e.to_string());
+    let ordered = rt.inner.waits_since(waits);
     rt.open();
     let waited = waiter.join().unwrap();
-    let again = again.expect("a block freed on the home stream is not reusable there");
+    let again = again.expect("a block freed on the home stream is not reusable");
     assert_eq!(again, y);
+    if on != HOME {
+        assert!(ordered.contains(&(on, HOME)), "{ordered:?}");
+    }
     // The only failure, if any, is the graph's: it found the pool full after its wait.
     assert_eq!(
         pool.stats().failures,
         u64::from(waited.is_err()),
         "{waited:?}"
     );
-    pool.deallocate(again).unwrap();
+    pool.deallocate_on(again, on).unwrap();
 }
 
-/// The same for a request on a third stream, which is not capturing: it takes the block
-/// freed on the home stream during the graph's wait once it is ordered after the home
-/// stream. (Before, only the home stream took such blocks back: the request failed for the
-/// whole wait.)
+#[test]
+fn a_block_freed_on_the_home_stream_during_a_graphs_wait_serves_the_home_stream_at_once() {
+    a_block_freed_during_a_graphs_wait_serves(HOME);
+}
+
 #[test]
 fn a_block_freed_on_the_home_stream_during_a_graphs_wait_serves_another_stream_after_a_wait() {
-    let rt = Arc::new(Gate::default());
-    let (tx, rx) = std::sync::mpsc::channel();
-    let pool = Arc::new(
-        Pool::builder(4 << 10)
-            .streams(rt.clone(), HOME)
-            .thread_heaps(0)
-            .log_leaks_on_drop(false)
-            .build_host()
-            .unwrap(),
-    );
-    let x = pool.allocate(4 << 10, 0).unwrap();
-    pool.deallocate(x).unwrap();
-    let graph = pool.graph_reservation(StreamId(2)).unwrap();
-    *rt.entered.lock().unwrap() = Some(tx);
-    let waiter = std::thread::spawn(move || {
-        let r = graph.allocate(256, 0).map(drop).map_err(|e| e.to_string());
-        drop(graph);
-        r
-    });
-    rx.recv().unwrap();
-    let y = pool.allocate(4 << 10, 0).unwrap();
-    pool.deallocate(y).unwrap();
-    let waits = rt.inner.wait_count();
-    let other = pool
-        .allocate_on(4 << 10, 0, THIRD)
-        .map_err(|e| e.to_string());
-    let ordered = rt.inner.waits_since(waits);
-    rt.open();
-    let waited = waiter.join().unwrap();
-    let other = other.expect("a block freed on the home stream is not reusable on another");
-    assert_eq!(other, y);
-    assert!(ordered.contains(&(THIRD, HOME)), "{ordered:?}");
-    assert_eq!(
-        pool.stats().failures,
-        u64::from(waited.is_err()),
-        "{waited:?}"
-    );
-    pool.deallocate_on(other, THIRD).unwrap();
+    a_block_freed_during_a_graphs_wait_serves(THIRD);
 }
