@@ -44,23 +44,21 @@ use std::thread::JoinHandle;
 
 use devarena::backend::HostVirtualMemory;
 use devarena::pool::{
-    ManualStreams, StreamEvent, StreamId, StreamSync, Tracking, guaranteed_fit, reserved_bytes,
+    AllocRequest, FreeRequest, ManualStreams, StreamEvent, StreamId, StreamSync, Tracking,
+    guaranteed_fit, reserved_bytes,
 };
 use devarena::{Error, Pool, PoolClient};
 
 use super::input::Input;
 use super::model::{
-    self, ClientModel, SinkCounts, check_signature, effective_align, gaps, write_signature,
+    self, ClientModel, HOME, STREAMS, SinkCounts, check_signature, effective_align, gaps,
+    write_signature,
 };
 
 /// Operations per input at most (keeps one input fast).
 const MAX_OPS: usize = 1000;
 /// The most worker threads.
 const MAX_WORKERS: usize = 4;
-/// The pool's home stream when it has a stream runtime.
-const HOME: StreamId = StreamId(1);
-/// The streams operations choose from (the home stream among them).
-const STREAMS: [StreamId; 3] = [HOME, StreamId(2), StreamId(3)];
 
 /// Runs one input.
 pub fn run(data: &[u8]) {
@@ -238,6 +236,15 @@ impl StreamSync for LoggedStreams {
         self.inner.synchronize(stream)?;
         self.push(Order::Done(stream));
         Ok(())
+    }
+}
+
+/// A request of `size` bytes at `align`, for stream `on` (`None`: as `allocate` makes it, for
+/// the home stream).
+fn alloc_request(size: usize, align: usize, on: Option<StreamId>) -> AllocRequest<'static> {
+    match on {
+        Some(stream) => AllocRequest::new(size, align).on(stream),
+        None => AllocRequest::new(size, align),
     }
 }
 
@@ -534,7 +541,9 @@ impl World {
         self.check_order(addr, reserved, stream);
         self.count_allocation(client, size, reserved);
         let signature = self.signature();
-        write_signature(addr, size, signature);
+        // SAFETY: the pool just handed out `addr` for `size` bytes of its host region (its
+        // placement checked above), and no other thread runs between operations.
+        unsafe { write_signature(addr, size, signature) };
         self.live.insert(
             addr,
             Block {
@@ -681,11 +690,8 @@ impl World {
     fn allocate(&mut self, w: usize, client: usize, size: usize, align: usize, stream: StreamId) {
         let verdict = self.verdict(client, size, align, stream);
         let c = self.clients[client].clone();
-        let on_stream = self.streams.is_some();
-        let result = self.on(w, move || match on_stream {
-            true => c.allocate_on(size, align, stream),
-            false => c.allocate(size, align),
-        });
+        let on = self.streams.as_ref().map(|_| stream);
+        let result = self.on(w, move || c.allocate_with(alloc_request(size, align, on)));
         self.allocated(verdict, (client, size, align, stream), result, false);
     }
 
@@ -738,14 +744,11 @@ impl World {
         let align = input.align();
         let stream = self.stream(input);
         let c = self.clients[client].clone();
-        let on_stream = self.streams.is_some();
+        let on = self.streams.as_ref().map(|_| stream);
         let results = self.on(w, move || {
             let mut results = Vec::new();
             while results.len() < 256 {
-                let result = match on_stream {
-                    true => c.allocate_on(size, align, stream),
-                    false => c.allocate(size, align),
-                };
+                let result = c.allocate_with(alloc_request(size, align, on));
                 let failed = result.is_err();
                 results.push(result);
                 if failed {
@@ -780,23 +783,21 @@ impl World {
             },
             None => None,
         };
-        check_signature(addr, block.size, block.signature);
-        let result = match (by_pool, stream) {
-            (true, None) => {
+        // SAFETY: a live block of the model, signed when it was handed out; no other thread
+        // runs between operations.
+        unsafe { check_signature(addr, block.size, block.signature) };
+        let request = match stream {
+            Some(stream) => FreeRequest::new(addr).on(stream),
+            None => FreeRequest::new(addr),
+        };
+        let result = match by_pool {
+            true => {
                 let pool = self.pool.clone();
-                self.on(w, move || pool.deallocate(addr))
+                self.on(w, move || pool.deallocate_with(request))
             }
-            (true, Some(stream)) => {
-                let pool = self.pool.clone();
-                self.on(w, move || pool.deallocate_on(addr, stream))
-            }
-            (false, None) => {
+            false => {
                 let c = self.clients[block.client].clone();
-                self.on(w, move || c.deallocate(addr))
-            }
-            (false, Some(stream)) => {
-                let c = self.clients[block.client].clone();
-                self.on(w, move || c.deallocate_on(addr, stream))
+                self.on(w, move || c.deallocate_with(request))
             }
         };
         result.unwrap_or_else(|e| panic!("freeing live {addr:#x}: {e}"));
@@ -859,8 +860,12 @@ impl World {
                 .map(|_| {
                     let result = c.allocate(size, align);
                     if let Ok(addr) = result {
-                        write_signature(addr, size, 0xA5);
-                        check_signature(addr, size, 0xA5);
+                        // SAFETY: the block just handed out to this thread alone, `size` bytes
+                        // of the pool's host region, signed before it is checked.
+                        unsafe {
+                            write_signature(addr, size, 0xA5);
+                            check_signature(addr, size, 0xA5);
+                        }
                         c.deallocate(addr).map_err(|e| format!("{e}"))?;
                     }
                     Ok(result)
@@ -906,8 +911,13 @@ impl World {
                     for _ in 0..count {
                         let result = c.allocate(size, align);
                         if let Ok(addr) = result {
-                            write_signature(addr, size, signature);
-                            check_signature(addr, size, signature);
+                            // SAFETY: the block just handed out to this worker alone (the
+                            // others' blocks are disjoint from it), signed before it is
+                            // checked.
+                            unsafe {
+                                write_signature(addr, size, signature);
+                                check_signature(addr, size, signature);
+                            }
                             if let Err(e) = c.deallocate(addr) {
                                 return Err(format!("freeing {addr:#x}, just allocated: {e}"));
                             }
@@ -1056,7 +1066,8 @@ impl World {
             assert_eq!(leak.client, self.clients[block.client].name());
         }
         for (&addr, block) in &self.live {
-            check_signature(addr, block.size, block.signature);
+            // SAFETY: live blocks of the model, signed when handed out; no other thread runs.
+            unsafe { check_signature(addr, block.size, block.signature) };
         }
     }
 
@@ -1066,7 +1077,8 @@ impl World {
         let addrs: Vec<u64> = self.live.keys().copied().collect();
         for (i, addr) in addrs.into_iter().enumerate() {
             let block = self.live.remove(&addr).expect("live");
-            check_signature(addr, block.size, block.signature);
+            // SAFETY: still live (freed below), signed when handed out; no other thread runs.
+            unsafe { check_signature(addr, block.size, block.signature) };
             let c = self.clients[block.client].clone();
             self.on(i % (self.workers.len() + 1), move || c.deallocate(addr))
                 .unwrap_or_else(|e| panic!("freeing live {addr:#x}: {e}"));

@@ -6,9 +6,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use devarena::Pool;
 use devarena::PoolClient;
-use devarena::pool::{ClientStats, EventSink, PoolAction, PoolEvent};
+use devarena::pool::{ClientStats, EventSink, PoolAction, PoolEvent, StreamId};
 
 use super::input::Input;
+
+/// The pool's home stream when it has a stream runtime.
+pub(crate) const HOME: StreamId = StreamId(1);
+/// The streams operations choose from (the home stream among them).
+pub(crate) const STREAMS: [StreamId; 3] = [HOME, StreamId(2), StreamId(3)];
 
 /// Runs one input through a target's world: `new` builds it from the front of the input,
 /// then at most `max_ops` calls of `step` (one checked operation each), `check` (everything
@@ -157,10 +162,15 @@ pub(crate) fn effective_align(align: usize) -> Option<usize> {
 const SIGNATURE_BYTES: usize = 64;
 
 /// Writes `signature` into the first and last bytes of a host block of `size` bytes.
-pub(crate) fn write_signature(addr: u64, size: usize, signature: u8) {
+///
+/// # Safety
+///
+/// `addr` is a live allocation of at least `size` bytes in a pool on host memory, and no
+/// other thread reads or writes it while this runs.
+pub(crate) unsafe fn write_signature(addr: u64, size: usize, signature: u8) {
     for (offset, len) in signature_spans(size) {
-        // SAFETY: the block at `addr` is live in a host pool, held by the caller alone, and
-        // `offset + len <= size` bytes of it are requested memory inside its reservation.
+        // SAFETY: by the caller's promise the block at `addr` is live host memory of at least
+        // `size` bytes, held by the caller alone; `offset + len <= size`.
         unsafe {
             std::ptr::write_bytes((addr as usize + offset) as *mut u8, signature, len);
         }
@@ -168,9 +178,16 @@ pub(crate) fn write_signature(addr: u64, size: usize, signature: u8) {
 }
 
 /// Checks the bytes [`write_signature`] wrote.
-pub(crate) fn check_signature(addr: u64, size: usize, signature: u8) {
+///
+/// # Safety
+///
+/// `addr..addr + size` lies in a host pool's region that stays mapped while this runs (a
+/// live block, or one just freed and not handed out again), [`write_signature`] wrote there,
+/// and no other thread writes those bytes meanwhile.
+pub(crate) unsafe fn check_signature(addr: u64, size: usize, signature: u8) {
     for (offset, len) in signature_spans(size) {
-        // SAFETY: as in `write_signature`; reading `len` initialised bytes of a live block.
+        // SAFETY: by the caller's promise, `len` bytes of mapped host memory that
+        // `write_signature` initialised and no other thread writes; `offset + len <= size`.
         let bytes =
             unsafe { std::slice::from_raw_parts((addr as usize + offset) as *const u8, len) };
         assert!(

@@ -27,15 +27,12 @@ use devarena::{Error, Pool, PoolClient, PoolSlice};
 
 use super::input::Input;
 use super::model::{
-    self, ClientModel, SinkCounts, check_signature, effective_align, gaps, write_signature,
+    self, ClientModel, HOME, STREAMS, SinkCounts, check_signature, effective_align, gaps,
+    write_signature,
 };
 
 /// Operations per input at most (keeps one input fast).
 const MAX_OPS: usize = 3000;
-/// The pool's home stream when it has a stream runtime.
-const HOME: StreamId = StreamId(1);
-/// The streams operations choose from (the home stream among them).
-const STREAMS: [StreamId; 3] = [StreamId(1), StreamId(2), StreamId(3)];
 /// The pool's largest reuse-cache block count.
 const MAX_REUSE_BLOCKS: usize = devarena::pool::MAX_REUSE_BLOCKS;
 
@@ -321,7 +318,9 @@ impl World {
         self.event(0);
         if block.holder == Holder::Raw {
             block.signature = self.signature();
-            write_signature(addr, block.size, block.signature);
+            // SAFETY: a raw block the host pool just handed out for `block.size` bytes (its
+            // placement checked); this target runs on one thread.
+            unsafe { write_signature(addr, block.size, block.signature) };
         }
         self.live.insert(addr, block);
     }
@@ -581,7 +580,9 @@ impl World {
     fn commit_free_parked(&mut self, addr: u64, stream: StreamId, unrecorded: bool) {
         let block = self.live.remove(&addr).expect("live");
         if block.holder == Holder::Raw {
-            check_signature(addr, block.size, block.signature);
+            // SAFETY: a raw block signed when handed out, just freed and not handed out
+            // again, in the pool's host region, which stays mapped; one thread.
+            unsafe { check_signature(addr, block.size, block.signature) };
         }
         if self.is_home(stream) {
             if self.streams.is_some() {
@@ -742,7 +743,8 @@ impl World {
         }
         for (&addr, block) in &self.live {
             match block.holder {
-                Holder::Raw => check_signature(addr, block.size, block.signature),
+                // SAFETY: a live raw block, signed when handed out; one thread.
+                Holder::Raw => unsafe { check_signature(addr, block.size, block.signature) },
                 Holder::Slice(i) => {
                     if let Some(Some(slice)) = self.slices.get(i) {
                         check_slice(slice, block.signature);
