@@ -54,7 +54,7 @@ pub enum Error {
     /// A request did not fit in a pool's capacity or a client's quota; nothing already
     /// allocated was disturbed.
     PoolExhausted {
-        /// The client (or `"pool"` for the pool itself).
+        /// The client (the pool's name, `"pool"` unless it was given one, for the pool itself).
         client: String,
         /// Bytes asked for.
         requested: usize,

@@ -209,6 +209,8 @@ mod host_stand_in {
         fail: (usize, usize),
         /// The most bytes mapped at once (all reservations together), as a device's memory.
         limit: Option<usize>,
+        /// Whether `synchronize` fails (as a device whose context has failed does).
+        fail_synchronize: bool,
     }
 
     /// A host stand-in for a device's virtual memory API: it reserves real host memory up
@@ -292,6 +294,13 @@ mod host_stand_in {
         /// [`Error::OutOfMemory`], nothing mapped), then lets every call through again.
         pub fn fail_maps(&self, skip: usize, count: usize) {
             self.lock().fail = (skip, count);
+        }
+
+        /// Makes every later [`synchronize`](VirtualMemory::synchronize) fail with an
+        /// [`Error::Driver`] (`true`), as on a device whose context has failed, or succeed
+        /// again (`false`). The call is recorded either way.
+        pub fn fail_synchronize(&self, fail: bool) {
+            self.lock().fail_synchronize = fail;
         }
 
         /// Makes a map that would take the bytes mapped (in every reservation together) past
@@ -533,7 +542,16 @@ mod host_stand_in {
         }
 
         fn synchronize(&self) -> Result<(), Error> {
-            self.lock().calls.push(VmCall::Synchronize);
+            let mut inner = self.lock();
+            inner.calls.push(VmCall::Synchronize);
+            if inner.fail_synchronize {
+                return Err(Error::Driver {
+                    call: "synchronize",
+                    name: "CUDA_ERROR_LAUNCH_FAILED".into(),
+                    text: "failed on purpose (HostVirtualMemory::fail_synchronize)".into(),
+                    code: 719,
+                });
+            }
             Ok(())
         }
     }

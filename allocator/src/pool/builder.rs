@@ -143,9 +143,13 @@ impl PoolBuilder {
     /// error when the pool is built); `bytes` may be anything, the capacity bounds it anyway.
     /// Blocks leave the cache oldest first when `blocks` newer ones have been freed, merge at
     /// once when they would take the cache past `bytes`, and all merge before a request would
-    /// fail and before [`Pool::stats`] describes the free blocks. Nothing else shows the
-    /// cache: a waiting block is free memory in every count, quotas included, and a request
-    /// that fits in the pool with every free block merged succeeds.
+    /// fail; [`Pool::stats`] describes the free blocks as they would be merged, without
+    /// merging them. Nothing else shows the cache: a waiting block is free memory in every
+    /// count, quotas included, and a request that fits in the pool with every free block
+    /// merged succeeds. (`blocks` is rounded up to a power of two, the length of the ring that
+    /// orders the waiting blocks. A thread heap's cache keeps at most
+    /// [`DEFAULT_REUSE_BLOCKS`] blocks, or `blocks` if fewer, and on a growable region no more
+    /// bytes than the heap has had in use.)
     ///
     /// ```
     /// use devarena::Pool;
@@ -194,11 +198,13 @@ impl PoolBuilder {
         self
     }
 
-    /// Bytes of free memory a growable pool keeps mapped when it synchronizes
+    /// Bytes a growable pool may keep mapped, live ones included, when it synchronizes
     /// ([`Pool::synchronize`]), as `cudaMemPoolAttrReleaseThreshold` does for the driver's
-    /// pools: chunks with no live byte beyond it are unmapped there. By default `usize::MAX`
-    /// (keep everything: memory goes back only on [`Pool::trim`]); `0` gives back every free
-    /// chunk at each synchronize. [`Pool::set_release_threshold`] changes it later.
+    /// pools: there, chunks with no live byte are unmapped until at most this many bytes stay
+    /// mapped (or none such is left). By default `usize::MAX`: memory goes back on
+    /// [`Pool::trim`] and [`Pool::trim_to`], and when a request finds the device out of memory
+    /// (free chunks are unmapped to map the ones it needs); `0` gives back every free chunk at
+    /// each synchronize. [`Pool::set_release_threshold`] changes it later.
     pub fn release_threshold(mut self, bytes: usize) -> Self {
         self.release_threshold = bytes;
         self
@@ -215,8 +221,8 @@ impl PoolBuilder {
     /// A thread that finds the pool's lock taken by another gets a heap of its own (and from
     /// then on, while any thread has one, so does every thread that allocates; with a stream
     /// runtime, a thread also gets one for each other stream it allocates on): spans of
-    /// the region (a sixteenth of the capacity at a time, at most half its share, or what a
-    /// larger request needs) where it allocates and frees under a lock of its own, so that
+    /// the region (a sixteenth of the capacity at a time, between 64 KiB and 1 GiB and at
+    /// most half its share, or what a larger request needs) where it allocates and frees under a lock of its own, so that
     /// threads sharing a pool stop waiting for each other. A heap asks the pool for more only
     /// now and then: a span, a lease of bytes under the peak and the quotas, a batch of serial
     /// numbers. When more than its share is free in its spans, it gives back spans nothing
@@ -224,7 +230,7 @@ impl PoolBuilder {
     /// every heap gives all its spans back (other threads' included), and a thread that exits
     /// gives its heaps back; [`Pool::stats`] describes the free blocks as they would be then,
     /// without taking anything back: heaps change the cost of a call, not what succeeds, nor
-    /// any count. With a stream runtime a
+    /// any count (peaks aside, with [`exact_peaks`](Self::exact_peaks)`(false)`). With a stream runtime a
     /// thread has a heap for each stream it allocates on, which reuses its blocks on that
     /// stream at once, without an event (a thread on a stream of its own then never takes
     /// the pool's lock in the common case); the free blocks such a heap gives back wait for
@@ -252,7 +258,7 @@ impl PoolBuilder {
     /// near the capacity, but heaps that stay there fail requests the pool's one index would
     /// serve (eight threads, peak in use about 260 MiB: a pool of 384 MiB failed an
     /// allocation in 26 of 32 runs of the benchmark with heaps that stayed, in 7 of 32 with
-    /// heaps that step aside, as often as without heaps: 8 of 30). Near the capacity a pool
+    /// heaps that step aside; in a later batch 7 of 30, as often as without heaps: 8 of 30). Near the capacity a pool
     /// shared by many threads is slow either way (on an H100 host, eight threads at 416–448
     /// MiB took 2.5–3.3 µs a pair stepping aside and 2.0–5.0 µs on heaps that stayed, which
     /// failed 2 runs of 8; 0.5–0.9 µs at 768 MiB; 60 ns with room): give such a pool room.

@@ -40,8 +40,10 @@ impl Pool {
     /// allocated at its address until the graph is dropped and its last replay has finished,
     /// and be touched by nothing else while a replay may run (other than by work ordered with
     /// the replays on `stream`); so must the modules whose kernels it launches stay loaded.
-    /// The graph's own blocks need nothing: the pool holds them for
-    /// the graph. (A safe `capture` could not be sound: `stream` is the caller's, and safe
+    /// The graph's own blocks stay allocated without the caller's care: the pool holds them
+    /// for the graph. But the replays write them, so one that `record` hands out (a slice
+    /// returned from it) must likewise be touched by nothing else while a replay may run,
+    /// other than by work ordered with the replays on `stream`. (A safe `capture` could not be sound: `stream` is the caller's, and safe
     /// cudarc calls on it during the capture record whatever they reach.)
     ///
     /// ```no_run

@@ -276,10 +276,12 @@ impl Pool {
     /// the hard cap, and costs only address space.
     ///
     /// Allocation and free call the driver only to map memory where the pool grows into space
-    /// it never used (or gave back), to record an event when a block is freed on another
-    /// stream than the one it was handed out for (see [`crate::pool::stream`]), and to ask
-    /// whether a stream captures (`cuStreamIsCapturing`) at a thread's first request on a stream
-    /// other than the home stream. [`Pool::trim`] gives back chunks with no live byte.
+    /// it never used (or gave back), to record an event when a block is freed on a stream
+    /// other than the home stream (a thread heap's block on its own stream excepted), to have
+    /// a stream wait for the home stream (`cuEventRecord`, `cuStreamWaitEvent`) before it is
+    /// handed a block freed there (see [`crate::pool::stream`]), and to ask whether a stream
+    /// captures (`cuStreamIsCapturing`) at a thread's first request on a stream other than the
+    /// home stream. [`Pool::trim`] gives back chunks with no live byte.
     /// [`PoolSlice::device_view`] and [`PoolSlice::device_view_mut`] turn typed slices into
     /// views for cudarc.
     ///

@@ -91,6 +91,8 @@ impl Pool {
     }
 
     /// Allocates `size` bytes at `align` (0 = 256) for the home stream; returns the address.
+    /// (On a host pool, what is written there must leave the bytes initialized: see the
+    /// [module documentation](super#backends-and-devices).)
     #[inline]
     pub fn allocate(&self, size: usize, align: usize) -> Result<u64, Error> {
         self.own.allocate(size, align)
@@ -121,7 +123,9 @@ impl Pool {
     }
 
     /// Frees any client's allocation at `addr`, on the home stream. An address the pool did not
-    /// hand out, or already freed, is an [`Error::UnknownAddress`] and changes nothing.
+    /// hand out, or already freed, is an [`Error::UnknownAddress`], and one that a
+    /// [`PoolSlice`] owns (dropping the slice frees it) an [`Error::InvalidArgument`]; either
+    /// changes nothing.
     #[inline]
     pub fn deallocate(&self, addr: u64) -> Result<(), Error> {
         self.own
@@ -249,8 +253,9 @@ impl Pool {
 
     /// How many thread heaps this pool has now (see [`PoolBuilder::thread_heaps`]): one for
     /// each thread and stream it allocates on, made for threads that met another on the
-    /// pool's lock, or allocated while another thread had a heap (or made an allocation at
-    /// all, with [`PoolBuilder::eager_thread_heaps`]), and have not exited. A thread gives
+    /// pool's lock, or allocated while another thread had a heap, or allocated on a stream
+    /// other than the home stream (or made an allocation at all, with
+    /// [`PoolBuilder::eager_thread_heaps`]), and have not exited. A thread gives
     /// its heaps back in its thread-local destructors, which run after its closure returns:
     /// `JoinHandle::join` waits for them, the end of a `std::thread::scope` may not.
     pub fn thread_heaps(&self) -> usize {
@@ -351,6 +356,8 @@ impl fmt::Debug for PoolClient {
 
 impl PoolClient {
     /// Allocates `size` bytes at `align` (0 = 256) for the home stream; returns the address.
+    /// (On a host pool, what is written there must leave the bytes initialized: see the
+    /// [module documentation](super#backends-and-devices).)
     #[inline]
     pub fn allocate(&self, size: usize, align: usize) -> Result<u64, Error> {
         self.shared
@@ -392,7 +399,8 @@ impl PoolClient {
     }
 
     /// Frees this client's allocation at `addr` on the home stream. An address that is not a
-    /// live allocation is an [`Error::UnknownAddress`]; another client's allocation is an
+    /// live allocation is an [`Error::UnknownAddress`]; another client's allocation, or one
+    /// that a [`PoolSlice`] owns (dropping the slice frees it), is an
     /// [`Error::InvalidArgument`]; either changes nothing.
     #[inline]
     pub fn deallocate(&self, addr: u64) -> Result<(), Error> {

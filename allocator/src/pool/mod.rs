@@ -30,7 +30,8 @@
 //!   frees there under a lock only it takes in the common case ([`PoolBuilder::thread_heaps`]);
 //!   from then on, so does every thread that allocates on the pool.
 //!   Every heap gives its spans back before a request would fail, and when its thread exits:
-//!   heaps change the cost of a call, not what succeeds, nor a count (see below).
+//!   heaps change the cost of a call, not what succeeds, nor a count (see below; peaks
+//!   aside, with [`PoolBuilder::exact_peaks`]`(false)`).
 //! * Sizes round up to their size class ([`reserved_bytes`]: less than 1/32 more above 8 KiB),
 //!   so that a freed block can wait whole in a bounded **reuse cache** and serve the next
 //!   request of its class without a search, a split or a merge ([`PoolBuilder::reuse`]).
@@ -61,6 +62,12 @@
 //! `PoolBuilder::build_cuda(stream)`) does all of that: a growable region on the device (see
 //! below), the CUDA events of `pool::cuda::CudaStreams`, `stream` as the home stream; and
 //! `PoolSlice::device_view(&stream)` / `device_view_mut(&stream)` give cudarc views.
+//!
+//! On a host pool, code that writes through a raw address the pool handed out (unsafe code:
+//! a pointer made from the address) must leave every byte it writes initialized, padding
+//! included (`MaybeUninit` bytes or a struct with padding copied in whole break this): a
+//! block freed there is handed out again, and a [`PoolSlice`] reads the bytes it finds as
+//! values of its element type, from safe code.
 //!
 //! # Regions: classic and growable
 //!
@@ -107,9 +114,9 @@
 //! another has a heap (or at its first allocation, with
 //! [`PoolBuilder::eager_thread_heaps`]), it gets a heap of its own for that pool and the
 //! request's stream (so one request on another stream moves the thread's home-stream
-//! requests to a heap too, about a fifth more instructions a pair than the pool's index): it
-//! takes a span of the region (a sixteenth of the capacity, or what a
-//! larger request needs) and allocates and frees that stream's requests in its spans, with a
+//! requests to a heap too, about a quarter more instructions a pair than the pool's index): it
+//! takes a span of the region (a sixteenth of the capacity, at least 64 KiB and at most
+//! 1 GiB, or what a larger request needs) and allocates and frees that stream's requests in its spans, with a
 //! reuse cache of its own, under a lock that other threads take only to take headroom back or
 //! to give spans back. It asks the
 //! pool, under the pool's lock, only now and then: for a span, for a lease of bytes (below),
@@ -205,7 +212,7 @@
 //!
 //! `cargo bench -p devarena --bench pool_pairs` runs alloc+free pairs (64 live, sizes
 //! log-uniform in 256 B … 4 MiB) against the system allocator and prints the median ns per pair
-//! for 1 and 4 threads (`--threads 1,2,4,8` for others) and each row's aggregate throughput
+//! for 1 and 4 threads (`-- --threads 1,2,4,8` for others) and each row's aggregate throughput
 //! against one thread (`-- --json` for a machine-readable form), with the pool as built by
 //! default, with a heap for every thread, with leased peaks, with its reuse cache off, and with
 //! a pool of its own for every thread (nothing shared: what the machine allows); with
@@ -215,20 +222,22 @@
 //! The common case is one straight path: a valid alignment, tracking off, nothing parked on
 //! another stream, the home stream, within quota and capacity. `allocate` and `deallocate` are
 //! `#[inline]`, so it inlines into the caller. On the benchmark's workload, where 93% of the
-//! requests find a block of their class in the reuse cache, a pair takes about 390
+//! requests find a block of their class in the reuse cache, a pair takes about 345
 //! instructions, the benchmark's own loop and both lock round trips included (callgrind;
-//! about 510 with the cache off). Tracking, event sinks, other streams and every failure take
+//! about 540 with the cache off). Tracking, event sinks, other streams and every failure take
 //! a general path, kept out of line, that decides the same way and reports why. A thread on a
 //! heap takes its own lock instead, and its pairs cost about a quarter more instructions
-//! (about 500); threads that meet on the pool's lock before they have heaps back off before
+//! (about 440); threads that meet on the pool's lock before they have heaps back off before
 //! they look again, so that the thread holding the lock keeps it, and the pool's state in its
 //! caches, for a run of calls.
 //!
 //! Heaps on a growable region each map memory where their own blocks go and reuse only their
 //! own freed blocks, so a growable pool shared by busy threads holds about what each thread's
 //! peak needs, added up, rather than the peak of their sum: on the benchmark's workload with
-//! 8 threads, 2.1 × the pool's peak in use with the reuse cache off (1.06 × on one index), 7
-//! to 8 × with it on (2.3 × on one index). [`Pool::trim`] gives it back;
+//! 8 threads, 2.1 × the pool's peak in use with the reuse cache off (1.06 × on one index),
+//! 7 to 8 × with it on (2.3 × on one index) before a heap's cache was bounded by what the
+//! heap has had in use; since then, on the H200's growable device pool, 4.7 to 4.9 × (8.9 to
+//! 9.1 × before). [`Pool::trim`] gives it back;
 //! [`PoolBuilder::thread_heaps`]`(0)` keeps every thread on the pool's own index, and its
 //! footprint.
 //!

@@ -149,8 +149,9 @@ impl<T: Element> PoolSlice<T> {
         // block holds `len` elements, aligned for `T`, and belongs to this slice alone (only
         // the slice can free it, and live blocks never overlap). Its bytes are initialized
         // (host memory comes initialized from its `Backend` or `VirtualMemory`, whose unsafe
-        // contracts say so, and only `T: Element` values are written there) and `T: Element`
-        // accepts every bit pattern.
+        // contracts say so; slices write only `T: Element` values there, and unsafe code that
+        // writes through a raw address of a host pool must leave its bytes initialized, as
+        // the module documentation requires) and `T: Element` accepts every bit pattern.
         Ok(unsafe { core::slice::from_raw_parts(ptr, self.len) })
     }
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use super::stream::StreamId;
 
-/// A snapshot of a pool's counters. All byte counts are exact.
+/// A snapshot of a pool's counters. All byte counts are exact (`peak` too, unless the pool
+/// was built with [`exact_peaks(false)`](super::PoolBuilder::exact_peaks), see there).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PoolStats {
     /// Bytes the pool manages: its hard cap.
@@ -17,7 +18,9 @@ pub struct PoolStats {
     pub in_use: usize,
     /// Bytes the live allocations asked for (before rounding).
     pub requested: usize,
-    /// The most `in_use` has ever been.
+    /// The most `in_use` has ever been. (With thread heaps and
+    /// [`exact_peaks(false)`](super::PoolBuilder::exact_peaks), at least that and above it by
+    /// at most the headroom the heaps held unused; never above the capacity.)
     pub peak: usize,
     /// Successful allocations so far.
     pub allocations: u64,
@@ -121,7 +124,9 @@ pub struct ClientStats {
     pub in_use: usize,
     /// Bytes its live allocations asked for.
     pub requested: usize,
-    /// The most `in_use` has ever been.
+    /// The most `in_use` has ever been. (With thread heaps and
+    /// [`exact_peaks(false)`](super::PoolBuilder::exact_peaks), at least that and above it by
+    /// at most the headroom the heaps held unused; never above the capacity.)
     pub peak: usize,
     /// Its successful allocations so far.
     pub allocations: u64,
@@ -162,7 +167,9 @@ pub struct Leak {
     pub reserved: usize,
     /// The client that made it.
     pub client: String,
-    /// Its sequence number: the pool's `n`-th successful allocation (from 1).
+    /// Its serial number, unique in the pool. Without thread heaps, the pool's `n`-th
+    /// successful allocation (from 1); a thread heap takes its numbers in batches, so with
+    /// heaps they have gaps and do not follow the order of allocations across heaps.
     pub serial: u64,
     /// The stream it was made for.
     pub stream: StreamId,

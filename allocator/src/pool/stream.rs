@@ -127,8 +127,8 @@ pub trait StreamSync: Any + Send + Sync + fmt::Debug {
     fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error>;
 
     /// Whether the runtime can serve `stream`: the pool asks before it hands out a block of its
-    /// own index for a stream other than its home stream, or takes a free there on one, and
-    /// when it makes a thread heap for such a stream (once: the heap's requests do not ask
+    /// own index for a stream other than its home stream, before a graph reservation on such a
+    /// stream, and when it makes a thread heap for such a stream (once: the heap's requests do not ask
     /// again), so that a stream the runtime cannot use fails at once and changes nothing.
     /// Every stream by default.
     fn validate(&self, stream: StreamId) -> Result<(), Error> {

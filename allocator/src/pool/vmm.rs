@@ -375,7 +375,11 @@ impl Mapping {
                 vm.map(at, chunk, count)
             });
             if let Err(error) = mapped {
-                self.undo(first, start);
+                // SAFETY: the chunks of `first..start` with clear bits are the runs this call
+                // mapped before this one failed (every chunk of the block whose bit was set is
+                // skipped, and mapped ones are not marked until every run has mapped), for the
+                // block being allocated, which the error gives back.
+                unsafe { self.undo(first, start) };
                 return Err(error);
             }
             self.maps += count as u64;
@@ -407,17 +411,17 @@ impl Mapping {
     /// Unmaps again the chunks that the last [`ensure`](Self::ensure) mapped for the block at
     /// `addr` (`bytes` long) and that lie wholly inside `within` (`(address, bytes)`; a range
     /// that ends at the capacity's end reaches to the reservation's, see [`reach`](Self::reach)), for a
-    /// request refused after its memory was mapped. The caller guarantees that no block in
-    /// `within` but this one, now given back, can be live or handed out while it holds the
-    /// pool's lock (a thread heap's span, under the heap's lock): the chunks were unmapped
-    /// before that `ensure`, so no live byte was in them, and only the caller could have
-    /// allocated there since. A chunk that will not unmap stays mapped. Returns the chunks
-    /// unmapped.
+    /// request refused after its memory was mapped. The chunks were unmapped before that
+    /// `ensure`, so no live byte was in them then; where nothing else was allocated in
+    /// `within` since, only the block at `addr` can touch them. A chunk that will not unmap
+    /// stays mapped. Returns the chunks unmapped.
     ///
     /// # Safety
     ///
-    /// The block at `addr` is given back, and no other block in `within` is live or can be
-    /// handed out until the caller releases the pool's lock.
+    /// The block at `addr` is given back, and since the `ensure` that mapped for it, no other
+    /// block in `within` has been handed out, nor can be until the caller releases the pool's
+    /// lock (and, for a thread heap's span, the heap's): then no live block touches a chunk
+    /// this unmaps.
     #[cold]
     pub(super) unsafe fn undo_last(&mut self, addr: u64, bytes: u64, within: (u64, u64)) -> usize {
         let Some(LastMap {
@@ -484,8 +488,13 @@ impl Mapping {
     /// Unmaps the chunks of `first..upto` that [`ensure`](Self::ensure) mapped before a later run
     /// failed (their bits are still clear). A chunk that will not unmap stays mapped, and is
     /// counted so.
+    ///
+    /// # Safety
+    ///
+    /// Every chunk of `first..upto` whose bit is clear was mapped by the `ensure` call that
+    /// makes this one, for a block that it then gives back: nothing else uses it.
     #[cold]
-    fn undo(&mut self, first: usize, upto: usize) {
+    unsafe fn undo(&mut self, first: usize, upto: usize) {
         let chunk = self.chunk();
         for c in first..upto {
             if self.bit(c) {
@@ -493,8 +502,8 @@ impl Mapping {
             }
             let at = self.addr_of(c);
             let Some(vm) = &self.vm else { return };
-            // SAFETY: mapped by this `ensure` call a moment ago; no block that anyone uses
-            // lies in it (the block being allocated is given back).
+            // SAFETY: mapped by the calling `ensure` a moment ago (this function's contract);
+            // no block that anyone uses lies in it (the block being allocated is given back).
             match vm_call(&**vm, &self.pool, self.backend, "unmap", |vm| unsafe {
                 vm.unmap(at, chunk)
             }) {
@@ -555,10 +564,14 @@ impl Mapping {
     /// every free block of the region, none of them touching another), highest address
     /// first, until at most `keep` bytes stay mapped; returns the bytes unmapped.
     ///
-    /// The caller guarantees that nothing, on the host or queued on a device, uses the free
-    /// blocks any more. An unmap that fails stops the trim: the chunk stays mapped, the error
-    /// is returned, what was unmapped before stays unmapped.
-    pub(super) fn trim(
+    /// An unmap that fails stops the trim: the chunk stays mapped, the error is returned, what
+    /// was unmapped before stays unmapped.
+    ///
+    /// # Safety
+    ///
+    /// Nothing, on the host or queued on a device, uses the `free` blocks any more, nor can
+    /// until this returns.
+    pub(super) unsafe fn trim(
         &mut self,
         free: impl Iterator<Item = (u64, u64)>,
         keep: usize,
@@ -579,7 +592,7 @@ impl Mapping {
                 break;
             }
             // SAFETY: a mapped chunk (its bit is set) inside a free block, which nothing uses
-            // any more (the caller's guarantee).
+            // any more (this function's contract).
             unsafe { self.unmap_chunk(c) }?;
             released += chunk as usize;
         }
@@ -643,7 +656,10 @@ impl Drop for Mapping {
         let chunk = self.chunk();
         let Some(vm) = self.vm.take() else { return };
         // The last handle to the pool is gone, but work queued on the device may still use
-        // the memory: wait for it, as freeing a classic region does.
+        // the memory: wait for it, as freeing a classic region does. Where the wait fails,
+        // such work may still reach the chunks, which must not be unmapped under it: they
+        // stay mapped, with the reservation, for good (a failed context is torn down with
+        // its memory).
         if self.mapped > 0 {
             if let Err(error) = vm_call(&*vm, &self.pool, self.backend, "synchronize", |vm| {
                 vm.synchronize()
@@ -652,11 +668,15 @@ impl Drop for Mapping {
                     log::error!(
                         target: "devarena::pool",
                         "tearing down a region of `{}` at {:#x}: waiting for the device failed \
-                         ({error}); unmapping anyway",
+                         ({error}); leaving its {} mapped chunk(s) and its reservation of {} \
+                         bytes as they are",
                         self.backend,
-                        self.map.base
+                        self.map.base,
+                        self.mapped,
+                        self.reserved
                     )
                 });
+                return;
             }
         }
         let mut stuck = 0;
@@ -666,10 +686,8 @@ impl Drop for Mapping {
             }
             let at = self.addr_of(c);
             // SAFETY: a mapped chunk; the pool is gone, and with it every handle, slice and
-            // view that reached the chunk from the host. Work queued on the device was waited
-            // for above; where that wait failed, such work may still reach the chunk, which
-            // the contract of `unmap` forbids: a fault on the device, never a host access (a
-            // host region's `synchronize` has nothing to wait for and cannot fail).
+            // view that reached the chunk from the host, and work queued on the device was
+            // waited for above (where nothing is mapped, there is nothing to wait for).
             if let Err(error) = vm_call(&*vm, &self.pool, self.backend, "unmap", |vm| unsafe {
                 vm.unmap(at, chunk)
             }) {

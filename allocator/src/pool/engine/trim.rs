@@ -47,7 +47,12 @@ impl Shared {
             }
             let (epoch, mut state) = self.wait_for_home_fenced(state, || self.lock())?;
             if state.home_epoch == epoch {
-                return Self::unmap_free(&mut state, keep);
+                // SAFETY: the host waited for the home stream past every free made on it
+                // before the wait (`epoch`), and none was made since (the epoch is the same);
+                // frees on other streams park until their events complete (`prepare_trim`
+                // took back the completed ones), and the free blocks heaps gave back during
+                // the wait parked behind a home-stream event.
+                return unsafe { Self::unmap_free(&mut state, keep) };
             }
         }
         logged(|| {
@@ -101,7 +106,11 @@ impl Shared {
             return FreeChunks::None;
         }
         let Some(streams) = &self.streams else {
-            return match Self::unmap_free(state, 0) {
+            // SAFETY: without a stream runtime a free says that nothing uses the block any
+            // more: code that queued device work on a raw address waits for it before it
+            // frees (see `PoolBuilder::streams`), and safe code queues none (device views of
+            // slices need the pool's own CUDA runtime).
+            return match unsafe { Self::unmap_free(state, 0) } {
                 Ok(0) => FreeChunks::None,
                 Ok(_) => FreeChunks::Unmapped,
                 Err(error) => {
@@ -128,11 +137,22 @@ impl Shared {
         FreeChunks::AfterWait
     }
 
-    /// Unmaps the chunks inside free blocks (none of which queued work can still touch).
-    pub(super) fn unmap_free(state: &mut State, keep: usize) -> Result<usize, Error> {
+    /// Unmaps the chunks inside the free blocks of the pool's index, down to `keep` bytes
+    /// mapped.
+    ///
+    /// # Safety
+    ///
+    /// No work queued on a device can still touch a free block of the pool's index: the home
+    /// stream was waited for past every free made on it, and blocks freed on other streams are
+    /// parked, not free, until their events complete (or there is no stream runtime, and the
+    /// frees say that nothing uses a block any more, see `PoolBuilder::streams`).
+    pub(super) unsafe fn unmap_free(state: &mut State, keep: usize) -> Result<usize, Error> {
         state.tlsf.flush();
         let State { tlsf, mapping, .. } = state;
-        mapping.trim(tlsf.free_ranges(), keep)
+        // SAFETY: a free block of the index is no allocation's, so nothing on the host uses
+        // it, and the lock (`state`) keeps it from being handed out until this returns; no
+        // queued work touches it (this function's contract).
+        unsafe { mapping.trim(tlsf.free_ranges(), keep) }
     }
 
     /// Waits for the home stream ([`synchronize_home`](Self::synchronize_home)) with the lock,

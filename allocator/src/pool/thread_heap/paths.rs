@@ -313,9 +313,10 @@ impl Shared {
                     .find(|s| s.addr <= addr && addr - s.addr < s.size);
                 if let Some(span) = within {
                     // SAFETY: the block is merged back; the span is this heap's (the pool's
-                    // index and other heaps allocate elsewhere), and the heap is locked, so no
-                    // other block in it is live (its chunks were unmapped before this request)
-                    // or handed out before the pool's lock is released.
+                    // index and other heaps allocate elsewhere), and the heap has been locked
+                    // since the `ensure` that mapped for the block, with the pool's lock held:
+                    // no other block in the span was handed out since, nor can be before both
+                    // locks are released.
                     unsafe { state.mapping.undo_last(addr, size, (span.addr, span.size)) };
                 }
             } else {
