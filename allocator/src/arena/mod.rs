@@ -242,7 +242,10 @@ impl<L: DeviceLayout, B: Backend> Arena<L, B> {
         self.allocation
     }
 
-    /// Start address of the backing allocation (host address or `CUdeviceptr`).
+    /// Start address of the backing allocation (host address or `CUdeviceptr`). Unsafe code
+    /// that writes host memory through it must leave every byte it writes initialized
+    /// (padding included): the arena's views read them as values of their element types,
+    /// from safe code.
     pub fn addr(&self) -> u64 {
         self.allocation.addr
     }

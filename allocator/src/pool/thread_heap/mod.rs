@@ -455,7 +455,11 @@ std::thread_local! {
 /// (the heap of stream `key()`, see [`Shared::heap_stream`]); `None` when it has none (or is
 /// exiting, or `reentrant` says it is inside a callback of that pool, where the pool must fail
 /// instead). The heap looked up last is remembered for the request's own stream: the common
-/// case compares it alone.
+/// case compares it alone, without asking `reentrant`. The pool's stream-runtime callbacks
+/// forget it first ([`forget_current`]); inside the others (a logger's, a virtual-memory
+/// backend's) the heap may serve, which is sound: its paths take its own lock with a try,
+/// which fails where a frame further up holds it, and then send the call to the pool's lock,
+/// which reports the reentrant call.
 #[inline(always)]
 fn with_current<R>(
     pool: u64,
