@@ -14,7 +14,11 @@
 //! event sink and tracking switched on and off (heaps serve only while both are off), trims,
 //! streams that finish their work, and full comparisons of the statistics; and bursts: runs of
 //! allocate-and-free on two to four workers at once, which meet on the pool's lock (a pool
-//! without eager heaps gives its threads heaps then, and near the capacity they step aside).
+//! without eager heaps gives its threads heaps then, and near the capacity they step aside),
+//! while the input's own thread reads the statistics (every byte of the region in exactly one
+//! of their parts, the model's counts lower bounds) or trims the pool (the runs' blocks stay
+//! mapped while live; with a stream runtime the trim's wait for the home stream parks the
+//! blocks freed meanwhile and those of the heaps given back behind an event).
 //!
 //! Apart from bursts, operations never overlap, so the model knows the pool's state exactly
 //! whatever the heaps do (after a burst, every count is exact again and the peaks lie in
@@ -172,6 +176,16 @@ enum Order {
     Done(StreamId),
 }
 
+/// What the input's own thread does while a burst's workers run.
+#[derive(Debug, Clone, Copy)]
+enum Observer {
+    None,
+    /// Reads the statistics.
+    Stats,
+    /// Trims the pool (`usize::MAX`: `trim`; else `trim_to` that many bytes).
+    Trim(usize),
+}
+
 /// [`ManualStreams`] with one log of every wait and every completion, in order.
 #[derive(Debug, Default)]
 struct LoggedStreams {
@@ -300,6 +314,8 @@ struct World {
     capacity: usize,
     exact_peaks: bool,
     growable: bool,
+    /// The host stand-in under a growable region: which chunks are mapped.
+    vm: Option<Arc<HostVirtualMemory>>,
     sink: Arc<SinkCounts>,
     sink_on: bool,
     /// The stream runtime, where the pool has one.
@@ -364,9 +380,11 @@ impl World {
             let bytes = input.pick(&[0, 256, 4096, capacity / 2, usize::MAX]);
             builder = builder.reuse(blocks, bytes);
         }
-        let pool = match growable {
-            true => builder.build_mapped(HostVirtualMemory::new(64 << 10).expect("64 KiB chunks")),
-            false => builder.build_host(),
+        let vm =
+            growable.then(|| Arc::new(HostVirtualMemory::new(64 << 10).expect("64 KiB chunks")));
+        let pool = match &vm {
+            Some(vm) => builder.build_mapped(vm.clone()),
+            None => builder.build_host(),
         }
         .expect("a host pool of at most 4 MiB");
         assert_eq!(pool.capacity(), capacity);
@@ -383,6 +401,7 @@ impl World {
             capacity,
             exact_peaks,
             growable,
+            vm,
             sink: Arc::new(SinkCounts::default()),
             sink_on: false,
             streams,
@@ -897,13 +916,26 @@ impl World {
                 (client, size, align, count)
             })
             .collect();
-        let start = Arc::new(SpinBarrier::new(n));
+        // What this thread does meanwhile: nothing, read the statistics, or trim the pool
+        // (which gives every heap back and, on a growable region, unmaps free chunks while
+        // the runs allocate; with a stream runtime it waits for the home stream, during which
+        // home-stream frees and the heaps given back park their blocks behind an event).
+        let observer = match input.u8() % 8 {
+            0..=3 => Observer::None,
+            4 | 5 => Observer::Stats,
+            6 => Observer::Trim(usize::MAX),
+            _ => Observer::Trim(input.pick(&[0, self.capacity / 4, self.capacity / 2])),
+        };
+        let looks = 1 + input.below(4);
+        let observing = !matches!(observer, Observer::None);
+        let start = Arc::new(SpinBarrier::new(n + observing as usize));
         let pending: Vec<_> = runs
             .iter()
             .enumerate()
             .map(|(w, &(client, size, align, count))| {
                 let c = self.clients[client].clone();
                 let start = start.clone();
+                let vm = self.vm.clone();
                 let signature = 0x10 + w as u8;
                 self.workers[w].start(move || {
                     start.wait();
@@ -911,12 +943,27 @@ impl World {
                     for _ in 0..count {
                         let result = c.allocate(size, align);
                         if let Ok(addr) = result {
+                            // Mapped while live, whatever a trim meanwhile unmaps.
+                            if let Some(vm) = vm.as_ref().filter(|_| size > 0) {
+                                if !vm.is_mapped(addr, size) {
+                                    return Err(format!(
+                                        "{addr:#x}+{size}, just allocated, is not mapped"
+                                    ));
+                                }
+                            }
                             // SAFETY: the block just handed out to this worker alone (the
                             // others' blocks are disjoint from it), signed before it is
                             // checked.
                             unsafe {
                                 write_signature(addr, size, signature);
                                 check_signature(addr, size, signature);
+                            }
+                            if let Some(vm) = vm.as_ref().filter(|_| size > 0) {
+                                if !vm.is_mapped(addr, size) {
+                                    return Err(format!(
+                                        "{addr:#x}+{size} was unmapped while live"
+                                    ));
+                                }
                             }
                             if let Err(e) = c.deallocate(addr) {
                                 return Err(format!("freeing {addr:#x}, just allocated: {e}"));
@@ -928,7 +975,17 @@ impl World {
                 })
             })
             .collect();
+        if observing {
+            start.wait();
+            for _ in 0..looks {
+                self.observe(observer);
+            }
+        }
         let outcomes: Vec<_> = pending.into_iter().map(finish).collect();
+        if matches!(observer, Observer::Trim(_)) {
+            // (Blocks parked behind an event of the home stream during the trim's wait.)
+            self.settled &= self.streams.is_none();
+        }
         let (mut lo, mut hi) = (self.in_use, self.in_use);
         let mut client_hi: Vec<usize> = self.client_models.iter().map(|c| c.in_use).collect();
         let mut client_lo = client_hi.clone();
@@ -984,6 +1041,50 @@ impl World {
             }
         }
         self.check_everything();
+    }
+
+    /// What this thread does while a burst runs ([`Observer`]). The model's own blocks stay
+    /// live meanwhile, so its counts are lower bounds of the pool's; the statistics are one
+    /// snapshot with every heap locked, so every byte of the region is in exactly one of
+    /// their parts.
+    fn observe(&self, observer: Observer) {
+        match observer {
+            Observer::None => {}
+            Observer::Stats => {
+                let s = self.pool.stats();
+                assert_eq!(
+                    s.in_use + s.free + s.pending + s.quarantined,
+                    self.capacity,
+                    "in use, free, pending and quarantined bytes during a burst: {s:?}"
+                );
+                assert!(s.in_use >= self.in_use, "in use during a burst: {s:?}");
+                assert!(
+                    s.requested >= self.requested,
+                    "requested during a burst: {s:?}"
+                );
+                assert!(
+                    s.live >= self.live.len() as u64,
+                    "live during a burst: {s:?}"
+                );
+                assert!(s.allocations >= self.allocations && s.frees >= self.frees);
+                assert!(
+                    s.allocations - s.frees == s.live,
+                    "allocations, frees, live: {s:?}"
+                );
+                assert!(s.largest_free <= s.free && (s.free == 0) == (s.free_blocks == 0));
+                assert!(s.in_use <= s.peak, "peak during a burst: {s:?}");
+            }
+            Observer::Trim(keep) => {
+                let trimmed = match keep {
+                    usize::MAX => self.pool.trim(),
+                    keep => self.pool.trim_to(keep),
+                };
+                let trimmed = trimmed.expect("a host region trims");
+                if !self.growable {
+                    assert_eq!(trimmed, 0, "a classic region has nothing to unmap");
+                }
+            }
+        }
     }
 
     /// A worker thread exits (its heaps go back) and a new one takes its place.
