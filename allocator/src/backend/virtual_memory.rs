@@ -88,8 +88,9 @@ pub unsafe trait VirtualMemory: Send + Sync {
     unsafe fn unmap(&self, addr: u64, chunk: usize) -> Result<(), Error>;
 
     /// Waits until nothing queued on the device can still use mapped memory (for CUDA: the
-    /// context synchronizes). Called once before a region is torn down; nothing to wait for by
-    /// default.
+    /// context synchronizes). Called once before a region with mapped chunks is torn down; an
+    /// error leaves those chunks mapped and the reservation in place for good (work queued on
+    /// the device may still reach them). Nothing to wait for by default.
     fn synchronize(&self) -> Result<(), Error> {
         Ok(())
     }

@@ -149,7 +149,7 @@ impl PoolBuilder {
     /// merged succeeds. (`blocks` is rounded up to a power of two, the length of the ring that
     /// orders the waiting blocks. A thread heap's cache keeps at most
     /// [`DEFAULT_REUSE_BLOCKS`] blocks, or `blocks` if fewer, and on a growable region no more
-    /// bytes than the heap has had in use.)
+    /// bytes than the most the heap has had in use, or 64 KiB if that is more.)
     ///
     /// ```
     /// use devarena::Pool;
@@ -215,7 +215,8 @@ impl PoolBuilder {
     /// default the capacity ([`DEFAULT_THREAD_HEAP_SHARE`](super::DEFAULT_THREAD_HEAP_SHARE)); a
     /// heap's reuse cache holds up to half its share.
     /// On a growable region a heap maps memory as the pool does, as its blocks reach new chunks,
-    /// and its reuse cache holds no more than the most the heap has had in use, so that the
+    /// and its reuse cache holds no more than the most the heap has had in use (at least
+    /// 64 KiB), so that the
     /// memory a heap maps follows its use rather than its share of the capacity.
     ///
     /// A thread that finds the pool's lock taken by another gets a heap of its own (and from

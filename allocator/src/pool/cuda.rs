@@ -275,13 +275,17 @@ impl Pool {
     /// mapped until allocations reach it, so `capacity` may be as large as the device: it is
     /// the hard cap, and costs only address space.
     ///
-    /// Allocation and free call the driver only to map memory where the pool grows into space
-    /// it never used (or gave back), to record an event when a block is freed on a stream
-    /// other than the home stream (a thread heap's block on its own stream excepted), to have
-    /// a stream wait for the home stream (`cuEventRecord`, `cuStreamWaitEvent`) before it is
-    /// handed a block freed there (see [`crate::pool::stream`]), and to ask whether a stream
-    /// captures (`cuStreamIsCapturing`) at a thread's first request on a stream other than the
-    /// home stream. [`Pool::trim`] gives back chunks with no live byte.
+    /// In the common case allocation and free call the driver only to map memory where the
+    /// pool grows into space it never used (or gave back), to record an event when a block is
+    /// freed on a stream other than the home stream (a thread heap's block on its own stream
+    /// excepted), to have a stream wait for the home stream (`cuEventRecord`,
+    /// `cuStreamWaitEvent`) before it is handed a block freed there (see
+    /// [`crate::pool::stream`]), and to ask whether a stream captures (`cuStreamIsCapturing`)
+    /// at a thread's first request on a stream other than the home stream. Slower paths also
+    /// query the events of parked blocks, order the home stream after a stream whose heap
+    /// gives its blocks back, record events on the home stream for frees made while a trim or
+    /// a capture waits for it, and, for a request that finds the device full, wait for the
+    /// home stream and unmap free chunks. [`Pool::trim`] gives back chunks with no live byte.
     /// [`PoolSlice::device_view`] and [`PoolSlice::device_view_mut`] turn typed slices into
     /// views for cudarc.
     ///

@@ -115,8 +115,8 @@
 //! [`PoolBuilder::eager_thread_heaps`]), it gets a heap of its own for that pool and the
 //! request's stream (so one request on another stream moves the thread's home-stream
 //! requests to a heap too, about a quarter more instructions a pair than the pool's index): it
-//! takes a span of the region (a sixteenth of the capacity, at least 64 KiB and at most
-//! 1 GiB, or what a larger request needs) and allocates and frees that stream's requests in its spans, with a
+//! takes a span of the region (a sixteenth of the capacity, between 64 KiB and 1 GiB and at
+//! most half the heap's share, or what a larger request needs) and allocates and frees that stream's requests in its spans, with a
 //! reuse cache of its own, under a lock that other threads take only to take headroom back or
 //! to give spans back. It asks the
 //! pool, under the pool's lock, only now and then: for a span, for a lease of bytes (below),

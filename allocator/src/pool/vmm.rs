@@ -10,10 +10,12 @@
 //! makes sure no queued work can still touch them first (see `Shared::trim_to`).
 //!
 //! The bits are read without the pool's lock, by thread heaps, and written only under it: a
-//! bit is set after its chunk was mapped, and cleared only by a trim, which gives every thread
-//! heap back first and unmaps only chunks inside free blocks of the pool's index. A chunk that
-//! touches a span a heap holds is therefore never unmapped while the heap holds it, so a heap
-//! that sees the bits of its block set may use the block (the bits are read with `Acquire`
+//! bit is set after its chunk was mapped, and cleared by a trim, which gives every thread heap
+//! back first and unmaps only chunks inside free blocks of the pool's index, or by
+//! [`Mapping::undo_last`], which unmaps what a refused request of a heap just mapped, under
+//! that heap's lock, in chunks no other block touches. A chunk under another block of a span
+//! a heap holds is therefore never unmapped while the heap holds it, so a heap that sees the
+//! bits of its block set may use the block (the bits are read with `Acquire`
 //! and set with `Release`: what mapping did is visible to the reader).
 //!
 //! A classic region (one backend allocation) is a mapping whose one chunk is the whole region,
@@ -446,9 +448,9 @@ impl Mapping {
                 continue;
             }
             // SAFETY: mapped (its bit is set) by the last `ensure`, for the block at `addr`,
-            // which is given back; the chunk lies inside `within`, where the caller guarantees
-            // that no other block is live or can be handed out meanwhile, or past the capacity,
-            // where no block lies at all.
+            // which is given back, so no block was live in it then; the chunk lies inside
+            // `within`, where nothing else was handed out since nor can be until the caller's
+            // locks are released (the contract), or past the capacity, where no block lies.
             match unsafe { self.unmap_chunk(c) } {
                 Ok(()) => undone += 1,
                 Err(error) => logged(|| {

@@ -246,10 +246,9 @@ unsafe impl VirtualMemory for CudaVirtualMemory {
     }
 
     fn synchronize(&self) -> Result<(), Error> {
-        self.stream
-            .context()
-            .synchronize()
-            .map_err(drv("cuCtxSynchronize"))
+        // In relaxed capture mode, as every other call here: a graph captured in global mode
+        // elsewhere must not make the teardown's wait fail (which leaves the region mapped).
+        super::event::synchronize_context(self.stream.context())
     }
 }
 

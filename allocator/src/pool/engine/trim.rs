@@ -48,10 +48,13 @@ impl Shared {
             let (epoch, mut state) = self.wait_for_home_fenced(state, || self.lock())?;
             if state.home_epoch == epoch {
                 // SAFETY: the host waited for the home stream past every free made on it
-                // before the wait (`epoch`), and none was made since (the epoch is the same);
-                // frees on other streams park until their events complete (`prepare_trim`
-                // took back the completed ones), and the free blocks heaps gave back during
-                // the wait parked behind a home-stream event.
+                // before the wait (`epoch`), and every block that reaches the index without
+                // an event of its own moves the epoch, which has not moved: frees on other
+                // streams and blocks of other streams' heaps park behind their streams'
+                // events (`prepare_trim` took back the completed ones, after ordering the home
+                // stream after those heaps' streams), graph-held blocks stay held, and home-
+                // stream frees and heaps given back during the wait parked behind an event
+                // recorded on the home stream then.
                 return unsafe { Self::unmap_free(&mut state, keep) };
             }
         }
