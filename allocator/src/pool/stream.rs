@@ -265,15 +265,17 @@ impl SharedEvent {
         })))
     }
 
-    /// A free block a heap gave back, parked until this event completes.
-    pub(super) fn park(&self, block: u32, bytes: usize) -> super::engine::Parked {
+    /// A free block a heap gave back, parked until this event completes: a heap of another
+    /// stream's (`fenced` false), or a home-stream heap's during a wait for the home stream
+    /// (see [`Parked::fenced`](super::engine::Parked)).
+    pub(super) fn park(&self, block: u32, bytes: usize, fenced: bool) -> super::engine::Parked {
         super::engine::Parked {
             heap: None,
             block,
             bytes,
             event: Box::new(self.clone()),
-            given_back: true,
-            fenced: false,
+            given_back: !fenced,
+            fenced,
         }
     }
 }

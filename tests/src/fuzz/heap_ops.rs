@@ -179,10 +179,9 @@ enum Order {
 /// What the input's own thread does while a burst's workers run.
 #[derive(Debug, Clone, Copy)]
 enum Observer {
-    None,
     /// Reads the statistics.
     Stats,
-    /// Trims the pool (`usize::MAX`: `trim`; else `trim_to` that many bytes).
+    /// Trims the pool down to that many bytes mapped (`trim_to`; 0 is `trim`).
     Trim(usize),
 }
 
@@ -921,14 +920,17 @@ impl World {
         // the runs allocate; with a stream runtime it waits for the home stream, during which
         // home-stream frees and the heaps given back park their blocks behind an event).
         let observer = match input.u8() % 8 {
-            0..=3 => Observer::None,
-            4 | 5 => Observer::Stats,
-            6 => Observer::Trim(usize::MAX),
-            _ => Observer::Trim(input.pick(&[0, self.capacity / 4, self.capacity / 2])),
+            0..=3 => None,
+            4 | 5 => Some(Observer::Stats),
+            6 => Some(Observer::Trim(0)),
+            _ => Some(Observer::Trim(input.pick(&[
+                0,
+                self.capacity / 4,
+                self.capacity / 2,
+            ]))),
         };
         let looks = 1 + input.below(4);
-        let observing = !matches!(observer, Observer::None);
-        let start = Arc::new(SpinBarrier::new(n + observing as usize));
+        let start = Arc::new(SpinBarrier::new(n + observer.is_some() as usize));
         let pending: Vec<_> = runs
             .iter()
             .enumerate()
@@ -938,18 +940,20 @@ impl World {
                 let vm = self.vm.clone();
                 let signature = 0x10 + w as u8;
                 self.workers[w].start(move || {
+                    // Mapped while live, whatever a trim meanwhile unmaps.
+                    let unmapped = |addr| {
+                        vm.as_ref()
+                            .is_some_and(|vm| size > 0 && !vm.is_mapped(addr, size))
+                    };
                     start.wait();
                     let mut results = Vec::with_capacity(count);
                     for _ in 0..count {
                         let result = c.allocate(size, align);
                         if let Ok(addr) = result {
-                            // Mapped while live, whatever a trim meanwhile unmaps.
-                            if let Some(vm) = vm.as_ref().filter(|_| size > 0) {
-                                if !vm.is_mapped(addr, size) {
-                                    return Err(format!(
-                                        "{addr:#x}+{size}, just allocated, is not mapped"
-                                    ));
-                                }
+                            if unmapped(addr) {
+                                return Err(format!(
+                                    "{addr:#x}+{size}, just allocated, is not mapped"
+                                ));
                             }
                             // SAFETY: the block just handed out to this worker alone (the
                             // others' blocks are disjoint from it), signed before it is
@@ -958,12 +962,8 @@ impl World {
                                 write_signature(addr, size, signature);
                                 check_signature(addr, size, signature);
                             }
-                            if let Some(vm) = vm.as_ref().filter(|_| size > 0) {
-                                if !vm.is_mapped(addr, size) {
-                                    return Err(format!(
-                                        "{addr:#x}+{size} was unmapped while live"
-                                    ));
-                                }
+                            if unmapped(addr) {
+                                return Err(format!("{addr:#x}+{size} was unmapped while live"));
                             }
                             if let Err(e) = c.deallocate(addr) {
                                 return Err(format!("freeing {addr:#x}, just allocated: {e}"));
@@ -975,14 +975,14 @@ impl World {
                 })
             })
             .collect();
-        if observing {
+        if let Some(observer) = observer {
             start.wait();
             for _ in 0..looks {
                 self.observe(observer);
             }
         }
         let outcomes: Vec<_> = pending.into_iter().map(finish).collect();
-        if matches!(observer, Observer::Trim(_)) {
+        if matches!(observer, Some(Observer::Trim(_))) {
             // (Blocks parked behind an event of the home stream during the trim's wait: only
             // a growable region waits.)
             self.settled &= self.streams.is_none() || !self.growable;
@@ -1050,7 +1050,6 @@ impl World {
     /// their parts.
     fn observe(&self, observer: Observer) {
         match observer {
-            Observer::None => {}
             Observer::Stats => {
                 let s = self.pool.stats();
                 assert_eq!(
@@ -1082,11 +1081,7 @@ impl World {
                 assert!(s.in_use <= s.peak, "peak during a burst: {s:?}");
             }
             Observer::Trim(keep) => {
-                let trimmed = match keep {
-                    usize::MAX => self.pool.trim(),
-                    keep => self.pool.trim_to(keep),
-                };
-                let trimmed = trimmed.expect("a host region trims");
+                let trimmed = self.pool.trim_to(keep).expect("a host region trims");
                 if !self.growable {
                     assert_eq!(trimmed, 0, "a classic region has nothing to unmap");
                 }

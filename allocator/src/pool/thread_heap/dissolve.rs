@@ -6,7 +6,7 @@ use alloc::vec::Vec;
 
 use super::{ClientShare, HeapState, ThreadHeap};
 use crate::pool::counters::Lease;
-use crate::pool::engine::{Parked, Shared, State, grow_meta};
+use crate::pool::engine::{Shared, State, grow_meta};
 use crate::pool::stream::{SharedEvent, StreamId};
 use crate::pool::tlsf::Piece;
 
@@ -166,15 +166,11 @@ impl Shared {
                 state.tlsf.free(block);
             }
             GiveBack::Park(event) => {
-                let parked = event.park(block, size as usize);
+                let parked = event.park(block, size as usize, false);
                 self.park_entry(state, heap.stream, parked);
             }
             GiveBack::Fenced(event) => {
-                let parked = Parked {
-                    given_back: false,
-                    fenced: true,
-                    ..event.park(block, size as usize)
-                };
+                let parked = event.park(block, size as usize, true);
                 self.park_entry(state, self.home, parked);
             }
         }
