@@ -89,6 +89,47 @@ mod gpu {
         assert_eq!(s.device_view(&stream).unwrap().to_vec().unwrap(), [3; 16]);
     }
 
+    /// The default streams' handles name a stream of every context: a pool on the primary
+    /// context's legacy default stream gives no view on another context's default stream of
+    /// the same device, whose kernels cannot reach the pool's memory, and registers no stream
+    /// of that context.
+    #[test]
+    fn device_views_refuse_a_stream_of_another_context_of_the_same_device() {
+        let Some((_device, stream)) = gpu() else {
+            return;
+        };
+        use devarena::backend::cuda::CudaContext;
+        let ours = stream.context().clone();
+        let legacy = ours.default_stream();
+        let pool = Pool::cuda(legacy.clone(), 1 << 20).unwrap();
+        let mut s = pool.alloc_slice::<u32>(16).unwrap();
+        let other = CudaContext::new_non_primary(ours.ordinal(), 0).unwrap();
+        let other_legacy = other.default_stream();
+        assert_eq!(
+            stream_id(&other_legacy),
+            stream_id(&legacy),
+            "one handle, two contexts"
+        );
+        let err = s.device_view(&other_legacy).unwrap_err();
+        let want = format!("another context of device {}", ours.ordinal());
+        assert!(err.to_string().contains(&want), "{err}");
+        let err = s.device_view_mut(&other_legacy).unwrap_err();
+        assert!(err.to_string().contains(&want), "{err}");
+        let err = pool
+            .register_stream(&other.new_stream().unwrap())
+            .unwrap_err();
+        assert!(err.to_string().contains(&want), "{err}");
+        // The pool's own context still gives them.
+        ours.bind_to_thread().unwrap();
+        s.device_view_mut(&legacy)
+            .unwrap()
+            .upload(&[5; 16])
+            .unwrap();
+        assert_eq!(s.device_view(&legacy).unwrap().to_vec().unwrap(), [5; 16]);
+        drop(s);
+        assert_eq!(pool.stats().live, 0);
+    }
+
     fn exhausted(error: &Error) -> (&'static str, usize) {
         match error {
             Error::PoolExhausted { limit, pending, .. } => (limit, *pending),

@@ -364,7 +364,7 @@ impl<T: Element> PoolSlice<T> {
         // stream runtime hands every free out again at once, on any stream, and another
         // runtime's events are its own word.
         let streams = client.shared().streams.as_ref();
-        if cuda_streams(streams).is_none() {
+        let Some(runtime) = cuda_streams(streams) else {
             return Err(Error::invalid(format!(
                 "pool slice at {:#x}: pool `{}` {}, so nothing orders the reuse of its blocks \
                  after the work a view queues; device views need the pool's own CUDA stream \
@@ -376,6 +376,24 @@ impl<T: Element> PoolSlice<T> {
                 } else {
                     "has no stream runtime"
                 }
+            )));
+        };
+        // The same context as the pool's, not only the same device: the handles of the
+        // default streams (`0`, `1`, `2`) name a stream of every context, and another
+        // context's kernels cannot reach the pool's memory.
+        let (theirs, ours) = (stream.context(), runtime.context());
+        if theirs.cu_ctx() != ours.cu_ctx() {
+            return Err(Error::invalid(format!(
+                "pool slice at {:#x}: the stream belongs to {}, not to pool `{}`'s context \
+                 (device {})",
+                self.addr(),
+                if theirs.ordinal() == ours.ordinal() {
+                    format!("another context of device {}", theirs.ordinal())
+                } else {
+                    format!("device {}'s context", theirs.ordinal())
+                },
+                client.shared().name,
+                ours.ordinal()
             )));
         }
         let id = stream_id(stream);
@@ -406,14 +424,15 @@ impl<T: Element> PoolSlice<T> {
     ///
     /// An error when the pool is not device memory, has not the pool's own CUDA stream runtime
     /// ([`Pool::cuda`], [`PoolBuilder::build_cuda`]: only it orders every reuse of a block
-    /// after the work queued on it), `stream` is not the slice's stream, or the memory is on
-    /// another device than `stream`.
+    /// after the work queued on it), `stream` is not the slice's stream, or `stream` belongs
+    /// to another context than the pool's (another device's, or another context of the same
+    /// device: the default streams' handles name a stream of every context).
     pub fn device_view<'a>(
         &'a self,
         stream: &'a Arc<CudaStream>,
     ) -> Result<DeviceView<'a, T>, Error> {
         let ptr = self.device_addr_for(stream)?;
-        // SAFETY: the slice's `len` elements are live device memory of `stream`'s device
+        // SAFETY: the slice's `len` elements are live device memory of `stream`'s context
         // (checked above), aligned for `T`; the view borrows the slice, which cannot be freed
         // or written through the pool while the borrow lasts.
         Ok(unsafe { DeviceView::from_raw(ptr, self.len(), stream) })

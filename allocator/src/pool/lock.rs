@@ -23,7 +23,7 @@ use alloc::string::String;
 use core::cell::{Cell, UnsafeCell};
 use core::marker::PhantomData;
 use core::ops::{Deref, DerefMut};
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 std::thread_local! {
     /// The innermost user callback this thread is running under a lock (null when none): the
@@ -45,14 +45,27 @@ struct CallbackFrame {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Reentrant;
 
-/// A lock's identity: its address, never dereferenced (see [`Lock::id`]).
+/// A lock's identity: a number no other lock of the process ever has (see [`Lock::id`]).
+///
+/// Not the lock's address: an identity outlives its lock where a destructor that runs as a
+/// callback of the lock is kept past it (an event a thread heap holds after its pool is
+/// gone), and a new lock at the same address would then find itself in that callback: a
+/// call into it from there would fail with [`Reentrant`] for nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct LockId(usize);
+pub(crate) struct LockId(u64);
+
+/// The next lock's [`LockId`]. (At a billion locks a second, 584 years to wrap.)
+static NEXT_LOCK_ID: AtomicU64 = AtomicU64::new(0);
 
 impl LockId {
     /// Every lock at once: a frame of it (see [`logged`]) makes this thread's wait for any lock
-    /// fail, as inside a callback of that lock. (No lock has this address.)
-    pub(crate) const ANY: LockId = LockId(usize::MAX);
+    /// fail, as inside a callback of that lock. (No lock has this number.)
+    pub(crate) const ANY: LockId = LockId(u64::MAX);
+
+    /// A number for a new lock.
+    fn fresh() -> LockId {
+        LockId(NEXT_LOCK_ID.fetch_add(1, Ordering::Relaxed))
+    }
 
     /// Whether this thread is running a user callback under the lock, at any depth.
     fn in_callback(self) -> bool {
@@ -174,9 +187,13 @@ pub(crate) fn panic_message(payload: &(dyn core::any::Any + Send)) -> Option<&st
 const BACKOFF_LIMIT: u32 = 1 << 10;
 
 /// The lock word, alone on its cache lines (Intel fetches lines in pairs): a waiter reading it
-/// does not take a line of the state away from the holder.
+/// does not take a line of the state away from the holder. The lock's identity, read only by
+/// waiters and callbacks, shares the padding.
 #[repr(align(128))]
-struct LockWord(AtomicBool);
+struct LockWord {
+    taken: AtomicBool,
+    id: LockId,
+}
 
 /// A spin-then-yield lock around `T`.
 pub(crate) struct Lock<T> {
@@ -193,7 +210,10 @@ unsafe impl<T: Send> Send for Lock<T> {}
 impl<T> Lock<T> {
     pub(crate) fn new(value: T) -> Self {
         Lock {
-            locked: LockWord(AtomicBool::new(false)),
+            locked: LockWord {
+                taken: AtomicBool::new(false),
+                id: LockId::fresh(),
+            },
             value: UnsafeCell::new(value),
         }
     }
@@ -206,7 +226,7 @@ impl<T> Lock<T> {
         // would take the contended path (a thread heap where none was needed) for nothing.
         // (On x86-64 both compile to the same `lock cmpxchg`.)
         self.locked
-            .0
+            .taken
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
     }
@@ -238,7 +258,7 @@ impl<T> Lock<T> {
     /// whether it is free now (it may be taken again at once).
     pub(crate) fn wait_unlocked(&self, spins: u32) -> bool {
         let mut left = spins;
-        while self.locked.0.load(Ordering::Relaxed) {
+        while self.locked.taken.load(Ordering::Relaxed) {
             if left == 0 {
                 return false;
             }
@@ -273,7 +293,7 @@ impl<T> Lock<T> {
     /// The lock's identity, for running callbacks under it where the lock itself is not at
     /// hand (a destructor).
     pub(crate) fn id(&self) -> LockId {
-        LockId(self as *const Self as *const () as usize)
+        self.locked.id
     }
 
     #[cold]
@@ -284,7 +304,7 @@ impl<T> Lock<T> {
         let mut backoff = 1;
         loop {
             // Look with plain loads (the line stays shared), backing off between looks.
-            while self.locked.0.load(Ordering::Relaxed) {
+            while self.locked.taken.load(Ordering::Relaxed) {
                 if backoff <= BACKOFF_LIMIT {
                     for _ in 0..backoff {
                         core::hint::spin_loop();
@@ -330,7 +350,7 @@ impl<T> DerefMut for LockGuard<'_, T> {
 impl<T> Drop for LockGuard<'_, T> {
     #[inline]
     fn drop(&mut self) {
-        self.lock.locked.0.store(false, Ordering::Release);
+        self.lock.locked.taken.store(false, Ordering::Release);
     }
 }
 
@@ -383,6 +403,25 @@ mod tests {
         drop(guard);
         // Outside the callback the lock is free again and taken normally.
         assert_eq!(*lock.lock().unwrap(), 0);
+    }
+
+    #[test]
+    fn a_callback_of_a_gone_lock_does_not_name_a_new_lock_at_its_address() {
+        // A destructor kept past its lock (an event a thread heap holds after its pool is
+        // gone) runs as a callback of the old lock's identity; a new lock at the same address
+        // is another lock, and a call into it from there works.
+        let mut slot = Lock::new(0u32);
+        let old = slot.id();
+        let at = &slot as *const Lock<u32>;
+        slot = Lock::new(1);
+        assert_eq!(&slot as *const Lock<u32>, at, "the same place");
+        assert_ne!(slot.id(), old);
+        let taken = old.callback(|| slot.lock().map(|g| *g));
+        assert_eq!(taken, Ok(1));
+        // Its own callbacks still fail a second take.
+        let guard = slot.lock().unwrap();
+        assert_eq!(slot.callback(|| slot.lock().err()), Some(Reentrant));
+        drop(guard);
     }
 
     #[test]
