@@ -56,8 +56,6 @@ mod gpu {
     /// by some driver's JIT, far below anything visible or any bin width (1/64).
     const FLOAT_TOLERANCE: f32 = 2e-6;
 
-    /// The device, or `None` after printing `skipped: no CUDA device`; fails instead when
-    /// `DEVARENA_REQUIRE_GPU=1`.
     /// An arena of another thread's on the same stream, for work that must stay out of a
     /// capture of the frame.
     #[derive(DeviceLayout)]
@@ -65,6 +63,8 @@ mod gpu {
         buf: [u8; 4096],
     }
 
+    /// The device, or `None` after printing `skipped: no CUDA device`; fails instead when
+    /// `DEVARENA_REQUIRE_GPU=1`.
     fn stream() -> Option<Arc<CudaStream>> {
         devarena_tests::gpu_stream()
     }
@@ -838,5 +838,196 @@ mod gpu {
             )
             .unwrap_err();
         assert!(e.to_string().contains("empty"), "{e}");
+    }
+
+    /// Holds a stream at a host function until opened (or dropped): work queued on it after
+    /// the hold cannot run before.
+    struct Gate(Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>);
+
+    unsafe extern "C" fn wait_at_gate(arg: *mut std::ffi::c_void) {
+        // SAFETY: `arg` is the `Arc` that `Gate::hold` leaked for this call, reclaimed once.
+        let state =
+            unsafe { Arc::from_raw(arg as *const (std::sync::Mutex<bool>, std::sync::Condvar)) };
+        let mut open = state.0.lock().unwrap_or_else(|e| e.into_inner());
+        while !*open {
+            open = state.1.wait(open).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    impl Gate {
+        fn hold(stream: &CudaStream) -> Gate {
+            let state = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+            let arg = Arc::into_raw(state.clone()) as *mut std::ffi::c_void;
+            stream.context().bind_to_thread().unwrap();
+            // SAFETY: a live stream; the host function makes no CUDA call and owns the one
+            // reference leaked for it.
+            unsafe {
+                devarena_kernels::cudarc::driver::result::stream::launch_host_function(
+                    stream.cu_stream(),
+                    wait_at_gate,
+                    arg,
+                )
+            }
+            .expect("cuLaunchHostFunc");
+            Gate(state)
+        }
+
+        fn open(&self) {
+            *self.0.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            self.0.1.notify_all();
+        }
+    }
+
+    impl Drop for Gate {
+        fn drop(&mut self) {
+            self.open();
+        }
+    }
+
+    /// Whether work queued on `stream` now is still waiting after a while (50 ms: ample for
+    /// a small kernel that nothing holds).
+    fn still_waits(stream: &CudaStream) -> bool {
+        let marker = stream.record_event(None).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        !marker.try_is_complete().unwrap()
+    }
+
+    /// Two `CudaContext` objects of one context track no events between them (cudarc orders
+    /// a buffer with a stream only within one object, and only in multi-stream mode): the
+    /// stage wrappers order a launch with each buffer's own stream themselves, both ways. A
+    /// buffer of a fresh object, on its legacy default stream, used by a blur launched on a
+    /// non-blocking stream of another object: the blur waits for the copy queued into the
+    /// buffer before it, and the buffer's stream (where its free goes) waits for the blur.
+    #[test]
+    fn stage_wrappers_order_buffers_of_another_context_object_both_ways() {
+        let Some(stream) = stream() else { return };
+        let other = devarena::backend::cuda::CudaContext::new(stream.context().ordinal()).unwrap();
+        let legacy = other.default_stream();
+        assert!(!other.is_in_multi_stream_mode());
+        let kernels = PipelineKernels::load(stream.context()).unwrap();
+        let size = ImageSize::new(96, 64);
+        let px = size.pixels();
+        let first: Vec<f32> = (0..px).map(|i| (i % 7) as f32 / 7.0).collect();
+        let second: Vec<f32> = (0..px).map(|i| (i % 5) as f32 / 5.0).collect();
+        let mut src = legacy.clone_htod(&first).unwrap();
+        let staged = legacy.clone_htod(&second).unwrap();
+        let mut dst = stream.alloc_zeros::<f32>(px).unwrap();
+        legacy.synchronize().unwrap();
+        stream.synchronize().unwrap();
+        let mut want = vec![0f32; px];
+        host::blur_horizontal(size, &second, &mut want).unwrap();
+
+        // Before: the new input is copied into `src` behind a hold on its stream.
+        let gate = Gate::hold(&legacy);
+        legacy.memcpy_dtod(&staged, &mut src).unwrap();
+        kernels.blur_rows(&stream, size, &src, &mut dst).unwrap();
+        assert!(
+            still_waits(&stream),
+            "the blur ran before the copy into its input"
+        );
+        gate.open();
+        stream.synchronize().unwrap();
+        legacy.synchronize().unwrap();
+        assert_eq!(stream.clone_dtoh(&dst).unwrap(), want);
+
+        // After: the blur is held on its stream; `src`'s stream waits for it.
+        let gate = Gate::hold(&stream);
+        kernels.blur_rows(&stream, size, &src, &mut dst).unwrap();
+        assert!(
+            still_waits(&legacy),
+            "the input's stream ran on past the blur that reads it"
+        );
+        gate.open();
+        legacy.synchronize().unwrap();
+        stream.synchronize().unwrap();
+        assert_eq!(stream.clone_dtoh(&dst).unwrap(), want);
+    }
+
+    /// An experiment, not a test (run with `--ignored --nocapture`): whether dropping the
+    /// kernels (`cuModuleUnload`) waits for a launch of theirs still queued behind a hold.
+    #[test]
+    #[ignore]
+    fn experiment_module_unload_with_a_launch_in_flight() {
+        let Some(stream) = stream() else { return };
+        let kernels = PipelineKernels::load(stream.context()).unwrap();
+        let size = ImageSize::new(96, 64);
+        let px = size.pixels();
+        let input: Vec<f32> = (0..px).map(|i| (i % 7) as f32 / 7.0).collect();
+        let src = stream.clone_htod(&input).unwrap();
+        let mut dst = stream.alloc_zeros::<f32>(px).unwrap();
+        stream.synchronize().unwrap();
+        let gate = Gate::hold(&stream);
+        kernels.blur_rows(&stream, size, &src, &mut dst).unwrap();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let dropper = s.spawn(|| {
+                drop(kernels);
+                done.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            println!(
+                "experiment: module unload returned while its launch was held: {}",
+                done.load(std::sync::atomic::Ordering::SeqCst)
+            );
+            gate.open();
+            dropper.join().unwrap();
+        });
+        println!("experiment: synchronize after: {:?}", stream.synchronize());
+        let mut want = vec![0f32; px];
+        host::blur_horizontal(size, &input, &mut want).unwrap();
+        let got = stream.clone_dtoh(&dst);
+        println!(
+            "experiment: the held blur's output matches: {:?}",
+            got.map(|g| g == want)
+        );
+    }
+
+    /// A buffer of another context of the same device, whose addresses mean nothing in the
+    /// kernels' context, is refused by name: by a stage, by a frame, and by the download.
+    #[test]
+    fn buffers_of_another_context_of_the_same_device_are_refused_by_name() {
+        let Some(stream) = stream() else { return };
+        let kernels = PipelineKernels::load(stream.context()).unwrap();
+        let size = ImageSize::new(8, 8);
+        let other =
+            devarena::backend::cuda::CudaContext::new_non_primary(stream.context().ordinal(), 0)
+                .unwrap();
+        let theirs = other.default_stream();
+        let foreign = theirs.alloc_zeros::<f32>(size.pixels()).unwrap();
+        let foreign_mask = theirs.alloc_zeros::<u8>(size.pixels()).unwrap();
+        theirs.synchronize().unwrap();
+        let want = format!("another context of device {}", stream.context().ordinal());
+        let mut dst = stream.alloc_zeros::<f32>(size.pixels()).unwrap();
+        let err = kernels
+            .blur_rows(&stream, size, &foreign, &mut dst)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains(&format!("`src` lives in {want}")),
+            "{err}"
+        );
+        let err = kernels
+            .blur_rows(&theirs, size, &dst, &mut dst.clone())
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains(&format!("stream belongs to {want}")),
+            "{err}"
+        );
+        let mut slices = FrameSlices::alloc(&stream, size).unwrap();
+        slices.mask = foreign_mask;
+        let err = kernels
+            .run_frame(&stream, size, slices.buffers(), None)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains(&format!("`mask` lives in {want}")),
+            "{err}"
+        );
+        let mut out = FrameOutputs::new(size);
+        let err = download_outputs(&stream, &slices.buffers(), &mut out).unwrap_err();
+        assert!(
+            err.to_string().contains(&format!("`mask` lives in {want}")),
+            "{err}"
+        );
+        stream.synchronize().unwrap();
     }
 }

@@ -1,5 +1,6 @@
 //! Managed (unified) memory: `cuMemAllocManaged`, with prefetching to the device or the host.
 
+use alloc::format;
 use alloc::sync::Arc;
 
 use cudarc::driver::{CudaStream, result, sys};
@@ -15,6 +16,8 @@ use crate::plan::CUDA_ALIGN;
 /// Managed (unified) memory, `cuMemAllocManaged`: the host writes through its pointer, then
 /// `Arena::prefetch_to_device` moves it before the kernels run. Keep managed arenas small
 /// (hundreds of MiB at most): oversubscribing managed memory can stall the whole GPU.
+/// Host views need a device with concurrent managed access (Linux on Pascal or later): on
+/// one without (Windows, some Jetson boards) they are refused with an error.
 #[derive(Debug, Clone)]
 pub struct ManagedBackend {
     core: CudaCore,
@@ -72,6 +75,12 @@ impl ManagedBackend {
     /// Waits for the stream, then the host base of `allocation`: managed memory is
     /// host-addressable at the address the driver returned.
     ///
+    /// An error on a device without concurrent managed access
+    /// (`CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS` 0: Windows, some Jetson boards): there
+    /// the host may not touch memory attached to every stream, as this backend's is, while
+    /// any kernel of the device runs, on any stream, which no wait for this backend's stream
+    /// can promise.
+    ///
     /// # Safety
     ///
     /// `allocation` must be a live allocation of this backend, borrowed for `'a` as the views
@@ -80,6 +89,19 @@ impl ManagedBackend {
         &'a self,
         allocation: &Allocation,
     ) -> Result<HostBase<'a>, Error> {
+        let ctx = self.core.stream.context();
+        let concurrent = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)
+            .map_err(drv("cuDeviceGetAttribute"))?;
+        if concurrent == 0 {
+            return Err(Error::invalid(format!(
+                "host views of `cuda-managed` memory: device {} has no concurrent managed \
+                 access (CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS is 0), so the host may \
+                 not touch managed memory while any of its kernels runs; copy through device \
+                 views instead",
+                ctx.ordinal()
+            )));
+        }
         self.core.synchronize()?;
         // SAFETY: the caller keeps the allocation live and borrowed; the stream is idle, so
         // no kernel of it still uses the memory.

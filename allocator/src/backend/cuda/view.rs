@@ -115,7 +115,9 @@ macro_rules! common_view_methods {
             self.ptr
         }
 
-        /// The stream of the arena the view belongs to.
+        /// The stream the view is ordered on, where its copies and fills are queued: the
+        /// arena's stream (or the pool slice's), or the one it was made for
+        /// (`views_mut_on`, `stage_mut_on`, a capture's own stream).
         pub fn stream(&self) -> &Arc<CudaStream> {
             self.stream
         }
@@ -236,7 +238,8 @@ impl<'a, T> DeviceViewMut<'a, T> {
             .map_err(drv("cuStreamSynchronize"))
     }
 
-    /// Sets every byte of the view to `byte`, queued on the arena's stream.
+    /// Sets every byte of the view to `byte`, queued on the view's stream
+    /// ([`stream`](Self::stream)).
     pub fn fill_bytes(&mut self, byte: u8) -> Result<(), Error> {
         if self.len == 0 {
             return Ok(());

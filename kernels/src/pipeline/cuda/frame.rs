@@ -41,6 +41,34 @@ impl PipelineKernels {
         self.check_buffer(STAGE, "hist", &*b.hist, HIST_BINS, None)?;
         self.check_buffer(STAGE, "threshold", &*b.threshold, 1, None)?;
         self.check_room(STAGE, "mask", &*b.mask, px, size)?;
+        let streams = [
+            b.rgb.stream(),
+            b.gray.stream(),
+            b.scratch.stream(),
+            b.blurred.stream(),
+            b.magnitude.stream(),
+            b.hist.stream(),
+            b.threshold.stream(),
+            b.mask.stream(),
+        ];
+        let joined = CrossStreams::join(stream, &streams)?;
+        joined.around(|| Self::run_frame_joined(self, stream, size, b, events))
+    }
+
+    /// [`run_frame`](Self::run_frame) once its buffers are checked and its stream joined with
+    /// theirs.
+    fn run_frame_joined<B8, BF, BU>(
+        &self,
+        stream: &CudaStream,
+        size: ImageSize,
+        b: FrameBuffers<'_, B8, BF, BU>,
+        events: Option<&StageEvents>,
+    ) -> Result<(), Error>
+    where
+        B8: TrustedDevicePtr<u8> + DevicePtrMut<u8>,
+        BF: TrustedDevicePtr<f32> + DevicePtrMut<f32>,
+        BU: TrustedDevicePtr<u32> + DevicePtrMut<u32>,
+    {
         let (rgb, _g0) = b.rgb.device_ptr(stream);
         let (gray, _g1) = b.gray.device_ptr_mut(stream);
         let (scratch, _g2) = b.scratch.device_ptr_mut(stream);
@@ -59,10 +87,11 @@ impl PipelineKernels {
             threshold,
             mask,
         };
-        // SAFETY: every buffer was checked above to hold at least its part of a `size` frame
-        // (the kernels touch no more) and to live in the kernels' context; the guards keep them
-        // ordered on `stream` until all launches are queued, and the `&mut` borrows keep the
-        // host side from touching them meanwhile.
+        // SAFETY: every buffer was checked by `run_frame` to hold at least its part of a `size`
+        // frame (the kernels touch no more) and to live in the kernels' context; `run_frame`
+        // orders the launches after their streams' work and their streams' later work after
+        // the launches, and the `&mut` borrows keep the host side from touching them
+        // meanwhile.
         unsafe { self.run_frame_raw(stream, size, &raw, events) }
     }
 
@@ -305,7 +334,8 @@ fn image<'v, T>(
     per_pixel: usize,
     size: ImageSize,
 ) -> Result<DeviceViewMut<'v, T>, Error> {
-    let needed = per_pixel * size.pixels();
+    // (Saturating: a size past `usize` is refused by the check, not an overflow.)
+    let needed = per_pixel.saturating_mul(size.pixels());
     check_room("frame", name, view.len(), needed, size)?;
     view.slice_mut(..needed)
 }
@@ -337,6 +367,7 @@ pub fn upload_input<B: DirectViews<Mut = CudaMut> + StreamOrdered>(
     size: ImageSize,
     rgb: &[u8],
 ) -> Result<(), Error> {
+    size.check("upload")?;
     check_len("upload", "input", rgb.len(), 3 * size.pixels(), Some(size))?;
     image(&mut graph.views_mut().rgb, "rgb", 3, size)?.upload(rgb)
 }
@@ -349,6 +380,7 @@ pub fn upload_input_staged<B: DirectViews<Mut = CudaMut> + StreamOrdered>(
     size: ImageSize,
     rgb: &[u8],
 ) -> Result<(), Error> {
+    size.check("upload")?;
     check_len("upload", "input", rgb.len(), 3 * size.pixels(), Some(size))?;
     image(&mut graph.stage_mut::<DECODE>().rgb, "rgb", 3, size)?.upload(rgb)
 }

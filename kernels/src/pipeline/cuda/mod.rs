@@ -90,6 +90,94 @@ const HIST_MAX_BLOCKS: u32 = 1024;
 /// name and text (devarena's own conversion).
 pub use devarena::backend::cuda::driver_error;
 
+/// Names `theirs`, a context that is not `ours`: another device's, or another context of the
+/// same device (`CudaContext::new_non_primary`).
+fn which_context(theirs: &CudaContext, ours: &CudaContext) -> String {
+    if theirs.ordinal() == ours.ordinal() {
+        format!("another context of device {}", theirs.ordinal())
+    } else {
+        format!("device {}'s context", theirs.ordinal())
+    }
+}
+
+/// Orders a launch on one stream with the streams of the buffers it takes, where those are
+/// other streams: the launch after the work each buffer's stream has queued so far (its
+/// allocation, its upload), and each buffer's stream, from then on, after the launch (its
+/// free, above all). cudarc's event tracking alone does not: it orders buffers and streams of
+/// one `CudaContext` object in multi-stream mode, and two objects of the same context (two
+/// `CudaContext::new` of one device; every [`cuda_stream`](devarena::backend::cuda::cuda_stream)
+/// makes its own) track nothing between them, so a buffer of one freed after a launch on a
+/// stream of the other would be freed under the kernel. The wrappers join the streams
+/// themselves: two events per other stream, nothing where every buffer is on the launch's
+/// stream.
+struct CrossStreams<'a> {
+    stream: &'a CudaStream,
+    /// The buffers' streams that are not `stream`, each once.
+    others: [Option<Arc<CudaStream>>; 8],
+}
+
+impl<'a> CrossStreams<'a> {
+    /// Makes `stream` wait for the work queued so far on each buffer's stream (`buffers`:
+    /// their streams, at most eight) that is another stream.
+    fn join(stream: &'a CudaStream, buffers: &[&Arc<CudaStream>]) -> Result<Self, Error> {
+        let mut joined = CrossStreams {
+            stream,
+            others: Default::default(),
+        };
+        let mut count = 0;
+        for &theirs in buffers {
+            let seen = |s: &Arc<CudaStream>| s.cu_stream() == theirs.cu_stream();
+            if theirs.cu_stream() == stream.cu_stream() || joined.others.iter().flatten().any(seen)
+            {
+                continue;
+            }
+            let Some(slot) = joined.others.get_mut(count) else {
+                return Err(invalid(format!(
+                    "a launch takes buffers of more than {} other streams",
+                    joined.others.len()
+                )));
+            };
+            stream
+                .join(theirs)
+                .map_err(|e| driver_error("cuEventRecord/cuStreamWaitEvent", e))?;
+            // Once `stream` waits for it: the launch may follow, so the way back is owed.
+            *slot = Some(theirs.clone());
+            count += 1;
+        }
+        Ok(joined)
+    }
+
+    /// Runs `launch`, then [`rejoin`](Self::rejoin)s: the launch's error first, else the
+    /// rejoin's.
+    fn around(self, launch: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
+        let launched = launch();
+        let rejoined = self.rejoin();
+        launched.and(rejoined)
+    }
+
+    /// After the launch (also a failed one, which may have queued part of its work): makes
+    /// each buffer's other stream wait for it. Where the driver refuses that, waits for
+    /// `stream` here instead, so that nothing queued on the buffers' streams later (their
+    /// free) can overtake the launch, and returns the error.
+    fn rejoin(self) -> Result<(), Error> {
+        let mut failed = None;
+        for theirs in self.others.into_iter().flatten() {
+            if let Err(e) = theirs.join(self.stream) {
+                failed.get_or_insert(e);
+            }
+        }
+        match failed {
+            None => Ok(()),
+            Some(e) => {
+                let waited = self.stream.synchronize();
+                let joined = Err(driver_error("cuEventRecord/cuStreamWaitEvent", e));
+                waited.map_err(|e| driver_error("cuStreamSynchronize", e))?;
+                joined
+            }
+        }
+    }
+}
+
 /// Downloads every stage output of a frame of `outputs.size` from a frame's device buffers
 /// (cudarc slices, arena views, each holding at least that frame: the first `pixels` elements
 /// are copied) into `outputs`, and waits for the copies.
@@ -107,23 +195,51 @@ where
     let size = o.size;
     check_len("outputs", "hist", b.hist.len(), o.hist.len(), None)?;
     check_len("outputs", "threshold", b.threshold.len(), 1, None)?;
+    for (name, theirs) in [
+        ("gray", b.gray.stream()),
+        ("scratch", b.scratch.stream()),
+        ("blurred", b.blurred.stream()),
+        ("magnitude", b.magnitude.stream()),
+        ("hist", b.hist.stream()),
+        ("threshold", b.threshold.stream()),
+        ("mask", b.mask.stream()),
+    ] {
+        if theirs.context() != stream.context() {
+            return Err(invalid(format!(
+                "outputs: `{name}` lives in {}, the stream in device {}'s",
+                which_context(theirs.context(), stream.context()),
+                stream.context().ordinal()
+            )));
+        }
+    }
+    let streams = [
+        b.gray.stream(),
+        b.scratch.stream(),
+        b.blurred.stream(),
+        b.magnitude.stream(),
+        b.hist.stream(),
+        b.threshold.stream(),
+        b.mask.stream(),
+    ];
+    let joined = CrossStreams::join(stream, &streams)?;
     let mut threshold = [0u32];
-    let queued = (|| {
-        download_prefix(stream, "gray", &*b.gray, &mut o.gray, size)?;
-        download_prefix(stream, "scratch", &*b.scratch, &mut o.scratch, size)?;
-        download_prefix(stream, "blurred", &*b.blurred, &mut o.blurred, size)?;
-        download_prefix(stream, "magnitude", &*b.magnitude, &mut o.magnitude, size)?;
-        download_prefix(stream, "hist", &*b.hist, &mut o.hist, size)?;
-        download_prefix(stream, "threshold", &*b.threshold, &mut threshold, size)?;
-        download_prefix(stream, "mask", &*b.mask, &mut o.mask, size)
-    })();
-    // Also when a later buffer was refused: the copies queued before it write into `outputs`,
-    // which must not be handed back before they are done.
-    let waited = stream
-        .synchronize()
-        .map_err(|e| driver_error("cuStreamSynchronize", e));
-    queued?;
-    waited?;
+    joined.around(|| {
+        let queued = (|| {
+            download_prefix(stream, "gray", &*b.gray, &mut o.gray, size)?;
+            download_prefix(stream, "scratch", &*b.scratch, &mut o.scratch, size)?;
+            download_prefix(stream, "blurred", &*b.blurred, &mut o.blurred, size)?;
+            download_prefix(stream, "magnitude", &*b.magnitude, &mut o.magnitude, size)?;
+            download_prefix(stream, "hist", &*b.hist, &mut o.hist, size)?;
+            download_prefix(stream, "threshold", &*b.threshold, &mut threshold, size)?;
+            download_prefix(stream, "mask", &*b.mask, &mut o.mask, size)
+        })();
+        // Also when a later buffer was refused: the copies queued before it write into
+        // `outputs`, which must not be handed back before they are done.
+        let waited = stream
+            .synchronize()
+            .map_err(|e| driver_error("cuStreamSynchronize", e));
+        queued.and(waited)
+    })?;
     o.threshold = threshold[0];
     Ok(())
 }
@@ -146,8 +262,9 @@ fn download_prefix<T>(
         .bind_to_thread()
         .map_err(|e| driver_error("cuCtxSetCurrent", e))?;
     let (ptr, _read) = src.device_ptr(stream);
-    // SAFETY: `src` holds at least `dst.len()` elements of `T` in the stream's context, ordered
-    // on `stream` by the guard; `dst` stays borrowed until the caller's synchronize.
+    // SAFETY: `src` holds at least `dst.len()` elements of `T` (checked above) in the stream's
+    // context (checked by `download_outputs`, which orders `stream` after the buffer's own
+    // stream); `dst` stays borrowed until the caller's synchronize.
     unsafe { result::memcpy_dtoh_async(dst, ptr, stream.cu_stream()) }
         .map_err(|e| driver_error("cuMemcpyDtoHAsync", e))
 }
@@ -273,9 +390,8 @@ impl PipelineKernels {
     fn check_stream(&self, stage: &str, stream: &CudaStream) -> Result<(), Error> {
         if stream.context() != &self.ctx {
             return Err(invalid(format!(
-                "{stage}: the stream belongs to device {}'s context, the kernels were loaded into \
-                 device {}'s",
-                stream.context().ordinal(),
+                "{stage}: the stream belongs to {}, the kernels were loaded into device {}'s",
+                which_context(stream.context(), &self.ctx),
                 self.ctx.ordinal()
             )));
         }
@@ -315,8 +431,8 @@ impl PipelineKernels {
     ) -> Result<(), Error> {
         if buffer.stream().context() != &self.ctx {
             return Err(invalid(format!(
-                "{stage}: `{name}` lives in device {}'s context, the kernels run in device {}'s",
-                buffer.stream().context().ordinal(),
+                "{stage}: `{name}` lives in {}, the kernels run in device {}'s",
+                which_context(buffer.stream().context(), &self.ctx),
                 self.ctx.ordinal()
             )));
         }
@@ -347,11 +463,15 @@ impl PipelineKernels {
         Self::check_size(STAGE, size)?;
         self.check_buffer(STAGE, "rgb", rgb, size.pixels() * 3, Some(size))?;
         self.check_buffer(STAGE, "gray", gray, size.pixels(), Some(size))?;
-        let (src, _read) = rgb.device_ptr(stream);
-        let (dst, _write) = gray.device_ptr_mut(stream);
-        // SAFETY: both buffers were checked to hold a `size` image and to live in the kernels'
-        // context; the guards keep them ordered on `stream` until the launch is queued.
-        unsafe { self.rgb_to_gray_raw(stream, size, src, dst) }
+        let joined = CrossStreams::join(stream, &[rgb.stream(), gray.stream()])?;
+        joined.around(|| {
+            let (src, _read) = rgb.device_ptr(stream);
+            let (dst, _write) = gray.device_ptr_mut(stream);
+            // SAFETY: both buffers were checked to hold a `size` image and to live in the
+            // kernels' context; `joined` orders the launch after their streams' work so far
+            // and their streams' later work after it.
+            unsafe { self.rgb_to_gray_raw(stream, size, src, dst) }
+        })
     }
 
     /// The blur's pass along rows ([`super::host::blur_horizontal`]).
@@ -408,12 +528,15 @@ impl PipelineKernels {
         Self::check_size(stage, size)?;
         self.check_buffer(stage, "src", src, size.pixels(), Some(size))?;
         self.check_buffer(stage, "dst", dst, size.pixels(), Some(size))?;
-        let (s, _read) = src.device_ptr(stream);
-        let (d, _write) = dst.device_ptr_mut(stream);
-        // SAFETY: as in `rgb_to_gray`: both buffers were checked to hold a `size` image and to
-        // live in the kernels' context; the guards keep them ordered on `stream` until the
-        // launch is queued. `kernel` takes `(const float*, float*, u32 width, u32 height)`.
-        unsafe { self.launch_2d(kernel, call, stream, size, s, d) }
+        let joined = CrossStreams::join(stream, &[src.stream(), dst.stream()])?;
+        joined.around(|| {
+            let (s, _read) = src.device_ptr(stream);
+            let (d, _write) = dst.device_ptr_mut(stream);
+            // SAFETY: as in `rgb_to_gray`: both buffers were checked to hold a `size` image and
+            // to live in the kernels' context, and `joined` orders the launch with their
+            // streams. `kernel` takes `(const float*, float*, u32 width, u32 height)`.
+            unsafe { self.launch_2d(kernel, call, stream, size, s, d) }
+        })
     }
 
     /// Zeroes `hist` and counts the magnitudes' bins into it ([`super::host::histogram`]).
@@ -428,10 +551,14 @@ impl PipelineKernels {
         self.check_context(STAGE, "magnitude", magnitude)?;
         self.check_buffer(STAGE, "hist", hist, HIST_BINS, None)?;
         let pixels = check_pixels(STAGE, magnitude.len())?;
-        let (m, _read) = magnitude.device_ptr(stream);
-        let (h, _write) = hist.device_ptr_mut(stream);
-        // SAFETY: `hist` holds 256 counters and `magnitude` `pixels` floats, in this context.
-        unsafe { self.histogram_raw(stream, pixels, m, h) }
+        let joined = CrossStreams::join(stream, &[magnitude.stream(), hist.stream()])?;
+        joined.around(|| {
+            let (m, _read) = magnitude.device_ptr(stream);
+            let (h, _write) = hist.device_ptr_mut(stream);
+            // SAFETY: `hist` holds 256 counters and `magnitude` `pixels` floats, in this
+            // context; `joined` orders the launch with their streams.
+            unsafe { self.histogram_raw(stream, pixels, m, h) }
+        })
     }
 
     /// Otsu's threshold from the histogram, written to `threshold[0]` on the device
@@ -446,10 +573,14 @@ impl PipelineKernels {
         self.check_stream(STAGE, stream)?;
         self.check_buffer(STAGE, "hist", hist, HIST_BINS, None)?;
         self.check_buffer(STAGE, "threshold", threshold, 1, None)?;
-        let (h, _read) = hist.device_ptr(stream);
-        let (t, _write) = threshold.device_ptr_mut(stream);
-        // SAFETY: 256 counters in, one counter out, in this context.
-        unsafe { self.otsu_threshold_raw(stream, h, t) }
+        let joined = CrossStreams::join(stream, &[hist.stream(), threshold.stream()])?;
+        joined.around(|| {
+            let (h, _read) = hist.device_ptr(stream);
+            let (t, _write) = threshold.device_ptr_mut(stream);
+            // SAFETY: 256 counters in, one counter out, in this context; `joined` orders the
+            // launch with their streams.
+            unsafe { self.otsu_threshold_raw(stream, h, t) }
+        })
     }
 
     /// The binary edge mask from the magnitude and the device-resident threshold
@@ -471,12 +602,16 @@ impl PipelineKernels {
             // No pixel, no mask (as on the host); a launch of no blocks is a driver error.
             return Ok(());
         }
-        let (m, _r1) = magnitude.device_ptr(stream);
-        let (t, _r2) = threshold.device_ptr(stream);
-        let (k, _write) = mask.device_ptr_mut(stream);
-        // SAFETY: `mask` and `magnitude` hold `pixels` elements, `threshold` one, in this
-        // context.
-        unsafe { self.edge_mask_raw(stream, pixels, m, t, k) }
+        let streams = [magnitude.stream(), threshold.stream(), mask.stream()];
+        let joined = CrossStreams::join(stream, &streams)?;
+        joined.around(|| {
+            let (m, _r1) = magnitude.device_ptr(stream);
+            let (t, _r2) = threshold.device_ptr(stream);
+            let (k, _write) = mask.device_ptr_mut(stream);
+            // SAFETY: `mask` and `magnitude` hold `pixels` elements, `threshold` one, in this
+            // context; `joined` orders the launch with their streams.
+            unsafe { self.edge_mask_raw(stream, pixels, m, t, k) }
+        })
     }
 
     /// [`run_frame`](Self::run_frame) on raw device addresses: the launch sequence itself,
