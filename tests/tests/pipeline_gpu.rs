@@ -943,43 +943,69 @@ mod gpu {
         assert_eq!(stream.clone_dtoh(&dst).unwrap(), want);
     }
 
-    /// An experiment, not a test (run with `--ignored --nocapture`): whether dropping the
-    /// kernels (`cuModuleUnload`) waits for a launch of theirs still queued behind a hold.
-    #[test]
-    #[ignore]
-    fn experiment_module_unload_with_a_launch_in_flight() {
-        let Some(stream) = stream() else { return };
-        let kernels = PipelineKernels::load(stream.context()).unwrap();
-        let size = ImageSize::new(96, 64);
-        let px = size.pixels();
-        let input: Vec<f32> = (0..px).map(|i| (i % 7) as f32 / 7.0).collect();
-        let src = stream.clone_htod(&input).unwrap();
-        let mut dst = stream.alloc_zeros::<f32>(px).unwrap();
-        stream.synchronize().unwrap();
-        let gate = Gate::hold(&stream);
-        kernels.blur_rows(&stream, size, &src, &mut dst).unwrap();
+    /// Drops `kernels` on another thread while `gate` holds their stream, with a launch of
+    /// theirs queued behind it: the drop (`cuModuleUnload`) returns only after the gate opens,
+    /// once the launch has run.
+    fn assert_unload_waits(kernels: PipelineKernels, gate: Gate) {
         let done = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|s| {
             let dropper = s.spawn(|| {
                 drop(kernels);
                 done.store(true, std::sync::atomic::Ordering::SeqCst);
             });
-            std::thread::sleep(std::time::Duration::from_millis(300));
-            println!(
-                "experiment: module unload returned while its launch was held: {}",
-                done.load(std::sync::atomic::Ordering::SeqCst)
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            assert!(
+                !done.load(std::sync::atomic::Ordering::SeqCst),
+                "the module was unloaded under a launch of its kernels"
             );
             gate.open();
             dropper.join().unwrap();
         });
-        println!("experiment: synchronize after: {:?}", stream.synchronize());
+    }
+
+    /// What `capture_frame`'s graph (which borrows the kernels only while it lives) and an
+    /// eager launch rest on: dropping the kernels, which unloads their module, waits for the
+    /// launches of theirs still queued, eager or replayed; their output is whole.
+    #[test]
+    fn dropping_the_kernels_waits_for_their_launches_in_flight() {
+        let Some(stream) = stream() else { return };
+        let size = ImageSize::new(96, 64);
+        let px = size.pixels();
+        let input: Vec<f32> = (0..px).map(|i| (i % 7) as f32 / 7.0).collect();
         let mut want = vec![0f32; px];
         host::blur_horizontal(size, &input, &mut want).unwrap();
-        let got = stream.clone_dtoh(&dst);
-        println!(
-            "experiment: the held blur's output matches: {:?}",
-            got.map(|g| g == want)
-        );
+
+        // Eager.
+        let kernels = PipelineKernels::load(stream.context()).unwrap();
+        let src = stream.clone_htod(&input).unwrap();
+        let mut dst = stream.alloc_zeros::<f32>(px).unwrap();
+        stream.synchronize().unwrap();
+        let gate = Gate::hold(&stream);
+        kernels.blur_rows(&stream, size, &src, &mut dst).unwrap();
+        assert_unload_waits(kernels, gate);
+        stream.synchronize().unwrap();
+        assert_eq!(stream.clone_dtoh(&dst).unwrap(), want);
+
+        // A graph's replay, the graph dropped before the kernels.
+        let kernels = PipelineKernels::load(stream.context()).unwrap();
+        let mut arena = Arena::<Frame, _>::new_in(CudaBackend::new(stream.clone())).unwrap();
+        let frame = input_of(size, DEFAULT_SEED + 5);
+        let eager = eager_frame(&kernels, &mut arena, size, &frame);
+        let mut graph = kernels.capture_frame(&mut arena, size).unwrap();
+        upload_input(&mut graph, size, &frame).unwrap();
+        let gate = Gate::hold(&stream);
+        graph.launch().unwrap();
+        drop(graph);
+        assert_unload_waits(kernels, gate);
+        stream.synchronize().unwrap();
+        let mut out = FrameOutputs::new(size);
+        download_outputs(
+            &stream,
+            &FrameBuffers::from(&mut arena.views_mut()),
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(out.first_difference(&eager), None);
     }
 
     /// A buffer of another context of the same device, whose addresses mean nothing in the

@@ -103,7 +103,10 @@ impl PipelineKernels {
     ///
     /// Safe where [`Arena::capture`] is not: the recorded work is this crate's kernels on the
     /// arena's views alone, and the graph borrows the kernels as well as the arena, so the
-    /// module its kernel nodes run stays loaded for every replay. The capture runs on a stream
+    /// module its kernel nodes run stays loaded for every replay (a replay still running when
+    /// graph and kernels are dropped is waited for by the module's unload, `cuModuleUnload`,
+    /// as the test `dropping_the_kernels_waits_for_their_launches_in_flight` checks on the
+    /// GPU). The capture runs on a stream
     /// of its own ([`Arena::capture_on_own_stream`]), which no other thread holds: work other
     /// threads queue on the arena's stream meanwhile runs as usual and stays out of the graph.
     /// (As a second guard, a graph whose operations are not the frame's
@@ -115,7 +118,8 @@ impl PipelineKernels {
     ) -> Result<ArenaGraph<'a, Frame, B>, Error> {
         // SAFETY: `record_frame` queues this crate's kernels on the capture's views of the
         // arena and nothing else (no events, no outputs); the kernels' module is `self`'s,
-        // borrowed for the graph's life (`'a`). The capture's stream is its own: no other
+        // borrowed for the graph's life (`'a`), and its unload, when `self` goes, waits for
+        // the replays still in flight. The capture's stream is its own: no other
         // thread's work reaches the graph (and `only_the_frame` checks the number of its
         // operations), so the graph reaches the arena's allocation alone, which it borrows.
         let graph =
