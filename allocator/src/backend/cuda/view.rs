@@ -342,7 +342,11 @@ unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b mut DeviceViewMut<'c, T>> f
 /// For as long as the value is borrowed, `device_ptr` and `device_ptr_mut` must return the
 /// address of [`len`](DeviceSlice::len) live elements of `T`, aligned for `T`, in the context of
 /// [`stream`](DeviceSlice::stream), that the value owns or borrows (exclusively, for
-/// `device_ptr_mut`), ordered on the stream they are asked for while the returned guard lives.
+/// `device_ptr_mut`), whose allocation and free are ordered on [`stream`](DeviceSlice::stream)
+/// (or the free waits for it on the host). A launch on another
+/// stream orders itself with that stream both ways (the `devarena-kernels` wrappers do): the
+/// guard's own ordering is not relied on, since cudarc's event tracking orders nothing between
+/// two `CudaContext` objects of one context.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a device buffer whose address and length a safe kernel launch may trust",
     label = "not a `TrustedDevicePtr<{T}>`",
@@ -356,8 +360,9 @@ pub unsafe trait TrustedDevicePtr<T>: DevicePtr<T> {}
 unsafe impl<T> TrustedDevicePtr<T> for DeviceView<'_, T> {}
 // SAFETY: as above; a mutable view borrows its elements exclusively.
 unsafe impl<T> TrustedDevicePtr<T> for DeviceViewMut<'_, T> {}
-// SAFETY: cudarc's own buffers: a `CudaSlice` owns its `len` elements, its views borrow them
-// from one, and cudarc's event tracking orders the stream they are asked for.
+// SAFETY: cudarc's own buffers: a `CudaSlice` owns its `len` elements, allocated on its
+// stream and freed there (or after a synchronize of it), and its views borrow them from one.
+// (Its event tracking is not relied on: see the trait's contract.)
 unsafe impl<T> TrustedDevicePtr<T> for cudarc::driver::CudaSlice<T> {}
 // SAFETY: as above.
 unsafe impl<T> TrustedDevicePtr<T> for cudarc::driver::CudaView<'_, T> {}

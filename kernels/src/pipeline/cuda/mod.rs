@@ -57,7 +57,11 @@
 //!
 //! The kernels compute the same bits as [`super::host`] (see `kernels/cuda/pipeline.cu`).
 //! Every wrapper checks buffer lengths and contexts first and returns
-//! [`Error::InvalidArgument`]; driver failures come back as [`Error::Driver`]. The per-stage
+//! [`Error::InvalidArgument`]; driver failures come back as [`Error::Driver`]. A buffer on
+//! another stream than the launch's is ordered with it both ways by the wrapper itself (the
+//! launch after the buffer's stream's work so far, the buffer's stream's later work, its free
+//! included, after the launch): two events per such stream, none when every buffer is on the
+//! launch's stream. The per-stage
 //! wrappers take buffers of exactly the image's size (cut a larger view with `slice`/
 //! `slice_mut`); the frame-level entry points take buffers of at least that size and cut them.
 
