@@ -1580,12 +1580,16 @@ fn queue_home_take_backs(rt: &Arc<HostFunctions>, pool: &Arc<Pool>, n: usize, by
 }
 
 /// What [`capture_allocation_overtaken`] returns.
-type Overtaken = (
-    Result<u64, String>,
-    u64,
-    Vec<(&'static str, StreamId)>,
-    usize,
-);
+struct Overtaken {
+    /// The graph's allocation (its error as text).
+    result: Result<u64, String>,
+    /// The pool's failures.
+    failures: u64,
+    /// What the capturing stream was refused.
+    refused: Vec<(&'static str, StreamId)>,
+    /// How many times the home stream was waited for.
+    waits: usize,
+}
 
 /// A graph's allocation, waiting for the home stream (outside the lock) after a free there,
 /// with its wait made `overtaken` (see below) each time by work queued on the home stream;
@@ -1618,7 +1622,12 @@ fn capture_allocation_overtaken(
         let r = graph.allocate(4096, 0).map_err(|e| e.to_string());
         rt.inner.end_capture(GRAPH);
         let waits = rt.waits.load(std::sync::atomic::Ordering::SeqCst);
-        (r, pool.stats().failures, rt.inner.refused(), waits)
+        Overtaken {
+            result: r,
+            failures: pool.stats().failures,
+            refused: rt.inner.refused(),
+            waits,
+        }
     });
     r.expect("the graph's allocation never returned: it waited with the lock held")
 }
@@ -1629,7 +1638,12 @@ fn capture_allocation_overtaken(
 /// pool's lock held.
 #[test]
 fn a_capture_allocation_whose_waits_keep_being_overtaken_fails_instead_of_waiting_locked() {
-    let (r, failures, refused, waits) = capture_allocation_overtaken(
+    let Overtaken {
+        result: r,
+        failures,
+        refused,
+        waits,
+    } = capture_allocation_overtaken(
         |rt, pool| queue_home_take_backs(rt, pool, 8, 768 * KIB),
         Pool::builder(MIB).thread_heaps(0),
     );
@@ -1645,7 +1659,12 @@ fn a_capture_allocation_whose_waits_keep_being_overtaken_fails_instead_of_waitin
 /// three.)
 #[test]
 fn a_capture_allocation_is_served_while_heaps_are_given_back_during_its_wait() {
-    let (r, failures, refused, waits) = capture_allocation_overtaken(
+    let Overtaken {
+        result: r,
+        failures,
+        refused,
+        waits,
+    } = capture_allocation_overtaken(
         |rt, pool| queue_heap_give_backs(rt, pool, 8),
         Pool::builder(MIB).eager_thread_heaps(true),
     );

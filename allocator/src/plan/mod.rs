@@ -26,7 +26,7 @@
 //! * stage aliasing: [`Strategy`], [`place_with`], [`alias_into`] (the greedy planner);
 //! * the search: [`Engine`] (MiniMalloc's branch and bound over canonical plans), its drivers
 //!   [`Search`] (run time) and [`improve_step`] (compile time);
-//! * [`validate`]: an independent check of any plan;
+//! * [`validate()`]: an independent check of any plan;
 //! * errors: [`PlanError`] and the const-built [`Message`] the compiler prints.
 
 mod align;

@@ -139,7 +139,7 @@ impl PoolBuilder {
     /// A freed block normally merges with its free neighbours at once. With reuse on, it first
     /// waits whole: the next request of its size class (see [`reserved_bytes`](super::reserved_bytes)) takes it
     /// without a search or a split, which is most of the cost of an allocation and a free.
-    /// `blocks` is at most [`MAX_REUSE_BLOCKS`](super::MAX_REUSE_BLOCKS) (a larger number is an
+    /// `blocks` is at most [`MAX_REUSE_BLOCKS`] (a larger number is an
     /// error when the pool is built); `bytes` may be anything, the capacity bounds it anyway.
     /// Blocks leave the cache oldest first when `blocks` newer ones have been freed, merge at
     /// once when they would take the cache past `bytes`, and all merge before a request would
@@ -212,7 +212,7 @@ impl PoolBuilder {
 
     /// How many free bytes the thread heaps may keep, all together (`0`: no thread heaps,
     /// every thread uses the pool's own index under its lock); each heap keeps its share. By
-    /// default the capacity ([`DEFAULT_THREAD_HEAP_SHARE`](super::DEFAULT_THREAD_HEAP_SHARE)); a
+    /// default the capacity ([`DEFAULT_THREAD_HEAP_SHARE`]); a
     /// heap's reuse cache holds up to half its share.
     /// On a growable region a heap maps memory as the pool does, as its blocks reach new chunks,
     /// and its reuse cache holds no more than the most the heap has had in use (at least

@@ -52,9 +52,9 @@ pub(super) struct Live {
     pub(super) serial: u64,
     pub(super) stream: StreamId,
     pub(super) client: u32,
-    /// The alignment in effect (at most [`MAX_POOL_ALIGN`]).
+    /// The alignment in effect (at most [`MAX_POOL_ALIGN`](crate::pool::MAX_POOL_ALIGN)).
     pub(super) align: u16,
-    /// Owned by a [`PoolSlice`]: only the slice frees it.
+    /// Owned by a [`PoolSlice`](crate::pool::PoolSlice): only the slice frees it.
     pub(super) owned: bool,
     /// Its block's entry of [`State::info`] holds what tracking recorded.
     pub(super) tracked: bool,

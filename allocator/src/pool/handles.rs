@@ -133,7 +133,7 @@ impl Pool {
             .deallocate(None, FreeRequest::new(addr), false)
     }
 
-    /// Frees any client's allocation at `addr` on `stream` (see [`StreamSync`](super::StreamSync) for when the
+    /// Frees any client's allocation at `addr` on `stream` (see [`StreamSync`] for when the
     /// block is reused).
     pub fn deallocate_on(&self, addr: u64, stream: StreamId) -> Result<(), Error> {
         self.own

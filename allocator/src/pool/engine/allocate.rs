@@ -198,7 +198,7 @@ impl Shared {
 
     /// Where [`allocate_on_heap_fast`](Self::allocate_on_heap_fast) did not serve: the calling
     /// thread's heap, if it has one, or a new one. (Here thread heaps are on and another
-    /// thread has one, or every thread gets one, [`EAGER`](super::EAGER): a thread left on
+    /// thread has one, or every thread gets one, [`EAGER`]: a thread left on
     /// the pool's own index would pay for both paths on every call, looking for a heap first,
     /// and would hold the pool's lock that the heaps' slow paths need. On the H200 host, eight
     /// threads of which one had no heap ran 9% slower per pair than with a heap each.)
@@ -276,7 +276,7 @@ impl Shared {
     /// The fast path's allocation when another thread holds the pool's lock, when another
     /// thread has a heap (or every thread gets one), or on a stream other than the home stream:
     /// the calling thread gets a heap of its own for the request's stream (see
-    /// [`thread_heap`]) unless they are off or the stream can have none.
+    /// [`thread_heap`](crate::pool::thread_heap)) unless they are off or the stream can have none.
     #[cold]
     #[inline(never)]
     pub(in crate::pool) fn allocate_contended(
@@ -830,7 +830,7 @@ impl Shared {
     /// An event that cannot be queried (the driver reports an error, or the stream runtime
     /// panics) sets aside its own block for good: nothing says the stream is done with it, so
     /// it is never handed out again. The pool carries on with the rest; the block is logged
-    /// (target `devarena::pool`, level `error`) and counted in [`PoolStats::quarantined`].
+    /// (target `devarena::pool`, level `error`) and counted in [`PoolStats::quarantined`](crate::pool::PoolStats::quarantined).
     pub(in crate::pool) fn reclaim_parked(&self, state: &mut State) -> usize {
         let mut reclaimed = 0;
         let State {

@@ -17,7 +17,7 @@ use crate::pool::thread_heap::ThreadHeap;
 
 impl Shared {
     /// Frees `addr`. `caller`: the client asking (`None`: the pool itself, which may free any
-    /// allocation). `from_slice`: the call comes from the [`PoolSlice`] that owns it.
+    /// allocation). `from_slice`: the call comes from the [`PoolSlice`](crate::pool::PoolSlice) that owns it.
     #[inline(always)]
     pub(in crate::pool) fn deallocate(
         &self,

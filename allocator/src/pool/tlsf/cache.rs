@@ -7,7 +7,7 @@ use super::{FL_ROWS, GRANULE_SHIFT, NIL, SL_COUNT, Slots, Tlsf, class, mapping_i
 /// Blocks freed by their users and kept whole, unmerged, for the next request of the same size
 /// class (deferred coalescing).
 ///
-/// Every used block spans a whole size class ([`class_size`]), so a cached block of a request's
+/// Every used block spans a whole size class ([`class_size`](super::class_size)), so a cached block of a request's
 /// class fits it exactly: taking it is a list pop, no search and no split; caching one is a
 /// list push, no merge. A ring of the last [`Cache::ring`]`.len()` blocks cached bounds how many
 /// stay: caching a block overwrites the oldest entry, and the block there, if it is still

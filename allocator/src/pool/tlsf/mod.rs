@@ -124,7 +124,7 @@ fn mapping_insert(units: u64) -> (usize, usize) {
     (fl as usize, sl as usize)
 }
 
-/// The index of class `(fl, sl)` in [`Tlsf::heads`] (masked: never out of bounds).
+/// The index of class `(fl, sl)` in the reuse cache's `heads` (masked: never out of bounds).
 #[inline(always)]
 fn class(fl: usize, sl: usize) -> usize {
     (fl & (FL_ROWS - 1)) << SL_SHIFT | (sl & (SL_COUNT - 1))
