@@ -90,8 +90,11 @@ impl ManagedBackend {
         allocation: &Allocation,
     ) -> Result<HostBase<'a>, Error> {
         let ctx = self.core.stream.context();
-        let concurrent = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)
+        let attribute = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS;
+        // SAFETY: a device handle of a live context; reads one attribute. (Not
+        // `CudaContext::attribute`, which would first report, as this call's failure, an error
+        // that cudarc recorded earlier in the context.)
+        let concurrent = unsafe { result::device::get_attribute(ctx.cu_device(), attribute) }
             .map_err(drv("cuDeviceGetAttribute"))?;
         if concurrent == 0 {
             return Err(Error::invalid(format!(
