@@ -83,6 +83,54 @@ mod gpu {
         );
     }
 
+    /// The pipeline's kernels refuse the per-thread default stream too: to run on, and as a
+    /// buffer's stream (a cudarc buffer allocated on it by one thread would be freed on
+    /// another thread's), by name, before anything is queued.
+    #[test]
+    fn pipeline_kernels_refuse_the_per_thread_default_stream() {
+        use devarena_kernels::pipeline::ImageSize;
+        use devarena_kernels::pipeline::cuda::{FrameSlices, PipelineKernels, download_outputs};
+        let Some(stream) = gpu_stream() else { return };
+        let kernels = PipelineKernels::load(stream.context()).unwrap();
+        let per_thread = stream.context().per_thread_stream();
+        let size = ImageSize::new(8, 8);
+        let src = stream.alloc_zeros::<f32>(size.pixels()).unwrap();
+        let mut dst = stream.alloc_zeros::<f32>(size.pixels()).unwrap();
+        let theirs = per_thread.alloc_zeros::<f32>(size.pixels()).unwrap();
+        let err = kernels
+            .blur_rows(&per_thread, size, &src, &mut dst)
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("run on CUDA's per-thread default stream"),
+            "{err}"
+        );
+        let err = kernels
+            .blur_rows(&stream, size, &theirs, &mut dst)
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("`src` is ordered on CUDA's per-thread default stream"),
+            "{err}"
+        );
+        let mut slices = FrameSlices::alloc(&stream, size).unwrap();
+        let mut out = devarena_kernels::pipeline::FrameOutputs::new(size);
+        let err = download_outputs(&per_thread, &slices.buffers(), &mut out).unwrap_err();
+        assert!(
+            err.to_string().contains("per-thread default stream"),
+            "{err}"
+        );
+        slices.blurred = theirs;
+        let err = download_outputs(&stream, &slices.buffers(), &mut out).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("`blurred` is ordered on CUDA's per-thread default stream"),
+            "{err}"
+        );
+        stream.synchronize().unwrap();
+        per_thread.synchronize().unwrap();
+    }
+
     #[derive(DeviceLayout)]
     struct Big {
         data: [u32; 1 << 24],

@@ -61,7 +61,8 @@
 //! another stream than the launch's is ordered with it both ways by the wrapper itself (the
 //! launch after the buffer's stream's work so far, the buffer's stream's later work, its free
 //! included, after the launch): two events per such stream, none when every buffer is on the
-//! launch's stream. The per-stage
+//! launch's stream. CUDA's per-thread default stream is refused, as a launch's stream and as a
+//! buffer's: it names another stream on each thread. The per-stage
 //! wrappers take buffers of exactly the image's size (cut a larger view with `slice`/
 //! `slice_mut`); the frame-level entry points take buffers of at least that size and cut them.
 
@@ -93,6 +94,20 @@ const HIST_MAX_BLOCKS: u32 = 1024;
 /// A [`DriverError`](cudarc::driver::DriverError) as a devarena [`Error`], with the CUDA error
 /// name and text (devarena's own conversion).
 pub use devarena::backend::cuda::driver_error;
+
+/// The handle of CUDA's per-thread default stream (`CU_STREAM_PER_THREAD`, cudarc's
+/// `CudaContext::per_thread_stream`).
+const PER_THREAD_STREAM: usize = 2;
+
+/// Why the per-thread default stream is refused, after "… on ".
+const PER_THREAD_WHY: &str = "CUDA's per-thread default stream, which names another stream on \
+    each thread: a buffer allocated or freed on it on one thread is not ordered with a launch \
+    on another; use a stream of your own (`cuda_stream`, `CudaContext::new_stream`)";
+
+/// Whether `stream` is CUDA's per-thread default stream.
+fn is_per_thread(stream: &CudaStream) -> bool {
+    stream.cu_stream() as usize == PER_THREAD_STREAM
+}
 
 /// Names `theirs`, a context that is not `ours`: another device's, or another context of the
 /// same device (`CudaContext::new_non_primary`).
@@ -199,6 +214,11 @@ where
     let size = o.size;
     check_len("outputs", "hist", b.hist.len(), o.hist.len(), None)?;
     check_len("outputs", "threshold", b.threshold.len(), 1, None)?;
+    if is_per_thread(stream) {
+        return Err(invalid(format!(
+            "outputs: the download was asked to run on {PER_THREAD_WHY}"
+        )));
+    }
     for (name, theirs) in [
         ("gray", b.gray.stream()),
         ("scratch", b.scratch.stream()),
@@ -208,6 +228,11 @@ where
         ("threshold", b.threshold.stream()),
         ("mask", b.mask.stream()),
     ] {
+        if is_per_thread(theirs) {
+            return Err(invalid(format!(
+                "outputs: `{name}` is ordered on {PER_THREAD_WHY}"
+            )));
+        }
         if theirs.context() != stream.context() {
             return Err(invalid(format!(
                 "outputs: `{name}` lives in {}, the stream in device {}'s",
@@ -392,6 +417,11 @@ impl PipelineKernels {
     }
 
     fn check_stream(&self, stage: &str, stream: &CudaStream) -> Result<(), Error> {
+        if is_per_thread(stream) {
+            return Err(invalid(format!(
+                "{stage}: the kernels were asked to run on {PER_THREAD_WHY}"
+            )));
+        }
         if stream.context() != &self.ctx {
             return Err(invalid(format!(
                 "{stage}: the stream belongs to {}, the kernels were loaded into device {}'s",
@@ -433,6 +463,11 @@ impl PipelineKernels {
         name: &str,
         buffer: &impl DeviceSlice<T>,
     ) -> Result<(), Error> {
+        if is_per_thread(buffer.stream()) {
+            return Err(invalid(format!(
+                "{stage}: `{name}` is ordered on {PER_THREAD_WHY}"
+            )));
+        }
         if buffer.stream().context() != &self.ctx {
             return Err(invalid(format!(
                 "{stage}: `{name}` lives in {}, the kernels run in device {}'s",
