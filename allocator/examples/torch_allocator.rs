@@ -66,6 +66,24 @@
 //! (`cuStreamWaitEvent`); one freed on another stream is reused only after an event recorded
 //! at the free has completed. Nothing here blocks the host.
 //!
+//! Every entry point leaves the calling thread's current CUDA context (PyTorch's current
+//! device) as it found it, although the pool binds its device's context for its own calls:
+//! PyTorch frees a tensor of one device from threads whose current device is another.
+//!
+//! Two limits of the pluggable-allocator contract, which PyTorch's own allocator covers with
+//! `cudaFree`'s wait for the whole device and with `record_stream`:
+//!
+//! * `Tensor.record_stream(s)` reaches no allocator that Python sets
+//!   (`CUDAPluggableAllocator` takes no `record_stream` function): a tensor used on a side
+//!   stream and freed from another must be ordered by the program (an event, or
+//!   `torch.cuda.synchronize()`) before its memory is freed, as its segment is reused in the
+//!   order of the stream it is freed on.
+//! * A segment that a CUDA graph reads but that was allocated before its capture (an input
+//!   made during warm-up) is freed like any other, in its stream's order, not after the
+//!   graph's replays on other streams: synchronize before `torch.cuda.empty_cache()` while
+//!   replays on other streams may still run. (Segments allocated during a capture wait for
+//!   the device, below.)
+//!
 //! # CUDA graphs
 //!
 //! `torch.cuda.graph(g, pool=mem_pool.id)` with a `MemPool` of this library captures into
@@ -164,6 +182,43 @@ const DEFAULT_SHARE_PERCENT: usize = 80;
 const DEFAULT_ROUNDING: usize = 2 << 20;
 
 static POOLS: Pools = Pools::new();
+
+/// The calling thread's current CUDA context, made current again on drop. Every entry point
+/// that may call the driver holds one: the pool binds its device's context to the calling
+/// thread, and PyTorch frees a tensor of one device from a thread whose current device is
+/// another (`raw_delete` takes no device guard), so without it the thread's current device
+/// would change under PyTorch (`torch.cuda.current_device()`, and every later
+/// `device="cuda"`). Nothing when no driver is loaded.
+struct KeepCurrentContext(Option<cudarc::driver::sys::CUcontext>);
+
+impl KeepCurrentContext {
+    fn new() -> Self {
+        if !devarena::backend::cuda::driver_present() {
+            return KeepCurrentContext(None);
+        }
+        let current = cudarc::driver::result::ctx::get_current().ok();
+        KeepCurrentContext(current.map(|c| c.unwrap_or(std::ptr::null_mut())))
+    }
+}
+
+impl Drop for KeepCurrentContext {
+    fn drop(&mut self) {
+        let Some(saved) = self.0 else { return };
+        let now = cudarc::driver::result::ctx::get_current()
+            .ok()
+            .map(|c| c.unwrap_or(std::ptr::null_mut()));
+        if now != Some(saved) {
+            // SAFETY: `saved` was the thread's current context (or none) on entry, and
+            // nothing here destroys a context: PyTorch's are primary contexts it retains.
+            if let Err(e) = unsafe { cudarc::driver::result::ctx::set_current(saved) } {
+                report_stderr(&format!(
+                    "devarena_torch: the caller's current CUDA context could not be made \
+                     current again: {e:?}"
+                ));
+            }
+        }
+    }
+}
 
 fn verbose() -> bool {
     static VERBOSE: OnceLock<bool> = OnceLock::new();
@@ -350,6 +405,7 @@ pub unsafe extern "C" fn devarena_torch_alloc(
     let live = unsafe { LiveStream::new(StreamId(stream as usize as u64)) };
     let stream = live.id();
     let result = catch_unwind(|| {
+        let _current = KeepCurrentContext::new();
         let what = || format!("devarena_torch_alloc({size}, cuda:{device}, stream {stream})");
         let allocated = || POOLS.alloc(size, device, live, create_pool, verbose(), &report_stderr);
         let outcome = |r: &Result<u64, String>| match r {
@@ -403,6 +459,7 @@ pub unsafe extern "C" fn devarena_torch_free(
     let live = unsafe { LiveStream::new(StreamId(stream as usize as u64)) };
     let stream = live.id();
     let outcome = catch_unwind(|| {
+        let _current = KeepCurrentContext::new();
         let what =
             || format!("devarena_torch_free({addr:#x}, {size}, cuda:{device}, stream {stream})");
         let freed = || POOLS.free(addr, size, device, live);
@@ -507,6 +564,7 @@ pub extern "C" fn devarena_torch_report(device: i32) -> i64 {
 #[unsafe(no_mangle)]
 pub extern "C" fn devarena_torch_trim(device: i32, keep: u64) -> i64 {
     let result = catch_unwind(|| {
+        let _current = KeepCurrentContext::new();
         let keep = usize::try_from(keep).unwrap_or(usize::MAX);
         let what = || format!("devarena_torch_trim(cuda:{device}, {keep})");
         let told = |r: &Result<usize, String>| format!("{r:?}");
@@ -526,4 +584,46 @@ pub extern "C" fn devarena_torch_trim(device: i32, keep: u64) -> i64 {
         }
     });
     result.ok().flatten().unwrap_or(-1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The entry points leave the calling thread's current context as they found it: none,
+    /// or a context of the device's (a non-primary one here, as a second device's would be),
+    /// although the pool binds the device's primary context for its driver calls.
+    #[test]
+    fn the_entry_points_leave_the_current_context_as_they_found_it() {
+        if !devarena::backend::cuda::driver_present()
+            || devarena::backend::cuda::device_count().unwrap_or(0) == 0
+        {
+            assert!(
+                std::env::var("DEVARENA_REQUIRE_GPU").as_deref() != Ok("1"),
+                "DEVARENA_REQUIRE_GPU=1, but there is no CUDA device"
+            );
+            println!("skipped: no CUDA device");
+            return;
+        }
+        use cudarc::driver::result::ctx;
+        let current = || ctx::get_current().unwrap();
+        let other = cudarc::driver::CudaContext::new_non_primary(0, 0).unwrap();
+        for (name, set) in [("none", std::ptr::null_mut()), ("another", other.cu_ctx())] {
+            // SAFETY: null (no context) or a live context of this process.
+            unsafe { ctx::set_current(set) }.unwrap();
+            let expect = current();
+            // SAFETY: the legacy default stream; a pointer this call returned, freed once.
+            let p = unsafe { devarena_torch_alloc(4096, 0, std::ptr::null_mut()) };
+            assert!(!p.is_null());
+            assert_eq!(current(), expect, "{name}: after an allocation");
+            // SAFETY: as above.
+            unsafe { devarena_torch_free(p, 4096, 0, std::ptr::null_mut()) };
+            assert_eq!(current(), expect, "{name}: after a free");
+            assert!(devarena_torch_trim(0, 0) >= 0);
+            assert_eq!(current(), expect, "{name}: after a trim");
+        }
+        // SAFETY: no context.
+        unsafe { ctx::set_current(std::ptr::null_mut()) }.unwrap();
+        drop(other);
+    }
 }

@@ -380,6 +380,53 @@ mod gpu {
         pool.deallocate(again).unwrap();
     }
 
+    /// An error that cudarc recorded in the context object earlier (a failed call in some
+    /// drop of the user's) is the user's: the pool's events and waits neither fail for it
+    /// (which would set a block aside for good) nor clear it. The same run as above, with such
+    /// an error stored before the free, before the look at its event, and before a view's
+    /// copy, and still there at the end.
+    #[test]
+    fn an_error_cudarc_recorded_in_the_context_neither_fails_the_pool_nor_is_cleared() {
+        let Some((_device, home)) = gpu() else { return };
+        use cudarc::driver::DriverError;
+        use cudarc::driver::sys::CUresult;
+        let other = home.context().new_stream().unwrap();
+        let capacity = 4 << 20;
+        let pool = Pool::builder(capacity)
+            .thread_heaps(0)
+            .build_cuda(home.clone())
+            .unwrap();
+        pool.register_stream(&other).unwrap();
+        let stored = || {
+            home.context()
+                .record_err::<()>(Err(DriverError(CUresult::CUDA_ERROR_INVALID_VALUE)));
+        };
+        let addr = pool.allocate(capacity, 0).unwrap();
+        stored();
+        pool.deallocate_on(addr, stream_id(&other)).unwrap();
+        assert_eq!(pool.stats().pending, capacity);
+        // (The driver's wait: cudarc's own would hand out, and clear, the stored error.)
+        devarena::backend::cuda::synchronize_stream(&other).unwrap();
+        stored();
+        assert_eq!(pool.reclaim().unwrap(), capacity);
+        let stats = pool.stats();
+        assert_eq!(
+            (stats.pending, stats.quarantined, stats.failures),
+            (0, 0, 0)
+        );
+        let mut s = pool.alloc_slice::<u32>(16).unwrap();
+        stored();
+        s.device_view_mut(&home).unwrap().upload(&[9; 16]).unwrap();
+        assert_eq!(s.device_view(&home).unwrap().to_vec().unwrap(), [9; 16]);
+        drop(s);
+        // Still the user's to see (once: cudarc hands it out and clears it).
+        assert_eq!(
+            home.context().check_err(),
+            Err(DriverError(CUresult::CUDA_ERROR_INVALID_VALUE))
+        );
+        assert_eq!(home.context().check_err(), Ok(()));
+    }
+
     #[test]
     fn a_home_stream_free_is_reused_at_once_and_other_streams_wait_for_it() {
         let Some((_device, home)) = gpu() else { return };

@@ -8,7 +8,7 @@ use super::{Arena, Disjoint, Stage};
 use crate::backend::DirectViews;
 use crate::backend::cuda::{
     CudaBase, CudaMut, CudaStream, ManagedBackend, PinnedBackend, StreamOrdered, order_streams,
-    synchronize,
+    synchronize_stream,
 };
 use crate::error::Error;
 use crate::layout::{DeviceLayout, HostMut, HostRef};
@@ -221,7 +221,7 @@ impl Drop for JoinOnExit<'_> {
 /// holds anyway; the first error comes back either way.
 fn join(arena_stream: &CudaStream, stream: &CudaStream) -> Result<(), Error> {
     order_streams(arena_stream, stream).inspect_err(|_| {
-        if let Err(error) = synchronize(stream) {
+        if let Err(error) = synchronize_stream(stream) {
             log::error!(
                 target: "devarena::arena",
                 "waiting on the host for the views' stream failed too: {error}"

@@ -93,7 +93,7 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> Arena<L, B>
         // SAFETY: `self` is borrowed exclusively and the base only read for its stream; no view
         // is made from it.
         let base = unsafe { self.backend.base_mut(&self.allocation) };
-        if base.stream().cu_stream() != stream.cu_stream() {
+        if !crate::backend::cuda::event::same_stream(base.stream(), &stream) {
             return Err(Error::invalid(alloc::format!(
                 "arena of `{}`: its backend's views are not ordered on the backend's stream, \
                  so a capture on that stream would not record them",
@@ -465,7 +465,7 @@ impl<L: DeviceLayout, B: DirectViews<Mut = CudaMut> + StreamOrdered> ArenaGraph<
 
     /// Waits for every replay queued so far (and everything else queued on the arena's stream).
     pub fn synchronize(&self) -> Result<(), Error> {
-        crate::backend::cuda::synchronize(self.stream())
+        crate::backend::cuda::synchronize_stream(self.stream())
     }
 
     /// The number of nodes the capture recorded (kernels, copies, memsets, ...).

@@ -180,7 +180,7 @@ impl PoolGraph {
 
     /// Waits for every replay queued so far (and everything else queued on the stream).
     pub fn synchronize(&self) -> Result<(), Error> {
-        crate::backend::cuda::synchronize(self.stream())
+        crate::backend::cuda::synchronize_stream(self.stream())
     }
 
     /// The number of nodes the capture recorded.

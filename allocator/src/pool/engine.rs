@@ -1049,12 +1049,13 @@ impl Drop for Shared {
 
 impl Shared {
     /// At the drop of a pool of memory a device reaches (device, managed, pinned): waits for
-    /// every stream other than the home stream whose queued work may still use the pool's
-    /// blocks: streams that blocks are parked behind (freed there, given back by a heap of
-    /// it, held by a graph released there), and the streams of thread heaps, whose frees take
-    /// no event. The region then goes back to the driver, which for a classic region waits for
-    /// the home stream only (a growable one waits for the whole device). (Host memory: nothing
-    /// queued on a stream reaches it.)
+    /// every stream whose queued work may still use the pool's blocks: the home stream,
+    /// streams that blocks are parked behind (freed there, given back by a heap of it, held
+    /// by a graph released there), and the streams of thread heaps, whose frees take no event.
+    /// The region then goes back to the driver. (The region's own teardown waits too, for the
+    /// home stream of its backend or the whole device of its virtual memory; the wait here,
+    /// through the stream runtime, holds also where the runtime and the region were built on
+    /// different contexts.) (Host memory: nothing queued on a stream reaches it.)
     ///
     /// A stream that names another stream on each thread (the per-thread default stream) is
     /// not synchronized (that would wait for this thread's): the events its blocks are parked
@@ -1076,7 +1077,7 @@ impl Shared {
                 .filter(|(_, queue)| !queue.is_empty())
                 .map(|(stream, _)| *stream)
                 .chain(state.heaps.iter().map(|entry| entry.heap.stream))
-                .filter(|&stream| stream != self.home)
+                .chain([self.home])
                 .collect()
         };
         waiting.sort_unstable();

@@ -7,7 +7,7 @@ use alloc::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
-use super::driver::{bind, drv};
+use super::driver::bind;
 use super::view::CudaBase;
 use crate::backend::{Allocation, BackendStats, Counters};
 use crate::error::Error;
@@ -111,9 +111,7 @@ impl CudaCore {
         }
         bind(&self.stream)?;
         if wait_for_stream {
-            self.stream
-                .synchronize()
-                .map_err(drv("cuStreamSynchronize"))?;
+            super::driver::synchronize_stream(&self.stream)?;
         }
         raw_free(allocation.raw_addr)?;
         // Counted once it is freed: a free that failed leaves the memory with the driver, and
@@ -133,9 +131,6 @@ impl CudaCore {
 impl CudaCore {
     /// Waits for everything queued on the stream.
     pub(super) fn synchronize(&self) -> Result<(), Error> {
-        bind(&self.stream)?;
-        self.stream
-            .synchronize()
-            .map_err(drv("cuStreamSynchronize"))
+        super::driver::synchronize_stream(&self.stream)
     }
 }

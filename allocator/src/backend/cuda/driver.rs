@@ -98,16 +98,31 @@ pub fn default_stream(ordinal: usize) -> Result<Arc<CudaStream>, Error> {
 
 /// Binds the stream's context to the calling thread (every driver call needs it current).
 pub(crate) fn bind(stream: &CudaStream) -> Result<(), Error> {
-    stream
-        .context()
-        .bind_to_thread()
-        .map_err(drv("cuCtxSetCurrent"))
+    bind_context(stream.context())
 }
 
-/// Waits for everything queued on `stream` (`cuStreamSynchronize`).
-pub(crate) fn synchronize(stream: &CudaStream) -> Result<(), Error> {
+/// Makes `ctx` the calling thread's current context (`cuCtxSetCurrent`, where it is not
+/// already). Not cudarc's `bind_to_thread`, which first returns (and clears) an error that
+/// cudarc recorded in the context object earlier, from some drop of the user's: that error
+/// would be reported as this call's failure, and lost to its owner.
+pub(crate) fn bind_context(ctx: &CudaContext) -> Result<(), Error> {
+    let ours = ctx.cu_ctx();
+    if result::ctx::get_current().map_err(drv("cuCtxGetCurrent"))? != Some(ours) {
+        // SAFETY: `ctx` holds the context alive for the call.
+        unsafe { result::ctx::set_current(ours) }.map_err(drv("cuCtxSetCurrent"))?;
+    }
+    Ok(())
+}
+
+/// Waits for everything queued on `stream` (`cuStreamSynchronize`), with the driver's call
+/// itself: cudarc's `CudaStream::synchronize` first returns an error that cudarc recorded in
+/// the context object earlier (some drop of the caller's), before it waits, and a caller that
+/// waits so that an asynchronous copy into host memory it lends ends first would then hand
+/// that memory back with the copy still running.
+pub fn synchronize_stream(stream: &CudaStream) -> Result<(), Error> {
     bind(stream)?;
-    stream.synchronize().map_err(drv("cuStreamSynchronize"))
+    // SAFETY: a live stream of the bound context.
+    unsafe { result::stream::synchronize(stream.cu_stream()) }.map_err(drv("cuStreamSynchronize"))
 }
 
 /// Free and total bytes of the stream's device (`cuMemGetInfo`).

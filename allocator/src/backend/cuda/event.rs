@@ -8,34 +8,53 @@
 //! thread or in global mode on another, neither refuses them nor is invalidated by them.
 
 use alloc::sync::Arc;
-use core::mem::ManuallyDrop;
 
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result, sys};
+use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
 
-use super::driver::drv;
+use super::driver::{bind_context, drv};
 use super::graph::{relaxed_capture, trace_call};
 use crate::error::Error;
 
 /// An event recorded on a stream (`cuEventRecord` of a fresh event created with
 /// `CU_EVENT_DISABLE_TIMING`); destroyed (`cuEventDestroy`) on drop.
+///
+/// Held as the driver's handle, with its context, rather than as cudarc's `CudaEvent`: every
+/// cudarc call binds the context with `bind_to_thread`, which first returns (and clears) an
+/// error that cudarc recorded in the context object earlier (a failed call in some drop of the
+/// user's), so the pool's next look at its event would fail for that, and set its block aside,
+/// and the user's error would be gone. Nothing here goes through those calls.
 #[derive(Debug)]
 pub struct RecordedEvent {
-    // Destroyed by hand (in relaxed capture mode) in `drop`.
-    event: ManuallyDrop<CudaEvent>,
+    event: sys::CUevent,
+    /// Kept alive while the event lives.
+    ctx: Arc<CudaContext>,
 }
+
+// SAFETY: a driver event handle may be used and destroyed from any thread (the driver API is
+// thread-safe); the context it belongs to is held alive by the `Arc`.
+unsafe impl Send for RecordedEvent {}
+// SAFETY: as above; `&self` methods only query the event and make streams wait for it,
+// which the driver allows from several threads at once.
+unsafe impl Sync for RecordedEvent {}
 
 impl Drop for RecordedEvent {
     fn drop(&mut self) {
-        // SAFETY: taken once, here, and never used again.
-        let event = unsafe { ManuallyDrop::take(&mut self.event) };
-        trace_call(
-            "cuEventDestroy",
-            format_args!("event {:p}", event.cu_event()),
-        );
+        trace_call("cuEventDestroy", format_args!("event {:p}", self.event));
         // `cuEventDestroy` may come in the middle of someone's capture (the pool reclaims a
         // block, and drops its event, while PyTorch captures): relaxed mode, as for the other
         // calls here, so that the capture neither refuses it nor is invalidated by it.
-        relaxed_capture(move || drop(event));
+        relaxed_capture(|| {
+            let destroyed = bind_context(&self.ctx).and_then(|()| {
+                // SAFETY: the event was created in this context, is destroyed once, here,
+                // and never used again.
+                unsafe { result::event::destroy(self.event) }.map_err(drv("cuEventDestroy"))
+            });
+            // (The pool drops its events as callbacks of its lock, which catch a logger that
+            // panics or calls back into the pool.)
+            if let Err(e) = destroyed {
+                log::warn!(target: "devarena::driver", "an event was not destroyed: {e}");
+            }
+        });
     }
 }
 
@@ -48,17 +67,19 @@ impl RecordedEvent {
     pub unsafe fn record(ctx: &Arc<CudaContext>, stream: u64) -> Result<Self, Error> {
         trace_call("cuEventRecord", format_args!("stream {stream:#x}"));
         relaxed_capture(|| {
-            // `new_event` binds the context.
-            let event = ctx
-                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            bind_context(ctx)?;
+            let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
                 .map_err(drv("cuEventCreate"))?;
+            // Owned from here: destroyed on every path out.
+            let event = RecordedEvent {
+                event,
+                ctx: ctx.clone(),
+            };
             // SAFETY: the event is alive (owned here); the caller vouches for the stream
             // handle, a stream of this context, which is bound.
-            unsafe { result::event::record(event.cu_event(), stream as usize as sys::CUstream) }
+            unsafe { result::event::record(event.event, stream as usize as sys::CUstream) }
                 .map_err(drv("cuEventRecord"))?;
-            Ok(RecordedEvent {
-                event: ManuallyDrop::new(event),
-            })
+            Ok(event)
         })
     }
 
@@ -66,16 +87,15 @@ impl RecordedEvent {
     /// (`cuEventQuery`: `CUDA_SUCCESS` → `true`, `CUDA_ERROR_NOT_READY` → `false`, anything
     /// else → `Err`). Never blocks.
     pub fn is_complete(&self) -> Result<bool, Error> {
-        trace_call(
-            "cuEventQuery",
-            format_args!("event {:p}", self.event.cu_event()),
-        );
+        trace_call("cuEventQuery", format_args!("event {:p}", self.event));
         relaxed_capture(|| {
-            self.event
-                .context()
-                .bind_to_thread()
-                .map_err(drv("cuCtxSetCurrent"))?;
-            self.event.try_is_complete().map_err(drv("cuEventQuery"))
+            bind_context(&self.ctx)?;
+            // SAFETY: a live event of the bound context.
+            match unsafe { result::event::query(self.event) } {
+                Ok(()) => Ok(true),
+                Err(DriverError(sys::CUresult::CUDA_ERROR_NOT_READY)) => Ok(false),
+                Err(e) => Err(drv("cuEventQuery")(e)),
+            }
         })
     }
 
@@ -88,16 +108,13 @@ impl RecordedEvent {
     pub unsafe fn make_wait(&self, waiter: u64) -> Result<(), Error> {
         trace_call("cuStreamWaitEvent", format_args!("stream {waiter:#x}"));
         relaxed_capture(|| {
-            self.event
-                .context()
-                .bind_to_thread()
-                .map_err(drv("cuCtxSetCurrent"))?;
+            bind_context(&self.ctx)?;
             // SAFETY: the caller vouches for the handle; the event is alive. Destroying the
             // event right after the wait is allowed: the wait keeps what it needs.
             unsafe {
                 result::stream::wait_event(
                     waiter as usize as sys::CUstream,
-                    self.event.cu_event(),
+                    self.event,
                     sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
                 )
             }
@@ -107,12 +124,34 @@ impl RecordedEvent {
 }
 
 /// Makes `waiter` wait for everything queued on `producer` so far (an event recorded on
-/// `producer`, waited on by `waiter`); nothing when they are the same stream.
+/// `producer`, waited on by `waiter`); nothing when they are the same stream: the same handle
+/// in the same context (the default streams' handles name a stream of every context).
 pub fn order_streams(waiter: &CudaStream, producer: &CudaStream) -> Result<(), Error> {
-    if waiter.cu_stream() == producer.cu_stream() {
+    if same_stream(waiter, producer) {
         return Ok(());
     }
-    waiter.join(producer).map_err(drv("cuStreamWaitEvent"))
+    // SAFETY: `producer` is a live stream of its own context.
+    let event = unsafe { RecordedEvent::record(producer.context(), producer.cu_stream() as u64) }?;
+    trace_call(
+        "cuStreamWaitEvent",
+        format_args!("stream {:p}", waiter.cu_stream()),
+    );
+    bind_context(waiter.context())?;
+    // SAFETY: `waiter` is a live stream of the bound context; the event is alive (waiting on
+    // an event of another context is allowed); destroying it right after is too.
+    unsafe {
+        result::stream::wait_event(
+            waiter.cu_stream(),
+            event.event,
+            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+        )
+    }
+    .map_err(drv("cuStreamWaitEvent"))
+}
+
+/// Whether `a` and `b` are one stream: the same handle in the same context.
+pub(crate) fn same_stream(a: &CudaStream, b: &CudaStream) -> bool {
+    a.cu_stream() == b.cu_stream() && a.context().cu_ctx() == b.context().cu_ctx()
 }
 
 /// A backend whose device views are ordered on one stream.
@@ -139,7 +178,7 @@ pub unsafe trait StreamOrdered {
 pub unsafe fn synchronize_raw(ctx: &Arc<CudaContext>, stream: u64) -> Result<(), Error> {
     trace_call("cuStreamSynchronize", format_args!("stream {stream:#x}"));
     relaxed_capture(|| {
-        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        bind_context(ctx)?;
         // SAFETY: the caller vouches for the handle, a stream of this context, which is bound.
         unsafe { result::stream::synchronize(stream as usize as sys::CUstream) }
             .map_err(drv("cuStreamSynchronize"))
@@ -154,7 +193,7 @@ pub unsafe fn synchronize_raw(ctx: &Arc<CudaContext>, stream: u64) -> Result<(),
 pub fn synchronize_context(ctx: &Arc<CudaContext>) -> Result<(), Error> {
     trace_call("cuCtxSynchronize", format_args!("device {}", ctx.ordinal()));
     relaxed_capture(|| {
-        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        ctx.synchronize().map_err(drv("cuCtxSynchronize"))
+        bind_context(ctx)?;
+        result::ctx::synchronize().map_err(drv("cuCtxSynchronize"))
     })
 }

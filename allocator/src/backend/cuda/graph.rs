@@ -58,7 +58,7 @@ pub fn is_capturing(stream: &CudaStream) -> Result<bool, Error> {
 /// `stream` must be a live stream of `ctx` (or one of the special handles `0`, `1`, `2`).
 pub(crate) unsafe fn is_capturing_raw(ctx: &Arc<CudaContext>, stream: u64) -> Result<bool, Error> {
     trace_call("cuStreamIsCapturing", format_args!("stream {stream:#x}"));
-    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    super::driver::bind_context(ctx)?;
     // SAFETY: the caller vouches for the handle, a stream of this context, which is bound.
     let status = unsafe { result::stream::is_capturing(stream as usize as sys::CUstream) }
         .map_err(drv("cuStreamIsCapturing"))?;
@@ -108,7 +108,7 @@ pub unsafe fn capture_status_raw(
     ctx: &Arc<CudaContext>,
     stream: u64,
 ) -> Result<CaptureStatus, Error> {
-    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    super::driver::bind_context(ctx)?;
     let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     let mut id: sys::cuuint64_t = 0;
     // SAFETY: the caller vouches for the handle, a stream of this context, which is bound;

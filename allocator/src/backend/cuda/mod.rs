@@ -72,10 +72,9 @@ mod view;
 mod vmm;
 
 pub use device::{CudaBackend, DeviceAlloc};
-pub(crate) use driver::synchronize;
 pub use driver::{
     PointerInfo, PointerMemory, cuda_stream, default_stream, describe_device, device_count,
-    driver_error, driver_present, mem_info, pointer_info,
+    driver_error, driver_present, mem_info, pointer_info, synchronize_stream,
 };
 pub use event::{StreamOrdered, order_streams};
 pub use graph::{CaptureStatus, capture_status_raw, is_capturing};

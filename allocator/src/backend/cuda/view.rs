@@ -147,9 +147,9 @@ macro_rules! common_view_methods {
             // elements of device memory; the copy completes before `synchronize` returns.
             unsafe { result::memcpy_dtoh_async(dst, self.ptr, self.stream.cu_stream()) }
                 .map_err(drv("cuMemcpyDtoHAsync"))?;
-            self.stream
-                .synchronize()
-                .map_err(drv("cuStreamSynchronize"))
+            // The driver's own wait: cudarc's would first return an error recorded earlier in
+            // the context object, before waiting, with the copy into `dst` still running.
+            super::driver::synchronize_stream(self.stream)
         }
 
         /// Copies the view into a new `Vec`.
@@ -233,9 +233,8 @@ impl<'a, T> DeviceViewMut<'a, T> {
         // exclusively borrowed elements; `synchronize` keeps `src` borrowed until the copy ends.
         unsafe { result::memcpy_htod_async(self.ptr, src, self.stream.cu_stream()) }
             .map_err(drv("cuMemcpyHtoDAsync"))?;
-        self.stream
-            .synchronize()
-            .map_err(drv("cuStreamSynchronize"))
+        // (The driver's own wait, as in `download`.)
+        super::driver::synchronize_stream(self.stream)
     }
 
     /// Sets every byte of the view to `byte`, queued on the view's stream
@@ -273,7 +272,7 @@ impl<T> DeviceSlice<T> for DeviceViewMut<'_, T> {
 
 /// Orders `stream` after the view's own stream when they differ (see the module docs).
 fn order_after<'s>(own: &Arc<CudaStream>, stream: &'s CudaStream) -> SyncOnDrop<'s> {
-    if own.cu_stream() == stream.cu_stream() {
+    if super::event::same_stream(own, stream) {
         return SyncOnDrop::Sync(None);
     }
     stream.context().record_err(stream.join(own));
