@@ -43,7 +43,9 @@ use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, sys,
 };
 use cudarc::nvrtc::Ptx;
-use devarena::backend::cuda::{CudaBackend, ManagedBackend, describe_device, driver_error};
+use devarena::backend::cuda::{
+    CudaBackend, ManagedBackend, describe_device, driver_error, synchronize_stream,
+};
 use devarena::{Arena, Backend, DeviceLayout, Disjoint, Error, LiveRange};
 
 mod report;
@@ -239,10 +241,9 @@ impl Verifier {
     /// Waits for every kernel the verifier queued, whatever `result` is, so that no kernel of
     /// a call still runs when it returns; the first error wins.
     fn settle<T>(&self, result: Result<T, Error>) -> Result<T, Error> {
-        let synced = self
-            .stream
-            .synchronize()
-            .map_err(drv("cuStreamSynchronize"));
+        // (The driver's own wait: cudarc's first hands out an error recorded earlier in the
+        // context object, without waiting.)
+        let synced = synchronize_stream(&self.stream);
         let value = result?;
         synced.map(|()| value)
     }
@@ -344,7 +345,7 @@ impl Verifier {
                     .launch(LaunchConfig::for_num_elems(n32))
             }
             .map_err(drv("cuLaunchKernel(verify_alignment)"))?;
-            self.stream.synchronize().map_err(drv("verify_alignment"))?;
+            synchronize_stream(&self.stream)?;
             let residues = self
                 .stream
                 .clone_dtoh(&residues)
@@ -485,7 +486,7 @@ impl Verifier {
                 }
                 .map_err(drv("cuLaunchKernel(tma_roundtrip)"))?;
                 let mut back = vec![0u8; box_bytes + 16.min(r.size - box_bytes)];
-                self.stream.synchronize().map_err(drv("tma_roundtrip"))?;
+                synchronize_stream(&self.stream)?;
                 // SAFETY: `back` is no longer than the region, which is live device memory.
                 unsafe {
                     cudarc::driver::result::memcpy_dtoh_async(
@@ -495,9 +496,7 @@ impl Verifier {
                     )
                 }
                 .map_err(drv("cuMemcpyDtoHAsync"))?;
-                self.stream
-                    .synchronize()
-                    .map_err(drv("cuStreamSynchronize"))?;
+                synchronize_stream(&self.stream)?;
                 let wrong = back
                     .iter()
                     .enumerate()

@@ -74,7 +74,9 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 use devarena::backend::DirectViews;
-use devarena::backend::cuda::{CudaMut, DeviceViewMut, StreamOrdered, TrustedDevicePtr};
+use devarena::backend::cuda::{
+    CudaMut, DeviceViewMut, StreamOrdered, TrustedDevicePtr, synchronize_stream,
+};
 use devarena::{Arena, ArenaGraph, Capture, Error, Stage as LayoutStage};
 
 use super::{
@@ -188,10 +190,8 @@ impl<'a> CrossStreams<'a> {
         match failed {
             None => Ok(()),
             Some(e) => {
-                let waited = self.stream.synchronize();
-                let joined = Err(driver_error("cuEventRecord/cuStreamWaitEvent", e));
-                waited.map_err(|e| driver_error("cuStreamSynchronize", e))?;
-                joined
+                synchronize_stream(self.stream)?;
+                Err(driver_error("cuEventRecord/cuStreamWaitEvent", e))
             }
         }
     }
@@ -264,9 +264,9 @@ where
         })();
         // Also when a later buffer was refused: the copies queued before it write into
         // `outputs`, which must not be handed back before they are done.
-        let waited = stream
-            .synchronize()
-            .map_err(|e| driver_error("cuStreamSynchronize", e));
+        // (The driver's own wait: cudarc's first hands out an error recorded earlier in the
+        // context object, without waiting, and the copies would run on into `outputs`.)
+        let waited = synchronize_stream(stream);
         queued.and(waited)
     })?;
     o.threshold = threshold[0];
