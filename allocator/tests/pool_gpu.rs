@@ -130,6 +130,51 @@ mod gpu {
         assert_eq!(pool.stats().live, 0);
     }
 
+    /// A pool whose stream runtime is of one context and whose memory is of another (here
+    /// two contexts of one device) is refused at its build, before any memory is taken: the
+    /// runtime would order the blocks' reuse and the region's teardown on streams that are
+    /// not the memory's.
+    #[test]
+    fn a_pool_whose_runtime_and_memory_are_of_two_contexts_is_refused() {
+        let Some((_device, stream)) = gpu() else {
+            return;
+        };
+        use devarena::backend::cuda::{CudaBackend, CudaContext, CudaVirtualMemory};
+        use devarena::pool::cuda::CudaStreams;
+        let other = CudaContext::new_non_primary(stream.context().ordinal(), 0).unwrap();
+        let theirs = other.new_stream().unwrap();
+        let runtime = CudaStreams::new(other.clone());
+        let home = runtime.register(&theirs).unwrap();
+        let runtime: std::sync::Arc<dyn devarena::pool::StreamSync> = std::sync::Arc::new(runtime);
+        let want = format!(
+            "memory belongs to another context of device {}",
+            stream.context().ordinal()
+        );
+        stream.context().bind_to_thread().unwrap();
+        let backend = CudaBackend::new(stream.clone());
+        let err = Pool::builder(1 << 20)
+            .streams(runtime.clone(), home)
+            .build_in(backend.clone())
+            .unwrap_err();
+        assert!(err.to_string().contains(&want), "{err}");
+        assert_eq!(backend.stats().allocations, 0);
+        let vm = CudaVirtualMemory::new(stream.clone()).unwrap();
+        let err = Pool::builder(4 << 20)
+            .streams(runtime, home)
+            .build_mapped(vm)
+            .unwrap_err();
+        assert!(err.to_string().contains(&want), "{err}");
+        // On one context, the same pieces build.
+        let runtime = CudaStreams::new(stream.context().clone());
+        let home = runtime.register(&stream).unwrap();
+        let pool = Pool::builder(1 << 20)
+            .streams(std::sync::Arc::new(runtime), home)
+            .build_in(CudaBackend::new(stream.clone()))
+            .unwrap();
+        let a = pool.allocate(4096, 0).unwrap();
+        pool.deallocate(a).unwrap();
+    }
+
     fn exhausted(error: &Error) -> (&'static str, usize) {
         match error {
             Error::PoolExhausted { limit, pending, .. } => (limit, *pending),

@@ -350,6 +350,8 @@ impl PoolBuilder {
     /// Reserves the region on `backend`: one allocation of the capacity, freed when the last
     /// handle to the pool (the pool, a client, a slice) goes. A classic region: asking for a
     /// [`RegionKind::Growable`] one here is an error (see [`build_mapped`](Self::build_mapped)).
+    /// With the CUDA stream runtime (`CudaStreams`), memory of one of devarena's CUDA backends
+    /// must be of the runtime's context (an error otherwise).
     pub fn build_in<B: Backend + Send + Sync + 'static>(self, backend: B) -> Result<Pool, Error> {
         if self.region == Some(RegionKind::Growable) {
             return Err(Error::invalid(format!(
@@ -361,6 +363,8 @@ impl PoolBuilder {
             )));
         }
         let capacity = self.checked_capacity()?;
+        #[cfg(feature = "cuda")]
+        super::cuda::check_contexts(&self.name, self.streams.as_ref(), &backend)?;
         let region = Region::reserve(&self.name, backend, capacity)?;
         self.finish(region)
     }
@@ -368,7 +372,9 @@ impl PoolBuilder {
     /// Reserves addresses for the capacity on `vm` and maps memory under them in chunks as
     /// allocations reach them (a [`RegionKind::Growable`] region): the pool holds the memory
     /// its live blocks touch, rounded out to chunks, and [`Pool::trim`] gives back chunks with
-    /// no live byte. The reservation is freed when the last handle to the pool goes.
+    /// no live byte. The reservation is freed when the last handle to the pool goes. With the
+    /// CUDA stream runtime (`CudaStreams`), `CudaVirtualMemory` must be of the runtime's
+    /// context (an error otherwise).
     ///
     /// ```
     /// use devarena::backend::HostVirtualMemory;
@@ -396,6 +402,8 @@ impl PoolBuilder {
             )));
         }
         let capacity = self.checked_capacity()?;
+        #[cfg(feature = "cuda")]
+        super::cuda::check_contexts(&self.name, self.streams.as_ref(), &vm)?;
         let region = Region::reserve_mapped(&self.name, vm, capacity, self.chunk)?;
         self.finish(region)
     }

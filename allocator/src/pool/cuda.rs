@@ -341,6 +341,46 @@ impl Pool {
     }
 }
 
+/// At a pool's build: where its stream runtime is [`CudaStreams`] and its memory comes from
+/// one of devarena's CUDA backends, both must be of one context. A runtime of another context
+/// (another device's, or `CudaContext::new_non_primary`'s of the same device) would order the
+/// blocks' reuse and the region's teardown on streams that are not the memory's.
+pub(super) fn check_contexts(
+    name: &str,
+    streams: Option<&Arc<dyn StreamSync>>,
+    backend: &dyn Any,
+) -> Result<(), Error> {
+    let Some(runtime) = cuda_streams(streams) else {
+        return Ok(());
+    };
+    use crate::backend::cuda::{ManagedBackend, PinnedBackend};
+    let memory = if let Some(b) = backend.downcast_ref::<CudaBackend>() {
+        b.stream()
+    } else if let Some(b) = backend.downcast_ref::<ManagedBackend>() {
+        b.stream()
+    } else if let Some(b) = backend.downcast_ref::<PinnedBackend>() {
+        b.stream()
+    } else if let Some(vm) = backend.downcast_ref::<CudaVirtualMemory>() {
+        vm.stream()
+    } else {
+        return Ok(());
+    };
+    let (theirs, ours) = (memory.context(), runtime.context());
+    if theirs.cu_ctx() == ours.cu_ctx() {
+        return Ok(());
+    }
+    Err(Error::invalid(format!(
+        "pool `{name}`: its memory belongs to {}, its stream runtime (`CudaStreams`) to device \
+         {}'s context: build both on one context (`Pool::cuda` does)",
+        if theirs.ordinal() == ours.ordinal() {
+            format!("another context of device {}", theirs.ordinal())
+        } else {
+            format!("device {}'s context", theirs.ordinal())
+        },
+        ours.ordinal()
+    )))
+}
+
 /// A pool's stream runtime, where it is [`CudaStreams`].
 fn cuda_streams(streams: Option<&Arc<dyn StreamSync>>) -> Option<&CudaStreams> {
     let streams: &dyn Any = streams?.as_ref();
