@@ -467,6 +467,12 @@ impl<T: Element> PoolSlice<T> {
     /// after the work queued on it), `stream` is not the slice's stream, or `stream` belongs
     /// to another context than the pool's (another device's, or another context of the same
     /// device: the default streams' handles name a stream of every context).
+    ///
+    /// Work a view queues while its stream captures a graph with cudarc's own
+    /// `CudaStream::begin_capture` is recorded into a graph that does not borrow the slice: a
+    /// replay after the slice is freed writes memory the pool has handed out again (cudarc's
+    /// own buffers have the same hole). Capture a pool's work with [`Pool::capture`] (see its
+    /// `# Safety`).
     pub fn device_view<'a>(
         &'a self,
         stream: &'a Arc<CudaStream>,
