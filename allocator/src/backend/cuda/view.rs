@@ -270,12 +270,25 @@ impl<T> DeviceSlice<T> for DeviceViewMut<'_, T> {
     }
 }
 
-/// Orders `stream` after the view's own stream when they differ (see the module docs).
+/// Orders `stream` after the view's own stream when they differ, and returns a guard that
+/// waits for `stream` when it drops, so that the work queued there with the view's address
+/// ends before the view's borrow does. (The guard is cudarc's `SyncOnDrop`, whose wait goes
+/// through cudarc: it is skipped where cudarc holds an error recorded in the context object,
+/// which cudarc then reports.)
 fn order_after<'s>(own: &Arc<CudaStream>, stream: &'s CudaStream) -> SyncOnDrop<'s> {
     if super::event::same_stream(own, stream) {
         return SyncOnDrop::Sync(None);
     }
-    stream.context().record_err(stream.join(own));
+    // With the driver's calls (`order_streams`), not cudarc's `join`: cudarc's would fail for
+    // an error recorded earlier in the context object, and a failure recorded here would make
+    // the guard's wait below fail in turn, without waiting. Where the driver refuses the
+    // event, `own` is waited for here instead: `stream`'s next work runs after its all the
+    // same.
+    // (Where the wait fails too, the context is broken: the guard's own wait then fails and
+    // cudarc records its error.)
+    if super::event::order_streams(stream, own).is_err() {
+        let _ = super::driver::synchronize_stream(own);
+    }
     SyncOnDrop::sync_stream(stream)
 }
 
