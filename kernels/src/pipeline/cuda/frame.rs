@@ -41,16 +41,7 @@ impl PipelineKernels {
         self.check_buffer(STAGE, "hist", &*b.hist, HIST_BINS, None)?;
         self.check_buffer(STAGE, "threshold", &*b.threshold, 1, None)?;
         self.check_room(STAGE, "mask", &*b.mask, px, size)?;
-        let streams = [
-            b.rgb.stream(),
-            b.gray.stream(),
-            b.scratch.stream(),
-            b.blurred.stream(),
-            b.magnitude.stream(),
-            b.hist.stream(),
-            b.threshold.stream(),
-            b.mask.stream(),
-        ];
+        let streams = frame_streams(&b).map(|(_, theirs)| theirs);
         let joined = CrossStreams::join(stream, &streams)?;
         joined.around(|| Self::run_frame_joined(self, stream, size, b, events))
     }

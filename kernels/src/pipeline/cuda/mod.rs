@@ -197,6 +197,27 @@ impl<'a> CrossStreams<'a> {
     }
 }
 
+/// Every buffer's stream of a frame, with the buffer's name, `rgb` first.
+fn frame_streams<'s, B8, BF, BU>(
+    b: &'s FrameBuffers<'_, B8, BF, BU>,
+) -> [(&'static str, &'s Arc<CudaStream>); 8]
+where
+    B8: DeviceSlice<u8>,
+    BF: DeviceSlice<f32>,
+    BU: DeviceSlice<u32>,
+{
+    [
+        ("rgb", b.rgb.stream()),
+        ("gray", b.gray.stream()),
+        ("scratch", b.scratch.stream()),
+        ("blurred", b.blurred.stream()),
+        ("magnitude", b.magnitude.stream()),
+        ("hist", b.hist.stream()),
+        ("threshold", b.threshold.stream()),
+        ("mask", b.mask.stream()),
+    ]
+}
+
 /// Downloads every stage output of a frame of `outputs.size` from a frame's device buffers
 /// (cudarc slices, arena views, each holding at least that frame: the first `pixels` elements
 /// are copied) into `outputs`, and waits for the copies.
@@ -219,15 +240,9 @@ where
             "outputs: the download was asked to run on {PER_THREAD_WHY}"
         )));
     }
-    for (name, theirs) in [
-        ("gray", b.gray.stream()),
-        ("scratch", b.scratch.stream()),
-        ("blurred", b.blurred.stream()),
-        ("magnitude", b.magnitude.stream()),
-        ("hist", b.hist.stream()),
-        ("threshold", b.threshold.stream()),
-        ("mask", b.mask.stream()),
-    ] {
+    // (Every buffer but `rgb`, which the download leaves alone.)
+    let named = frame_streams(b);
+    for &(name, theirs) in &named[1..] {
         if is_per_thread(theirs) {
             return Err(invalid(format!(
                 "outputs: `{name}` is ordered on {PER_THREAD_WHY}"
@@ -241,16 +256,8 @@ where
             )));
         }
     }
-    let streams = [
-        b.gray.stream(),
-        b.scratch.stream(),
-        b.blurred.stream(),
-        b.magnitude.stream(),
-        b.hist.stream(),
-        b.threshold.stream(),
-        b.mask.stream(),
-    ];
-    let joined = CrossStreams::join(stream, &streams)?;
+    let streams = named.map(|(_, theirs)| theirs);
+    let joined = CrossStreams::join(stream, &streams[1..])?;
     let mut threshold = [0u32];
     joined.around(|| {
         let queued = (|| {
