@@ -43,47 +43,32 @@ impl PipelineKernels {
         self.check_room(STAGE, "mask", &*b.mask, px, size)?;
         let streams = frame_streams(&b).map(|(_, theirs)| theirs);
         let joined = CrossStreams::join(stream, &streams)?;
-        joined.around(|| Self::run_frame_joined(self, stream, size, b, events))
-    }
-
-    /// [`run_frame`](Self::run_frame) once its buffers are checked and its stream joined with
-    /// theirs.
-    fn run_frame_joined<B8, BF, BU>(
-        &self,
-        stream: &CudaStream,
-        size: ImageSize,
-        b: FrameBuffers<'_, B8, BF, BU>,
-        events: Option<&StageEvents>,
-    ) -> Result<(), Error>
-    where
-        B8: TrustedDevicePtr<u8> + DevicePtrMut<u8>,
-        BF: TrustedDevicePtr<f32> + DevicePtrMut<f32>,
-        BU: TrustedDevicePtr<u32> + DevicePtrMut<u32>,
-    {
-        let (rgb, _g0) = b.rgb.device_ptr(stream);
-        let (gray, _g1) = b.gray.device_ptr_mut(stream);
-        let (scratch, _g2) = b.scratch.device_ptr_mut(stream);
-        let (blurred, _g3) = b.blurred.device_ptr_mut(stream);
-        let (magnitude, _g4) = b.magnitude.device_ptr_mut(stream);
-        let (hist, _g5) = b.hist.device_ptr_mut(stream);
-        let (threshold, _g6) = b.threshold.device_ptr_mut(stream);
-        let (mask, _g7) = b.mask.device_ptr_mut(stream);
-        let raw = RawFrame {
-            rgb,
-            gray,
-            scratch,
-            blurred,
-            magnitude,
-            hist,
-            threshold,
-            mask,
-        };
-        // SAFETY: every buffer was checked by `run_frame` to hold at least its part of a `size`
-        // frame (the kernels touch no more) and to live in the kernels' context; `run_frame`
-        // orders the launches after their streams' work and their streams' later work after
-        // the launches, and the `&mut` borrows keep the host side from touching them
-        // meanwhile.
-        unsafe { self.run_frame_raw(stream, size, &raw, events) }
+        joined.around(|| {
+            let (rgb, _g0) = b.rgb.device_ptr(stream);
+            let (gray, _g1) = b.gray.device_ptr_mut(stream);
+            let (scratch, _g2) = b.scratch.device_ptr_mut(stream);
+            let (blurred, _g3) = b.blurred.device_ptr_mut(stream);
+            let (magnitude, _g4) = b.magnitude.device_ptr_mut(stream);
+            let (hist, _g5) = b.hist.device_ptr_mut(stream);
+            let (threshold, _g6) = b.threshold.device_ptr_mut(stream);
+            let (mask, _g7) = b.mask.device_ptr_mut(stream);
+            let raw = RawFrame {
+                rgb,
+                gray,
+                scratch,
+                blurred,
+                magnitude,
+                hist,
+                threshold,
+                mask,
+            };
+            // SAFETY: every buffer was checked above to hold at least its part of a `size`
+            // frame (the kernels touch no more) and to live in the kernels' context; `joined`
+            // orders the launches after their streams' work and their streams' later work
+            // after the launches, and the `&mut` borrows keep the host side from touching
+            // them meanwhile.
+            unsafe { self.run_frame_raw(stream, size, &raw, events) }
+        })
     }
 
     /// Captures one frame of `size` on a [`Frame`] arena into a graph of the arena: the
