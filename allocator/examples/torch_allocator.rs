@@ -507,7 +507,10 @@ pub unsafe extern "C" fn devarena_torch_stats(device: i32, out: *mut DevarenaTor
     if out.is_null() {
         return STATS_INVALID_ARGUMENT;
     }
-    match catch_unwind(|| POOLS.stats(device)) {
+    match catch_unwind(|| {
+        let _current = KeepCurrentContext::new();
+        POOLS.stats(device)
+    }) {
         Ok(Ok(stats)) => {
             // SAFETY: `out` is non-null and, by the caller's contract, writable for one value.
             unsafe { out.write(stats) };
@@ -533,7 +536,10 @@ pub unsafe extern "C" fn devarena_torch_capture_stats(
     if out.is_null() {
         return STATS_INVALID_ARGUMENT;
     }
-    match catch_unwind(|| POOLS.capture_stats(device)) {
+    match catch_unwind(|| {
+        let _current = KeepCurrentContext::new();
+        POOLS.capture_stats(device)
+    }) {
         Ok(Ok(stats)) => {
             // SAFETY: `out` is non-null and, by the caller's contract, writable for one value.
             unsafe { out.write(stats) };
@@ -550,6 +556,7 @@ pub unsafe extern "C" fn devarena_torch_capture_stats(
 #[unsafe(no_mangle)]
 pub extern "C" fn devarena_torch_report(device: i32) -> i64 {
     let result = catch_unwind(AssertUnwindSafe(|| {
+        let _current = KeepCurrentContext::new();
         let (text, live) = POOLS.report(device)?;
         report_stderr(&text);
         Some(live)

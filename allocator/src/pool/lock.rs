@@ -416,7 +416,13 @@ mod tests {
         slot = Lock::new(1);
         assert_eq!(&slot as *const Lock<u32>, at, "the same place");
         assert_ne!(slot.id(), old);
-        let taken = old.callback(|| slot.lock().map(|g| *g));
+        let taken = old.callback(|| {
+            assert!(
+                !slot.in_callback(),
+                "the new lock thinks it is in the old one's callback"
+            );
+            slot.lock().map(|g| *g)
+        });
         assert_eq!(taken, Ok(1));
         // Its own callbacks still fail a second take.
         let guard = slot.lock().unwrap();

@@ -3,9 +3,12 @@
 //! `0`, the per-thread default stream `2`. The pool's stream runtime (`pool::cuda`) is built on
 //! these.
 //!
-//! Every call here runs in relaxed capture mode (`cuThreadExchangeStreamCaptureMode`): none of them touches a
-//! capturing stream (the pool refuses those first), so a capture open elsewhere, on this
-//! thread or in global mode on another, neither refuses them nor is invalidated by them.
+//! Every call on raw handles here runs in relaxed capture mode
+//! (`cuThreadExchangeStreamCaptureMode`): none of them touches a capturing stream (the pool
+//! refuses those first), so a capture open elsewhere, on this thread or in global mode on
+//! another, neither refuses them nor is invalidated by them. ([`order_streams`], which orders
+//! an arena's streams, may make a capturing stream wait: its wait is a call of the capture's
+//! own, made as usual.)
 
 use alloc::sync::Arc;
 

@@ -373,8 +373,11 @@ unsafe impl<T> TrustedDevicePtr<T> for DeviceView<'_, T> {}
 // SAFETY: as above; a mutable view borrows its elements exclusively.
 unsafe impl<T> TrustedDevicePtr<T> for DeviceViewMut<'_, T> {}
 // SAFETY: cudarc's own buffers: a `CudaSlice` owns its `len` elements, allocated on its
-// stream and freed there (or after a synchronize of it), and its views borrow them from one.
-// (Its event tracking is not relied on: see the trait's contract.)
+// stream and freed there (`cuMemFreeAsync`), and its views borrow them from one. (Its event
+// tracking is not relied on: see the trait's contract. On a device without stream-ordered
+// allocation cudarc frees with `cuMemFree` after a synchronize of the stream through cudarc,
+// which an error cudarc recorded earlier in the context object skips: the order then rests
+// on `cuMemFree`'s own wait for the device.)
 unsafe impl<T> TrustedDevicePtr<T> for cudarc::driver::CudaSlice<T> {}
 // SAFETY: as above.
 unsafe impl<T> TrustedDevicePtr<T> for cudarc::driver::CudaView<'_, T> {}

@@ -75,7 +75,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use devarena::backend::DirectViews;
 use devarena::backend::cuda::{
-    CudaMut, DeviceViewMut, StreamOrdered, TrustedDevicePtr, synchronize_stream,
+    CudaMut, DeviceViewMut, StreamOrdered, TrustedDevicePtr, order_streams, synchronize_stream,
 };
 use devarena::{Arena, ArenaGraph, Capture, Error, Stage as LayoutStage};
 
@@ -158,9 +158,9 @@ impl<'a> CrossStreams<'a> {
                     joined.others.len()
                 )));
             };
-            stream
-                .join(theirs)
-                .map_err(|e| driver_error("cuEventRecord/cuStreamWaitEvent", e))?;
+            // (The driver's calls, not cudarc's `join`, which first hands out an error cudarc
+            // recorded in the buffer's context object earlier, and fails for it.)
+            order_streams(stream, theirs)?;
             // Once `stream` waits for it: the launch may follow, so the way back is owed.
             *slot = Some(theirs.clone());
             count += 1;
@@ -169,8 +169,8 @@ impl<'a> CrossStreams<'a> {
     }
 
     /// Runs `launch`, then [`rejoin`](Self::rejoin)s: the launch's error first, else the
-    /// rejoin's.
-    fn around(self, launch: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
+    /// rejoin's. (Where `launch` panics, the rejoin runs as `self` drops.)
+    fn around(mut self, launch: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
         let launched = launch();
         let rejoined = self.rejoin();
         launched.and(rejoined)
@@ -180,10 +180,10 @@ impl<'a> CrossStreams<'a> {
     /// each buffer's other stream wait for it. Where the driver refuses that, waits for
     /// `stream` here instead, so that nothing queued on the buffers' streams later (their
     /// free) can overtake the launch, and returns the error.
-    fn rejoin(self) -> Result<(), Error> {
+    fn rejoin(&mut self) -> Result<(), Error> {
         let mut failed = None;
-        for theirs in self.others.into_iter().flatten() {
-            if let Err(e) = theirs.join(self.stream) {
+        for theirs in self.others.iter_mut().filter_map(Option::take) {
+            if let Err(e) = order_streams(&theirs, self.stream) {
                 failed.get_or_insert(e);
             }
         }
@@ -191,9 +191,17 @@ impl<'a> CrossStreams<'a> {
             None => Ok(()),
             Some(e) => {
                 synchronize_stream(self.stream)?;
-                Err(driver_error("cuEventRecord/cuStreamWaitEvent", e))
+                Err(e)
             }
         }
+    }
+}
+
+impl Drop for CrossStreams<'_> {
+    fn drop(&mut self) {
+        // Only where `around` did not rejoin (its launch panicked): the streams are owed
+        // their way back all the same.
+        let _ = self.rejoin();
     }
 }
 
