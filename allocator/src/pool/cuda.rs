@@ -4,6 +4,7 @@
 
 use alloc::boxed::Box;
 use alloc::format;
+use alloc::string::String;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::any::Any;
@@ -83,11 +84,7 @@ impl CudaStreams {
             return Err(Error::invalid(format!(
                 "stream {} belongs to {}, not to the pool's context (device {})",
                 stream_id(stream),
-                if theirs.ordinal() == ours.ordinal() {
-                    format!("another context of device {}", theirs.ordinal())
-                } else {
-                    format!("device {}'s context", theirs.ordinal())
-                },
+                other_context(theirs, ours),
                 ours.ordinal()
             )));
         }
@@ -372,13 +369,19 @@ pub(super) fn check_contexts(
     Err(Error::invalid(format!(
         "pool `{name}`: its memory belongs to {}, its stream runtime (`CudaStreams`) to device \
          {}'s context: build both on one context (`Pool::cuda` does)",
-        if theirs.ordinal() == ours.ordinal() {
-            format!("another context of device {}", theirs.ordinal())
-        } else {
-            format!("device {}'s context", theirs.ordinal())
-        },
+        other_context(theirs, ours),
         ours.ordinal()
     )))
+}
+
+/// Names `theirs`, a context that is not `ours`: another device's, or another context of the
+/// same device (`CudaContext::new_non_primary`).
+fn other_context(theirs: &CudaContext, ours: &CudaContext) -> String {
+    if theirs.ordinal() == ours.ordinal() {
+        format!("another context of device {}", theirs.ordinal())
+    } else {
+        format!("device {}'s context", theirs.ordinal())
+    }
 }
 
 /// A pool's stream runtime, where it is [`CudaStreams`].
@@ -427,11 +430,7 @@ impl<T: Element> PoolSlice<T> {
                 "pool slice at {:#x}: the stream belongs to {}, not to pool `{}`'s context \
                  (device {})",
                 self.addr(),
-                if theirs.ordinal() == ours.ordinal() {
-                    format!("another context of device {}", theirs.ordinal())
-                } else {
-                    format!("device {}'s context", theirs.ordinal())
-                },
+                other_context(theirs, ours),
                 client.shared().name,
                 ours.ordinal()
             )));

@@ -17,8 +17,10 @@ use crate::plan::align_up_u64;
 /// stream on each thread.
 pub(crate) const PER_THREAD_STREAM: u64 = 2;
 
-/// Whether `stream` is CUDA's per-thread default stream ([`PER_THREAD_STREAM`]).
-pub(crate) fn is_per_thread(stream: &CudaStream) -> bool {
+/// Whether `stream` is CUDA's per-thread default stream (`CU_STREAM_PER_THREAD`, the handle
+/// `2` that cudarc's `CudaContext::per_thread_stream` gives), which names another stream on
+/// each thread.
+pub fn is_per_thread(stream: &CudaStream) -> bool {
     stream.cu_stream() as u64 == PER_THREAD_STREAM
 }
 

@@ -106,12 +106,29 @@ pub(crate) fn bind(stream: &CudaStream) -> Result<(), Error> {
 /// cudarc recorded in the context object earlier, from some drop of the user's: that error
 /// would be reported as this call's failure, and lost to its owner.
 pub(crate) fn bind_context(ctx: &CudaContext) -> Result<(), Error> {
+    make_current(ctx).map_err(drv("cuCtxSetCurrent"))
+}
+
+/// [`bind_context`] with the driver's error, for callers that only log it.
+pub(crate) fn make_current(ctx: &CudaContext) -> Result<(), DriverError> {
     let ours = ctx.cu_ctx();
-    if result::ctx::get_current().map_err(drv("cuCtxGetCurrent"))? != Some(ours) {
+    if result::ctx::get_current()? != Some(ours) {
         // SAFETY: `ctx` holds the context alive for the call.
-        unsafe { result::ctx::set_current(ours) }.map_err(drv("cuCtxSetCurrent"))?;
+        unsafe { result::ctx::set_current(ours) }?;
     }
     Ok(())
+}
+
+/// One attribute of `ctx`'s device (`cuDeviceGetAttribute`), read without cudarc's
+/// `CudaContext::attribute`, which would first report an error cudarc recorded in the
+/// context object earlier as this call's (see [`bind_context`]).
+pub(crate) fn device_attribute(
+    ctx: &CudaContext,
+    attribute: sys::CUdevice_attribute,
+) -> Result<i32, Error> {
+    // SAFETY: the device handle of a live context; reads one attribute.
+    unsafe { result::device::get_attribute(ctx.cu_device(), attribute) }
+        .map_err(drv("cuDeviceGetAttribute"))
 }
 
 /// Waits for everything queued on `stream` (`cuStreamSynchronize`), with the driver's call

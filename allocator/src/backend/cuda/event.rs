@@ -109,20 +109,32 @@ impl RecordedEvent {
     ///
     /// `waiter` must be a live stream of the event's context (or a special handle).
     pub unsafe fn make_wait(&self, waiter: u64) -> Result<(), Error> {
-        trace_call("cuStreamWaitEvent", format_args!("stream {waiter:#x}"));
         relaxed_capture(|| {
-            bind_context(&self.ctx)?;
-            // SAFETY: the caller vouches for the handle; the event is alive. Destroying the
-            // event right after the wait is allowed: the wait keeps what it needs.
-            unsafe {
-                result::stream::wait_event(
-                    waiter as usize as sys::CUstream,
-                    self.event,
-                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-                )
-            }
-            .map_err(drv("cuStreamWaitEvent"))
+            // SAFETY: the caller vouches for the handle, a stream of the event's context.
+            unsafe { self.wait_in(&self.ctx, waiter) }
         })
+    }
+
+    /// `cuStreamWaitEvent` of the stream whose raw handle is `waiter`, in `ctx` (bound first:
+    /// the default streams' handles name a stream of every context).
+    ///
+    /// # Safety
+    ///
+    /// `waiter` must be a live stream of `ctx` (or a special handle).
+    unsafe fn wait_in(&self, ctx: &CudaContext, waiter: u64) -> Result<(), Error> {
+        trace_call("cuStreamWaitEvent", format_args!("stream {waiter:#x}"));
+        bind_context(ctx)?;
+        // SAFETY: the caller vouches for the handle, a stream of the bound context; the event
+        // is alive (waiting on an event of another context is allowed). Destroying the event
+        // right after the wait is allowed: the wait keeps what it needs.
+        unsafe {
+            result::stream::wait_event(
+                waiter as usize as sys::CUstream,
+                self.event,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(drv("cuStreamWaitEvent"))
     }
 }
 
@@ -135,21 +147,8 @@ pub fn order_streams(waiter: &CudaStream, producer: &CudaStream) -> Result<(), E
     }
     // SAFETY: `producer` is a live stream of its own context.
     let event = unsafe { RecordedEvent::record(producer.context(), producer.cu_stream() as u64) }?;
-    trace_call(
-        "cuStreamWaitEvent",
-        format_args!("stream {:p}", waiter.cu_stream()),
-    );
-    bind_context(waiter.context())?;
-    // SAFETY: `waiter` is a live stream of the bound context; the event is alive (waiting on
-    // an event of another context is allowed); destroying it right after is too.
-    unsafe {
-        result::stream::wait_event(
-            waiter.cu_stream(),
-            event.event,
-            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-        )
-    }
-    .map_err(drv("cuStreamWaitEvent"))
+    // SAFETY: `waiter` is a live stream of its own context.
+    unsafe { event.wait_in(waiter.context(), waiter.cu_stream() as u64) }
 }
 
 /// Whether `a` and `b` are one stream: the same handle in the same context.

@@ -176,12 +176,7 @@ pub(crate) fn trace_call(call: &str, what: core::fmt::Arguments<'_>) {
 /// Makes the stream's context current without cudarc's `bind_to_thread`, which would first
 /// return (and clear) an error some drop recorded in the context.
 fn make_current(stream: &CudaStream) -> Result<(), DriverError> {
-    let ctx = stream.context().cu_ctx();
-    if result::ctx::get_current()? != Some(ctx) {
-        // SAFETY: `ctx` is the context the stream holds alive.
-        unsafe { result::ctx::set_current(ctx) }?;
-    }
-    Ok(())
+    super::driver::make_current(stream.context())
 }
 
 /// The CUDA error name of a driver error, for messages.

@@ -6,7 +6,7 @@ use alloc::sync::Arc;
 use cudarc::driver::{CudaStream, result, sys};
 
 use super::core::CudaCore;
-use super::driver::{alloc_error, bind, drv};
+use super::driver::{alloc_error, bind, device_attribute, drv};
 use super::view::{CudaBase, CudaMut, CudaRef};
 use crate::backend::{Allocation, Backend, BackendStats, DirectViews, MemoryKind};
 use crate::error::Error;
@@ -90,12 +90,10 @@ impl ManagedBackend {
         allocation: &Allocation,
     ) -> Result<HostBase<'a>, Error> {
         let ctx = self.core.stream.context();
-        let attribute = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS;
-        // SAFETY: a device handle of a live context; reads one attribute. (Not
-        // `CudaContext::attribute`, which would first report, as this call's failure, an error
-        // that cudarc recorded earlier in the context.)
-        let concurrent = unsafe { result::device::get_attribute(ctx.cu_device(), attribute) }
-            .map_err(drv("cuDeviceGetAttribute"))?;
+        let concurrent = device_attribute(
+            ctx,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
+        )?;
         if concurrent == 0 {
             return Err(Error::invalid(format!(
                 "host views of `cuda-managed` memory: device {} has no concurrent managed \

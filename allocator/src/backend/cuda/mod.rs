@@ -61,7 +61,8 @@ pub use cudarc::driver::{
 pub use cudarc::nvrtc::Ptx;
 
 mod core;
-pub(crate) use self::core::{PER_THREAD_STREAM, is_per_thread};
+pub(crate) use self::core::PER_THREAD_STREAM;
+pub use self::core::is_per_thread;
 mod device;
 mod driver;
 pub mod event;

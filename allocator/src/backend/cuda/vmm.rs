@@ -14,7 +14,7 @@
 use alloc::format;
 use alloc::sync::Arc;
 
-use cudarc::driver::{CudaStream, result, sys};
+use cudarc::driver::{CudaStream, sys};
 
 use super::driver::{alloc_error, bind, drv};
 use super::graph::{relaxed_capture, trace_call};
@@ -97,13 +97,10 @@ impl CudaVirtualMemory {
     /// (`CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`).
     pub fn supported(stream: &CudaStream) -> Result<bool, Error> {
         bind(stream)?;
-        let attribute =
-            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED;
-        // SAFETY: the device of a live context; reads one attribute. (Not
-        // `CudaContext::attribute`: see `bind_context`.)
-        let supported =
-            unsafe { result::device::get_attribute(stream.context().cu_device(), attribute) }
-                .map_err(drv("cuDeviceGetAttribute"))?;
+        let supported = super::driver::device_attribute(
+            stream.context(),
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+        )?;
         Ok(supported != 0)
     }
 

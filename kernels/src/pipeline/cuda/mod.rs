@@ -75,7 +75,8 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use devarena::backend::DirectViews;
 use devarena::backend::cuda::{
-    CudaMut, DeviceViewMut, StreamOrdered, TrustedDevicePtr, order_streams, synchronize_stream,
+    CudaMut, DeviceViewMut, StreamOrdered, TrustedDevicePtr, is_per_thread, order_streams,
+    synchronize_stream,
 };
 use devarena::{Arena, ArenaGraph, Capture, Error, Stage as LayoutStage};
 
@@ -97,19 +98,10 @@ const HIST_MAX_BLOCKS: u32 = 1024;
 /// name and text (devarena's own conversion).
 pub use devarena::backend::cuda::driver_error;
 
-/// The handle of CUDA's per-thread default stream (`CU_STREAM_PER_THREAD`, cudarc's
-/// `CudaContext::per_thread_stream`).
-const PER_THREAD_STREAM: usize = 2;
-
 /// Why the per-thread default stream is refused, after "… on ".
 const PER_THREAD_WHY: &str = "CUDA's per-thread default stream, which names another stream on \
     each thread: a buffer allocated or freed on it on one thread is not ordered with a launch \
     on another; use a stream of your own (`cuda_stream`, `CudaContext::new_stream`)";
-
-/// Whether `stream` is CUDA's per-thread default stream.
-fn is_per_thread(stream: &CudaStream) -> bool {
-    stream.cu_stream() as usize == PER_THREAD_STREAM
-}
 
 /// Names `theirs`, a context that is not `ours`: another device's, or another context of the
 /// same device (`CudaContext::new_non_primary`).
@@ -119,6 +111,30 @@ fn which_context(theirs: &CudaContext, ours: &CudaContext) -> String {
     } else {
         format!("device {}'s context", theirs.ordinal())
     }
+}
+
+/// Checks a buffer's stream (`theirs`): not the per-thread default stream, and of `ctx`, the
+/// context where `where_` ("the kernels run", "the stream") is.
+fn check_buffer_stream(
+    stage: &str,
+    name: &str,
+    theirs: &CudaStream,
+    ctx: &Arc<CudaContext>,
+    where_: &str,
+) -> Result<(), Error> {
+    if is_per_thread(theirs) {
+        return Err(invalid(format!(
+            "{stage}: `{name}` is ordered on {PER_THREAD_WHY}"
+        )));
+    }
+    if theirs.context() != ctx {
+        return Err(invalid(format!(
+            "{stage}: `{name}` lives in {}, {where_} in device {}'s",
+            which_context(theirs.context(), ctx),
+            ctx.ordinal()
+        )));
+    }
+    Ok(())
 }
 
 /// Orders a launch on one stream with the streams of the buffers it takes, where those are
@@ -251,18 +267,7 @@ where
     // (Every buffer but `rgb`, which the download leaves alone.)
     let named = frame_streams(b);
     for &(name, theirs) in &named[1..] {
-        if is_per_thread(theirs) {
-            return Err(invalid(format!(
-                "outputs: `{name}` is ordered on {PER_THREAD_WHY}"
-            )));
-        }
-        if theirs.context() != stream.context() {
-            return Err(invalid(format!(
-                "outputs: `{name}` lives in {}, the stream in device {}'s",
-                which_context(theirs.context(), stream.context()),
-                stream.context().ordinal()
-            )));
-        }
+        check_buffer_stream("outputs", name, theirs, stream.context(), "the stream")?;
     }
     let streams = named.map(|(_, theirs)| theirs);
     let joined = CrossStreams::join(stream, &streams[1..])?;
@@ -478,19 +483,7 @@ impl PipelineKernels {
         name: &str,
         buffer: &impl DeviceSlice<T>,
     ) -> Result<(), Error> {
-        if is_per_thread(buffer.stream()) {
-            return Err(invalid(format!(
-                "{stage}: `{name}` is ordered on {PER_THREAD_WHY}"
-            )));
-        }
-        if buffer.stream().context() != &self.ctx {
-            return Err(invalid(format!(
-                "{stage}: `{name}` lives in {}, the kernels run in device {}'s",
-                which_context(buffer.stream().context(), &self.ctx),
-                self.ctx.ordinal()
-            )));
-        }
-        Ok(())
+        check_buffer_stream(stage, name, buffer.stream(), &self.ctx, "the kernels run")
     }
 
     fn check_size(stage: &str, size: ImageSize) -> Result<(), Error> {
