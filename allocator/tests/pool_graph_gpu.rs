@@ -26,6 +26,7 @@ mod gpu {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    use devarena::backend::cuda::event::RecordedEvent;
     use devarena::backend::cuda::{
         CaptureStatus, CudaFunction, CudaStream, DeviceView, DeviceViewMut, LaunchConfig, Ptx,
         PushKernelArg, capture_status_raw, default_stream, driver_error, is_capturing,
@@ -652,6 +653,85 @@ mod gpu {
         );
         assert_eq!(pool.stats().live, 2, "`outside` is still allocated");
         pool.deallocate_on(outside, sid).unwrap();
+    }
+
+    /// What the stream runtime's "not capturing, then record (or wait)" meets when another
+    /// thread begins a capture on the stream in between. An event recorded into the capture
+    /// never passes for the stream's earlier work being done: every query fails
+    /// (`CUDA_ERROR_CAPTURED_EVENT`), during the capture and after it, and the pool sets the
+    /// block aside; a wait for it after the capture fails too. A stream outside the capture
+    /// made to wait for it while the capture is open is not ordered: the wait fails or pulls
+    /// the stream into the capture (the runtime's `order_after` asks whether the producer
+    /// captures after its record, and fails, before it waits). A capturing stream made to wait for an event recorded outside the capture is
+    /// refused (`CUDA_ERROR_STREAM_CAPTURE_ISOLATION`).
+    #[test]
+    fn events_that_cross_a_capture_boundary_never_order_streams_unseen() {
+        let Some((_device, home)) = gpu() else {
+            return;
+        };
+        let s = home.context().new_stream().unwrap();
+        let w = home.context().new_stream().unwrap();
+        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .unwrap();
+        // SAFETY: `s` is a live stream of `home`'s context.
+        let event = unsafe { RecordedEvent::record(home.context(), s.cu_stream() as u64) };
+        let during = event
+            .as_ref()
+            .map(|e| e.is_complete())
+            .map_err(Error::clone);
+        // A stream outside the capture made to wait for it.
+        // SAFETY: `w` is a live stream of the event's context.
+        let waited = event
+            .as_ref()
+            .map(|e| unsafe { e.make_wait(w.cu_stream() as u64) })
+            .map_err(Error::clone);
+        let w_capturing = is_capturing(&w);
+        let graph = s.end_capture(CUgraphInstantiate_flags(0));
+        let event = event.expect("the driver records an event into a capture");
+        let after = event.is_complete();
+        // The capture over, a stream made to wait for its event.
+        // SAFETY: `home` is a live stream of the event's context.
+        let waited_after = unsafe { event.make_wait(home.cu_stream() as u64) }.map(|()| true);
+        println!(
+            "event recorded in a capture: during {during:?}, after {after:?}; another stream \
+             waits for it: {waited:?}, capturing then: {w_capturing:?}; capture ended: {:?}; \
+             capturing now: {:?}; a wait after the capture: {waited_after:?}",
+            graph.as_ref().map(|g| g.is_some()),
+            is_capturing(&w)
+        );
+        for query in [during.unwrap(), after, waited_after] {
+            assert!(
+                matches!(&query, Err(Error::Driver { name, .. }) if name == "CUDA_ERROR_CAPTURED_EVENT"),
+                "{query:?}"
+            );
+        }
+        assert!(
+            waited.unwrap().is_err() || w_capturing.unwrap(),
+            "a wait for a captured event neither failed nor joined the capture"
+        );
+        drop(graph);
+        drop(event);
+        assert!(!is_capturing(&s).unwrap());
+        // A capturing stream made to wait for an event recorded outside the capture.
+        // SAFETY: `home` is a live stream of its context.
+        let outside =
+            unsafe { RecordedEvent::record(home.context(), home.cu_stream() as u64) }.unwrap();
+        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .unwrap();
+        // SAFETY: `s` is a live stream of the event's context.
+        let wait = unsafe { outside.make_wait(s.cu_stream() as u64) };
+        let ended = s.end_capture(CUgraphInstantiate_flags(0));
+        println!(
+            "wait in a capture for an event outside it: {wait:?}; capture ended: {:?}",
+            ended.as_ref().map(|g| g.is_some())
+        );
+        assert!(
+            matches!(&wait, Err(Error::Driver { name, .. }) if name.starts_with("CUDA_ERROR_STREAM_CAPTURE")),
+            "{wait:?}"
+        );
+        drop(ended);
+        assert!(!is_capturing(&s).unwrap());
+        s.synchronize().unwrap();
     }
 
     #[test]

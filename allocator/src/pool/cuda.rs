@@ -150,6 +150,17 @@ impl CudaStreams {
     /// An error when `stream` is capturing: `what` (an event recorded on it, a wait, a
     /// synchronize) would be recorded into the graph or refused by the driver, which would
     /// invalidate the capture. Asking first leaves the capture intact.
+    ///
+    /// The question and the call after it are two driver calls: another thread may begin a
+    /// capture on the stream in between. What then reaches the capture is refused by the
+    /// driver or can never pass for the stream's work being done, so no block is handed out
+    /// early: an event recorded into the capture fails every query and every wait for it
+    /// (`CUDA_ERROR_CAPTURED_EVENT`; the pool sets a freed block behind it aside), except a
+    /// wait while the capture is still open, which [`order_after`](StreamSync::order_after)
+    /// rules out by asking again after its record; a wait in a capture for an event recorded
+    /// outside it fails (`CUDA_ERROR_STREAM_CAPTURE_ISOLATION`), as a synchronize does; the
+    /// allocation or free that made the call gets the error
+    /// (`pool_graph_gpu::events_that_cross_a_capture_boundary_never_order_streams_unseen`).
     fn refuse_capturing(&self, stream: StreamId, what: &str) -> Result<(), Error> {
         if !self.capturing(stream)? {
             return Ok(());
@@ -189,9 +200,15 @@ impl StreamSync for CudaStreams {
     fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
         self.refuse_capturing(waiter, "make wait")?;
         self.refuse_capturing(producer, "record an event on")?;
-        // SAFETY: both handles are special handles or registered, live streams of this
-        // context.
-        unsafe { RecordedEvent::record(&self.ctx, producer.raw())?.make_wait(waiter.raw()) }
+        // SAFETY: a special handle or a registered, live stream of this context.
+        let event = unsafe { RecordedEvent::record(&self.ctx, producer.raw())? };
+        // A capture begun on `producer` since the question may hold the event: a wait for it
+        // would pull `waiter` into that capture (the driver's fork) instead of ordering it,
+        // so ask again (one that began and ended in between leaves an event the wait
+        // refuses, see `refuse_capturing`).
+        self.refuse_capturing(producer, "record an event on")?;
+        // SAFETY: as above, for `waiter`.
+        unsafe { event.make_wait(waiter.raw()) }
     }
 
     fn is_capturing(&self, stream: StreamId) -> Result<bool, Error> {
