@@ -154,13 +154,13 @@ impl CudaStreams {
     /// The question and the call after it are two driver calls: another thread may begin a
     /// capture on the stream in between. What then reaches the capture is refused by the
     /// driver or can never pass for the stream's work being done, so no block is handed out
-    /// early: an event recorded into the capture fails every query and every wait for it
-    /// (`CUDA_ERROR_CAPTURED_EVENT`; the pool sets a freed block behind it aside), except a
-    /// wait while the capture is still open, which [`order_after`](StreamSync::order_after)
-    /// rules out by asking again after its record; a wait in a capture for an event recorded
-    /// outside it fails (`CUDA_ERROR_STREAM_CAPTURE_ISOLATION`), as a synchronize does; the
-    /// allocation or free that made the call gets the error
-    /// (`pool_graph_gpu::events_that_cross_a_capture_boundary_never_order_streams_unseen`).
+    /// early: an event recorded into the capture fails every query (the pool sets a freed
+    /// block behind it aside) and, once the capture is over, every wait for it; a wait for it
+    /// while the capture is open, which would pull the waiter into the capture,
+    /// [`order_after`](StreamSync::order_after) rules out by asking again after its record; a
+    /// wait in a capture for an event recorded outside it fails, as a synchronize does; the
+    /// allocation or free that made the call gets the error (what the driver does:
+    /// `pool_graph_gpu::deliberate_api_error_events_that_cross_a_capture_boundary_never_order_streams_unseen`).
     fn refuse_capturing(&self, stream: StreamId, what: &str) -> Result<(), Error> {
         if !self.capturing(stream)? {
             return Ok(());
