@@ -661,9 +661,10 @@ mod gpu {
     ///   done: a query fails (`CUDA_ERROR_CAPTURED_EVENT` during the capture, which it
     ///   invalidates; `CUDA_ERROR_INVALID_VALUE` after it), and the pool sets the block aside;
     /// - a stream outside the capture made to wait for it while the capture is open is not
-    ///   ordered by that wait: the driver fails it or pulls the stream into the capture (the
+    ///   ordered by that wait: the driver pulls the stream into the capture (its fork; the
+    ///   test also takes a refused wait, as another driver may do), which is why the
     ///   runtime's `order_after` asks whether the producer captures after its record, before
-    ///   it waits); after the capture the wait fails;
+    ///   it waits; after the capture the wait fails;
     /// - a capturing stream made to wait for an event recorded outside the capture is refused
     ///   (`CUDA_ERROR_STREAM_CAPTURE_ISOLATION`).
     #[test]
