@@ -674,7 +674,7 @@ mod gpu {
         };
         let s = home.context().new_stream().unwrap();
         let w = home.context().new_stream().unwrap();
-        let driver_error = |r: &Result<bool, Error>| match r {
+        let error_name = |r: &Result<bool, Error>| match r {
             Err(Error::Driver { name, .. }) => Some(name.clone()),
             _ => None,
         };
@@ -712,11 +712,11 @@ mod gpu {
             "a wait for an event in an open capture neither failed nor joined the capture"
         );
         assert_eq!(
-            driver_error(&during.unwrap()).as_deref(),
+            error_name(&during.unwrap()).as_deref(),
             Some("CUDA_ERROR_CAPTURED_EVENT")
         );
-        assert!(driver_error(&after).is_some(), "{after:?}");
-        assert!(driver_error(&waited_after).is_some(), "{waited_after:?}");
+        assert!(error_name(&after).is_some(), "{after:?}");
+        assert!(error_name(&waited_after).is_some(), "{waited_after:?}");
         drop(graph);
         drop(event);
         assert!(!is_capturing(&s).unwrap());
@@ -735,7 +735,7 @@ mod gpu {
             ended.as_ref().map(|g| g.is_some())
         );
         assert!(
-            driver_error(&wait).is_some_and(|name| name.starts_with("CUDA_ERROR_STREAM_CAPTURE")),
+            error_name(&wait).is_some_and(|name| name.starts_with("CUDA_ERROR_STREAM_CAPTURE")),
             "{wait:?}"
         );
         drop(ended);
