@@ -743,6 +743,85 @@ mod gpu {
         s.synchronize().unwrap();
     }
 
+    /// Frees on a stream that another thread keeps beginning and ending captures on: each
+    /// free either parks its block behind an event recorded outside the captures or is
+    /// refused and leaves the block live, where a capture that began between the runtime's
+    /// "is it capturing?" and its record would have held the event (the first query of it,
+    /// while the capture was open, invalidated the capture and set the block aside). Every
+    /// capture ends valid and no block is set aside. (Each capture is held open for 20 µs,
+    /// far longer than a record and a question, so none begins and ends in between.)
+    #[test]
+    fn frees_racing_another_threads_captures_on_their_stream_never_break_a_capture() {
+        let Some((_device, home)) = gpu() else {
+            return;
+        };
+        const CAPTURES: usize = 3_000;
+        let hold = std::time::Duration::from_micros(20);
+        let pool = Pool::cuda(home.clone(), 64 << 20).unwrap();
+        let s = home.context().new_stream().unwrap();
+        let sid = pool.register_stream(&s).unwrap();
+        let spin = move || {
+            let start = std::time::Instant::now();
+            while start.elapsed() < hold {
+                std::hint::spin_loop();
+            }
+        };
+        let capturing = AtomicBool::new(true);
+        let (ended, (freed, refused)) = std::thread::scope(|scope| {
+            let captures = scope.spawn(|| {
+                let mut ended = Vec::with_capacity(CAPTURES);
+                for _ in 0..CAPTURES {
+                    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+                        .unwrap();
+                    spin();
+                    ended.push(s.end_capture(CUgraphInstantiate_flags(0)).map(drop));
+                    spin();
+                }
+                capturing.store(false, Ordering::SeqCst);
+                ended
+            });
+            let (mut freed, mut refused) = (0usize, 0usize);
+            while capturing.load(Ordering::SeqCst) {
+                let addr = pool.allocate(4096, 256).unwrap();
+                match pool.deallocate_on(addr, sid) {
+                    Ok(()) => freed += 1,
+                    Err(e) => {
+                        assert!(e.to_string().contains("is capturing a CUDA graph"), "{e}");
+                        refused += 1;
+                        // Still live: freed on the home stream instead.
+                        pool.deallocate(addr).unwrap();
+                    }
+                }
+                // Queries the events of the blocks parked so far.
+                pool.reclaim().unwrap();
+            }
+            (captures.join().unwrap(), (freed, refused))
+        });
+        let broken: Vec<String> = ended
+            .iter()
+            .filter_map(|e| e.as_ref().err().map(|e| format!("{e:?}")))
+            .collect();
+        s.synchronize().unwrap();
+        pool.reclaim().unwrap();
+        let stats = pool.stats();
+        println!(
+            "{CAPTURES} captures, {} broken; frees on the stream: {freed} parked, {refused} \
+             refused; quarantined {} bytes",
+            broken.len(),
+            stats.quarantined
+        );
+        assert!(
+            broken.is_empty(),
+            "captures that did not end valid: {broken:?}"
+        );
+        assert!(freed > 0 && refused > 0, "{freed} {refused}");
+        assert_eq!(
+            (stats.live, stats.pending, stats.quarantined),
+            (0, 0, 0),
+            "{stats:?}"
+        );
+    }
+
     #[test]
     fn deliberate_api_error_a_failed_capture_gives_its_blocks_back() {
         let Some((_device, home)) = gpu() else {

@@ -155,11 +155,16 @@ impl CudaStreams {
     /// capture on the stream in between. What then reaches the capture is refused by the
     /// driver or can never pass for the stream's work being done, so no block is handed out
     /// early: an event recorded into the capture fails every query (the pool sets a freed
-    /// block behind it aside) and, once the capture is over, every wait for it; a wait for it
-    /// while the capture is open, which would pull the waiter into the capture,
-    /// [`order_after`](StreamSync::order_after) rules out by asking again after its record; a
-    /// wait in a capture for an event recorded outside it fails, as a synchronize does; the
-    /// allocation or free that made the call gets the error (what the driver does:
+    /// block behind it aside; a query while the capture is open also invalidates the
+    /// capture) and, once the capture is over, every wait for it. So
+    /// [`record`](StreamSync::record) and [`order_after`](StreamSync::order_after) ask again
+    /// after they record, and refuse where the stream captures now: no query of such an
+    /// event, no wait for it while the capture is open (which would pull the waiter into the
+    /// capture). What is left is a capture that began and ended between the record and the
+    /// second question: its event fails every query and wait, and a block freed behind it is
+    /// set aside. A wait in a capture for an event recorded outside it fails, as a
+    /// synchronize does; the allocation or free that made the call gets the error (what the
+    /// driver does:
     /// `pool_graph_gpu::deliberate_api_error_events_that_cross_a_capture_boundary_never_order_streams_unseen`).
     fn refuse_capturing(&self, stream: StreamId, what: &str) -> Result<(), Error> {
         if !self.capturing(stream)? {
@@ -194,6 +199,12 @@ impl StreamSync for CudaStreams {
         // SAFETY: the handle is a special handle or a registered stream of this context,
         // alive (kept here, or vouched for by `register_raw`'s caller).
         let event = unsafe { RecordedEvent::record(&self.ctx, stream.raw())? };
+        // A capture begun on `stream` since the question may hold the event: the pool would
+        // park a block behind it, and its first query, while the capture is open, would
+        // invalidate the capture (`CUDA_ERROR_CAPTURED_EVENT`) and set the block aside. Asked
+        // again, the caller gets the refusal instead (a free changes nothing) and the event
+        // goes without a query (destroying it is allowed during a capture).
+        self.refuse_capturing(stream, "record an event on")?;
         Ok(Box::new(CudaPoolEvent(event)))
     }
 
