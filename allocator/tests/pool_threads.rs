@@ -2477,6 +2477,70 @@ fn a_stream_heap_given_back_while_its_stream_captures_waits_for_the_capture_to_e
     });
 }
 
+/// A stream runtime in which a capture begins on a stream between the pool's "is it
+/// capturing?" and its record, once [`armed`](Self::arm): the record is refused, as
+/// `CudaStreams::record` refuses when it asks again after recording.
+#[derive(Debug, Default)]
+struct CaptureAtRecord {
+    inner: ManualStreams,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl CaptureAtRecord {
+    fn arm(&self) {
+        self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl StreamSync for CaptureAtRecord {
+    fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
+        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            self.inner.begin_capture(stream);
+        }
+        self.inner.record(stream)
+    }
+    fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
+        self.inner.order_after(waiter, producer)
+    }
+    fn is_capturing(&self, stream: StreamId) -> Result<bool, Error> {
+        self.inner.is_capturing(stream)
+    }
+    fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
+        self.inner.synchronize(stream)
+    }
+}
+
+#[test]
+fn a_capture_begun_as_a_given_back_heaps_event_is_recorded_leaves_its_blocks_parked() {
+    const S: StreamId = StreamId(7);
+    let capacity = 16 << 20;
+    let streams = Arc::new(CaptureAtRecord::default());
+    let pool = stream_pool("capture-at-record", capacity, streams.clone());
+    with_free_stream_heap(&pool, S, || {
+        streams.inner.begin_capture(S);
+        // The heap's blocks are parked behind an event to record once the capture is over.
+        assert!(pool.allocate(capacity, 0).is_err());
+        assert_eq!(pool.stats().pending, 1 << 20);
+        streams.inner.end_capture(S);
+        // The first look after it: not capturing, so it records, but a capture begins in
+        // between and the record is refused. The blocks wait on, not set aside.
+        streams.arm();
+        assert_eq!(pool.reclaim().unwrap(), 0);
+        assert!(streams.inner.refused().contains(&("record", S)));
+        let stats = pool.stats();
+        assert_eq!((stats.pending, stats.quarantined), (1 << 20, 0));
+        // Recorded at the first look after that capture: done once the stream is.
+        streams.inner.end_capture(S);
+        assert_eq!(pool.reclaim().unwrap(), 0);
+        assert_eq!(streams.inner.pending(S), 1);
+        streams.inner.complete(S);
+        assert_eq!(pool.reclaim().unwrap(), 1 << 20);
+        let all = pool.allocate(capacity, 0).unwrap();
+        pool.deallocate(all).unwrap();
+    });
+    assert_eq!(pool.stats().quarantined, 0);
+}
+
 /// A stream runtime that remembers, on one clock, when streams were made to wait for others
 /// and when they were drained: what a model needs to check that a block freed on one stream
 /// is handed out for another only once that stream is done with it, or ordered before it.

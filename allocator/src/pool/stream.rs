@@ -302,7 +302,13 @@ impl StreamEvent for SharedEvent {
                 if state.streams.is_capturing(state.stream)? {
                     return Ok(false);
                 }
-                let event = state.streams.record(state.stream)?;
+                let event = match state.streams.record(state.stream) {
+                    Ok(event) => event,
+                    // A capture begun since the question (the runtime refuses to record into
+                    // it, see `CudaStreams::record`): not done, the next look records.
+                    Err(_) if state.streams.is_capturing(state.stream)? => return Ok(false),
+                    Err(error) => return Err(error),
+                };
                 state.event.insert(HeldEvent::boxed(event, state.lock))
             }
         };
