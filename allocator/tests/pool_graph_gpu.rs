@@ -743,13 +743,16 @@ mod gpu {
         s.synchronize().unwrap();
     }
 
-    /// Frees on a stream that another thread keeps beginning and ending captures on: each
-    /// free either parks its block behind an event recorded outside the captures or is
-    /// refused and leaves the block live, where a capture that began between the runtime's
-    /// "is it capturing?" and its record would have held the event (the first query of it,
-    /// while the capture was open, invalidated the capture and set the block aside). Every
-    /// capture ends valid and no block is set aside. (Each capture is held open for 20 µs,
-    /// far longer than a record and a question, so none begins and ends in between.)
+    /// Frees and the runtime's synchronizes on a stream that another thread keeps beginning
+    /// and ending captures on: each free either parks its block behind an event recorded
+    /// outside the captures or is refused and leaves the block live, where a capture that
+    /// began between the runtime's "is it capturing?" and its record would have held the
+    /// event (the first query of it, while the capture was open, invalidated the capture and
+    /// set the block aside); each synchronize waits or is refused, where a
+    /// `cuStreamSynchronize` in a capture begun since the question would have broken the
+    /// capture. Every capture ends valid and no block is set aside. (Each capture is held
+    /// open for 20 µs, far longer than a record and a question, so none begins and ends in
+    /// between.)
     #[test]
     fn frees_racing_another_threads_captures_on_their_stream_never_break_a_capture() {
         let Some((_device, home)) = gpu() else {
@@ -767,6 +770,7 @@ mod gpu {
             }
         };
         let capturing = AtomicBool::new(true);
+        let (mut synced, mut sync_refused) = (0usize, 0usize);
         let (ended, (freed, refused)) = std::thread::scope(|scope| {
             let captures = scope.spawn(|| {
                 let mut ended = Vec::with_capacity(CAPTURES);
@@ -781,7 +785,20 @@ mod gpu {
                 ended
             });
             let (mut freed, mut refused) = (0usize, 0usize);
+            let runtime = pool.stream_runtime().unwrap();
+            let mut round = 0usize;
             while capturing.load(Ordering::SeqCst) {
+                round += 1;
+                if round % 4 == 0 {
+                    // The runtime's synchronize of the stream: done, or refused.
+                    match runtime.synchronize(sid) {
+                        Ok(()) => synced += 1,
+                        Err(e) => {
+                            assert!(e.to_string().contains("is capturing a CUDA graph"), "{e}");
+                            sync_refused += 1;
+                        }
+                    }
+                }
                 let addr = pool.allocate(4096, 256).unwrap();
                 match pool.deallocate_on(addr, sid) {
                     Ok(()) => freed += 1,
@@ -806,7 +823,8 @@ mod gpu {
         let stats = pool.stats();
         println!(
             "{CAPTURES} captures, {} broken; frees on the stream: {freed} parked, {refused} \
-             refused; quarantined {} bytes",
+             refused; synchronizes: {synced} done, {sync_refused} refused; quarantined {} \
+             bytes",
             broken.len(),
             stats.quarantined
         );
@@ -815,6 +833,7 @@ mod gpu {
             "captures that did not end valid: {broken:?}"
         );
         assert!(freed > 0 && refused > 0, "{freed} {refused}");
+        assert!(synced > 0 && sync_refused > 0, "{synced} {sync_refused}");
         assert_eq!(
             (stats.live, stats.pending, stats.quarantined),
             (0, 0, 0),

@@ -11,7 +11,7 @@ use core::any::Any;
 use std::sync::Mutex;
 
 use super::{Pool, PoolBuilder, PoolSlice, RegionKind, StreamEvent, StreamId, StreamSync};
-use crate::backend::cuda::event::{RecordedEvent, synchronize_context, synchronize_raw};
+use crate::backend::cuda::event::{RecordedEvent, synchronize_context};
 use crate::backend::cuda::{
     CaptureStatus, CudaBackend, CudaContext, CudaStream, CudaVirtualMemory, DeviceView,
     DeviceViewMut, capture_status_raw, is_capturing_raw, pointer_info,
@@ -157,14 +157,15 @@ impl CudaStreams {
     /// early: an event recorded into the capture fails every query (the pool sets a freed
     /// block behind it aside; a query while the capture is open also invalidates the
     /// capture) and, once the capture is over, every wait for it. So
-    /// [`record`](StreamSync::record) and [`order_after`](StreamSync::order_after) ask again
-    /// after they record, and refuse where the stream captures now: no query of such an
-    /// event, no wait for it while the capture is open (which would pull the waiter into the
-    /// capture). What is left is a capture that began and ended between the record and the
-    /// second question: its event fails every query and wait, and a block freed behind it is
-    /// set aside. A wait in a capture for an event recorded outside it fails, as a
-    /// synchronize does; the allocation or free that made the call gets the error (what the
-    /// driver does:
+    /// [`record`](StreamSync::record), [`order_after`](StreamSync::order_after) and
+    /// [`synchronize`](StreamSync::synchronize) (an event and a wait for it) ask again after
+    /// they record, and refuse where the stream captures now: no query of such an event, no
+    /// wait for it while the capture is open (which would pull the waiter into the capture),
+    /// no `cuStreamSynchronize` of a capturing stream. What is left is a capture that began
+    /// and ended between the record and the second question: its event fails every query
+    /// and wait, and a block freed behind it is set aside. A wait in a capture for an event
+    /// recorded outside it fails; the allocation or free that made the call gets the error
+    /// (what the driver does:
     /// `pool_graph_gpu::deliberate_api_error_events_that_cross_a_capture_boundary_never_order_streams_unseen`).
     fn refuse_capturing(&self, stream: StreamId, what: &str) -> Result<(), Error> {
         if !self.capturing(stream)? {
@@ -232,8 +233,13 @@ impl StreamSync for CudaStreams {
 
     fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
         self.refuse_capturing(stream, "synchronize")?;
+        // Not `cuStreamSynchronize`, which a capture begun on the stream since the question
+        // would not survive: an event, the question asked again, then a wait for the event,
+        // which was recorded before any capture that is open now (see `refuse_capturing`).
         // SAFETY: a special handle or a registered, live stream of this context.
-        unsafe { synchronize_raw(&self.ctx, stream.raw()) }
+        let event = unsafe { RecordedEvent::record(&self.ctx, stream.raw())? };
+        self.refuse_capturing(stream, "synchronize")?;
+        event.synchronize()
     }
 }
 

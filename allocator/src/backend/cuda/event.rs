@@ -102,6 +102,18 @@ impl RecordedEvent {
         })
     }
 
+    /// Blocks the calling thread until every piece of work queued on the stream before the
+    /// record has finished (`cuEventSynchronize`); the error of a failed piece of work, or
+    /// of an event recorded into a capture, as `Err`.
+    pub fn synchronize(&self) -> Result<(), Error> {
+        trace_call("cuEventSynchronize", format_args!("event {:p}", self.event));
+        relaxed_capture(|| {
+            bind_context(&self.ctx)?;
+            // SAFETY: a live event of the bound context.
+            unsafe { result::event::synchronize(self.event) }.map_err(drv("cuEventSynchronize"))
+        })
+    }
+
     /// Makes the stream whose raw handle is `waiter` wait for the event
     /// (`cuStreamWaitEvent`): work queued on it afterwards runs after the recorded work.
     ///
