@@ -2265,15 +2265,23 @@ fn two_reservations_on_one_stream_the_second_capture_gets_no_heap() {
     assert_eq!(served, None, "during g2's capture a heap served S");
 }
 
-/// A runtime whose `is_capturing` fails while `flaky` is set (otherwise `ManualStreams`).
+/// `ManualStreams` with faults: `is_capturing` fails while `flaky` is set; once
+/// `capture_at_record` is set, the next record begins a capture on its stream first, as a
+/// capture another thread begins between the pool's "is it capturing?" and its record (the
+/// record is refused, as `CudaStreams::record` refuses when it asks again after recording).
 #[derive(Debug, Default)]
 struct FlakyCapturing {
     inner: ManualStreams,
     flaky: std::sync::atomic::AtomicBool,
+    capture_at_record: std::sync::atomic::AtomicBool,
 }
 
 impl StreamSync for FlakyCapturing {
     fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
+        let capture = &self.capture_at_record;
+        if capture.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            self.inner.begin_capture(stream);
+        }
         self.inner.record(stream)
     }
     fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
@@ -2477,44 +2485,11 @@ fn a_stream_heap_given_back_while_its_stream_captures_waits_for_the_capture_to_e
     });
 }
 
-/// A stream runtime in which a capture begins on a stream between the pool's "is it
-/// capturing?" and its record, once [`armed`](Self::arm): the record is refused, as
-/// `CudaStreams::record` refuses when it asks again after recording.
-#[derive(Debug, Default)]
-struct CaptureAtRecord {
-    inner: ManualStreams,
-    armed: std::sync::atomic::AtomicBool,
-}
-
-impl CaptureAtRecord {
-    fn arm(&self) {
-        self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-impl StreamSync for CaptureAtRecord {
-    fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
-        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
-            self.inner.begin_capture(stream);
-        }
-        self.inner.record(stream)
-    }
-    fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
-        self.inner.order_after(waiter, producer)
-    }
-    fn is_capturing(&self, stream: StreamId) -> Result<bool, Error> {
-        self.inner.is_capturing(stream)
-    }
-    fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
-        self.inner.synchronize(stream)
-    }
-}
-
 #[test]
 fn a_capture_begun_as_a_given_back_heaps_event_is_recorded_leaves_its_blocks_parked() {
     const S: StreamId = StreamId(7);
     let capacity = 16 << 20;
-    let streams = Arc::new(CaptureAtRecord::default());
+    let streams = Arc::new(FlakyCapturing::default());
     let pool = stream_pool("capture-at-record", capacity, streams.clone());
     with_free_stream_heap(&pool, S, || {
         streams.inner.begin_capture(S);
@@ -2524,7 +2499,9 @@ fn a_capture_begun_as_a_given_back_heaps_event_is_recorded_leaves_its_blocks_par
         streams.inner.end_capture(S);
         // The first look after it: not capturing, so it records, but a capture begins in
         // between and the record is refused. The blocks wait on, not set aside.
-        streams.arm();
+        streams
+            .capture_at_record
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         assert_eq!(pool.reclaim().unwrap(), 0);
         assert!(streams.inner.refused().contains(&("record", S)));
         let stats = pool.stats();
