@@ -2268,19 +2268,31 @@ fn two_reservations_on_one_stream_the_second_capture_gets_no_heap() {
 /// `ManualStreams` with faults: `is_capturing` fails while `flaky` is set; once
 /// `capture_at_record` is set, the next record begins a capture on its stream first, as a
 /// capture another thread begins between the pool's "is it capturing?" and its record (the
-/// record is refused, as `CudaStreams::record` refuses when it asks again after recording).
+/// record is refused, as `CudaStreams::record` refuses when it asks again after recording);
+/// while `failing_records` is set, every record fails (counted in `failed_records`).
 #[derive(Debug, Default)]
 struct FlakyCapturing {
     inner: ManualStreams,
     flaky: std::sync::atomic::AtomicBool,
     capture_at_record: std::sync::atomic::AtomicBool,
+    failing_records: std::sync::atomic::AtomicBool,
+    failed_records: std::sync::atomic::AtomicUsize,
 }
 
 impl StreamSync for FlakyCapturing {
     fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
-        let capture = &self.capture_at_record;
-        if capture.swap(false, std::sync::atomic::Ordering::SeqCst) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.capture_at_record.swap(false, SeqCst) {
             self.inner.begin_capture(stream);
+        }
+        if self.failing_records.load(SeqCst) {
+            self.failed_records.fetch_add(1, SeqCst);
+            return Err(Error::Driver {
+                call: "cuEventRecord",
+                name: "CUDA_ERROR_UNKNOWN".into(),
+                text: "injected".into(),
+                code: 999,
+            });
         }
         self.inner.record(stream)
     }
@@ -2516,6 +2528,37 @@ fn a_capture_begun_as_a_given_back_heaps_event_is_recorded_leaves_its_blocks_par
         pool.deallocate(all).unwrap();
     });
     assert_eq!(pool.stats().quarantined, 0);
+}
+
+#[test]
+fn a_given_back_heaps_event_that_cannot_be_recorded_sets_its_blocks_aside_after_three_tries() {
+    use std::sync::atomic::Ordering::SeqCst;
+    const S: StreamId = StreamId(7);
+    let capacity = 16 << 20;
+    let streams = Arc::new(FlakyCapturing::default());
+    let pool = stream_pool("failing-records", capacity, streams.clone());
+    with_free_stream_heap(&pool, S, || {
+        streams.inner.begin_capture(S);
+        assert!(pool.allocate(capacity, 0).is_err());
+        assert_eq!(pool.stats().pending, 1 << 20);
+        streams.inner.end_capture(S);
+        // Every record fails, the stream not capturing: the blocks wait through two failed
+        // tries and are set aside at the third.
+        streams.failing_records.store(true, SeqCst);
+        let mut looks = 0;
+        while pool.stats().quarantined == 0 && looks < 10 {
+            assert_eq!(pool.reclaim().unwrap(), 0);
+            looks += 1;
+        }
+        assert_eq!(
+            streams.failed_records.load(SeqCst),
+            3,
+            "after {looks} looks"
+        );
+        let stats = pool.stats();
+        assert_eq!((stats.pending, stats.quarantined), (0, 1 << 20));
+        streams.failing_records.store(false, SeqCst);
+    });
 }
 
 /// A stream runtime that remembers, on one clock, when streams were made to wait for others

@@ -38,14 +38,20 @@ pub fn stream_id(stream: &CudaStream) -> StreamId {
 ///
 /// Every call binds the context to the calling thread first and never calls back into the
 /// pool; none blocks the host but [`synchronize`](StreamSync::synchronize), which waits for
-/// the stream (`cuStreamSynchronize`).
+/// the stream's work (an event recorded on it, `cuEventSynchronize`).
 ///
 /// **Captures.** A stream that is capturing a CUDA graph (`cuStreamIsCapturing`) is never
-/// handed to the driver: recording an event on it, making it wait, or synchronizing it is an
-/// error that names the stream, asked before anything is queued, so the capture stays intact
-/// and the pool as it was. The driver calls themselves run in relaxed capture mode, so a capture
+/// made to wait or synchronized, and no event recorded on it is kept: recording an event on
+/// it, making it wait, or synchronizing it is an error that names the stream, asked before
+/// anything is queued and, where an event was recorded, asked again after (another thread may
+/// have begun a capture in between: see `refuse_capturing`), so the capture stays intact and
+/// the pool as it was. The driver calls themselves run in relaxed capture mode, so a capture
 /// open on another stream (in global mode, as PyTorch's are) neither refuses them nor is
-/// invalidated by them.
+/// invalidated by them. One exception the runtime cannot help: while a *blocking* stream
+/// (not `CU_STREAM_NON_BLOCKING`) captures, the driver refuses any record on the legacy
+/// default stream (`CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`) and invalidates that capture; a pool
+/// whose streams include the legacy default stream needs non-blocking streams for captures
+/// (PyTorch's capture streams are).
 #[derive(Debug)]
 pub struct CudaStreams {
     ctx: Arc<CudaContext>,
@@ -203,8 +209,10 @@ impl StreamSync for CudaStreams {
         // A capture begun on `stream` since the question may hold the event: the pool would
         // park a block behind it, and its first query, while the capture is open, would
         // invalidate the capture (`CUDA_ERROR_CAPTURED_EVENT`) and set the block aside. Asked
-        // again, the caller gets the refusal instead (a free changes nothing) and the event
-        // goes without a query (destroying it is allowed during a capture).
+        // again, the caller gets the refusal instead (a free by address changes nothing; a
+        // slice's free parks its block behind the refusal, set aside, as for any failed
+        // record) and the event goes without a query (destroying it is allowed during a
+        // capture).
         self.refuse_capturing(stream, "record an event on")?;
         Ok(Box::new(CudaPoolEvent(event)))
     }

@@ -41,8 +41,10 @@ pub struct PoolStats {
     /// use nor free).
     pub pending: usize,
     /// Bytes freed on another stream (or given back by a thread heap of another stream) whose
-    /// event could not be queried (a driver error): set aside for good, since nothing says the
-    /// stream is done with them. Normally 0.
+    /// event could not be queried (a driver error) or recorded (a slice freed on a stream that
+    /// was capturing a graph, a stream that failed three records in a row; a graph's blocks
+    /// whose stream could neither record an event nor be waited for): set aside for good,
+    /// since nothing says the stream is done with them. Normally 0.
     pub quarantined: usize,
     /// The largest free block (blocks that wait in a reuse cache or a thread heap count as
     /// merged with the free blocks they touch, as they are before a request would fail).

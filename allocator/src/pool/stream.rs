@@ -27,8 +27,9 @@
 //! **Streams that capture a CUDA graph** take no event and no wait: the capture would record
 //! them into the graph (an event recorded there cannot be queried afterwards) or refuse them and
 //! invalidate itself. The CUDA runtime refuses to record on, wait on or synchronize a capturing
-//! stream, with an error that names it, so a free or an allocation that would need one fails
-//! and changes nothing. A stream served by a thread heap
+//! stream, with an error that names it, so an allocation or a free by address that would need
+//! one fails and changes nothing (a slice's free, which cannot leave its block live, parks the
+//! block behind the error: set aside, see [`PoolStats::quarantined`](super::PoolStats::quarantined)). A stream served by a thread heap
 //! ([`PoolBuilder::thread_heaps`](super::PoolBuilder::thread_heaps)) is like the home stream
 //! here: its heap hands out and takes back its blocks without asking the runtime anything, so
 //! plain allocations and frees on it succeed during a capture as on the home stream while the
@@ -162,7 +163,7 @@ pub trait StreamSync: Any + Send + Sync + fmt::Debug {
     }
 
     /// Blocks the calling thread until all work queued on `stream` so far has finished
-    /// (`cuStreamSynchronize`). The pool calls it, without its lock held when it can, before
+    /// (the CUDA runtime: an event recorded on it and waited for). The pool calls it, without its lock held when it can, before
     /// it unmaps memory freed on its home stream (`Pool::trim`, `Pool::synchronize`). By
     /// default: an event recorded on `stream`, polled until it completes.
     fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
@@ -248,7 +249,14 @@ struct SharedEventState {
     event: Option<Box<dyn StreamEvent>>,
     /// The pool's lock, under which the event recorded later drops ([`HeldEvent`]).
     lock: LockId,
+    /// Records that failed in a row, with the stream not capturing when asked just before.
+    failed_records: u8,
 }
+
+/// How many records of a [`SharedEvent`] in a row may fail before its error stands: a
+/// capture that begins between the question and the record refuses one of them; three in a
+/// row is a stream that cannot record.
+const RECORD_TRIES: u8 = 3;
 
 impl SharedEvent {
     pub(super) fn new(
@@ -262,6 +270,7 @@ impl SharedEvent {
             stream,
             event,
             lock,
+            failed_records: 0,
         })))
     }
 
@@ -304,10 +313,17 @@ impl StreamEvent for SharedEvent {
                 }
                 let event = match state.streams.record(state.stream) {
                     Ok(event) => event,
-                    // A capture begun since the question (the runtime refuses to record into
-                    // it, see `CudaStreams::record`): not done, the next look records.
-                    Err(_) if state.streams.is_capturing(state.stream)? => return Ok(false),
-                    Err(error) => return Err(error),
+                    // Refused, perhaps for a capture begun since the question (the CUDA
+                    // runtime asks again after its record, see `CudaStreams::record`), which
+                    // may be over by now: not done, the next look records again. An error
+                    // that stands (every try in a row failed) sets the blocks aside.
+                    Err(error) => {
+                        state.failed_records += 1;
+                        if state.failed_records < RECORD_TRIES {
+                            return Ok(false);
+                        }
+                        return Err(error);
+                    }
                 };
                 state.event.insert(HeldEvent::boxed(event, state.lock))
             }
