@@ -227,6 +227,11 @@ impl StreamSync for CudaStreams {
         // so ask again (one that began and ended in between leaves an event the wait
         // refuses, see `refuse_capturing`).
         self.refuse_capturing(producer, "record an event on")?;
+        // And the waiter, asked last, just before its wait: a capture begun on it since the
+        // first question would take the wait in for an event recorded outside it, which the
+        // driver refuses (`CUDA_ERROR_STREAM_CAPTURE_ISOLATION`). (Narrowed, not closed: one
+        // driver call apart.)
+        self.refuse_capturing(waiter, "make wait")?;
         // SAFETY: as above, for `waiter`.
         unsafe { event.make_wait(waiter.raw()) }
     }
