@@ -170,7 +170,9 @@ impl CudaStreams {
     /// no `cuStreamSynchronize` of a capturing stream. What is left is a capture that began
     /// and ended between the record and the second question: its event fails every query
     /// and wait, and a block freed behind it is set aside. A wait in a capture for an event
-    /// recorded outside it fails; the allocation or free that made the call gets the error
+    /// recorded outside it fails (`order_after` asks about the waiter again just before it
+    /// waits, which narrows that window to one driver call); the allocation or free that made
+    /// the call gets the error
     /// (what the driver does:
     /// `pool_graph_gpu::deliberate_api_error_events_that_cross_a_capture_boundary_never_order_streams_unseen`).
     fn refuse_capturing(&self, stream: StreamId, what: &str) -> Result<(), Error> {
