@@ -2497,6 +2497,16 @@ fn a_stream_heap_given_back_while_its_stream_captures_waits_for_the_capture_to_e
     });
 }
 
+/// Has the free stream heap of `stream` (see [`with_free_stream_heap`]) give its 1 MiB back
+/// while `stream` captures: parked behind an event to record once the capture is over, which
+/// it is on return.
+fn park_behind_a_lazy_event(pool: &Pool, streams: &ManualStreams, stream: StreamId, all: usize) {
+    streams.begin_capture(stream);
+    assert!(pool.allocate(all, 0).is_err());
+    assert_eq!(pool.stats().pending, 1 << 20);
+    streams.end_capture(stream);
+}
+
 #[test]
 fn a_capture_begun_as_a_given_back_heaps_event_is_recorded_leaves_its_blocks_parked() {
     const S: StreamId = StreamId(7);
@@ -2504,11 +2514,7 @@ fn a_capture_begun_as_a_given_back_heaps_event_is_recorded_leaves_its_blocks_par
     let streams = Arc::new(FlakyCapturing::default());
     let pool = stream_pool("capture-at-record", capacity, streams.clone());
     with_free_stream_heap(&pool, S, || {
-        streams.inner.begin_capture(S);
-        // The heap's blocks are parked behind an event to record once the capture is over.
-        assert!(pool.allocate(capacity, 0).is_err());
-        assert_eq!(pool.stats().pending, 1 << 20);
-        streams.inner.end_capture(S);
+        park_behind_a_lazy_event(&pool, &streams.inner, S, capacity);
         // The first look after it: not capturing, so it records, but a capture begins in
         // between and the record is refused. The blocks wait on, not set aside.
         streams
@@ -2538,10 +2544,7 @@ fn a_given_back_heaps_event_that_cannot_be_recorded_sets_its_blocks_aside_after_
     let streams = Arc::new(FlakyCapturing::default());
     let pool = stream_pool("failing-records", capacity, streams.clone());
     with_free_stream_heap(&pool, S, || {
-        streams.inner.begin_capture(S);
-        assert!(pool.allocate(capacity, 0).is_err());
-        assert_eq!(pool.stats().pending, 1 << 20);
-        streams.inner.end_capture(S);
+        park_behind_a_lazy_event(&pool, &streams.inner, S, capacity);
         // Every record fails, the stream not capturing: the blocks wait through two failed
         // tries and are set aside at the third.
         streams.failing_records.store(true, SeqCst);
