@@ -164,16 +164,16 @@ impl CudaStreams {
     /// block behind it aside; a query while the capture is open also invalidates the
     /// capture) and, once the capture is over, every wait for it. So
     /// [`record`](StreamSync::record), [`order_after`](StreamSync::order_after) and
-    /// [`synchronize`](StreamSync::synchronize) (an event and a wait for it) ask again after
-    /// they record, and refuse where the stream captures now: no query of such an event, no
+    /// [`synchronize`](StreamSync::synchronize) (an event and a wait for it) record through
+    /// [`record_outside_captures`](Self::record_outside_captures), which asks again after the
+    /// record and refuses where the stream captures now: no query of such an event, no
     /// wait for it while the capture is open (which would pull the waiter into the capture),
     /// no `cuStreamSynchronize` of a capturing stream. What is left is a capture that began
     /// and ended between the record and the second question: its event fails every query
     /// and wait, and a block freed behind it is set aside. A wait in a capture for an event
     /// recorded outside it fails (`order_after` asks about the waiter again just before it
     /// waits, which narrows that window to one driver call); the allocation or free that made
-    /// the call gets the error
-    /// (what the driver does:
+    /// the call gets the error (what the driver does:
     /// `pool_graph_gpu::deliberate_api_error_events_that_cross_a_capture_boundary_never_order_streams_unseen`).
     fn refuse_capturing(&self, stream: StreamId, what: &str) -> Result<(), Error> {
         if !self.capturing(stream)? {
@@ -185,6 +185,28 @@ impl CudaStreams {
              (or `Pool::allocate_for_capture`) and freed on the capturing stream, or after the \
              capture"
         )))
+    }
+
+    /// An event recorded on `stream` outside any capture: `stream` is asked whether it
+    /// captures before the record and again after it, and refused (`what`: what the caller
+    /// would do) either time. A capture begun in between may hold the event; the pool would
+    /// park a block behind it, and its first query, while the capture is open, would
+    /// invalidate the capture (`CUDA_ERROR_CAPTURED_EVENT`) and set the block aside. Refused
+    /// instead, the event goes without a query (destroying it is allowed during a capture),
+    /// and the caller gets the error: a free by address changes nothing; a slice's free parks
+    /// its block behind the refusal, set aside, as for any failed record.
+    fn record_outside_captures(
+        &self,
+        stream: StreamId,
+        what: &str,
+    ) -> Result<RecordedEvent, Error> {
+        self.refuse_capturing(stream, what)?;
+        // SAFETY: the handle is a special handle or a registered stream of this context
+        // (`refuse_capturing` checked), alive (kept here, or vouched for by `register_raw`'s
+        // caller).
+        let event = unsafe { RecordedEvent::record(&self.ctx, stream.raw())? };
+        self.refuse_capturing(stream, what)?;
+        Ok(event)
     }
 }
 
@@ -204,37 +226,21 @@ impl StreamSync for CudaStreams {
     }
 
     fn record(&self, stream: StreamId) -> Result<Box<dyn StreamEvent>, Error> {
-        self.refuse_capturing(stream, "record an event on")?;
-        // SAFETY: the handle is a special handle or a registered stream of this context,
-        // alive (kept here, or vouched for by `register_raw`'s caller).
-        let event = unsafe { RecordedEvent::record(&self.ctx, stream.raw())? };
-        // A capture begun on `stream` since the question may hold the event: the pool would
-        // park a block behind it, and its first query, while the capture is open, would
-        // invalidate the capture (`CUDA_ERROR_CAPTURED_EVENT`) and set the block aside. Asked
-        // again, the caller gets the refusal instead (a free by address changes nothing; a
-        // slice's free parks its block behind the refusal, set aside, as for any failed
-        // record) and the event goes without a query (destroying it is allowed during a
-        // capture).
-        self.refuse_capturing(stream, "record an event on")?;
+        let event = self.record_outside_captures(stream, "record an event on")?;
         Ok(Box::new(CudaPoolEvent(event)))
     }
 
     fn order_after(&self, waiter: StreamId, producer: StreamId) -> Result<(), Error> {
         self.refuse_capturing(waiter, "make wait")?;
-        self.refuse_capturing(producer, "record an event on")?;
-        // SAFETY: a special handle or a registered, live stream of this context.
-        let event = unsafe { RecordedEvent::record(&self.ctx, producer.raw())? };
-        // A capture begun on `producer` since the question may hold the event: a wait for it
-        // would pull `waiter` into that capture (the driver's fork) instead of ordering it,
-        // so ask again (one that began and ended in between leaves an event the wait
-        // refuses, see `refuse_capturing`).
-        self.refuse_capturing(producer, "record an event on")?;
+        // (Recorded in a capture begun on `producer`, a wait for the event would pull
+        // `waiter` into that capture, the driver's fork, instead of ordering it.)
+        let event = self.record_outside_captures(producer, "record an event on")?;
         // And the waiter, asked last, just before its wait: a capture begun on it since the
         // first question would take the wait in for an event recorded outside it, which the
         // driver refuses (`CUDA_ERROR_STREAM_CAPTURE_ISOLATION`). (Narrowed, not closed: one
         // driver call apart.)
         self.refuse_capturing(waiter, "make wait")?;
-        // SAFETY: as above, for `waiter`.
+        // SAFETY: a special handle or a registered, live stream of this context.
         unsafe { event.make_wait(waiter.raw()) }
     }
 
@@ -247,14 +253,10 @@ impl StreamSync for CudaStreams {
     }
 
     fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
-        self.refuse_capturing(stream, "synchronize")?;
         // Not `cuStreamSynchronize`, which a capture begun on the stream since the question
-        // would not survive: an event, the question asked again, then a wait for the event,
-        // which was recorded before any capture that is open now (see `refuse_capturing`).
-        // SAFETY: a special handle or a registered, live stream of this context.
-        let event = unsafe { RecordedEvent::record(&self.ctx, stream.raw())? };
-        self.refuse_capturing(stream, "synchronize")?;
-        event.synchronize()
+        // would not survive: a wait for an event recorded before any capture open now.
+        self.record_outside_captures(stream, "synchronize")?
+            .synchronize()
     }
 }
 

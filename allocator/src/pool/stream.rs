@@ -29,7 +29,8 @@
 //! invalidate itself. The CUDA runtime refuses to record on, wait on or synchronize a capturing
 //! stream, with an error that names it, so an allocation or a free by address that would need
 //! one fails and changes nothing (a slice's free, which cannot leave its block live, parks the
-//! block behind the error: set aside, see [`PoolStats::quarantined`](super::PoolStats::quarantined)). A stream served by a thread heap
+//! block behind the error: set aside, see
+//! [`PoolStats::quarantined`](super::PoolStats::quarantined)). A stream served by a thread heap
 //! ([`PoolBuilder::thread_heaps`](super::PoolBuilder::thread_heaps)) is like the home stream
 //! here: its heap hands out and takes back its blocks without asking the runtime anything, so
 //! plain allocations and frees on it succeed during a capture as on the home stream while the
@@ -163,9 +164,10 @@ pub trait StreamSync: Any + Send + Sync + fmt::Debug {
     }
 
     /// Blocks the calling thread until all work queued on `stream` so far has finished
-    /// (the CUDA runtime: an event recorded on it and waited for). The pool calls it, without its lock held when it can, before
-    /// it unmaps memory freed on its home stream (`Pool::trim`, `Pool::synchronize`). By
-    /// default: an event recorded on `stream`, polled until it completes.
+    /// (the CUDA runtime: an event recorded on it and waited for). The pool calls it, without
+    /// its lock held when it can, before it unmaps memory freed on its home stream
+    /// (`Pool::trim`, `Pool::synchronize`). By default: an event recorded on `stream`, polled
+    /// until it completes.
     fn synchronize(&self, stream: StreamId) -> Result<(), Error> {
         let event = self.record(stream)?;
         while !event.is_complete()? {
@@ -318,7 +320,7 @@ impl StreamEvent for SharedEvent {
                     // may be over by now: not done, the next look records again. An error
                     // that stands (every try in a row failed) sets the blocks aside.
                     Err(error) => {
-                        state.failed_records += 1;
+                        state.failed_records = state.failed_records.saturating_add(1);
                         if state.failed_records < RECORD_TRIES {
                             return Ok(false);
                         }
