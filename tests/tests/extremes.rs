@@ -13,8 +13,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use devarena::pool::{
-    AllocRequest, ManualStreams, PoolEvent, StreamEvent, StreamId, StreamSync, Tracking,
-    guaranteed_fit, reserved_bytes,
+    AllocRequest, BLOCK_GRANULE, MAX_POOL_CAPACITY, ManualStreams, PoolEvent, StreamEvent,
+    StreamId, StreamSync, Tracking, guaranteed_fit, reserved_bytes,
 };
 use devarena::{
     Arena, Backend, DeviceLayout, DynArena, Error, HostBackend, LayoutBuilder, Pool, PoolClient,
@@ -65,11 +65,23 @@ fn pool_sizes_and_builders_at_the_edges() {
         let result = Pool::host(capacity);
         assert!(is_invalid(&result), "{capacity}: {result:?}");
     }
-    // More than this machine has: an error from the backend, or (with overcommit) a pool.
-    match Pool::host(1 << 46) {
-        Err(Error::OutOfMemory { requested, .. }) => assert!(requested >= 1 << 46),
+    // Past the most a pool indexes: refused before anything is reserved, with the numbers.
+    for capacity in [1 << 46, MAX_POOL_CAPACITY + BLOCK_GRANULE] {
+        match Pool::host(capacity) {
+            Err(Error::InvalidArgument { what }) => assert!(
+                what.contains(&capacity.to_string())
+                    && what.contains(&MAX_POOL_CAPACITY.to_string()),
+                "{what}"
+            ),
+            other => panic!("{capacity}: {other:?}"),
+        }
+    }
+    // The most, likely more than this machine has: an error from the backend, or (with
+    // overcommit) a pool.
+    match Pool::host(MAX_POOL_CAPACITY + BLOCK_GRANULE - 1) {
+        Err(Error::OutOfMemory { requested, .. }) => assert!(requested >= MAX_POOL_CAPACITY),
         Err(other) => panic!("{other:?}"),
-        Ok(pool) => assert_eq!(pool.capacity(), 1 << 46),
+        Ok(pool) => assert_eq!(pool.capacity(), MAX_POOL_CAPACITY),
     }
     // A capacity that is not a multiple of 256 rounds down.
     let pool = Pool::host(256 * 3 + 255).unwrap();

@@ -9,8 +9,8 @@ use super::engine::{Settings, Shared};
 use super::lock::{caught, panic_message};
 use super::region::{Region, RegionKind};
 use super::{
-    BLOCK_GRANULE, DEFAULT_REUSE_BLOCKS, DEFAULT_THREAD_HEAP_SHARE, EventSink, MAX_REUSE_BLOCKS,
-    Pool, StreamId, StreamSync, Tracking,
+    BLOCK_GRANULE, DEFAULT_REUSE_BLOCKS, DEFAULT_THREAD_HEAP_SHARE, EventSink, MAX_POOL_CAPACITY,
+    MAX_REUSE_BLOCKS, Pool, StreamId, StreamSync, Tracking,
 };
 use crate::backend::{Backend, HostBackend, VirtualMemory};
 use crate::error::Error;
@@ -69,8 +69,9 @@ impl fmt::Debug for PoolBuilder {
 }
 
 impl PoolBuilder {
-    /// A pool of `capacity` bytes (rounded down to a multiple of 256), named `"pool"`, no
-    /// tracking, no event log, no stream runtime, leaks logged on drop.
+    /// A pool of `capacity` bytes (rounded down to a multiple of 256, at most
+    /// [`MAX_POOL_CAPACITY`]), named `"pool"`, no tracking, no event log, no stream runtime,
+    /// leaks logged on drop.
     pub fn new(capacity: usize) -> Self {
         PoolBuilder {
             capacity,
@@ -429,6 +430,16 @@ impl PoolBuilder {
                 "pool `{}`: a capacity of {} bytes is below the smallest block, {BLOCK_GRANULE} \
                  bytes",
                 self.name, self.capacity
+            )));
+        }
+        if capacity > MAX_POOL_CAPACITY {
+            return Err(Error::invalid(format!(
+                "pool `{}`: a capacity of {} bytes is over the most a pool indexes, \
+                 {MAX_POOL_CAPACITY} bytes ({} blocks of {BLOCK_GRANULE} bytes, numbered with 32 \
+                 bits)",
+                self.name,
+                self.capacity,
+                MAX_POOL_CAPACITY / BLOCK_GRANULE
             )));
         }
         if let Some(streams) = &self.streams {

@@ -329,6 +329,18 @@ pub const DEFAULT_POOL_ALIGN: usize = CUDA_ALIGN;
 /// Every block is a multiple of this many bytes (and starts at a multiple of it): the
 /// [`CUDA_ALIGN`] granule.
 pub const BLOCK_GRANULE: usize = CUDA_ALIGN;
+/// The largest capacity a pool takes: 768 GiB, 3 × 2³⁰ blocks of [`BLOCK_GRANULE`] bytes
+/// (on a target whose `usize` is narrower, the largest multiple of the granule). The pool's
+/// index numbers its blocks with 32 bits; this leaves room for its spare slots below that
+/// limit however the region is cut. A larger capacity is an [`Error::InvalidArgument`] from
+/// the builder.
+///
+/// [`Error::InvalidArgument`]: crate::Error::InvalidArgument
+pub const MAX_POOL_CAPACITY: usize = if usize::BITS > 40 {
+    (3 << 30) * BLOCK_GRANULE
+} else {
+    usize::MAX & !(BLOCK_GRANULE - 1)
+};
 /// How many freed blocks wait for reuse by default (see [`PoolBuilder::reuse`]).
 pub const DEFAULT_REUSE_BLOCKS: usize = 2048;
 /// The thread heaps keep at most `1 / DEFAULT_THREAD_HEAP_SHARE` of the capacity in free bytes
