@@ -20,7 +20,10 @@ use crate::error::Error;
 /// pool's could be waiting for this one), fails instead of waiting (an allocation or free
 /// returns an error; statistics, reports and settings abandon the call, and the pool call that
 /// made it returns the error), and a panic of the implementation becomes the pool call's
-/// error (`reserve`: the build's), with the pool as it was before the call.
+/// error (`reserve`: the build's), with the pool as it was before the call. The pool abandons
+/// such a call by unwinding through the implementation, as a panic would: a [`map`](Self::map)
+/// that calls its pool after it has mapped must catch that unwind and return, or unmap what
+/// it mapped before it lets it go on (see below: a `map` that panics has mapped nothing).
 ///
 /// # Safety
 ///

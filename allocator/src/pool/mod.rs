@@ -52,6 +52,9 @@
 //! runtime or a logger under the lock, allocations and frees return an error and statistics,
 //! reports and settings are cut short (the logger's record is lost), instead of waiting for
 //! ever on the lock their own thread holds. A panic there is caught; the pool stays usable.
+//! The pool keeps its metadata in host memory from the global allocator, which it calls with
+//! its locks held: a pool cannot serve as the process's `#[global_allocator]` (a call back
+//! from there would wait for ever on the lock its thread holds).
 //!
 //! # Backends and devices
 //!
