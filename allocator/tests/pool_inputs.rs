@@ -7,9 +7,10 @@
 
 use std::sync::Arc;
 
-use devarena::backend::HostVirtualMemory;
+use devarena::backend::{HostVirtualMemory, MemoryKind, VirtualMemory};
 use devarena::pool::{
-    AllocRequest, FreeRequest, ManualStreams, PoolBuilder, StreamId, reserved_bytes,
+    AllocRequest, BLOCK_GRANULE, FreeRequest, MAX_POOL_CAPACITY, ManualStreams, PoolBuilder,
+    StreamId, reserved_bytes,
 };
 use devarena::{Element, Error, Pool};
 use proptest::prelude::*;
@@ -474,35 +475,109 @@ fn capacities_at_the_edges() {
     }
 }
 
-/// Capacities past what the host allocator or the virtual memory can take: refused by the
-/// backend, in an error that names the pool and its capacity.
+/// Capacities past the most a pool indexes ([`MAX_POOL_CAPACITY`]): refused by the builder
+/// before anything is reserved, in an error that names the pool, the capacity and the most.
 #[test]
-fn capacities_past_the_backend_name_the_pool() {
-    for capacity in [usize::MAX - 256, usize::MAX / 2 + 1, isize::MAX as usize] {
+fn capacities_past_the_most_name_the_pool() {
+    for capacity in [
+        usize::MAX,
+        usize::MAX - 255,
+        usize::MAX - 256,
+        usize::MAX / 2 + 1,
+        isize::MAX as usize,
+        1 << 62,
+        MAX_POOL_CAPACITY + BLOCK_GRANULE,
+    ] {
         let err = Pool::builder(capacity)
             .name("huge")
             .build_host()
             .unwrap_err();
-        assert_invalid(err, &["huge", &(capacity & !255).to_string()]);
-    }
-    for capacity in [usize::MAX / 2 + 1, isize::MAX as usize] {
+        let words = [
+            "huge",
+            &capacity.to_string(),
+            &MAX_POOL_CAPACITY.to_string(),
+        ];
+        assert_invalid(err, &words);
         let err = Pool::builder(capacity)
             .name("huge")
             .build_mapped(HostVirtualMemory::new(4096).unwrap())
             .unwrap_err();
-        assert_invalid(err, &["huge", &(capacity & !255).to_string()]);
+        assert_invalid(err, &words);
     }
-    // Past the address space once rounded: the pool's own check.
-    for capacity in [usize::MAX, usize::MAX - 255] {
+    // The most itself, as addresses on virtual memory with nothing mapped: a pool that
+    // serves (or, where the host refuses that much address space, out of memory).
+    match Pool::builder(MAX_POOL_CAPACITY + BLOCK_GRANULE - 1)
+        .name("most")
+        .build_mapped(HostVirtualMemory::new(2 << 20).unwrap())
+    {
+        Ok(pool) => {
+            assert_eq!(pool.capacity(), MAX_POOL_CAPACITY);
+            let a = pool.allocate(1 << 20, 0).unwrap();
+            pool.deallocate(a).unwrap();
+            assert_whole(&pool);
+        }
+        Err(err) => assert!(
+            matches!(err, Error::OutOfMemory { requested, .. } if requested >= MAX_POOL_CAPACITY),
+            "{err:?}"
+        ),
+    }
+}
+
+/// Virtual memory that has no address space to give: its refusal becomes the build's error,
+/// naming the pool and the capacity.
+struct NoAddressSpace;
+
+// SAFETY: `reserve` never succeeds, so there is no reservation for the other calls to be
+// about; they refuse too.
+unsafe impl VirtualMemory for NoAddressSpace {
+    fn name(&self) -> &'static str {
+        "no-address-space"
+    }
+    fn memory(&self) -> MemoryKind {
+        MemoryKind::Host
+    }
+    fn granularity(&self) -> usize {
+        4096
+    }
+    fn reserve(&self, bytes: usize) -> Result<u64, Error> {
+        Err(Error::InvalidArgument {
+            what: format!("no room for {bytes} bytes of addresses"),
+        })
+    }
+    unsafe fn free_reservation(&self, _: u64, _: usize) -> Result<(), Error> {
+        Err(Error::InvalidArgument {
+            what: "nothing reserved".to_string(),
+        })
+    }
+    unsafe fn map(&self, _: u64, _: usize, _: usize) -> Result<(), Error> {
+        Err(Error::InvalidArgument {
+            what: "nothing reserved".to_string(),
+        })
+    }
+    unsafe fn unmap(&self, _: u64, _: usize) -> Result<(), Error> {
+        Err(Error::InvalidArgument {
+            what: "nothing reserved".to_string(),
+        })
+    }
+}
+
+#[test]
+fn capacities_the_backend_refuses_name_the_pool() {
+    for capacity in [1 << 20, MAX_POOL_CAPACITY] {
         let err = Pool::builder(capacity)
-            .name("huge")
-            .build_host()
+            .name("refused")
+            .build_mapped(NoAddressSpace)
             .unwrap_err();
-        assert_invalid(err, &["huge", "overflows"]);
+        assert_invalid(
+            err,
+            &[
+                "refused",
+                &capacity.to_string(),
+                "no room for",
+                "cannot be reserved",
+            ],
+        );
     }
-    // A size the host cannot give: out of memory, not an abort.
-    let err = Pool::host(1 << 62).unwrap_err();
-    assert!(matches!(err, Error::OutOfMemory { .. }), "{err:?}");
 }
 
 #[test]

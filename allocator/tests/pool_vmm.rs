@@ -450,8 +450,8 @@ fn region_settings_that_cannot_hold_are_errors_at_build() {
         .build_mapped(vm)
         .unwrap_err();
     assert!(err.to_string().contains("196608"), "{err}");
-    // A region whose map of chunks (a bit each) the host cannot hold: an error before
-    // anything is reserved.
+    // A region past the most a pool indexes (whose map of chunks, a bit each, the host
+    // could not hold either): an error before anything is reserved.
     let vm = Arc::new(HostVirtualMemory::new(4 * KIB).unwrap());
     let err = Pool::builder(1 << 62)
         .name("huge")
@@ -460,8 +460,8 @@ fn region_settings_that_cannot_hold_are_errors_at_build() {
         .unwrap_err();
     assert!(
         err.to_string().contains(
-            "pool `huge`: a region of 4611686018427387904 bytes in chunks of 4096 bytes needs \
-             140737488355328 bytes of host memory to note which chunks are mapped"
+            "pool `huge`: a capacity of 4611686018427387904 bytes is over the most a pool \
+             indexes, 824633720832 bytes"
         ),
         "{err}"
     );
