@@ -545,19 +545,19 @@ unsafe impl VirtualMemory for NoAddressSpace {
         })
     }
     unsafe fn free_reservation(&self, _: u64, _: usize) -> Result<(), Error> {
-        Err(Error::InvalidArgument {
-            what: "nothing reserved".to_string(),
-        })
+        Err(nothing_reserved())
     }
     unsafe fn map(&self, _: u64, _: usize, _: usize) -> Result<(), Error> {
-        Err(Error::InvalidArgument {
-            what: "nothing reserved".to_string(),
-        })
+        Err(nothing_reserved())
     }
     unsafe fn unmap(&self, _: u64, _: usize) -> Result<(), Error> {
-        Err(Error::InvalidArgument {
-            what: "nothing reserved".to_string(),
-        })
+        Err(nothing_reserved())
+    }
+}
+
+fn nothing_reserved() -> Error {
+    Error::InvalidArgument {
+        what: "nothing reserved".to_string(),
     }
 }
 

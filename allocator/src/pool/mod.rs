@@ -335,14 +335,17 @@ pub const BLOCK_GRANULE: usize = CUDA_ALIGN;
 /// The largest capacity a pool takes: 768 GiB, 3 × 2³⁰ blocks of [`BLOCK_GRANULE`] bytes
 /// (on a target whose `usize` is narrower, the largest multiple of the granule). The pool's
 /// index numbers its blocks with 32 bits; this leaves room for its spare slots below that
-/// limit however the region is cut. A larger capacity is an [`Error::InvalidArgument`] from
-/// the builder.
+/// limit however the region is cut (checked at compile time where the index numbers them).
+/// A larger capacity is an [`Error::InvalidArgument`] from the builder.
 ///
 /// [`Error::InvalidArgument`]: crate::Error::InvalidArgument
-pub const MAX_POOL_CAPACITY: usize = if usize::BITS > 40 {
-    (3 << 30) * BLOCK_GRANULE
-} else {
-    usize::MAX & !(BLOCK_GRANULE - 1)
+pub const MAX_POOL_CAPACITY: usize = {
+    let most = (3u64 << 30) * BLOCK_GRANULE as u64;
+    if most > usize::MAX as u64 {
+        usize::MAX & !(BLOCK_GRANULE - 1)
+    } else {
+        most as usize
+    }
 };
 /// How many freed blocks wait for reuse by default (see [`PoolBuilder::reuse`]).
 pub const DEFAULT_REUSE_BLOCKS: usize = 2048;

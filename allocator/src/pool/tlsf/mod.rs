@@ -112,6 +112,13 @@ struct Lists {
 /// The most new blocks one allocation makes: a front (alignment padding) and a tail.
 const SLOTS_PER_ALLOCATION: usize = 2;
 
+// Slot numbers are `u32`. An index's blocks tile parts of one region, so it holds at most
+// `MAX_POOL_CAPACITY / GRANULE` blocks at once (the builder refuses larger capacities), and
+// `add_spares` keeps at most an eighth of the array more as spare slots (plus a few): every
+// slot number stays below `u32::MAX`.
+const _: () =
+    assert!((crate::pool::MAX_POOL_CAPACITY as u64 / GRANULE) / 8 * 9 + 64 < u32::MAX as u64);
+
 /// The class that holds blocks of `units` granules (rounds down). Branch-free: sizes are
 /// random, and a mispredicted branch costs more than this whole function.
 #[inline(always)]
@@ -505,6 +512,10 @@ impl Tlsf {
     #[cold]
     fn add_spares(&mut self) {
         let count = SLOTS_PER_ALLOCATION.max(self.blocks.len() / 8);
+        debug_assert!(
+            self.blocks.len() + count < u32::MAX as usize,
+            "see MAX_POOL_CAPACITY"
+        );
         for _ in 0..count {
             let slot = self.blocks.len() as u32;
             self.blocks.push(Block::UNUSED);

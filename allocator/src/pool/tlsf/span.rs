@@ -31,6 +31,10 @@ impl Tlsf {
         debug_assert!(addr >= self.base && addr - self.base + size <= self.size);
         let slot = if self.lists.spares == 0 {
             self.blocks.push(Block::UNUSED);
+            debug_assert!(
+                self.blocks.len() < u32::MAX as usize,
+                "see MAX_POOL_CAPACITY"
+            );
             (self.blocks.len() - 1) as u32
         } else {
             self.lists.pop_spare(&Slots(&mut self.blocks))
