@@ -805,6 +805,34 @@ mod misbehaving_backend {
         allocate_from_map: OnceLock<Weak<Pool>>,
         /// What the allocation made from `map` returned.
         inner: Mutex<Option<Result<u64, Error>>>,
+        /// With `panic_map` or `panic_unmap`: the panic's payload is a [`CallsBack`] on this
+        /// pool instead of a message.
+        payload_calls_back: OnceLock<Weak<Pool>>,
+        /// What the payload's allocation returned when it was dropped.
+        payload_got: Mutex<Option<Result<u64, Error>>>,
+    }
+
+    /// A panic payload that calls its pool back when it is dropped: it allocates, then asks
+    /// for statistics.
+    struct CallsBack(Weak<Pool>, Arc<Hooks>);
+
+    impl Drop for CallsBack {
+        fn drop(&mut self) {
+            if let Some(pool) = self.0.upgrade() {
+                *self.1.payload_got.lock().unwrap() = Some(pool.allocate(256, 0));
+                let _ = pool.stats();
+            }
+        }
+    }
+
+    impl Hooks {
+        /// Panics with `message`, or with a [`CallsBack`] payload where one is asked for.
+        fn panic(self: &Arc<Self>, message: &str) -> ! {
+            if let Some(pool) = self.payload_calls_back.get() {
+                std::panic::panic_any(CallsBack(pool.clone(), self.clone()));
+            }
+            panic!("{message}");
+        }
     }
 
     struct Vm {
@@ -842,14 +870,14 @@ mod misbehaving_backend {
                 *self.hooks.inner.lock().unwrap() = Some(pool.allocate(256, 0));
             }
             if self.hooks.panic_map.load(Ordering::SeqCst) {
-                panic!("map panics");
+                self.hooks.panic("map panics");
             }
             // SAFETY: the caller's guarantee, passed on.
             unsafe { self.inner.map(addr, chunk, count) }
         }
         unsafe fn unmap(&self, addr: u64, chunk: usize) -> Result<(), Error> {
             if self.hooks.panic_unmap.load(Ordering::SeqCst) {
-                panic!("unmap panics");
+                self.hooks.panic("unmap panics");
             }
             // SAFETY: the caller's guarantee, passed on.
             unsafe { self.inner.unmap(addr, chunk) }
@@ -964,6 +992,50 @@ mod misbehaving_backend {
                 .contains("panicked in `unmap`: unmap panics"),
             "{err}"
         );
+        assert_eq!(pool.stats().mapped, mapped);
+        assert_eq!(pool.trim().unwrap(), mapped);
+        assert_eq!(pool.stats().mapped, 0);
+    }
+
+    /// A panic in `map` or `unmap` whose payload calls the pool back when it is dropped: the
+    /// pool drops the payload while this thread still holds its lock (and, on a heap, the
+    /// heap's), where a call back gets an error instead of waiting; the request or the trim
+    /// fails with the backend's panic and the pool loses nothing. (Before, the payload was
+    /// dropped after the call's callback frame had ended, and its allocation waited for ever
+    /// for the lock its own thread held.)
+    #[test]
+    fn a_panic_payload_that_calls_back_when_dropped_gets_an_error_not_a_hang() {
+        let called_back = "pool `flaky` was called from its own stream runtime's callback or \
+                           virtual-memory backend";
+        for eager_heaps in [false, true] {
+            let (pool, hooks) = pool(eager_heaps);
+            let _ = hooks.payload_calls_back.set(Arc::downgrade(&pool));
+            hooks.panic_map.store(true, Ordering::SeqCst);
+            let p = pool.clone();
+            let err = within_10s(move || p.allocate(20_000, 0)).unwrap_err();
+            hooks.panic_map.store(false, Ordering::SeqCst);
+            assert!(err.to_string().contains("panicked in `map`"), "{err}");
+            let got = hooks.payload_got.lock().unwrap().take();
+            let inner = got.expect("the payload was dropped").unwrap_err();
+            assert!(inner.to_string().contains(called_back), "{inner}");
+            let s = pool.stats();
+            assert_eq!((s.in_use, s.live, s.free), (0, 0, MIB), "{s}");
+            let whole = pool.allocate(MIB, 0).unwrap();
+            pool.deallocate(whole).unwrap();
+        }
+        let (pool, hooks) = pool(false);
+        let _ = hooks.payload_calls_back.set(Arc::downgrade(&pool));
+        let a = pool.allocate(100_000, 0).unwrap();
+        pool.deallocate(a).unwrap();
+        let mapped = pool.stats().mapped;
+        hooks.panic_unmap.store(true, Ordering::SeqCst);
+        let p = pool.clone();
+        let err = within_10s(move || p.trim()).unwrap_err();
+        hooks.panic_unmap.store(false, Ordering::SeqCst);
+        assert!(err.to_string().contains("panicked in `unmap`"), "{err}");
+        let got = hooks.payload_got.lock().unwrap().take();
+        let inner = got.expect("the payload was dropped").unwrap_err();
+        assert!(inner.to_string().contains(called_back), "{inner}");
         assert_eq!(pool.stats().mapped, mapped);
         assert_eq!(pool.trim().unwrap(), mapped);
         assert_eq!(pool.stats().mapped, 0);

@@ -616,7 +616,9 @@ impl Mapping {
 /// from it that would wait for a lock fails instead of waiting for ever (allocations and
 /// frees return an error; statistics, reports and settings unwind, see `Shared::lock_wait`),
 /// and that unwind or a panic of the backend becomes the call's error, before it could leave
-/// the pool's state half-changed.
+/// the pool's state half-changed. The panic's payload is dropped inside the callback's frame
+/// too: its destructor is user code, run while this thread still holds the locks, and a call
+/// back into the pool from it must fail as the backend's own would.
 fn vm_call<R>(
     vm: &dyn VirtualMemory,
     pool: &str,
@@ -624,9 +626,10 @@ fn vm_call<R>(
     what: &str,
     f: impl FnOnce(&dyn VirtualMemory) -> Result<R, Error>,
 ) -> Result<R, Error> {
-    LockId::ANY
-        .callback(|| caught(|| f(vm)))
-        .unwrap_or_else(|payload| Err(vm_unwound(pool, backend, what, payload.payload())))
+    LockId::ANY.callback(|| {
+        caught(|| f(vm))
+            .unwrap_or_else(|payload| Err(vm_unwound(pool, backend, what, payload.payload())))
+    })
 }
 
 /// The error of a virtual-memory call that unwound: a call back into the pool that it must
