@@ -46,10 +46,10 @@ for san in "${sanitizers[@]}"; do
   mkdir -p "$dir"
   cargo_test=(cargo +nightly test -Zbuild-std --target "$target" --no-fail-fast)
   # The pool (its unit tests: TLSF, address map, lock, events; its integration tests, the
-  # thread heaps' among them), the
+  # thread heaps' and the growable region's on the host stand-in among them), the
   # static and runtime arenas, stages, extremes, and the fuzz corpora replayed.
   run devarena "${cargo_test[@]}" -p devarena --no-default-features --features std --lib --test pool \
-    --test pool_threads --test pool_callbacks --test pool_inputs
+    --test pool_threads --test pool_callbacks --test pool_inputs --test pool_vmm
   run tests "${cargo_test[@]}" -p devarena-tests --no-default-features \
     --lib --test host_arena --test dyn_arena --test stages --test extremes --test fuzz_corpus \
     --test builder_props --test layouts --test report

@@ -1280,7 +1280,9 @@ fn the_csv_logs_writer_closure_may_use_the_pool_it_logs() {
 /// block of 300 bytes allocated and freed at every `every`-th row it writes, `uses` times.
 struct PoolUsingWriter {
     out: Arc<Mutex<Vec<u8>>>,
-    other: Arc<std::sync::OnceLock<Pool>>,
+    /// Weak: the pool logs here, so a strong reference would make a cycle that keeps the
+    /// pools and the log alive after the test (LeakSanitizer reports it).
+    other: std::sync::Weak<std::sync::OnceLock<Pool>>,
     uses: usize,
     every: usize,
     rows: usize,
@@ -1291,9 +1293,12 @@ impl std::io::Write for PoolUsingWriter {
         if buf.contains(&b'\n') {
             self.rows += 1;
             if self.uses > 0 && self.rows % self.every == 0 {
-                self.uses -= 1;
-                let pool = self.other.get().unwrap();
-                pool.deallocate(pool.allocate(300, 0).unwrap()).unwrap();
+                // (Gone once the test dropped the second pool: nothing left to use.)
+                if let Some(other) = self.other.upgrade() {
+                    self.uses -= 1;
+                    let pool = other.get().unwrap();
+                    pool.deallocate(pool.allocate(300, 0).unwrap()).unwrap();
+                }
             }
         }
         self.out.lock().unwrap().extend_from_slice(buf);
@@ -1320,7 +1325,7 @@ fn two_pools_on_one_log(
     let csv = Arc::new(
         CsvEventLog::new(PoolUsingWriter {
             out: out.clone(),
-            other: other.clone(),
+            other: Arc::downgrade(&other),
             uses: 0,
             every: 1,
             rows: 0,

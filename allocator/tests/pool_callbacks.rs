@@ -117,11 +117,14 @@ fn a_sink_that_calls_back_into_the_pool_works() {
     let pool_slot: Arc<OnceLock<PoolClient>> = Arc::new(OnceLock::new());
     let seen: Arc<Mutex<Vec<(PoolAction, usize)>>> = Arc::default();
     let sink = {
-        let pool_slot = pool_slot.clone();
+        // Weak: the pool holds its sink, so a strong reference to its client would make a
+        // cycle that keeps the pool alive after the test (LeakSanitizer reports it).
+        let pool_slot = Arc::downgrade(&pool_slot);
         let seen = seen.clone();
         move |e: &PoolEvent<'_>| {
             seen.lock().unwrap().push((e.action, e.size));
             if e.action == PoolAction::Allocate && e.size != 256 {
+                let pool_slot = pool_slot.upgrade().expect("the test holds the slot");
                 let client = pool_slot.get().expect("set before the first allocation");
                 let scratch = client.allocate(256, 0).expect("the pool serves its sink");
                 client.deallocate(scratch).expect("and frees for it");
@@ -203,7 +206,10 @@ struct Scripted {
     answer: AtomicUsize,
     panic_on_record: AtomicBool,
     call_back: AtomicBool,
-    pool: OnceLock<PoolClient>,
+    /// The pool's client for calls back into it; taken out when the test's [`Script`] drops,
+    /// which ends the cycle pool → runtime → this → client → pool (else the pool outlives the
+    /// test, and LeakSanitizer reports it).
+    pool: Mutex<Option<PoolClient>>,
     /// What a call back into the pool got.
     call_back_result: Mutex<Option<Result<u64, Error>>>,
 }
@@ -233,7 +239,13 @@ impl StreamSync for ScriptedStreams {
             panic!("scripted panic in record");
         }
         if self.0.call_back.load(Ordering::SeqCst) {
-            let client = self.0.pool.get().expect("set after build");
+            let client = self
+                .0
+                .pool
+                .lock()
+                .unwrap()
+                .clone()
+                .expect("set after build");
             *self.0.call_back_result.lock().unwrap() = Some(client.allocate(256, 0));
         }
         Ok(Box::new(ScriptedEvent(self.0.clone())))
@@ -247,7 +259,24 @@ impl StreamSync for ScriptedStreams {
 const HOME: StreamId = StreamId(1);
 const OTHER: StreamId = StreamId(2);
 
-fn scripted_pool(name: &str, capacity: usize) -> (Pool, Arc<Scripted>) {
+/// A test's hold on its [`Scripted`] runtime: dropped, it takes the pool's client back out.
+struct Script(Arc<Scripted>);
+
+impl std::ops::Deref for Script {
+    type Target = Scripted;
+    fn deref(&self) -> &Scripted {
+        &self.0
+    }
+}
+
+impl Drop for Script {
+    fn drop(&mut self) {
+        let client = self.0.pool.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(client);
+    }
+}
+
+fn scripted_pool(name: &str, capacity: usize) -> (Pool, Script) {
     let script = Arc::new(Scripted::default());
     // The pool's own index alone, whose frees on another stream record events (with thread
     // heaps a thread's blocks of another stream are freed there without one).
@@ -258,8 +287,8 @@ fn scripted_pool(name: &str, capacity: usize) -> (Pool, Arc<Scripted>) {
         .streams(Arc::new(ScriptedStreams(script.clone())), HOME)
         .build_host()
         .unwrap();
-    script.pool.set(pool.own_client().clone()).unwrap();
-    (pool, script)
+    *script.pool.lock().unwrap() = Some(pool.own_client().clone());
+    (pool, Script(script))
 }
 
 #[test]
