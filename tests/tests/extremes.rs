@@ -523,10 +523,13 @@ fn a_sink_that_calls_the_pool_does_not_hang() {
     let (done, finished) = mpsc::channel();
     std::thread::spawn(move || {
         let slot: Arc<std::sync::OnceLock<PoolClient>> = Arc::default();
-        let inner = slot.clone();
+        // Weak: the pool holds its sink, so a strong reference to its client would make a
+        // cycle that keeps the pool alive after the test (LeakSanitizer reports it).
+        let inner = Arc::downgrade(&slot);
         let pool = Pool::builder(MIB)
             .events(Arc::new(move |e: &PoolEvent<'_>| {
-                if let (Some(client), 777) = (inner.get(), e.size) {
+                let slot = inner.upgrade();
+                if let (Some(client), 777) = (slot.as_ref().and_then(|s| s.get()), e.size) {
                     let _ = client.pool_stats();
                 }
             }))
