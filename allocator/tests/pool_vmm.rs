@@ -1990,7 +1990,9 @@ fn a_sinks_request_during_a_request_made_again_gets_its_own_trim() {
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    let pool_cell: Arc<OnceLock<Arc<Pool>>> = Arc::new(OnceLock::new());
+    // The pool weakly: the pool holds its sink, and a strong reference would make a cycle
+    // that keeps the pool alive after the test (LeakSanitizer reports it).
+    let pool_cell: Arc<OnceLock<std::sync::Weak<Pool>>> = Arc::new(OnceLock::new());
     let kept_cell: Arc<OnceLock<Vec<u64>>> = Arc::new(OnceLock::new());
     let armed = Arc::new(AtomicBool::new(false));
     let got: Arc<Mutex<Option<Result<u64, Error>>>> = Arc::default();
@@ -2006,7 +2008,7 @@ fn a_sinks_request_during_a_request_made_again_gets_its_own_trim() {
                 && e.size == 6 * MIB
                 && armed.swap(false, Ordering::SeqCst)
             {
-                let pool = pool_cell.get().unwrap();
+                let pool = pool_cell.get().and_then(std::sync::Weak::upgrade).unwrap();
                 let kept = kept_cell.get().unwrap();
                 pool.deallocate(kept[1]).unwrap();
                 pool.deallocate(kept[2]).unwrap();
@@ -2024,7 +2026,7 @@ fn a_sinks_request_during_a_request_made_again_gets_its_own_trim() {
             .unwrap(),
     );
     let (kept, _) = full_device_in_pieces(&pool, &vm);
-    let _ = pool_cell.set(pool.clone());
+    let _ = pool_cell.set(Arc::downgrade(&pool));
     let _ = kept_cell.set(kept);
     armed.store(true, Ordering::SeqCst);
     // Served after its trim: 6 MiB live and 6 MiB mapped for it, the device full.
