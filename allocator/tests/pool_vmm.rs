@@ -1381,7 +1381,9 @@ fn out_of_device_memory_gives_back_no_chunk_of_a_graph_or_a_parked_block() {
 }
 
 /// A stream runtime whose home stream runs host functions (as `cuLaunchHostFunc` does):
-/// `synchronize` waits for another thread to run what was queued.
+/// `synchronize` waits for another thread to run what was queued. The functions hold the pool
+/// and this runtime weakly (the pool holds the runtime: a strong reference in its queue would
+/// make a cycle that keeps both alive after the test, which LeakSanitizer reports).
 struct HostFunctions {
     inner: ManualStreams,
     queue: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
@@ -1441,11 +1443,12 @@ fn out_of_device_memory_waits_for_the_home_stream_without_the_lock() {
             .unwrap(),
     );
     let (kept, _) = full_device_in_pieces(&pool, &vm);
-    let (p, x) = (pool.clone(), kept[1]);
-    rt.queue
-        .lock()
-        .unwrap()
-        .push(Box::new(move || p.deallocate(x).unwrap()));
+    let (p, x) = (Arc::downgrade(&pool), kept[1]);
+    rt.queue.lock().unwrap().push(Box::new(move || {
+        if let Some(p) = p.upgrade() {
+            p.deallocate(x).unwrap();
+        }
+    }));
     let p = pool.clone();
     let r = within(10, move || {
         p.allocate(6 * MIB, 0).map_err(|e| e.to_string())
@@ -1464,8 +1467,11 @@ fn queue_frees_in_turn(rt: &Arc<HostFunctions>, pool: &Arc<Pool>, blocks: Vec<u6
     let Some((&first, rest)) = blocks.split_first() else {
         return;
     };
-    let (next_rt, p, rest) = (rt.clone(), pool.clone(), rest.to_vec());
+    let (next_rt, p, rest) = (Arc::downgrade(rt), Arc::downgrade(pool), rest.to_vec());
     rt.queue.lock().unwrap().push(Box::new(move || {
+        let (Some(next_rt), Some(p)) = (next_rt.upgrade(), p.upgrade()) else {
+            return;
+        };
         p.deallocate(first).unwrap();
         queue_frees_in_turn(&next_rt, &p, rest);
     }));
@@ -1590,11 +1596,12 @@ fn a_capture_allocation_that_gives_heaps_back_waits_for_the_home_stream_without_
         }
         let graph = pool.graph_reservation(GRAPH).unwrap();
         rt.inner.begin_capture(GRAPH);
-        let p = pool.clone();
-        rt.queue
-            .lock()
-            .unwrap()
-            .push(Box::new(move || p.deallocate(x).unwrap()));
+        let p = Arc::downgrade(&pool);
+        rt.queue.lock().unwrap().push(Box::new(move || {
+            if let Some(p) = p.upgrade() {
+                p.deallocate(x).unwrap();
+            }
+        }));
         // Needs the heap's spans back: the index alone cannot serve it.
         let r = graph.allocate(40 * KIB, 0).map_err(|e| e.to_string());
         rt.inner.end_capture(GRAPH);
@@ -1619,8 +1626,11 @@ fn queue_heap_give_backs(rt: &Arc<HostFunctions>, pool: &Arc<Pool>, n: usize) {
     if n == 0 {
         return;
     }
-    let (next_rt, p) = (rt.clone(), pool.clone());
+    let (next_rt, p) = (Arc::downgrade(rt), Arc::downgrade(pool));
     rt.queue.lock().unwrap().push(Box::new(move || {
+        let (Some(next_rt), Some(p)) = (next_rt.upgrade(), p.upgrade()) else {
+            return;
+        };
         let q = p.clone();
         std::thread::spawn(move || {
             let a = q.allocate(1024, 0).unwrap();
@@ -1641,8 +1651,11 @@ fn queue_home_take_backs(rt: &Arc<HostFunctions>, pool: &Arc<Pool>, n: usize, by
     if n == 0 {
         return;
     }
-    let (next_rt, p) = (rt.clone(), pool.clone());
+    let (next_rt, p) = (Arc::downgrade(rt), Arc::downgrade(pool));
     rt.queue.lock().unwrap().push(Box::new(move || {
+        let (Some(next_rt), Some(p)) = (next_rt.upgrade(), p.upgrade()) else {
+            return;
+        };
         let a = p.allocate(bytes, 0).unwrap();
         p.deallocate(a).unwrap();
         let b = p.allocate(bytes, 0).unwrap();
