@@ -272,6 +272,7 @@ impl std::ops::Deref for Script {
 impl Drop for Script {
     fn drop(&mut self) {
         let client = self.0.pool.lock().unwrap_or_else(|e| e.into_inner()).take();
+        // Dropped after the slot's lock: the pool's drop may call the runtime, which may lock it.
         drop(client);
     }
 }
